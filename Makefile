@@ -1,0 +1,30 @@
+# The README's two commands are `make demo` and `make test`.
+.PHONY: demo test install install-dev lint lock services-down clean
+
+install:
+	bash scripts/install.sh
+
+install-dev:
+	bash scripts/install.sh --dev
+
+demo: install
+	.venv/bin/imgest demo
+
+test: install-dev
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest
+
+lint: install-dev
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+# Re-pin every transitive dependency after changing pyproject.toml.
+lock:
+	.venv/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/runtime.lock
+	.venv/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/dev.lock
+
+services-down:
+	.venv/bin/imgest services down
+
+clean: services-down
+	rm -rf .imgest

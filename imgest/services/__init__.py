@@ -1,0 +1,28 @@
+"""Embedded services imgest starts for a one-machine setup: Cassandra, S3 (SeaweedFS), Airflow."""
+
+from __future__ import annotations
+
+from imgest.errors import ConfigError
+from imgest.services.airflow import AirflowServer
+from imgest.services.base import Service, ServiceStatus, UpResult
+from imgest.services.cassandra import CassandraServer
+from imgest.services.s3 import S3Server
+
+SERVICE_NAMES = ("cassandra", "s3", "airflow")
+
+
+def get_service(name: str) -> Service:
+    """The embedded service called NAME (cassandra, cassandra-auth, s3, airflow)."""
+    factories = {
+        "cassandra": CassandraServer.default,
+        "cassandra-auth": lambda: CassandraServer.default(auth=True),
+        "s3": S3Server.default,
+        "airflow": AirflowServer.default,
+    }
+    if name not in factories:
+        raise ConfigError(f"unknown service {name!r}; choose from {', '.join(factories)}")
+    return factories[name]()
+
+
+__all__ = ["SERVICE_NAMES", "AirflowServer", "CassandraServer", "S3Server", "Service", "ServiceStatus",
+           "UpResult", "get_service"]

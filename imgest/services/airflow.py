@@ -1,0 +1,170 @@
+"""Embedded Airflow: AIRFLOW_HOME in the state folder, SQLite metadata DB, imgest's connections."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from imgest.errors import ServiceError
+from imgest.paths import dags_dir, repo_root, state_dir
+from imgest.services.base import ServiceStatus, UpResult
+from imgest.services.cassandra import CassandraServer
+from imgest.services.process import ManagedProcess, port_open, require_free_port
+from imgest.services.s3 import S3Server
+from imgest.settings import EMBEDDED_HOST, env_int
+
+log = logging.getLogger(__name__)
+
+AIRFLOW_CFG = """\
+# Written by imgest (imgest/services/airflow.py). Only AIRFLOW_HOME={home} is needed to use it.
+[core]
+dags_folder = {dags}
+load_examples = False
+dags_are_paused_at_creation = False
+parallelism = 4
+max_active_tasks_per_dag = 2
+
+[database]
+sql_alchemy_conn = sqlite:///{home}/airflow.db
+
+[logging]
+base_log_folder = {home}/logs
+
+[api]
+host = {host}
+port = {port}
+base_url = http://{host}:{port}
+
+[scheduler]
+dag_dir_list_interval = 30
+"""
+
+
+@dataclass(frozen=True)
+class AirflowServer:
+    """The local Airflow installation; `up` runs `airflow standalone` (UI, scheduler, workers)."""
+
+    home: Path
+    port: int = 8080
+    host: str = EMBEDDED_HOST
+    name: str = "airflow"
+
+    @classmethod
+    def default(cls) -> AirflowServer:
+        return cls(home=state_dir() / "airflow", port=env_int("IMGEST_AIRFLOW_PORT", 8080))
+
+    @property
+    def process(self) -> ManagedProcess:
+        return ManagedProcess(self.name, self.home / "standalone.pid", self.home / "standalone.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for any airflow command: AIRFLOW_HOME, and the venv's bin first on PATH."""
+        env = dict(os.environ)
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+        env["AIRFLOW_HOME"] = str(self.home)
+        env.setdefault("IMGEST_HOME", str(state_dir()))
+        root = repo_root()
+        if root is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run the `airflow` CLI with this home; a failure raises ServiceError with its last output."""
+        cmd = [str(Path(sys.executable).parent / "airflow"), *args]
+        proc = subprocess.run(cmd, env=self.env(), text=True, capture_output=capture, check=False)
+        if check and proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
+            raise ServiceError(f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail))
+        return proc
+
+    def write_config(self) -> Path:
+        """Write airflow.cfg pointing at the repo's dags/ and the SQLite DB in this home."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        path = self.home / "airflow.cfg"
+        path.write_text(AIRFLOW_CFG.format(home=self.home, dags=dags_dir(), host=self.host, port=self.port))
+        return path
+
+    def connections(self, cassandra: CassandraServer, s3: S3Server) -> dict[str, dict[str, object]]:
+        """The connections imgest's DAGs use, pointing at the embedded services."""
+        key, secret = s3.credentials()
+        return {
+            "cassandra_default": {"conn_type": "cassandra", "host": cassandra.host, "port": cassandra.native_port,
+                                  "extra": json.dumps({"protocol_version": 5})},
+            "aws_default": {"conn_type": "aws", "login": key, "password": secret,
+                            "extra": json.dumps({"endpoint_url": s3.endpoint, "region_name": "us-east-1"})},
+            "spark_default": {"conn_type": "spark", "host": "local[*]",
+                              "extra": json.dumps({"deploy-mode": "client", "spark-binary": "spark-submit"})},
+        }
+
+    def prepare(self, cassandra: CassandraServer, s3: S3Server) -> float:
+        """Config, `airflow db migrate`, and the connections; returns seconds taken."""
+        import time
+
+        t0 = time.monotonic()
+        self.write_config()
+        self.airflow("db", "migrate")
+        conn_file = self.home / "connections.json"
+        fd = os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.connections(cassandra, s3), fh)
+        try:
+            self.airflow("connections", "import", "--overwrite", str(conn_file))
+        finally:
+            conn_file.unlink(missing_ok=True)
+        return time.monotonic() - t0
+
+    def answers(self) -> bool:
+        """True when the API server's health endpoint answers."""
+        if not port_open(self.host, self.port):
+            return False
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=3) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def login(self) -> str:
+        """'admin / PASSWORD' from the file `airflow standalone` generates, when it exists."""
+        path = self.home / "simple_auth_manager_passwords.json.generated"
+        try:
+            users = json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            return f"see {self.process.log_file}"
+        return ", ".join(f"{user} / {pw}" for user, pw in users.items())
+
+    def up(self, timeout: float = 240.0) -> UpResult:
+        """Prepare the home (DB, connections) and run `airflow standalone` until its API answers."""
+        if self.process.pid() is not None and self.answers():
+            return UpResult(self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})")
+        if self.process.pid() is None:
+            require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_PORT")
+            prep = self.prepare(CassandraServer.default(), S3Server.default())
+            log.info("airflow home prepared in %.1fs", prep)
+            self.process.start([str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(),
+                               cwd=self.home)
+        waited = self.process.wait_ready(self.answers, timeout, f"HTTP on {self.url}")
+        return UpResult(self.name, True, waited, f"airflow UI at {self.url} after {waited:.1f}s; "
+                        f"login {self.login()}; AIRFLOW_HOME={self.home}")
+
+    def down(self) -> bool:
+        return self.process.stop(timeout=60)
+
+    def status(self) -> ServiceStatus:
+        return ServiceStatus(self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}")
+
+
+def require_airflow_db(server: AirflowServer) -> None:
+    """Raise if the metadata DB has not been migrated yet."""
+    if not (server.home / "airflow.db").is_file():
+        raise ServiceError(f"airflow: no metadata DB in {server.home}; run `imgest services up airflow` first")

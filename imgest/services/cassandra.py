@@ -1,0 +1,189 @@
+"""Embedded Apache Cassandra 5.0: jars from Maven Central, one JVM on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from imgest.errors import ServiceError
+from imgest.paths import conf_file, state_dir
+from imgest.services.base import ServiceStatus, UpResult
+from imgest.services.process import ManagedProcess, port_open, require_free_port, which_or_fail
+from imgest.settings import EMBEDDED_HOST, env_int
+
+log = logging.getLogger(__name__)
+
+DAEMON_CLASS = "org.apache.cassandra.service.CassandraDaemon"
+JARS_MARKER = ".resolved"
+
+
+def cassandra_version() -> str:
+    """The Cassandra version pinned in services/conf/pom.xml."""
+    match = re.search(r"<cassandra.version>([^<]+)</cassandra.version>", conf_file("pom.xml").read_text())
+    if match is None:
+        raise ServiceError(f"cassandra: no <cassandra.version> in {conf_file('pom.xml')}")
+    return match.group(1)
+
+
+def jars_dir() -> Path:
+    """Ignored folder holding the resolved server jars, shared by every local instance."""
+    return state_dir() / "cassandra-lib" / cassandra_version()
+
+
+def resolve_jars(lib: Path | None = None) -> tuple[Path, bool]:
+    """Resolve cassandra-all and its runtime dependencies with Maven into LIB (once).
+
+    Returns (folder, resolved_now). A second call finds the marker file and resolves nothing.
+    """
+    lib = lib or jars_dir()
+    if (lib / JARS_MARKER).is_file():
+        return lib, False
+    mvn = which_or_fail("cassandra", "mvn", "install Apache Maven (Debian: apt-get install maven)")
+    tmp = lib.with_name(lib.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log_file = state_dir() / "logs" / "cassandra-maven.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [mvn, "-B", "-q", "-f", str(conf_file("pom.xml")), "dependency:copy-dependencies",
+           f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]
+    log.info("resolving Cassandra %s jars from Maven Central into %s", cassandra_version(), lib)
+    with open(log_file, "wb") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0 or not any(tmp.glob("cassandra-all-*.jar")):
+        raise ServiceError(f"cassandra: Maven could not resolve cassandra-all (exit {rc}); read {log_file}")
+    shutil.rmtree(lib, ignore_errors=True)
+    tmp.rename(lib)
+    (lib / JARS_MARKER).write_text(cassandra_version() + "\n")
+    return lib, True
+
+
+def jvm_options() -> list[str]:
+    """Flags from services/conf/jvm17-server.options (Cassandra's own Java 17 set plus the heap)."""
+    lines = conf_file("jvm17-server.options").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+@dataclass(frozen=True)
+class CassandraServer:
+    """One local Cassandra node. AUTH enables PasswordAuthenticator (user cassandra/cassandra)."""
+
+    home: Path
+    native_port: int = 9042
+    storage_port: int = 7000
+    auth: bool = False
+    host: str = EMBEDDED_HOST
+    name: str = "cassandra"
+
+    @classmethod
+    def default(cls, auth: bool = False) -> CassandraServer:
+        """The embedded node; the auth-enabled one lives beside it on its own ports."""
+        if auth:
+            return cls(
+                home=state_dir() / "cassandra-auth",
+                native_port=env_int("IMGEST_CASSANDRA_AUTH_PORT", 9142),
+                storage_port=env_int("IMGEST_CASSANDRA_AUTH_STORAGE_PORT", 7100),
+                auth=True,
+                name="cassandra-auth",
+            )
+        return cls(
+            home=state_dir() / "cassandra",
+            native_port=env_int("IMGEST_CASSANDRA_PORT", 9042),
+            storage_port=env_int("IMGEST_CASSANDRA_STORAGE_PORT", 7000),
+        )
+
+    @property
+    def process(self) -> ManagedProcess:
+        return ManagedProcess(self.name, self.home / "cassandra.pid", self.home / "logs" / "stdout.log")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.native_port}"
+
+    def render_config(self) -> Path:
+        """Write cassandra.yaml for this node (ports, authenticator) from the repo's template."""
+        text = Template(conf_file("cassandra.yaml").read_text()).substitute(
+            native_port=self.native_port,
+            storage_port=self.storage_port,
+            authenticator="PasswordAuthenticator" if self.auth else "AllowAllAuthenticator",
+            authorizer="CassandraAuthorizer" if self.auth else "AllowAllAuthorizer",
+        )
+        path = self.home / "cassandra.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def command(self, java: str, lib: Path, config: Path) -> list[str]:
+        """The JVM command line that runs the daemon in the foreground (pure)."""
+        jamm = sorted(lib.glob("jamm-*.jar"))
+        if not jamm:
+            raise ServiceError(f"cassandra: no jamm jar in {lib}; delete that folder to resolve again")
+        return [
+            java,
+            *jvm_options(),
+            f"-javaagent:{jamm[0]}",
+            f"-Dcassandra.config={config.as_uri()}",
+            f"-Dcassandra.storagedir={self.home / 'data'}",
+            f"-Dcassandra.logdir={self.home / 'logs'}",
+            f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}",
+            "-Dcassandra-foreground=yes",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "-Dcassandra.ring_delay_ms=1000",
+            "-Dcassandra.superuser_setup_delay_ms=0",
+            "-cp",
+            f"{lib}{os.sep}*",
+            DAEMON_CLASS,
+        ]
+
+    def answers(self) -> bool:
+        """True when a CQL query succeeds (not merely an open port)."""
+        if not port_open(self.host, self.native_port):
+            return False
+        from cassandra.auth import PlainTextAuthProvider
+        from cassandra.cluster import Cluster
+
+        auth = PlainTextAuthProvider("cassandra", "cassandra") if self.auth else None
+        cluster = Cluster([self.host], port=self.native_port, auth_provider=auth, connect_timeout=5,
+                          control_connection_timeout=5)
+        try:
+            session = cluster.connect()
+            session.execute("SELECT release_version FROM system.local", timeout=5)
+            return True
+        except Exception as exc:  # any driver error means "not ready yet"
+            log.debug("cassandra not answering yet on %s: %s", self.address, exc)
+            return False
+        finally:
+            cluster.shutdown()
+
+    def up(self, timeout: float = 180.0) -> UpResult:
+        """Start the node unless it already runs; wait until CQL answers."""
+        if self.process.pid() is not None and self.answers():
+            return UpResult(self.name, False, 0.0, f"{self.name} already running on {self.address}")
+        java = which_or_fail(self.name, "java", "install a Java 17 runtime (Debian: openjdk-17-jre-headless)")
+        if self.process.pid() is None:
+            require_free_port(self.name, self.host, self.native_port,
+                              "IMGEST_CASSANDRA_AUTH_PORT" if self.auth else "IMGEST_CASSANDRA_PORT")
+            require_free_port(self.name, self.host, self.storage_port,
+                              "IMGEST_CASSANDRA_AUTH_STORAGE_PORT" if self.auth else "IMGEST_CASSANDRA_STORAGE_PORT")
+        t0 = time.monotonic()
+        lib, resolved = resolve_jars()
+        resolve_s = time.monotonic() - t0
+        if self.process.pid() is None:
+            self.process.start(self.command(java, lib, self.render_config()))
+        waited = self.process.wait_ready(self.answers, timeout, f"CQL on {self.address}")
+        note = f" (+{resolve_s:.1f}s resolving jars)" if resolved else ""
+        return UpResult(self.name, True, waited, f"{self.name} {cassandra_version()} answers CQL on "
+                        f"{self.address} after {waited:.1f}s{note}; logs: {self.home / 'logs'}")
+
+    def down(self) -> bool:
+        """Stop the node if imgest started it."""
+        return self.process.stop(timeout=60)
+
+    def status(self) -> ServiceStatus:
+        return ServiceStatus(self.name, self.address, self.process.pid(), self.answers(),
+                             "PasswordAuthenticator" if self.auth else "")

@@ -1,0 +1,1 @@
+"""Thin Airflow operators over imgest's core functions."""

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Creates .venv and installs imgest from the lock file (reproducible: every package pinned).
+#   scripts/install.sh          runtime lock (Airflow, Spark, Cassandra driver, boto3, DALI, SeaweedFS, ...)
+#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+lock=requirements/runtime.lock
+[ "${1:-}" = "--dev" ] && lock=requirements/dev.lock
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "imgest install: '$1' not found on PATH. $2" >&2; exit 1; }; }
+need java "Install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless); Cassandra and Spark run on it."
+need mvn "Install Apache Maven (Debian: apt-get install maven); it resolves the Cassandra server jars from Maven Central."
+
+py=""
+for cand in "${PYTHON:-}" python3.11 python3.12 python3; do
+  if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 \
+     && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    py=$cand; break
+  fi
+done
+[ -n "$py" ] || { echo "imgest install: Python 3.11 or newer is required (set PYTHON=/path/to/python3.11)." >&2; exit 1; }
+
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
+.venv/bin/uv pip install -q --python .venv/bin/python -r "$lock"
+.venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version))"
