@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     services = sub.add_parser(
         "services",
         help="start, stop or inspect the embedded Cassandra, S3 and Airflow",
-        description="Embedded services for one machine. State (jars, data, logs, PIDs, AIRFLOW_HOME) lives in "
-        "$IMGEST_HOME, by default .imgest/ in the checkout. Ports: IMGEST_CASSANDRA_PORT (9042), "
+        description="Embedded services for one machine. State (jars, data, logs, PIDs, AIRFLOW_HOME) "
+        "lives in $IMGEST_HOME, by default .imgest/ in the checkout. Ports: IMGEST_CASSANDRA_PORT (9042), "
         "IMGEST_CASSANDRA_STORAGE_PORT (7000), IMGEST_S3_PORT (8333), IMGEST_AIRFLOW_PORT (8080).",
     )
     services_sub = services.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -72,14 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for action, text in helps.items():
         p = services_sub.add_parser(action, help=text, description=text)
-        p.add_argument("names", nargs="*", metavar="SERVICE", help="cassandra, cassandra-auth (PasswordAuthenticator), s3, airflow")
+        p.add_argument(
+            "names",
+            nargs="*",
+            metavar="SERVICE",
+            help="cassandra, cassandra-auth (PasswordAuthenticator), s3, airflow",
+        )
         p.set_defaults(func=_services_cmd)
-    env = services_sub.add_parser("env", help="print shell exports for using the `airflow` CLI with imgest",
-                                  description="Use as: eval \"$(imgest services env)\"")
+    env = services_sub.add_parser(
+        "env",
+        help="print shell exports for using the `airflow` CLI with imgest",
+        description='Use as: eval "$(imgest services env)"',
+    )
     env.set_defaults(func=_env_cmd)
 
-    demo = sub.add_parser("demo", help="start the embedded services and run the main job on a generated sample",
-                          description="What the README's first command runs.")
+    demo = sub.add_parser(
+        "demo",
+        help="start the embedded services and run the main job on a generated sample",
+        description="What the README's first command runs.",
+    )
     demo.set_defaults(func=_demo_cmd)
     return parser
 
@@ -88,8 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `imgest` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for noisy in ("cassandra", "botocore", "urllib3", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:

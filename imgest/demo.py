@@ -15,7 +15,10 @@ def run_demo() -> int:
     cassandra, s3, airflow = CassandraServer.default(), S3Server.default(), AirflowServer.default()
     for service in (cassandra, s3):
         print(service.up().message, flush=True)
-    print(f"airflow home ready in {airflow.prepare(cassandra, s3):.1f}s: AIRFLOW_HOME={airflow.home}", flush=True)
+    print(
+        f"airflow home ready in {airflow.prepare(cassandra, s3):.1f}s: AIRFLOW_HOME={airflow.home}",
+        flush=True,
+    )
     t0 = time.monotonic()
     proc = airflow.airflow("dags", "test", "smoke_services", check=False)
     seconds = time.monotonic() - t0

@@ -24,5 +24,13 @@ def get_service(name: str) -> Service:
     return factories[name]()
 
 
-__all__ = ["SERVICE_NAMES", "AirflowServer", "CassandraServer", "S3Server", "Service", "ServiceStatus",
-           "UpResult", "get_service"]
+__all__ = [
+    "SERVICE_NAMES",
+    "AirflowServer",
+    "CassandraServer",
+    "S3Server",
+    "Service",
+    "ServiceStatus",
+    "UpResult",
+    "get_service",
+]

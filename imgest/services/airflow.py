@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import urllib.request
@@ -43,6 +44,12 @@ base_url = http://{host}:{port}
 
 [scheduler]
 dag_dir_list_interval = 30
+
+[api_auth]
+jwt_secret = {jwt_secret}
+
+[webserver]
+secret_key = {secret_key}
 """
 
 
@@ -79,32 +86,62 @@ class AirflowServer:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    def airflow(
+        self, *args: str, check: bool = True, capture: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Run the `airflow` CLI with this home; a failure raises ServiceError with its last output."""
         cmd = [str(Path(sys.executable).parent / "airflow"), *args]
         proc = subprocess.run(cmd, env=self.env(), text=True, capture_output=capture, check=False)
         if check and proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
-            raise ServiceError(f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail))
+            raise ServiceError(
+                f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail)
+            )
         return proc
 
     def write_config(self) -> Path:
         """Write airflow.cfg pointing at the repo's dags/ and the SQLite DB in this home."""
         self.home.mkdir(parents=True, exist_ok=True)
         path = self.home / "airflow.cfg"
-        path.write_text(AIRFLOW_CFG.format(home=self.home, dags=dags_dir(), host=self.host, port=self.port))
+        text = AIRFLOW_CFG.format(
+            home=self.home, dags=dags_dir(), host=self.host, port=self.port, **self.secrets()
+        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
         return path
+
+    def secrets(self) -> dict[str, str]:
+        """Secrets every Airflow component must share (JWT signing, sessions), generated once per home."""
+        path = self.home / "secrets.json"
+        if not path.is_file():
+            data = {"jwt_secret": secrets.token_urlsafe(32), "secret_key": secrets.token_urlsafe(32)}
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh)
+        return json.loads(path.read_text())
 
     def connections(self, cassandra: CassandraServer, s3: S3Server) -> dict[str, dict[str, object]]:
         """The connections imgest's DAGs use, pointing at the embedded services."""
         key, secret = s3.credentials()
         return {
-            "cassandra_default": {"conn_type": "cassandra", "host": cassandra.host, "port": cassandra.native_port,
-                                  "extra": json.dumps({"protocol_version": 5})},
-            "aws_default": {"conn_type": "aws", "login": key, "password": secret,
-                            "extra": json.dumps({"endpoint_url": s3.endpoint, "region_name": "us-east-1"})},
-            "spark_default": {"conn_type": "spark", "host": "local[*]",
-                              "extra": json.dumps({"deploy-mode": "client", "spark-binary": "spark-submit"})},
+            "cassandra_default": {
+                "conn_type": "cassandra",
+                "host": cassandra.host,
+                "port": cassandra.native_port,
+                "extra": json.dumps({"protocol_version": 5}),
+            },
+            "aws_default": {
+                "conn_type": "aws",
+                "login": key,
+                "password": secret,
+                "extra": json.dumps({"endpoint_url": s3.endpoint, "region_name": "us-east-1"}),
+            },
+            "spark_default": {
+                "conn_type": "spark",
+                "host": "local[*]",
+                "extra": json.dumps({"deploy-mode": "client", "spark-binary": "spark-submit"}),
+            },
         }
 
     def prepare(self, cassandra: CassandraServer, s3: S3Server) -> float:
@@ -146,25 +183,36 @@ class AirflowServer:
     def up(self, timeout: float = 240.0) -> UpResult:
         """Prepare the home (DB, connections) and run `airflow standalone` until its API answers."""
         if self.process.pid() is not None and self.answers():
-            return UpResult(self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})")
+            return UpResult(
+                self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})"
+            )
         if self.process.pid() is None:
             require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_PORT")
             prep = self.prepare(CassandraServer.default(), S3Server.default())
             log.info("airflow home prepared in %.1fs", prep)
-            self.process.start([str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(),
-                               cwd=self.home)
+            self.process.start(
+                [str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(), cwd=self.home
+            )
         waited = self.process.wait_ready(self.answers, timeout, f"HTTP on {self.url}")
-        return UpResult(self.name, True, waited, f"airflow UI at {self.url} after {waited:.1f}s; "
-                        f"login {self.login()}; AIRFLOW_HOME={self.home}")
+        return UpResult(
+            self.name,
+            True,
+            waited,
+            f"airflow UI at {self.url} after {waited:.1f}s; login {self.login()}; AIRFLOW_HOME={self.home}",
+        )
 
     def down(self) -> bool:
         return self.process.stop(timeout=60)
 
     def status(self) -> ServiceStatus:
-        return ServiceStatus(self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}")
+        return ServiceStatus(
+            self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}"
+        )
 
 
 def require_airflow_db(server: AirflowServer) -> None:
     """Raise if the metadata DB has not been migrated yet."""
     if not (server.home / "airflow.db").is_file():
-        raise ServiceError(f"airflow: no metadata DB in {server.home}; run `imgest services up airflow` first")
+        raise ServiceError(
+            f"airflow: no metadata DB in {server.home}; run `imgest services up airflow` first"
+        )

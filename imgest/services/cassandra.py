@@ -50,8 +50,16 @@ def resolve_jars(lib: Path | None = None) -> tuple[Path, bool]:
     shutil.rmtree(tmp, ignore_errors=True)
     log_file = state_dir() / "logs" / "cassandra-maven.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [mvn, "-B", "-q", "-f", str(conf_file("pom.xml")), "dependency:copy-dependencies",
-           f"-DoutputDirectory={tmp}", "-DincludeScope=runtime"]
+    cmd = [
+        mvn,
+        "-B",
+        "-q",
+        "-f",
+        str(conf_file("pom.xml")),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={tmp}",
+        "-DincludeScope=runtime",
+    ]
     log.info("resolving Cassandra %s jars from Maven Central into %s", cassandra_version(), lib)
     with open(log_file, "wb") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
@@ -144,21 +152,23 @@ class CassandraServer:
         """True when a CQL query succeeds (not merely an open port)."""
         if not port_open(self.host, self.native_port):
             return False
-        from cassandra.auth import PlainTextAuthProvider
-        from cassandra.cluster import Cluster
+        from imgest.cassandra_client import cassandra_session
+        from imgest.settings import CassandraSettings
 
-        auth = PlainTextAuthProvider("cassandra", "cassandra") if self.auth else None
-        cluster = Cluster([self.host], port=self.native_port, auth_provider=auth, connect_timeout=5,
-                          control_connection_timeout=5)
+        settings = CassandraSettings(
+            hosts=(self.host,),
+            port=self.native_port,
+            connect_timeout=5,
+            username="cassandra" if self.auth else None,
+            password="cassandra" if self.auth else None,
+        )
         try:
-            session = cluster.connect()
-            session.execute("SELECT release_version FROM system.local", timeout=5)
+            with cassandra_session(settings) as session:
+                session.execute("SELECT release_version FROM system.local", timeout=5)
             return True
         except Exception as exc:  # any driver error means "not ready yet"
             log.debug("cassandra not answering yet on %s: %s", self.address, exc)
             return False
-        finally:
-            cluster.shutdown()
 
     def up(self, timeout: float = 180.0) -> UpResult:
         """Start the node unless it already runs; wait until CQL answers."""
@@ -166,10 +176,18 @@ class CassandraServer:
             return UpResult(self.name, False, 0.0, f"{self.name} already running on {self.address}")
         java = which_or_fail(self.name, "java", "install a Java 17 runtime (Debian: openjdk-17-jre-headless)")
         if self.process.pid() is None:
-            require_free_port(self.name, self.host, self.native_port,
-                              "IMGEST_CASSANDRA_AUTH_PORT" if self.auth else "IMGEST_CASSANDRA_PORT")
-            require_free_port(self.name, self.host, self.storage_port,
-                              "IMGEST_CASSANDRA_AUTH_STORAGE_PORT" if self.auth else "IMGEST_CASSANDRA_STORAGE_PORT")
+            require_free_port(
+                self.name,
+                self.host,
+                self.native_port,
+                "IMGEST_CASSANDRA_AUTH_PORT" if self.auth else "IMGEST_CASSANDRA_PORT",
+            )
+            require_free_port(
+                self.name,
+                self.host,
+                self.storage_port,
+                "IMGEST_CASSANDRA_AUTH_STORAGE_PORT" if self.auth else "IMGEST_CASSANDRA_STORAGE_PORT",
+            )
         t0 = time.monotonic()
         lib, resolved = resolve_jars()
         resolve_s = time.monotonic() - t0
@@ -177,13 +195,23 @@ class CassandraServer:
             self.process.start(self.command(java, lib, self.render_config()))
         waited = self.process.wait_ready(self.answers, timeout, f"CQL on {self.address}")
         note = f" (+{resolve_s:.1f}s resolving jars)" if resolved else ""
-        return UpResult(self.name, True, waited, f"{self.name} {cassandra_version()} answers CQL on "
-                        f"{self.address} after {waited:.1f}s{note}; logs: {self.home / 'logs'}")
+        return UpResult(
+            self.name,
+            True,
+            waited,
+            f"{self.name} {cassandra_version()} answers CQL on "
+            f"{self.address} after {waited:.1f}s{note}; logs: {self.home / 'logs'}",
+        )
 
     def down(self) -> bool:
         """Stop the node if imgest started it."""
         return self.process.stop(timeout=60)
 
     def status(self) -> ServiceStatus:
-        return ServiceStatus(self.name, self.address, self.process.pid(), self.answers(),
-                             "PasswordAuthenticator" if self.auth else "")
+        return ServiceStatus(
+            self.name,
+            self.address,
+            self.process.pid(),
+            self.answers(),
+            "PasswordAuthenticator" if self.auth else "",
+        )

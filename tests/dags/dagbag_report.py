@@ -1,0 +1,30 @@
+"""Loads every DAG file through a DagBag and writes a JSON report (run in a subprocess by the tests)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from airflow.dag_processing.dagbag import DagBag
+
+
+def report(dag_folder: str) -> dict[str, object]:
+    bag = DagBag(dag_folder=dag_folder)
+    return {
+        "import_errors": {str(k): str(v) for k, v in bag.import_errors.items()},
+        "dags": {
+            dag_id: {
+                "tags": sorted(dag.tags or []),
+                "catchup": dag.catchup,
+                "fileloc": dag.fileloc,
+                "tasks": {t.task_id: {"retries": t.retries} for t in dag.tasks},
+            }
+            for dag_id, dag in bag.dags.items()
+        },
+    }
+
+
+if __name__ == "__main__":
+    # Airflow logs to stdout, so the report goes to a file: dagbag_report.py DAG_FOLDER OUT_JSON
+    with open(sys.argv[2], "w") as out:
+        json.dump(report(sys.argv[1]), out)
