@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from imgest import __version__
 from imgest.errors import ImgestError
@@ -38,6 +41,67 @@ def _env_cmd(args: argparse.Namespace) -> int:
     for key in ("AIRFLOW_HOME", "IMGEST_HOME", "PATH"):
         print(f"export {key}={env[key]!s}")
     return 0
+
+
+def _sample_cmd(args: argparse.Namespace) -> int:
+    from imgest.sample import SampleSpec, write_sample
+
+    spec = SampleSpec(args.layout, args.classes, args.per_class, args.val_per_class, args.seed, defects=args.defects)
+    counts = write_sample(args.out, spec)
+    print(
+        f"wrote {args.layout} sample to {args.out}: train {counts['train']}, val {counts['val']} images, "
+        f"{args.classes} classes (seed {args.seed})"
+    )
+    return 0
+
+
+def _scan_cmd(args: argparse.Namespace) -> int:
+    from imgest.progress import progress_bar
+    from imgest.scan import scan_to_dir
+
+    with progress_bar("scanning", None) as advance:
+        report = scan_to_dir(args.src, args.out, args.layout, args.name, args.split, on_candidate=lambda _: advance())
+    print(report.summary_line())
+    print(f"manifest, class map, quarantine list and report written to {args.out}")
+    return 0
+
+
+def _transform_spec(args: argparse.Namespace) -> Any:
+    from imgest.transform import TransformSpec
+
+    return TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels)
+
+
+def _check_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from imgest.check import CHECK_FILE, check_dataset
+    from imgest.progress import progress_bar
+
+    total = json.loads((args.manifest_dir / "scan_report.json").read_text())["kept"]
+    with progress_bar("checking", total) as advance:
+        report = check_dataset(args.manifest_dir, _transform_spec(args), args.workers, on_progress=advance)
+    print(report["summary"])
+    print(f"{report['images_per_s']} images/s; details in {args.manifest_dir / CHECK_FILE}")
+    return 0
+
+
+def _add_transform_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        choices=["jpeg", "unchanged"],
+        default="jpeg",
+        help="jpeg: resize + center-crop + re-encode; unchanged: original bytes (default jpeg)",
+    )
+    p.add_argument("--resize", type=int, default=256, help="shorter side after resize (default 256)")
+    p.add_argument("--crop", type=int, default=224, help="center-crop size (default 224)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=100_000_000,
+        help="decompression-bomb limit: larger images are quarantined as too-large (default 100e6)",
+    )
 
 
 def _demo_cmd(args: argparse.Namespace) -> int:
@@ -85,6 +149,56 @@ def build_parser() -> argparse.ArgumentParser:
         description='Use as: eval "$(imgest services env)"',
     )
     env.set_defaults(func=_env_cmd)
+
+    sample = sub.add_parser(
+        "sample",
+        help="write a deterministic photo-like sample dataset",
+        description="Generate a dataset in ImageNet's layouts (no downloads needed).",
+    )
+    sample.add_argument("out", type=Path, metavar="OUT", help="folder to write")
+    sample.add_argument(
+        "--layout",
+        choices=["cls-loc", "imagefolder"],
+        default="cls-loc",
+        help="cls-loc: ImageNet CLS-LOC with LOC_val_solution.csv; imagefolder: imagenette2 style",
+    )
+    sample.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
+    sample.add_argument("--per-class", type=int, default=20, help="train images per class (default 20)")
+    sample.add_argument("--val-per-class", type=int, default=5, help="val images per class (default 5)")
+    sample.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
+    sample.add_argument(
+        "--defects",
+        action="store_true",
+        help="also plant broken, awkward and junk files (expected fates in expected_defects.json)",
+    )
+    sample.set_defaults(func=_sample_cmd)
+
+    scan = sub.add_parser(
+        "scan",
+        help="list a dataset's images, labels and ids into a Parquet manifest",
+        description="Layouts: cls-loc, imagefolder (split folders), flat (class folders), tar "
+        "(ImageNet's tar of per-class tars, read in place). Writes OUT/manifest.parquet, "
+        "classes.json, quarantine.json (unlabelled files) and scan_report.json.",
+    )
+    scan.add_argument("src", type=Path, metavar="SRC", help="dataset folder or ILSVRC2012_img_train.tar")
+    scan.add_argument("--out", type=Path, required=True, help="folder for the manifest and reports")
+    scan.add_argument(
+        "--layout", default="auto", choices=["auto", "cls-loc", "imagefolder", "flat", "tar"], help="default: detected"
+    )
+    scan.add_argument("--name", help="dataset name used in ids (default: the source folder's name)")
+    scan.add_argument("--split", default="train", help="split name for flat and tar layouts (default train)")
+    scan.set_defaults(func=_scan_cmd)
+
+    check = sub.add_parser(
+        "check",
+        help="transform every manifest row locally, quarantining bad images",
+        description="A dry run of the ingest transform: finds empty, non-image, corrupt and "
+        "over-sized files, writes MANIFEST_DIR/check.json, and reconciles the counts.",
+    )
+    check.add_argument("manifest_dir", type=Path, metavar="MANIFEST_DIR", help="output folder of imgest scan")
+    check.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    _add_transform_args(check)
+    check.set_defaults(func=_check_cmd)
 
     demo = sub.add_parser(
         "demo",

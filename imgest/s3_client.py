@@ -20,9 +20,7 @@ def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> 
     response: Any = getattr(exc, "response", None)
     if isinstance(response, dict):
         code = str(response.get("Error", {}).get("Code", ""))
-    where = (
-        f"S3 at {settings.endpoint_url or 'AWS'} (bucket {bucket!r}, access key id {settings.access_key!r})"
-    )
+    where = f"S3 at {settings.endpoint_url or 'AWS'} (bucket {bucket!r}, access key id {settings.access_key!r})"
     if code in AUTH_ERROR_CODES:
         return S3AccessError(
             f"{where} refused the credentials ({code}); check the key pair in the Airflow "

@@ -73,9 +73,7 @@ class S3Settings:
 
         Without keys in the environment, the embedded server's generated keys are used.
         """
-        endpoint = os.environ.get(
-            "IMGEST_S3_ENDPOINT", f"http://{EMBEDDED_HOST}:{env_int('IMGEST_S3_PORT', 8333)}"
-        )
+        endpoint = os.environ.get("IMGEST_S3_ENDPOINT", f"http://{EMBEDDED_HOST}:{env_int('IMGEST_S3_PORT', 8333)}")
         key = os.environ.get("AWS_ACCESS_KEY_ID")
         secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
         if not key or not secret:

