@@ -104,6 +104,17 @@ def _add_transform_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _bench_transform_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.transform import main as bench_main
+
+    report = bench_main(args.json, args.plot, args.images, args.large_images, args.rounds)
+    missed = [g["group"] for g in report["groups"] if g["meets_target"] is False]
+    print(f"JSON written to {args.json}" + (f"; plot {args.plot}" if args.plot else ""))
+    if missed:
+        print(f"below target: {', '.join(missed)}")
+    return 0
+
+
 def _demo_cmd(args: argparse.Namespace) -> int:
     from imgest.demo import run_demo
 
@@ -199,6 +210,25 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     _add_transform_args(check)
     check.set_defaults(func=_check_cmd)
+
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks against a baseline in the same run (figures + JSON)",
+        description="Each benchmark prints a table and writes JSON; none asserts on time.",
+    )
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    bt = bench_sub.add_parser(
+        "transform",
+        help="images/s per core: imgest transform vs a plain Pillow pipeline",
+        description="Same generated images, same run, one core; PSNR against a "
+        "full-precision reference shows the output quality of both.",
+    )
+    bt.add_argument("--json", type=Path, required=True, help="where to write the JSON report")
+    bt.add_argument("--plot", type=Path, help="also save a bar chart PNG here")
+    bt.add_argument("--images", type=int, default=150, help="ImageNet-size sources (default 150)")
+    bt.add_argument("--large-images", type=int, default=12, help="sources of 3-8 megapixels (default 12)")
+    bt.add_argument("--rounds", type=int, default=3, help="timed passes; the median is reported (default 3)")
+    bt.set_defaults(func=_bench_transform_cmd)
 
     demo = sub.add_parser(
         "demo",

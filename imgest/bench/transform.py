@@ -1,0 +1,153 @@
+"""`imgest bench transform`: our transform against a straightforward Pillow pipeline, one core, same images.
+
+Both produce the same output (resize shorter side to 256, center-crop 224, JPEG quality 90, bilinear).
+Quality is checked too: PSNR of each output against a full-precision reference (full decode, Lanczos,
+no JPEG), so a speed-up cannot come from worse pictures.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from imgest.bench.report import bar_chart, format_table, machine_info, write_json
+from imgest.sample import jpeg_bytes
+from imgest.transform import RESAMPLE, TransformSpec, transform_image
+
+TARGETS = {"imagenet-size": 1.3, "large (>=2 MP)": 3.0}
+
+
+def baseline_transform(data: bytes, spec: TransformSpec) -> bytes:
+    """The straightforward pipeline: full decode, convert, resize all, crop, encode."""
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = img.size
+    scale = spec.resize / min(w, h)
+    rw, rh = max(spec.resize, round(w * scale)), max(spec.resize, round(h * scale))
+    img = img.resize((rw, rh), RESAMPLE)
+    left, top = round((rw - spec.crop) / 2), round((rh - spec.crop) / 2)
+    img = img.crop((left, top, left + spec.crop, top + spec.crop))
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=spec.quality)
+    return out.getvalue()
+
+
+def reference_pixels(data: bytes, spec: TransformSpec) -> np.ndarray:
+    """Full-precision reference output: full decode, Lanczos resize, crop, no re-encoding."""
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = img.size
+    scale = spec.resize / min(w, h)
+    rw, rh = max(spec.resize, round(w * scale)), max(spec.resize, round(h * scale))
+    img = img.resize((rw, rh), Image.Resampling.LANCZOS)
+    left, top = round((rw - spec.crop) / 2), round((rh - spec.crop) / 2)
+    return np.asarray(img.crop((left, top, left + spec.crop, top + spec.crop)), dtype=np.float64)
+
+
+def psnr(encoded: bytes, reference: np.ndarray) -> float:
+    """Peak signal-to-noise ratio in dB of a decoded JPEG against REFERENCE."""
+    pixels = np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB"), dtype=np.float64)
+    mse = float(np.mean((pixels - reference) ** 2))
+    return 99.0 if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def _rate(fn: Callable[[bytes], object], images: list[bytes], rounds: int) -> float:
+    """Median images/s over ROUNDS passes (after one warm-up image)."""
+    fn(images[0])
+    rates = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for data in images:
+            fn(data)
+        rates.append(len(images) / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def make_images(count: int, large: bool, seed: int) -> list[bytes]:
+    """COUNT photo-like JPEGs, ImageNet-size or of several megapixels."""
+    hue = np.random.default_rng([seed, 1]).random(3)
+    return [jpeg_bytes(np.random.default_rng([seed, int(large), i]), hue, large) for i in range(count)]
+
+
+def _measure(name: str, batch: list[bytes], spec: TransformSpec, rounds: int) -> dict[str, Any]:
+    ours_rate = _rate(lambda d: transform_image(d, spec), batch, rounds)
+    base_rate = _rate(lambda d: baseline_transform(d, spec), batch, rounds)
+    sample = batch[: min(len(batch), 20)]
+    refs = [reference_pixels(d, spec) for d in sample]
+    sizes = [Image.open(io.BytesIO(d)).size for d in batch]
+    target = TARGETS.get(name)
+    return {
+        "group": name,
+        "images": len(batch),
+        "mean_megapixels": round(statistics.mean(w * h for w, h in sizes) / 1e6, 2),
+        "mean_kb": round(statistics.mean(len(d) for d in batch) / 1024, 1),
+        "baseline_images_per_s": round(base_rate, 1),
+        "imgest_images_per_s": round(ours_rate, 1),
+        "speedup": round(ours_rate / base_rate, 2),
+        "target_speedup": target,
+        "meets_target": None if target is None else ours_rate / base_rate >= target,
+        "psnr_baseline_db": round(
+            statistics.mean(psnr(baseline_transform(d, spec), r) for d, r in zip(sample, refs, strict=True)), 2
+        ),
+        "psnr_imgest_db": round(
+            statistics.mean(psnr(transform_image(d, spec).data, r) for d, r in zip(sample, refs, strict=True)), 2
+        ),
+    }
+
+
+def run(images: int = 150, large_images: int = 12, rounds: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Measure both pipelines per group (targets apply to the first two; the rest break 'large' down by size)."""
+    spec = TransformSpec()
+    small, large = make_images(images, False, seed), make_images(large_images, True, seed)
+    groups = [_measure("imagenet-size", small, spec, rounds), _measure("large (>=2 MP)", large, spec, rounds)]
+    by_size: dict[tuple[int, int], list[bytes]] = {}
+    for data in large:
+        by_size.setdefault(Image.open(io.BytesIO(data)).size, []).append(data)
+    for (w, h), batch in sorted(by_size.items()):
+        groups.append(_measure(f"  of which {w}x{h}", batch, spec, rounds))
+    return {
+        "benchmark": "transform",
+        "per_core": True,
+        "transform": spec.as_dict(),
+        "rounds": rounds,
+        "machine": machine_info(),
+        "groups": groups,
+    }
+
+
+COLUMNS = [
+    ("group", "sources"),
+    ("images", "n"),
+    ("mean_megapixels", "MP"),
+    ("baseline_images_per_s", "Pillow img/s"),
+    ("imgest_images_per_s", "imgest img/s"),
+    ("speedup", "speed-up"),
+    ("target_speedup", "target"),
+    ("psnr_baseline_db", "PSNR Pillow dB"),
+    ("psnr_imgest_db", "PSNR imgest dB"),
+]
+
+
+def main(json_out: Path, plot: Path | None, images: int, large_images: int, rounds: int) -> dict[str, Any]:
+    """Run, print the table, write JSON (and the plot)."""
+    report = run(images, large_images, rounds)
+    print(format_table(report["groups"], COLUMNS))
+    write_json(json_out, report)
+    if plot is not None:
+        names = [g["group"] for g in report["groups"]]
+        bar_chart(
+            plot,
+            "Transform throughput, one core (256 -> crop 224, q90)",
+            names,
+            {
+                "Pillow baseline": [g["baseline_images_per_s"] for g in report["groups"]],
+                "imgest": [g["imgest_images_per_s"] for g in report["groups"]],
+            },
+            "images / s",
+        )
+    return report
