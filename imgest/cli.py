@@ -87,21 +87,90 @@ def _check_cmd(args: argparse.Namespace) -> int:
 
 
 def _add_transform_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--mode",
-        choices=["jpeg", "unchanged"],
-        default="jpeg",
-        help="jpeg: resize + center-crop + re-encode; unchanged: original bytes (default jpeg)",
+    from imgest.job_options import TRANSFORM_OPTIONS, add_options
+
+    add_options(p, TRANSFORM_OPTIONS)
+
+
+def _manifest_dir(args: argparse.Namespace) -> Path:
+    """SRC itself if it holds a manifest, else scan SRC into the work folder first."""
+    from imgest.manifest import MANIFEST_FILE
+    from imgest.paths import state_dir
+    from imgest.scan import scan_to_dir
+
+    if (args.src / MANIFEST_FILE).is_file():
+        return args.src
+    out = args.work_dir or state_dir() / "work" / (args.dataset or args.src.resolve().name)
+    report = scan_to_dir(args.src, out, args.layout, args.dataset)
+    print(f"scan: {report.summary_line()}", flush=True)
+    return out
+
+
+def _credentials_env(args: argparse.Namespace) -> None:
+    """Put --user / --password-file into the environment the Spark job inherits (never into its argv)."""
+    if args.user:
+        os.environ["IMGEST_CASSANDRA_USER"] = args.user
+    if args.password_file:
+        os.environ["IMGEST_CASSANDRA_PASSWORD"] = Path(args.password_file).read_text().strip()
+
+
+def _ingest_cassandra_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from imgest.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, forward
+    from imgest.spark import run_submit, submit_command
+
+    manifest_dir = _manifest_dir(args)
+    _credentials_env(args)
+    summary = manifest_dir / "ingest_cassandra.json"
+    job_args = [
+        "--manifest-dir",
+        str(manifest_dir),
+        "--summary-json",
+        str(summary),
+        *forward(args, CASSANDRA_OPTIONS),
+        *forward(args, TRANSFORM_OPTIONS),
+    ]
+    rc = run_submit(submit_command("ingest_cassandra", job_args, args.master))
+    if rc != 0:
+        print(f"imgest: error: the Spark job failed (exit {rc}); re-running resumes where it stopped", file=sys.stderr)
+        return rc
+    print(f"summary written to {summary}")
+    if args.verify:
+        args.manifest_dir, args.version = manifest_dir, json.loads(summary.read_text())["version"]
+        return _verify_cassandra_cmd(args)
+    return 0
+
+
+def _verify_cassandra_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from imgest.cassandra_client import cassandra_session
+    from imgest.cassandra_schema import TableLayout
+    from imgest.settings import CassandraSettings
+    from imgest.verify_cassandra import verify
+
+    _credentials_env(args)
+    env = CassandraSettings.from_env()
+    settings = CassandraSettings(
+        hosts=tuple(args.hosts.split(",")),
+        port=args.port,
+        username=env.username,
+        password=env.password,
+        ssl_ca_file=env.ssl_ca_file,
     )
-    p.add_argument("--resize", type=int, default=256, help="shorter side after resize (default 256)")
-    p.add_argument("--crop", type=int, default=224, help="center-crop size (default 224)")
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
-    p.add_argument(
-        "--max-pixels",
-        type=int,
-        default=100_000_000,
-        help="decompression-bomb limit: larger images are quarantined as too-large (default 100e6)",
+    tables = TableLayout(args.keyspace, args.table_layout, args.table_suffix)
+    with cassandra_session(settings) as session:
+        report = verify(session, args.manifest_dir, tables, args.dataset, args.version, args.sample)
+    print(json.dumps(report.to_dict(), indent=2))
+    if not report.ok:
+        print("imgest: error: verification failed; the version is not marked complete", file=sys.stderr)
+        return 1
+    print(
+        f"verified: {sum(report.found.values())} rows match the manifest; {report.sampled} sampled rows are "
+        f"byte-equal to a fresh transform; version {report.version} marked complete"
     )
+    return 0
 
 
 def _bench_transform_cmd(args: argparse.Namespace) -> int:
@@ -229,6 +298,53 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--large-images", type=int, default=12, help="sources of 3-8 megapixels (default 12)")
     bt.add_argument("--rounds", type=int, default=3, help="timed passes; the median is reported (default 3)")
     bt.set_defaults(func=_bench_transform_cmd)
+
+    ingest = sub.add_parser(
+        "ingest",
+        help="run a Spark ingest job (cassandra)",
+        description="Scan SRC if needed, then spark-submit the ingest job.",
+    )
+    ingest_sub = ingest.add_subparsers(dest="target", metavar="TARGET", required=True)
+    ic = ingest_sub.add_parser(
+        "cassandra",
+        help="ingest into Cassandra data/metadata tables",
+        description="Idempotent and resumable: ids are deterministic and committed rows with the same source hash "
+        "are skipped. Credentials: --user and --password-file, or IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD.",
+    )
+    ic.add_argument("src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet")
+    ic.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
+    ic.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
+    ic.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    ic.add_argument("--user", help="Cassandra user")
+    ic.add_argument("--password-file", help="file holding the Cassandra password")
+    ic.add_argument("--verify", action="store_true", help="run imgest verify cassandra afterwards")
+    ic.add_argument("--sample", type=int, default=32, help="rows byte-compared by --verify (default 32)")
+    from imgest.job_options import CASSANDRA_OPTIONS, add_options
+
+    add_options(ic, CASSANDRA_OPTIONS)
+    _add_transform_args(ic)
+    ic.set_defaults(func=_ingest_cassandra_cmd)
+
+    verify = sub.add_parser("verify", help="check stored data against the manifest")
+    verify_sub = verify.add_subparsers(dest="target", metavar="TARGET", required=True)
+    vc = verify_sub.add_parser(
+        "cassandra",
+        help="counts per split and label, byte-equal samples, then mark the version complete",
+        description="Counts per split and label must equal the manifest minus the quarantine, and a random sample "
+        "of rows must be byte-equal to a fresh transform of its source.",
+    )
+    vc.add_argument("manifest_dir", type=Path, metavar="MANIFEST_DIR")
+    vc.add_argument("--version", required=True, help="version printed by the ingest")
+    vc.add_argument("--dataset", help="default: from the manifest")
+    vc.add_argument("--keyspace", default="imgest")
+    vc.add_argument("--table-layout", default="split-column", choices=["split-column", "per-split"])
+    vc.add_argument("--table-suffix", default="")
+    vc.add_argument("--hosts", default="127.0.0.1")
+    vc.add_argument("--port", type=int, default=9042)
+    vc.add_argument("--user", help="Cassandra user")
+    vc.add_argument("--password-file", help="file holding the Cassandra password")
+    vc.add_argument("--sample", type=int, default=32, help="rows to byte-compare (default 32)")
+    vc.set_defaults(func=_verify_cassandra_cmd)
 
     demo = sub.add_parser(
         "demo",

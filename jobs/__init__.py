@@ -1,0 +1,1 @@
+"""Spark entry points (run with spark-submit)."""

@@ -1,0 +1,182 @@
+"""Spark job: ingest a scanned dataset into Cassandra tables.
+
+    spark-submit --master local[*] jobs/ingest_cassandra.py --manifest-dir DIR [options]
+
+Usually started by `imgest ingest cassandra` or the `ingest_imagenet` DAG. Credentials come from the
+environment (IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD), never from arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from imgest.cassandra_client import cassandra_session
+from imgest.cassandra_schema import TableLayout
+from imgest.errors import ImgestError
+from imgest.ingest_cassandra import (
+    CassandraIngestConfig,
+    PartitionResult,
+    begin_version,
+    finish_version,
+    ingest_partition,
+    summary,
+    transform_key,
+)
+from imgest.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, add_options
+from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, Candidate, manifest_metadata, read_classes
+from imgest.quarantine import QuarantineLog
+from imgest.scan import SCAN_QUARANTINE_FILE
+from imgest.transform import TransformSpec
+
+log = logging.getLogger("imgest.jobs.ingest_cassandra")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="ingest_cassandra", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
+    add_options(p, CASSANDRA_OPTIONS)
+    add_options(p, TRANSFORM_OPTIONS)
+    p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
+    meta = manifest_metadata(args.manifest_dir / MANIFEST_FILE)
+    spec = TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels)
+    return CassandraIngestConfig(
+        root=meta["root"],
+        dataset=args.dataset or meta["dataset"],
+        version=args.version or f"t-{transform_key(spec)}",
+        tables=TableLayout(args.keyspace, args.table_layout, args.table_suffix),
+        spec=spec,
+        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
+        port=args.port,
+        max_in_flight=args.max_in_flight,
+        max_blob_bytes=args.max_blob_bytes,
+    )
+
+
+def extract(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
+    """The manifest as a DataFrame spread over PARTITIONS (default: by size), and its row count."""
+    df = spark.read.parquet(str((manifest_dir / MANIFEST_FILE).resolve()))
+    rows = df.count()
+    n = partitions or max(2 * spark.sparkContext.defaultParallelism, math.ceil(rows / 1000))
+    return df.repartition(max(1, min(n, rows))), rows
+
+
+def load(df: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
+    """Run ingest_partition on every partition; log rows/s and MB/s while it runs."""
+    sc = df.sparkSession.sparkContext
+    done, nbytes = sc.accumulator(0), sc.accumulator(0)
+
+    def partition(it: Any) -> list[PartitionResult]:
+        def on_row(size: int) -> None:
+            done.add(1)
+            nbytes.add(size)
+
+        return [ingest_partition((Candidate(**r.asDict()) for r in it), cfg, on_row)]
+
+    stop = threading.Event()
+    t0 = time.monotonic()
+    reporter = threading.Thread(target=_report, args=(stop, done, nbytes, rows, t0), daemon=True)
+    reporter.start()
+    try:
+        total = PartitionResult()
+        for part in df.rdd.mapPartitions(partition).collect():
+            total.merge(part)
+        return total
+    finally:
+        stop.set()
+        reporter.join()
+
+
+def _report(stop: threading.Event, done: Any, nbytes: Any, rows: int, t0: float) -> None:
+    while not stop.wait(5.0):
+        secs = time.monotonic() - t0
+        log.info(
+            "ingest progress: %d/%d rows written by finished tasks, %.1f rows/s, %.2f MB/s",
+            done.value,
+            rows,
+            done.value / secs,
+            nbytes.value / 1e6 / secs,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("cassandra", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = parse_args(argv)
+    try:
+        cfg = build_config(args)
+        classes = [c.wnid for c in read_classes(args.manifest_dir / CLASSES_FILE)]
+        scan_quarantine = QuarantineLog.read(args.manifest_dir / SCAN_QUARANTINE_FILE)
+        splits = sorted(json.loads((args.manifest_dir / "scan_report.json").read_text())["per_split"])
+        with cassandra_session(cfg.settings()) as session:
+            begin_version(session, cfg, splits, args.replication)
+            record_scan_quarantine(session, cfg, scan_quarantine)
+        from imgest.spark import build_session
+
+        spark = build_session("imgest-ingest-cassandra")
+        t0 = time.monotonic()
+        df, rows = extract(spark, args.manifest_dir, args.partitions)
+        log.info(
+            "ingesting %d rows of %s version %s into %s (%s)",
+            rows,
+            cfg.dataset,
+            cfg.version,
+            cfg.tables.keyspace,
+            cfg.tables.layout,
+        )
+        total = load(df, cfg, rows)
+        seconds = time.monotonic() - t0
+        accounted = total.stored + total.skipped + len(total.quarantine)
+        if accounted != rows:
+            raise ImgestError(
+                f"counts do not reconcile: {rows} manifest rows but {accounted} stored, skipped or "
+                "quarantined; the version stays 'writing' and a re-run resumes"
+            )
+        with cassandra_session(cfg.settings()) as session:
+            finish_version(session, cfg, total, classes)
+        report = {
+            "dataset": cfg.dataset,
+            "version": cfg.version,
+            "keyspace": cfg.tables.keyspace,
+            "tables": cfg.tables.tables(splits),
+            **summary(total, seconds, scan_quarantine),
+        }
+        print(json.dumps(report, indent=2), flush=True)
+        if args.summary_json:
+            args.summary_json.write_text(json.dumps(report, indent=2) + "\n")
+        spark.stop()
+        return 0
+    except ImgestError as exc:
+        log.error("ingest failed: %s", exc)
+        return 2
+
+
+def record_scan_quarantine(session: Any, cfg: CassandraIngestConfig, scan_quarantine: QuarantineLog) -> None:
+    """Files quarantined at scan time (no label) go to the quarantine table with the rest."""
+    import uuid
+
+    stmt = session.prepare(
+        f"INSERT INTO {cfg.tables.keyspace}.quarantine (dataset, version, id, split, rel_path, reason, detail)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    )
+    for e in scan_quarantine.entries:
+        session.execute(stmt, (cfg.dataset, cfg.version, uuid.UUID(e.id), e.split, e.path, e.reason, e.detail))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
