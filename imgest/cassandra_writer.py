@@ -120,11 +120,15 @@ class ImageWriter:
 
     # ---- callbacks (run on the driver's event loop thread: never block there) -----------------------------
     def _send(self, row: Row, step: str, attempt: int) -> None:
-        data_stmt, meta_stmt = self._prepared(row.split)
-        if step == "data":
-            future = self._session.execute_async(data_stmt, (row.id, row.label, row.data))
-        else:
-            future = self._session.execute_async(meta_stmt, row.meta)
+        try:
+            data_stmt, meta_stmt = self._prepared(row.split)
+            if step == "data":
+                future = self._session.execute_async(data_stmt, (row.id, row.label, row.data))
+            else:
+                future = self._session.execute_async(meta_stmt, row.meta)
+        except Exception as exc:  # raised before the request left (no host, session closed): same path as a reply
+            self._failed(exc, row, step, attempt)
+            return
         future.add_callbacks(self._ok, self._failed, callback_args=(row, step), errback_args=(row, step, attempt))
 
     def _ok(self, _result: Any, row: Row, step: str) -> None:

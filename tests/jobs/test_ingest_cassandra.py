@@ -1,0 +1,192 @@
+"""The Cassandra ingest job end to end: real spark-submit (local master) against the real local node."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imgest.cassandra_client import cassandra_session
+from imgest.cassandra_schema import TableLayout
+from imgest.manifest import iter_manifest, manifest_metadata
+from imgest.sample import SampleSpec, write_sample
+from imgest.scan import scan_to_dir
+from imgest.services.cassandra import CassandraServer
+from imgest.settings import CassandraSettings
+from imgest.source import read_candidate
+from imgest.spark import submit_command, submit_env
+from imgest.transform import TransformSpec, transform_image
+from imgest.verify_cassandra import verify
+from tests.jobs.conftest import MASTER, read_summary, run_job
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def session(cassandra_server: CassandraServer) -> Iterator[Any]:
+    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as s:
+        yield s
+
+
+def _dataset(root: Path, spec: SampleSpec) -> Path:
+    write_sample(root / "src", spec)
+    scan_to_dir(root / "src", root / "manifest")
+    return root / "manifest"
+
+
+def _drop(session: Any, keyspace: str) -> None:
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+
+
+def _count(session: Any, table: str) -> int:
+    return session.execute(f"SELECT count(*) FROM {table}").one()[0]
+
+
+def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Path, session: Any) -> None:
+    ks = "imgest_test_job_roundtrip"
+    _drop(session, ks)
+    manifest = _dataset(tmp_path, SampleSpec("cls-loc", classes=3, per_class=8, val_per_class=3, seed=7, defects=True))
+    out = tmp_path / "first.json"
+    args = ["--manifest-dir", str(manifest), "--keyspace", ks]
+    rc, log = run_job("ingest_cassandra", [*args, "--summary-json", str(out)])
+    assert rc == 0, log[-3000:]
+    first = read_summary(out)
+    rows = list(iter_manifest(manifest / "manifest.parquet"))
+    assert first["quarantined_by_reason"] == {
+        "corrupt": 2,
+        "empty": 1,
+        "no-label": 1,
+        "not-an-image": 1,
+        "too-large": 1,
+    }
+    assert first["stored"] == len(rows) - 5
+    assert first["candidates"] == len(rows) + 1
+
+    root = Path(manifest_metadata(manifest / "manifest.parquet")["root"])
+    quarantined = {r.id for r in session.execute(f"SELECT id FROM {ks}.quarantine")}
+    assert len(quarantined) == 6
+    for cand in rows:
+        key = (uuid.UUID(cand.id),)
+        row = session.execute(f"SELECT label, data FROM {ks}.data WHERE id = %s", key).one()
+        if key[0] in quarantined:
+            assert row is None
+            continue
+        assert row.label == cand.label
+        assert bytes(row.data) == transform_image(read_candidate(root, cand), TransformSpec()).data
+        meta = session.execute(f"SELECT split, rel_path, wnid FROM {ks}.metadata WHERE id = %s", key).one()
+        assert (meta.split, meta.rel_path, meta.wnid) == (cand.split, cand.rel_path, cand.wnid)
+
+    again = tmp_path / "second.json"
+    rc, log = run_job("ingest_cassandra", [*args, "--summary-json", str(again)])
+    assert rc == 0, log[-3000:]
+    second = read_summary(again)
+    assert second["stored"] == 0
+    assert second["skipped_already_committed"] == first["stored"]
+    assert _count(session, f"{ks}.data") == first["stored"]
+    assert _count(session, f"{ks}.metadata") == first["stored"]
+
+    report = verify(session, manifest, TableLayout(ks), None, first["version"], sample=10)
+    assert report.ok, report.to_dict()
+    assert session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status == "complete"
+
+
+def test_resume_after_job_killed_midway(tmp_path: Path, session: Any) -> None:
+    ks = "imgest_test_job_resume"
+    _drop(session, ks)
+    manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=4, per_class=50, val_per_class=0, seed=8))
+    total = sum(1 for _ in iter_manifest(manifest / "manifest.parquet"))
+    args = ["--manifest-dir", str(manifest), "--keyspace", ks, "--partitions", "25", "--max-in-flight", "1"]
+    proc = subprocess.Popen(
+        submit_command("ingest_cassandra", args, "local[1]"),
+        env=submit_env(MASTER),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    written = 0
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                written = _count(session, f"{ks}.metadata")
+            except Exception:  # the table does not exist yet
+                written = 0
+            if written >= 20:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert 0 < written < total, f"kill did not land mid-way ({written}/{total})"
+    assert session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status == "writing"
+
+    out = tmp_path / "resumed.json"
+    rc, log = run_job("ingest_cassandra", [*args, "--summary-json", str(out)])
+    assert rc == 0, log[-3000:]
+    resumed = read_summary(out)
+    already = resumed["skipped_already_committed"]
+    assert already >= written
+    assert resumed["stored"] + already == total
+    assert _count(session, f"{ks}.data") == total
+    assert verify(session, manifest, TableLayout(ks), None, resumed["version"], sample=5).ok
+
+
+def _noise_png(path: Path, width: int, height: int) -> int:
+    rng = np.random.default_rng(1)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buf, "PNG", compress_level=1)
+    path.write_bytes(buf.getvalue())
+    return len(buf.getvalue())
+
+
+def test_15mb_unchanged_image_stored_and_oversized_quarantined(tmp_path: Path, session: Any) -> None:
+    ks = "imgest_test_job_unchanged"
+    _drop(session, ks)
+    cls = tmp_path / "src" / "train" / "n00000001"
+    cls.mkdir(parents=True)
+    big = _noise_png(cls / "big.png", 2300, 2200)
+    huge = _noise_png(cls / "huge.png", 3900, 3500)
+    assert 15_000_000 < big < 16_500_000
+    assert huge > 32 * 1024 * 1024
+    scan_to_dir(tmp_path / "src", tmp_path / "manifest")
+    out = tmp_path / "s.json"
+    args = ["--manifest-dir", str(tmp_path / "manifest"), "--keyspace", ks, "--mode", "unchanged"]
+    rc, log = run_job("ingest_cassandra", [*args, "--table-suffix", "_orig", "--summary-json", str(out)])
+    assert rc == 0, log[-3000:]
+    summary = read_summary(out)
+    assert summary["stored"] == 1
+    assert summary["quarantined_by_reason"] == {"too-large-for-store": 1}
+    rows = list(iter_manifest(tmp_path / "manifest" / "manifest.parquet"))
+    (cand,) = [c for c in rows if c.rel_path.endswith("big.png")]
+    row = session.execute(f"SELECT data FROM {ks}.data_orig WHERE id = %s", (uuid.UUID(cand.id),)).one()
+    assert bytes(row.data) == (cls / "big.png").read_bytes()
+    entry = session.execute(f"SELECT rel_path, reason FROM {ks}.quarantine").one()
+    assert (entry.rel_path, entry.reason) == ("train/n00000001/huge.png", "too-large-for-store")
+
+
+def test_wrong_password_fails_fast_without_leaking_it(tmp_path: Path, cassandra_auth_server: CassandraServer) -> None:
+    manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=2, per_class=1, val_per_class=0, seed=9))
+    secret = "Wr0ng-Pa55-zq"
+    port = cassandra_auth_server.native_port
+    t0 = time.monotonic()
+    rc, log = run_job(
+        "ingest_cassandra",
+        ["--manifest-dir", str(manifest), "--keyspace", "imgest_test_auth", "--port", str(port)],
+        env={"IMGEST_CASSANDRA_USER": "cassandra", "IMGEST_CASSANDRA_PASSWORD": secret},
+    )
+    assert rc != 0
+    assert f"Cassandra at 127.0.0.1:{port} refused the credentials of user 'cassandra'" in log
+    assert secret not in log
+    assert time.monotonic() - t0 < 120  # no Spark work starts (a bound on hanging, not a performance claim)
