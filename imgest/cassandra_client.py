@@ -12,15 +12,13 @@ from imgest.settings import CassandraSettings
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 5
-
 
 class CassandraConnectError(ImgestError):
     """Cassandra could not be reached, or refused the credentials."""
 
 
 def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
-    """A driver Cluster: token-aware routing, protocol v5, auth and SSL from SETTINGS."""
+    """A driver Cluster: token-aware routing, the native protocol of SETTINGS, auth and SSL."""
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -42,7 +40,7 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
         port=settings.port,
         auth_provider=auth,
         ssl_context=ssl_context,
-        protocol_version=PROTOCOL_VERSION,
+        protocol_version=settings.protocol_version,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connect_timeout=settings.connect_timeout,
         control_connection_timeout=settings.connect_timeout,

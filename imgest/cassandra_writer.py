@@ -1,10 +1,12 @@
 """Writing images to Cassandra: bounded in-flight asynchronous inserts with retries.
 
-Each image is two inserts. The data row goes first; its metadata row is sent only once the data row
-is acknowledged, so a metadata row always means "this image is committed". Up to ``max_in_flight``
-images are on the wire at once, as a sliding window rather than fixed batches, so the server never
-waits for the slowest request of a batch. Timeouts and unavailable errors are retried with
-exponential backoff; a value the server refuses as too large is quarantined, not lost.
+Each image is one request: an UNLOGGED batch of its data-row and metadata-row inserts. Both rows share
+the partition key (the image id) and the keyspace, so Cassandra applies them as a single mutation: on
+every replica both rows land or neither does, and a metadata row always means "this image is committed".
+One request per image instead of two halves the work on both sides of the wire. Up to ``max_in_flight``
+images are in flight at once, as a sliding window rather than fixed batches, so nothing waits for the
+slowest request of a batch. Timeouts and unavailable errors are retried with exponential backoff; a value
+the server refuses as too large is quarantined, not lost.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class ImageWriter:
                 self._room.wait()
             self._in_flight_bytes += len(row.data)
         self._slots.acquire()
-        self._send(row, "data", attempt=0)
+        self._send(row, attempt=0)
 
     def flush(self) -> None:
         """Wait for every pending image; raise CassandraWriteError if any failed for good."""
@@ -119,22 +121,21 @@ class ImageWriter:
             )
 
     # ---- callbacks (run on the driver's event loop thread: never block there) -----------------------------
-    def _send(self, row: Row, step: str, attempt: int) -> None:
+    def _send(self, row: Row, attempt: int) -> None:
+        from cassandra.query import BatchStatement, BatchType
+
         try:
             data_stmt, meta_stmt = self._prepared(row.split)
-            if step == "data":
-                future = self._session.execute_async(data_stmt, (row.id, row.label, row.data))
-            else:
-                future = self._session.execute_async(meta_stmt, row.meta)
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.add(data_stmt, (row.id, row.label, row.data))
+            batch.add(meta_stmt, row.meta)
+            future = self._session.execute_async(batch)
         except Exception as exc:  # raised before the request left (no host, session closed): same path as a reply
-            self._failed(exc, row, step, attempt)
+            self._failed(exc, row, attempt)
             return
-        future.add_callbacks(self._ok, self._failed, callback_args=(row, step), errback_args=(row, step, attempt))
+        future.add_callbacks(self._ok, self._failed, callback_args=(row,), errback_args=(row, attempt))
 
-    def _ok(self, _result: Any, row: Row, step: str) -> None:
-        if step == "data":
-            self._send(row, "meta", attempt=0)
-            return
+    def _ok(self, _result: Any, row: Row) -> None:
         with self._lock:
             self.stats.written += 1
             self.stats.bytes += len(row.data)
@@ -142,7 +143,7 @@ class ImageWriter:
             self._on_written(row)
         self._release(row)
 
-    def _failed(self, exc: BaseException, row: Row, step: str, attempt: int) -> None:
+    def _failed(self, exc: BaseException, row: Row, attempt: int) -> None:
         from cassandra import InvalidRequest
 
         if isinstance(exc, InvalidRequest) and TOO_LARGE.search(str(exc)):
@@ -153,13 +154,13 @@ class ImageWriter:
             with self._lock:
                 self.stats.retries += 1
             delay = self._backoff * (2**attempt)
-            log.warning("retrying %s insert of %s in %.2fs after %s", step, row.id, delay, type(exc).__name__)
-            timer = threading.Timer(delay, self._send, args=(row, step, attempt + 1))
+            log.warning("retrying insert of %s in %.2fs after %s", row.id, delay, type(exc).__name__)
+            timer = threading.Timer(delay, self._send, args=(row, attempt + 1))
             timer.daemon = True
             timer.start()
             return
         with self._lock:
-            self.stats.errors.append(f"{step} row {row.id} ({row.rel_path}): {type(exc).__name__}: {exc}")
+            self.stats.errors.append(f"row {row.id} ({row.rel_path}): {type(exc).__name__}: {exc}")
         self._release(row)
 
     def _release(self, row: Row) -> None:

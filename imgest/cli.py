@@ -184,6 +184,17 @@ def _bench_transform_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_ingest_cassandra_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.ingest_cassandra import main as bench_main
+
+    report = bench_main(args.json, args.plot, args.rows, args.rounds, args.max_in_flight)
+    missed = [g["blobs"] for g in report["groups"] if g["meets_target"] is False]
+    print(f"JSON written to {args.json}" + (f"; plot {args.plot}" if args.plot else ""))
+    if missed:
+        print(f"below target: {', '.join(missed)}")
+    return 0
+
+
 def _demo_cmd(args: argparse.Namespace) -> int:
     from imgest.demo import run_demo
 
@@ -298,6 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--large-images", type=int, default=12, help="sources of 3-8 megapixels (default 12)")
     bt.add_argument("--rounds", type=int, default=3, help="timed passes; the median is reported (default 3)")
     bt.set_defaults(func=_bench_transform_cmd)
+    bc = bench_sub.add_parser(
+        "ingest-cassandra",
+        help="rows/s: imgest's writer vs the seed's flush-every-32 pattern",
+        description="Same pre-encoded blobs, same Cassandra (IMGEST_CASSANDRA_* or the embedded node), same run.",
+    )
+    bc.add_argument("--json", type=Path, required=True, help="where to write the JSON report")
+    bc.add_argument("--plot", type=Path, help="also save a bar chart PNG here")
+    bc.add_argument("--rows", type=int, default=4000, help="rows per writer and round (default 4000)")
+    bc.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
+    bc.add_argument("--max-in-flight", type=int, default=64, help="imgest writer window (default 64)")
+    bc.set_defaults(func=_bench_ingest_cassandra_cmd)
 
     ingest = sub.add_parser(
         "ingest",

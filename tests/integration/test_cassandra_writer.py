@@ -83,7 +83,7 @@ class _FlakySession:
     def __init__(self, real: Any, failures: int) -> None:
         self._real, self.failures = real, failures
 
-    def execute_async(self, stmt: Any, params: Any) -> Any:
+    def execute_async(self, stmt: Any, params: Any = None) -> Any:
         from cassandra import ConsistencyLevel, WriteTimeout
         from cassandra.policies import WriteType
 
@@ -120,7 +120,7 @@ def test_persistent_failure_raises_naming_the_row(session: Any) -> None:
     flaky = _FlakySession(session, failures=100)
     writer = ImageWriter(flaky, _prepared(session), QuarantineLog(), retries=2, backoff=0.01)
     with (
-        pytest.raises(CassandraWriteError, match=r"1 rows failed after 2 retries; first: data row .*f4000.jpg"),
+        pytest.raises(CassandraWriteError, match=r"1 rows failed after 2 retries; first: row .*f4000.jpg"),
         writer,
     ):
         writer.write(_row(4000))
