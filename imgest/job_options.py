@@ -75,3 +75,15 @@ def forward(ns: argparse.Namespace, options: list[tuple[str, dict[str, Any]]]) -
         if value not in (None, ""):
             argv += [flag, str(value)]
     return argv
+
+
+SHARD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--dataset", {"help": "dataset name (default: from the manifest)"}),
+    ("--max-count", {"type": int, "default": 5000, "help": "samples per shard at most (default 5000)"}),
+    ("--max-bytes", {"type": int, "default": 1 << 30, "help": "bytes per shard at most (default 1 GiB)"}),
+    ("--seed", {"type": int, "default": 0, "help": "shuffle seed: same input and seed, byte-identical shards"}),
+    (
+        "--partitions",
+        {"type": int, "default": 0, "help": "Spark partitions (default: one per shard, at most 4 x cores)"},
+    ),
+]

@@ -1,0 +1,162 @@
+"""Spark job: pack a scanned dataset into webdataset shards on S3 or in a folder.
+
+    spark-submit --master local[*] jobs/pack_shards.py --manifest-dir DIR --dest s3://bucket/prefix [options]
+
+Usually started by `imgest ingest shards` or the `ingest_imagenet` DAG. S3 credentials come from the
+environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), never from arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+from imgest.errors import ImgestError
+from imgest.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, add_options
+from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, manifest_metadata, read_classes
+from imgest.pack import PackConfig, ShardRecord, build_manifest, pack_shards, publish
+from imgest.quarantine import QuarantineLog
+from imgest.scan import SCAN_QUARANTINE_FILE
+from imgest.shard_plan import ShardSpec, plan_shards
+from imgest.shard_store import open_store
+from imgest.transform import TransformSpec
+
+log = logging.getLogger("imgest.jobs.pack_shards")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="pack_shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
+    p.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
+    add_options(p, SHARD_OPTIONS)
+    add_options(p, TRANSFORM_OPTIONS)
+    p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> PackConfig:
+    meta = manifest_metadata(args.manifest_dir / MANIFEST_FILE)
+    return PackConfig(
+        root=meta["root"],
+        dataset=args.dataset or meta["dataset"],
+        dest=args.dest,
+        spec=TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels),
+        shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
+    )
+
+
+def extract(spark: Any, args: argparse.Namespace, cfg: PackConfig) -> tuple[Any, int, int]:
+    """The shard plan as a DataFrame partitioned by shard; returns (df, rows, shards)."""
+    import pyarrow.parquet as pq
+
+    plan = plan_shards(args.manifest_dir / MANIFEST_FILE, cfg.shards, cfg.spec)
+    plan_path = args.manifest_dir / "shard_plan.parquet"
+    pq.write_table(plan, plan_path)
+    shards = len(set(plan.column("shard").to_pylist()))
+    parts = args.partitions or min(shards, 4 * spark.sparkContext.defaultParallelism)
+    df = (
+        spark.read.parquet(str(plan_path.resolve()))
+        .repartition(max(1, parts), "shard")
+        .sortWithinPartitions("shard", "pos")
+    )
+    return df, plan.num_rows, shards
+
+
+def load(df: Any, cfg: PackConfig, rows: int) -> list[ShardRecord]:
+    """Write every shard; log samples/s and MB/s while it runs."""
+    sc = df.sparkSession.sparkContext
+    done, nbytes = sc.accumulator(0), sc.accumulator(0)
+
+    def partition(it: Iterator[Any]) -> list[ShardRecord]:
+        def on_sample(size: int) -> None:
+            done.add(1)
+            nbytes.add(size)
+
+        groups = ((name, [r.asDict() for r in grp]) for name, grp in groupby(it, key=lambda r: r.shard))
+        return pack_shards(groups, cfg, lambda: open_store(cfg.dest), on_sample)
+
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(5.0):
+            secs = time.monotonic() - t0
+            log.info(
+                "pack progress: %d/%d samples in finished tasks, %.1f samples/s, %.2f MB/s",
+                done.value,
+                rows,
+                done.value / secs,
+                nbytes.value / 1e6 / secs,
+            )
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    try:
+        return list(df.rdd.mapPartitions(partition).collect())
+    finally:
+        stop.set()
+        reporter.join()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = parse_args(argv)
+    try:
+        cfg = build_config(args)
+        store = open_store(cfg.dest)
+        check = getattr(store, "check", None)
+        if check is not None:
+            check()  # wrong keys or bucket fail here, before any Spark work
+        from imgest.spark import build_session
+
+        spark = build_session("imgest-pack-shards")
+        t0 = time.monotonic()
+        df, rows, shards = extract(spark, args, cfg)
+        log.info("packing %d samples of %s into %d shards at %s", rows, cfg.dataset, shards, store.location)
+        records = load(df, cfg, rows)
+        scan_quarantine = QuarantineLog.read(args.manifest_dir / SCAN_QUARANTINE_FILE)
+        manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / CLASSES_FILE), scan_quarantine)
+        packed = sum(r.samples for r in records) + len([q for r in records for q in r.quarantine])
+        if packed != rows:
+            raise ImgestError(
+                f"counts do not reconcile: {rows} planned samples, {packed} packed or quarantined; "
+                "nothing was published and a re-run resumes"
+            )
+        publish(store, records, manifest)
+        seconds = time.monotonic() - t0
+        summary = {
+            "dataset": cfg.dataset,
+            "dest": store.location,
+            "shards": len(records),
+            "shards_reused": sum(r.reused for r in records),
+            "samples": manifest["samples"],
+            "bytes": manifest["bytes"],
+            "quarantined": manifest["quarantine"]["count"],
+            "quarantined_by_reason": manifest["quarantine"]["by_reason"],
+            "seconds": round(seconds, 2),
+            "samples_per_s": round(rows / seconds, 1),
+            "mb_per_s": round(manifest["bytes"] / 1e6 / seconds, 2),
+        }
+        print(json.dumps(summary, indent=2), flush=True)
+        if args.summary_json:
+            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        spark.stop()
+        return 0
+    except ImgestError as exc:
+        log.error("packing failed: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
