@@ -142,6 +142,48 @@ def _ingest_cassandra_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _s3_env(dest: str) -> None:
+    """Give the Spark job S3 credentials through its environment: the user's, else the embedded server's."""
+    if not dest.startswith("s3://"):
+        return
+    from imgest.settings import S3Settings
+
+    settings = S3Settings.from_env()
+    if settings.access_key and settings.secret_key:
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", settings.access_key)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", settings.secret_key)
+    if settings.endpoint_url:
+        os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)
+
+
+def _ingest_shards_cmd(args: argparse.Namespace) -> int:
+    from imgest.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, forward
+    from imgest.spark import run_submit, submit_command
+
+    manifest_dir = _manifest_dir(args)
+    _s3_env(args.dest)
+    summary = manifest_dir / "pack_shards.json"
+    job_args = [
+        "--manifest-dir",
+        str(manifest_dir),
+        "--dest",
+        args.dest,
+        "--summary-json",
+        str(summary),
+        *forward(args, SHARD_OPTIONS),
+        *forward(args, TRANSFORM_OPTIONS),
+    ]
+    rc = run_submit(submit_command("pack_shards", job_args, args.master))
+    if rc != 0:
+        print(
+            f"imgest: error: the Spark job failed (exit {rc}); nothing was published and re-running resumes",
+            file=sys.stderr,
+        )
+        return rc
+    print(f"summary written to {summary}")
+    return 0
+
+
 def _verify_cassandra_cmd(args: argparse.Namespace) -> int:
     import json
 
@@ -346,6 +388,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(ic, CASSANDRA_OPTIONS)
     _add_transform_args(ic)
     ic.set_defaults(func=_ingest_cassandra_cmd)
+
+    ish = ingest_sub.add_parser(
+        "shards",
+        help="pack webdataset shards (+ DALI .idx) to s3://bucket/prefix or a folder",
+        description="Global seeded shuffle, shards cut by --max-count and --max-bytes, named {split}-{index:06d}.tar, "
+        "each with a DALI index and a sha256. Shards are staged and published together, manifest.json last. "
+        "S3 endpoint and keys: IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the embedded server.",
+    )
+    ish.add_argument(
+        "src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet"
+    )
+    ish.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
+    ish.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
+    ish.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
+    ish.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    from imgest.job_options import SHARD_OPTIONS
+
+    add_options(ish, SHARD_OPTIONS)
+    _add_transform_args(ish)
+    ish.set_defaults(func=_ingest_shards_cmd)
 
     verify = sub.add_parser("verify", help="check stored data against the manifest")
     verify_sub = verify.add_subparsers(dest="target", metavar="TARGET", required=True)

@@ -32,6 +32,7 @@ class PackConfig:
     dest: str
     spec: TransformSpec
     shards: ShardSpec
+    published: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> entry of the live manifest.json
 
 
 @dataclass
@@ -45,7 +46,7 @@ class ShardRecord:
     sha256: str
     digest: str
     index: str
-    reused: bool = False
+    reused: str = ""  # "", "staged" (interrupted run) or "published" (already live)
     labels: dict[str, int] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
 
@@ -80,9 +81,24 @@ def pack_shard(
     """Build shard NAME from ROWS (in planned order) unless it is already staged with the same inputs."""
     digest = shard_digest(rows, cfg.spec)
     split = rows[0]["split"]
+    live = cfg.published.get(name)
+    if live is not None and live.get("digest") == digest:
+        log.info("shard %s is already published with the same inputs; kept", name)
+        return ShardRecord(
+            name,
+            split,
+            live["samples"],
+            live["bytes"],
+            live["sha256"],
+            digest,
+            live["index"],
+            reused="published",
+            labels=live.get("labels", {}),
+            quarantine=live.get("quarantine", []),
+        )
     staged = store.staged(name)
     if staged is not None and staged.get("digest") == digest:
-        log.info("shard %s already staged with the same inputs; skipped", name)
+        log.info("shard %s is already staged with the same inputs; skipped", name)
         return ShardRecord(
             name,
             split,
@@ -91,7 +107,7 @@ def pack_shard(
             staged["sha256"],
             digest,
             index=f"{name[:-4]}.idx",
-            reused=True,
+            reused="staged",
             labels=json.loads(staged.get("labels", "{}")),
             quarantine=json.loads(staged.get("quarantine", "[]")),
         )
@@ -166,7 +182,9 @@ def build_manifest(
                 "bytes": r.bytes,
                 "sha256": r.sha256,
                 "index": r.index,
+                "digest": r.digest,
                 "labels": r.labels,
+                "quarantine": r.quarantine,
             }
             for r in records
         ],
@@ -183,10 +201,23 @@ def build_manifest(
     }
 
 
-def publish(store: ShardStore, records: list[ShardRecord], manifest: dict[str, Any]) -> None:
-    """Withdraw any old manifest, move every shard and index out of staging, then write the manifest last."""
-    if store.read_manifest() is not None:
+def publish(store: ShardStore, records: list[ShardRecord], manifest: dict[str, Any]) -> bool:
+    """Withdraw the old manifest, move new shards and indexes out of staging, write the manifest last.
+
+    Returns False, touching nothing, when every shard was already live and the manifest is unchanged.
+    """
+    live = store.read_manifest()
+    fresh = [r for r in sorted(records, key=lambda r: r.name) if r.reused != "published"]
+    if live == manifest and not fresh:
+        return False
+    if live is not None:
         store.withdraw_manifest()
-    names = [n for r in sorted(records, key=lambda r: r.name) for n in (r.index, r.name)]
-    store.publish(names)
+    store.publish([n for r in fresh for n in (r.index, r.name)])
     store.write_manifest(manifest)
+    return True
+
+
+def published_entries(store: ShardStore) -> dict[str, dict[str, Any]]:
+    """name -> manifest entry of the shards the live manifest.json lists (empty when none is live)."""
+    live = store.read_manifest() or {}
+    return {entry["name"]: entry for entry in live.get("shards", []) if "digest" in entry}

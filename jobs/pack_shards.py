@@ -22,7 +22,7 @@ from typing import Any
 from imgest.errors import ImgestError
 from imgest.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, add_options
 from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, manifest_metadata, read_classes
-from imgest.pack import PackConfig, ShardRecord, build_manifest, pack_shards, publish
+from imgest.pack import PackConfig, ShardRecord, build_manifest, pack_shards, publish, published_entries
 from imgest.quarantine import QuarantineLog
 from imgest.scan import SCAN_QUARANTINE_FILE
 from imgest.shard_plan import ShardSpec, plan_shards
@@ -44,7 +44,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace) -> PackConfig:
+def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]]) -> PackConfig:
     meta = manifest_metadata(args.manifest_dir / MANIFEST_FILE)
     return PackConfig(
         root=meta["root"],
@@ -52,6 +52,7 @@ def build_config(args: argparse.Namespace) -> PackConfig:
         dest=args.dest,
         spec=TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels),
         shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
+        published=published,
     )
 
 
@@ -113,11 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = parse_args(argv)
     try:
-        cfg = build_config(args)
-        store = open_store(cfg.dest)
+        store = open_store(args.dest)
         check = getattr(store, "check", None)
         if check is not None:
             check()  # wrong keys or bucket fail here, before any Spark work
+        cfg = build_config(args, published_entries(store))
         from imgest.spark import build_session
 
         spark = build_session("imgest-pack-shards")
@@ -133,13 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"counts do not reconcile: {rows} planned samples, {packed} packed or quarantined; "
                 "nothing was published and a re-run resumes"
             )
-        publish(store, records, manifest)
+        changed = publish(store, records, manifest)
         seconds = time.monotonic() - t0
         summary = {
             "dataset": cfg.dataset,
             "dest": store.location,
             "shards": len(records),
-            "shards_reused": sum(r.reused for r in records),
+            "shards_reused_staged": sum(r.reused == "staged" for r in records),
+            "shards_kept_published": sum(r.reused == "published" for r in records),
+            "published": changed,
             "samples": manifest["samples"],
             "bytes": manifest["bytes"],
             "quarantined": manifest["quarantine"]["count"],

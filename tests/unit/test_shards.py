@@ -1,0 +1,157 @@
+"""Shard planning, the tar writer and its DALI index, and packing into a local folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from imgest.errors import ConfigError
+from imgest.manifest import manifest_metadata, read_classes
+from imgest.pack import PackConfig, build_manifest, pack_shard, publish
+from imgest.quarantine import QuarantineLog
+from imgest.sample import SampleSpec, write_sample
+from imgest.scan import scan_to_dir
+from imgest.shard_plan import ShardSpec, plan_shards, sample_bound
+from imgest.shard_store import LocalStore
+from imgest.source import read_candidate
+from imgest.tar_writer import ShardTarWriter
+from imgest.transform import TransformSpec, transform_image
+from tests.shard_readers import read_dali, read_webdataset
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("shards")
+    write_sample(root / "src", SampleSpec("imagefolder", classes=3, per_class=9, val_per_class=3, seed=3, defects=True))
+    scan_to_dir(root / "src", root / "m")
+    return root / "m"
+
+
+def test_index_is_what_wds2idx_writes(tmp_path: Path) -> None:
+    with ShardTarWriter(tmp_path / "a.tar") as writer:
+        for i in range(9):
+            writer.add(f"k{i:03d}", [("jpg", bytes([i]) * (700 + 333 * i)), ("cls", b"%d" % i), ("json", b"{}")])
+    wds2idx = Path(sys.executable).with_name("wds2idx")
+    subprocess.run([str(wds2idx), str(tmp_path / "a.tar"), str(tmp_path / "a.idx")], check=True, capture_output=True)
+    assert writer.result is not None
+    assert (tmp_path / "a.idx").read_text() == writer.result.index
+    assert hashlib.sha256((tmp_path / "a.tar").read_bytes()).hexdigest() == writer.result.sha256
+
+
+def test_same_samples_give_byte_identical_tars(tmp_path: Path) -> None:
+    digests = []
+    for name in ("a.tar", "b.tar"):
+        with ShardTarWriter(tmp_path / name) as writer:
+            writer.add("x1", [("jpg", b"abc"), ("cls", b"1")])
+        digests.append((tmp_path / name).read_bytes())
+    assert digests[0] == digests[1]
+
+
+@pytest.mark.parametrize("key", ["a/b", "a.b", ""])
+def test_keys_with_separators_are_refused(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ValueError, match="sample key"), ShardTarWriter(tmp_path / "x.tar") as writer:
+        writer.add(key, [("jpg", b"x")])
+    assert not (tmp_path / "x.tar").exists()
+
+
+def test_plan_is_a_deterministic_partition_cut_by_count(manifest: Path) -> None:
+    spec = TransformSpec()
+    plan = plan_shards(manifest / "manifest.parquet", ShardSpec(max_count=7, seed=1), spec)
+    again = plan_shards(manifest / "manifest.parquet", ShardSpec(max_count=7, seed=1), spec)
+    other = plan_shards(manifest / "manifest.parquet", ShardSpec(max_count=7, seed=2), spec)
+    assert plan.equals(again)
+    assert plan.column("id").to_pylist() != other.column("id").to_pylist()
+    rows = pq.read_table(manifest / "manifest.parquet")
+    assert sorted(plan.column("id").to_pylist()) == sorted(rows.column("id").to_pylist())
+    sizes = Counter(plan.column("shard").to_pylist())
+    assert all(n <= 7 for n in sizes.values())
+    per_split = Counter(rows.column("split").to_pylist())
+    expected = [f"{split}-{i:06d}.tar" for split, n in sorted(per_split.items()) for i in range(-(-n // 7))]
+    assert sorted(sizes) == expected
+    for shard in sizes:  # every shard holds one split only
+        assert (
+            len(
+                {
+                    s
+                    for s, n in zip(plan.column("split").to_pylist(), plan.column("shard").to_pylist(), strict=True)
+                    if n == shard
+                }
+            )
+            == 1
+        )
+
+
+def test_plan_respects_max_bytes_in_unchanged_mode(manifest: Path) -> None:
+    spec = TransformSpec(mode="unchanged")
+    limit = 600_000
+    plan = plan_shards(manifest / "manifest.parquet", ShardSpec(max_count=1000, max_bytes=limit), spec).to_pylist()
+    used: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for row in plan:
+        used[row["shard"]] += sample_bound(row["size"], spec)
+        count[row["shard"]] += 1
+    for shard, total in used.items():
+        assert total <= limit or count[shard] == 1  # a sample larger than the limit gets a shard of its own
+    assert len(used) > 3
+
+
+def test_bad_shard_settings() -> None:
+    with pytest.raises(ConfigError):
+        ShardSpec(max_count=0)
+    with pytest.raises(ConfigError):
+        ShardSpec(max_bytes=10)
+
+
+def test_pack_publish_and_read_back_both_ways(manifest: Path, tmp_path: Path) -> None:
+    spec = TransformSpec()
+    cfg = PackConfig(
+        manifest_metadata(manifest / "manifest.parquet")["root"], "sample", str(tmp_path), spec, ShardSpec(max_count=10)
+    )
+    plan = plan_shards(manifest / "manifest.parquet", cfg.shards, spec).to_pylist()
+    store = LocalStore(tmp_path)
+    records = []
+    for shard in sorted({r["shard"] for r in plan}):
+        rows = [r for r in plan if r["shard"] == shard]
+        records.append(pack_shard(shard, rows, cfg, store))
+    assert not (tmp_path / "manifest.json").exists()  # nothing visible before publish
+    assert not list(tmp_path.glob("*.tar"))
+    classes = read_classes(manifest / "classes.json")
+    doc = build_manifest(records, cfg, classes, QuarantineLog.read(manifest / "quarantine.json"))
+    assert publish(store, records, doc)
+    assert not (tmp_path / "_staging").exists()
+    assert json.loads((tmp_path / "manifest.json").read_text())["quarantine"]["by_reason"] == {
+        "corrupt": 2,
+        "empty": 1,
+        "not-an-image": 1,
+        "too-large": 1,
+    }
+    tars = sorted(tmp_path.glob("*.tar"))
+    for entry in doc["shards"]:
+        assert hashlib.sha256((tmp_path / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
+
+    by_id = {r["id"]: r for r in plan}
+    root = Path(cfg.root)
+    samples = read_webdataset(tars)
+    assert len(samples) == sum(doc["samples"].values())
+    for key, members in samples.items():
+        row = by_id[key]
+        assert int(members["cls"]) == row["label"]
+        assert json.loads(members["json"])["source"] == row["rel_path"]
+        from imgest.manifest import Candidate
+        from imgest.pack import CANDIDATE_FIELDS
+
+        cand = Candidate(**{k: row[k] for k in CANDIDATE_FIELDS})
+        assert members["jpg"] == transform_image(read_candidate(root, cand), spec).data
+    dali = read_dali(tars, ("jpg", "cls", "json"))
+    assert len(dali) == len(samples)
+    for jpg, cls, meta in dali:
+        key = json.loads(meta)["id"]
+        assert jpg == samples[key]["jpg"]
+        assert cls == samples[key]["cls"]
