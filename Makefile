@@ -1,11 +1,15 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test install install-dev lint lock services-down clean
+.PHONY: demo test install install-dev install-bench lint lock services-down clean
 
 install:
 	bash scripts/install.sh
 
 install-dev:
 	bash scripts/install.sh --dev
+
+# Benchmark peers (LitData + torch): only for `imgest bench pack`.
+install-bench: install-dev
+	.venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.lock
 
 demo: install
 	.venv/bin/imgest demo
@@ -22,6 +26,7 @@ lint: install-dev
 lock:
 	.venv/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/runtime.lock
 	.venv/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/dev.lock
+	.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/bench.lock
 
 services-down:
 	.venv/bin/imgest services down

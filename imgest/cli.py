@@ -237,6 +237,16 @@ def _bench_ingest_cassandra_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_pack_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.pack import main as bench_main
+
+    report = bench_main(args.json, args.plot, args.images, args.max_count)
+    print(f"JSON written to {args.json}" + (f"; plot {args.plot}" if args.plot else ""))
+    if not report["meets_target"]:
+        print("below target: imgest wall time is above 0.5x of the fastest peer")
+    return 0
+
+
 def _demo_cmd(args: argparse.Namespace) -> int:
     from imgest.demo import run_demo
 
@@ -362,6 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
     bc.add_argument("--max-in-flight", type=int, default=64, help="imgest writer window (default 64)")
     bc.set_defaults(func=_bench_ingest_cassandra_cmd)
+    bp = bench_sub.add_parser(
+        "pack",
+        help="wall time: imgest shard job vs webdataset ShardWriter and LitData optimize; UNCHANGED vs tar",
+        description="Same generated dataset and output for all tools. LitData needs the 'bench' extra (torch).",
+    )
+    bp.add_argument("--json", type=Path, required=True, help="where to write the JSON report")
+    bp.add_argument("--plot", type=Path, help="also save a bar chart PNG here")
+    bp.add_argument("--images", type=int, default=2000, help="dataset size (default 2000, generated once)")
+    bp.add_argument("--max-count", type=int, default=500, help="samples per shard (default 500)")
+    bp.set_defaults(func=_bench_pack_cmd)
 
     ingest = sub.add_parser(
         "ingest",

@@ -83,3 +83,24 @@ def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
     for row in rows:
         h.update(f"{row['id']}|{row['size']}|{row['mtime']}|{row['label']}\n".encode())
     return h.hexdigest()
+
+
+def write_plan(plan: pa.Table, path: Path) -> list[tuple[str, int]]:
+    """Write PLAN with one Parquet row group per shard; returns [(shard name, row group)] in order.
+
+    A task then reads exactly its shard's rows, with no shuffle: see read_shard_rows.
+    """
+    names = plan.column("shard").to_pylist()
+    bounds = [i for i in range(1, len(names)) if names[i] != names[i - 1]]
+    starts, ends = [0, *bounds], [*bounds, len(names)]
+    order = []
+    with pq.ParquetWriter(path, plan.schema, compression="zstd") as writer:
+        for group, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            writer.write_table(plan.slice(start, end - start), row_group_size=end - start)
+            order.append((names[start], group))
+    return order
+
+
+def read_shard_rows(path: Path, row_group: int) -> list[dict[str, object]]:
+    """The planned rows of one shard, in shard order."""
+    return pq.ParquetFile(path).read_row_group(row_group).to_pylist()

@@ -55,8 +55,12 @@ class LocalStore:
 
     def stage(self, local: Path, name: str, meta: dict[str, str]) -> None:
         self._staging.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(local, self._staging / (name + ".partial"))
-        os.replace(self._staging / (name + ".partial"), self._staging / name)
+        partial = self._staging / (name + ".partial")
+        try:
+            os.replace(local, partial)  # the finished local file is ours to move
+        except OSError:  # another filesystem
+            shutil.copyfile(local, partial)
+        os.replace(partial, self._staging / name)
         (self._staging / f"{name}.meta.json").write_text(json.dumps(meta, sort_keys=True))
 
     def staged(self, name: str) -> dict[str, str] | None:

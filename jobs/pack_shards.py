@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, manifest_metadata, read
 from imgest.pack import PackConfig, ShardRecord, build_manifest, pack_shards, publish, published_entries
 from imgest.quarantine import QuarantineLog
 from imgest.scan import SCAN_QUARANTINE_FILE
-from imgest.shard_plan import ShardSpec, plan_shards
+from imgest.shard_plan import ShardSpec, plan_shards, read_shard_rows, write_plan
 from imgest.shard_store import open_store
 from imgest.transform import TransformSpec
 
@@ -56,34 +55,27 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
     )
 
 
-def extract(spark: Any, args: argparse.Namespace, cfg: PackConfig) -> tuple[Any, int, int]:
-    """The shard plan as a DataFrame partitioned by shard; returns (df, rows, shards)."""
-    import pyarrow.parquet as pq
-
+def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int]:
+    """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows)."""
     plan = plan_shards(args.manifest_dir / MANIFEST_FILE, cfg.shards, cfg.spec)
-    plan_path = args.manifest_dir / "shard_plan.parquet"
-    pq.write_table(plan, plan_path)
-    shards = len(set(plan.column("shard").to_pylist()))
-    parts = args.partitions or min(shards, 4 * spark.sparkContext.defaultParallelism)
-    df = (
-        spark.read.parquet(str(plan_path.resolve()))
-        .repartition(max(1, parts), "shard")
-        .sortWithinPartitions("shard", "pos")
-    )
-    return df, plan.num_rows, shards
+    plan_path = (args.manifest_dir / "shard_plan.parquet").resolve()
+    return plan_path, write_plan(plan, plan_path), plan.num_rows
 
 
-def load(df: Any, cfg: PackConfig, rows: int) -> list[ShardRecord]:
-    """Write every shard; log samples/s and MB/s while it runs."""
-    sc = df.sparkSession.sparkContext
+def load(
+    spark: Any, plan_path: Path, shards: list[tuple[str, int]], cfg: PackConfig, rows: int, partitions: int
+) -> list[ShardRecord]:
+    """Write every shard (each task reads its shards' row groups; no shuffle); log progress while it runs."""
+    sc = spark.sparkContext
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
+    slices = max(1, min(len(shards), partitions or 4 * sc.defaultParallelism))
 
-    def partition(it: Iterator[Any]) -> list[ShardRecord]:
+    def partition(it: Iterator[tuple[str, int]]) -> list[ShardRecord]:
         def on_sample(size: int) -> None:
             done.add(1)
             nbytes.add(size)
 
-        groups = ((name, [r.asDict() for r in grp]) for name, grp in groupby(it, key=lambda r: r.shard))
+        groups = ((name, read_shard_rows(plan_path, group)) for name, group in it)
         return pack_shards(groups, cfg, lambda: open_store(cfg.dest), on_sample)
 
     stop, t0 = threading.Event(), time.monotonic()
@@ -102,7 +94,7 @@ def load(df: Any, cfg: PackConfig, rows: int) -> list[ShardRecord]:
     reporter = threading.Thread(target=report, daemon=True)
     reporter.start()
     try:
-        return list(df.rdd.mapPartitions(partition).collect())
+        return list(sc.parallelize(shards, slices).mapPartitions(partition).collect())
     finally:
         stop.set()
         reporter.join()
@@ -123,9 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         spark = build_session("imgest-pack-shards")
         t0 = time.monotonic()
-        df, rows, shards = extract(spark, args, cfg)
-        log.info("packing %d samples of %s into %d shards at %s", rows, cfg.dataset, shards, store.location)
-        records = load(df, cfg, rows)
+        plan_path, shards, rows = extract(args, cfg)
+        log.info("packing %d samples of %s into %d shards at %s", rows, cfg.dataset, len(shards), store.location)
+        records = load(spark, plan_path, shards, cfg, rows, args.partitions)
         scan_quarantine = QuarantineLog.read(args.manifest_dir / SCAN_QUARANTINE_FILE)
         manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / CLASSES_FILE), scan_quarantine)
         packed = sum(r.samples for r in records) + len([q for r in records for q in r.quarantine])

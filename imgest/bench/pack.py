@@ -1,0 +1,206 @@
+"""`imgest bench pack`: imgest's shard job against webdataset's ShardWriter and LitData's optimize.
+
+All three read the same generated dataset and produce the same images (shorter side 256, center crop 224,
+JPEG q90). The peers use the plain Pillow pipeline their users would write; imgest runs its real Spark
+job (spark-submit, local master), so its wall time includes starting the JVM and the Spark session, and
+its in-job time is reported beside it. UNCHANGED mode is compared with a plain ``tar`` of the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from imgest.bench.report import bar_chart, format_table, machine_info, write_json
+from imgest.bench.transform import baseline_transform
+from imgest.manifest import MANIFEST_FILE, iter_manifest, manifest_metadata
+from imgest.paths import state_dir
+from imgest.sample import SampleSpec, write_sample
+from imgest.scan import scan_to_dir
+from imgest.spark import submit_command, submit_env
+from imgest.transform import TransformSpec
+
+SPEC = TransformSpec()
+
+
+def dataset(images: int) -> Path:
+    """A generated ImageFolder dataset of about IMAGES train images, scanned; cached in the state folder."""
+    classes = 10
+    root = state_dir() / "bench" / f"pack-{images}"
+    manifest = root / "manifest"
+    if not (manifest / MANIFEST_FILE).is_file():
+        write_sample(root / "src", SampleSpec("imagefolder", classes, max(1, images // classes), 0, seed=1))
+        scan_to_dir(root / "src", manifest)
+    return manifest
+
+
+def _files(manifest: Path) -> tuple[Path, list[tuple[str, int]]]:
+    root = Path(manifest_metadata(manifest / MANIFEST_FILE)["root"])
+    return root, [(c.rel_path, c.label) for c in iter_manifest(manifest / MANIFEST_FILE)]
+
+
+def run_imgest(manifest: Path, out: Path, mode: str, max_count: int) -> dict[str, float]:
+    summary = out / "summary.json"
+    args = [
+        "--manifest-dir",
+        str(manifest),
+        "--dest",
+        str(out / "shards"),
+        "--mode",
+        mode,
+        "--max-count",
+        str(max_count),
+        "--summary-json",
+        str(summary),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        submit_command("pack_shards", args, "local[*]"), env=submit_env(), capture_output=True, text=True, check=False
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError("imgest pack job failed: " + proc.stderr[-2000:])
+    data = json.loads(summary.read_text())
+    return {"wall_s": wall, "in_job_s": data["seconds"], "bytes": data["bytes"]}
+
+
+def run_shardwriter(manifest: Path, out: Path, max_count: int) -> dict[str, float]:
+    """webdataset.ShardWriter in one process with the plain Pillow transform."""
+    import webdataset as wds
+
+    root, files = _files(manifest)
+    (out / "wds").mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with wds.ShardWriter(str(out / "wds" / "shard-%06d.tar"), maxcount=max_count, verbose=0) as sink:
+        for i, (rel, label) in enumerate(files):
+            jpg = baseline_transform((root / rel).read_bytes(), SPEC)
+            sink.write({"__key__": f"s{i:08d}", "jpg": jpg, "cls": str(label).encode()})
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "in_job_s": wall, "bytes": sum(p.stat().st_size for p in (out / "wds").iterdir())}
+
+
+def _litdata_item(item: tuple[str, int]) -> dict[str, Any]:
+    path, label = item
+    return {"jpg": baseline_transform(Path(path).read_bytes(), SPEC), "cls": label}
+
+
+def run_litdata(manifest: Path, out: Path, workers: int = 2) -> dict[str, float] | None:
+    """litdata.optimize with WORKERS processes, or None when LitData is not installed (extra 'bench')."""
+    try:
+        from litdata import optimize
+    except ImportError:
+        return None
+    root, files = _files(manifest)
+    inputs = [(str(root / rel), label) for rel, label in files]
+    t0 = time.perf_counter()
+    optimize(
+        fn=_litdata_item,
+        inputs=inputs,
+        output_dir=str(out / "litdata"),
+        chunk_bytes="64MB",
+        num_workers=workers,
+        mode="overwrite",
+    )
+    wall = time.perf_counter() - t0
+    size = sum(p.stat().st_size for p in (out / "litdata").rglob("*") if p.is_file())
+    return {"wall_s": wall, "in_job_s": wall, "bytes": size}
+
+
+def run_tar(manifest: Path, out: Path) -> dict[str, float]:
+    """GNU tar of the same source files (the UNCHANGED baseline)."""
+    root, files = _files(manifest)
+    out.mkdir(parents=True, exist_ok=True)
+    listing = out / "files.txt"
+    listing.write_text("".join(rel + "\n" for rel, _ in files))
+    t0 = time.perf_counter()
+    subprocess.run(["tar", "-cf", str(out / "plain.tar"), "-C", str(root), "-T", str(listing)], check=True)
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "in_job_s": wall, "bytes": (out / "plain.tar").stat().st_size}
+
+
+def run(images: int, max_count: int) -> dict[str, Any]:
+    manifest = dataset(images)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="imgest-bench-pack-") as tmp:
+        work = Path(tmp)
+        results: dict[str, dict[str, float] | None] = {
+            "imgest (Spark, local[*])": run_imgest(manifest, work / "imgest", "jpeg", max_count),
+            "webdataset ShardWriter (1 process)": run_shardwriter(manifest, work / "sw", max_count),
+            "LitData optimize (2 workers)": run_litdata(manifest, work / "ld"),
+        }
+        peers = [r["wall_s"] for name, r in results.items() if r is not None and not name.startswith("imgest")]
+        fastest_peer = min(peers)
+        for name, r in results.items():
+            if r is None:
+                rows.append({"tool": name, "mode": "jpeg", "note": "not installed: pip install 'imgest[bench]'"})
+                continue
+            rows.append(
+                {
+                    "tool": name,
+                    "mode": "jpeg",
+                    "wall_s": round(r["wall_s"], 2),
+                    "in_job_s": round(r["in_job_s"], 2),
+                    "vs_fastest_peer": round(r["wall_s"] / fastest_peer, 2),
+                    "mb": round(r["bytes"] / 1e6, 1),
+                }
+            )
+        unchanged = run_imgest(manifest, work / "imgest-u", "unchanged", max_count)
+        plain = run_tar(manifest, work / "tar")
+        for name, r in (("imgest (Spark, unchanged)", unchanged), ("GNU tar of the files", plain)):
+            rows.append(
+                {
+                    "tool": name,
+                    "mode": "unchanged",
+                    "wall_s": round(r["wall_s"], 2),
+                    "in_job_s": round(r["in_job_s"], 2),
+                    "mb": round(r["bytes"] / 1e6, 1),
+                    "mb_per_s": round(r["bytes"] / 1e6 / r["wall_s"], 1),
+                }
+            )
+        shutil.rmtree(work, ignore_errors=True)
+    imgest_row = rows[0]
+    return {
+        "benchmark": "pack",
+        "images": sum(1 for _ in iter_manifest(manifest / MANIFEST_FILE)),
+        "max_count": max_count,
+        "cores": os.cpu_count(),
+        "target_vs_fastest_peer": 0.5,
+        "meets_target": imgest_row.get("vs_fastest_peer", 99) <= 0.5,
+        "machine": machine_info(),
+        "rows": rows,
+    }
+
+
+COLUMNS = [
+    ("tool", "tool"),
+    ("mode", "mode"),
+    ("wall_s", "wall s"),
+    ("in_job_s", "in-job s"),
+    ("vs_fastest_peer", "x fastest peer"),
+    ("mb", "MB out"),
+    ("mb_per_s", "MB/s"),
+    ("note", ""),
+]
+
+
+def main(json_out: Path, plot: Path | None, images: int, max_count: int) -> dict[str, Any]:
+    report = run(images, max_count)
+    print(f"{report['images']} images, {report['cores']} cores")
+    print(format_table(report["rows"], COLUMNS))
+    write_json(json_out, report)
+    if plot is not None:
+        shown = [r for r in report["rows"] if "wall_s" in r]
+        bar_chart(
+            plot,
+            f"Packing {report['images']} images into shards (wall time, lower is better)",
+            [r["tool"].replace(" (", "\n(") for r in shown],
+            {"wall s": [r["wall_s"] for r in shown]},
+            "seconds",
+        )
+    return report
