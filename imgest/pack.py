@@ -201,8 +201,36 @@ def build_manifest(
     }
 
 
-def publish(store: ShardStore, records: list[ShardRecord], manifest: dict[str, Any]) -> bool:
-    """Withdraw the old manifest, move new shards and indexes out of staging, write the manifest last.
+SAMPLES_FILE = "samples.parquet"
+
+
+def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
+    """samples.parquet: id, label, split, shard and position of every packed sample (vectorised; PLAN is in
+    shard order, quarantined samples are left out)."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    dropped = pa.array(sorted({q["id"] for r in records for q in r.quarantine}), pa.string())
+    kept = plan.filter(pc.invert(pc.is_in(plan.column("id"), value_set=dropped))).select(
+        ["id", "label", "split", "shard"]
+    )
+    codes = pc.dictionary_encode(kept.column("shard")).combine_chunks().indices.to_numpy()
+    rows = np.arange(len(codes))
+    starts = np.maximum.accumulate(np.where(np.r_[True, codes[1:] != codes[:-1]], rows, 0)) if len(codes) else rows
+    table = kept.append_column("position", pa.array(rows - starts, pa.int32()))
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def publish(
+    store: ShardStore, records: list[ShardRecord], manifest: dict[str, Any], samples: bytes | None = None
+) -> bool:
+    """Withdraw the old manifest, move new shards out of staging, write samples.parquet, the manifest last.
 
     Returns False, touching nothing, when every shard was already live and the manifest is unchanged.
     """
@@ -213,6 +241,8 @@ def publish(store: ShardStore, records: list[ShardRecord], manifest: dict[str, A
     if live is not None:
         store.withdraw_manifest()
     store.publish([n for r in fresh for n in (r.index, r.name)])
+    if samples is not None:
+        store.put_bytes(SAMPLES_FILE, samples)
     store.write_manifest(manifest)
     return True
 

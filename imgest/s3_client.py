@@ -40,3 +40,23 @@ def check_access(settings: S3Settings, bucket: str | None = None) -> None:
         settings.client().head_bucket(Bucket=bucket)
     except (ClientError, BotoCoreError) as exc:
         raise describe_client_error(settings, bucket, exc) from None
+
+
+def ensure_bucket(settings: S3Settings, bucket: str) -> bool:
+    """Create BUCKET if it does not exist; True if it was created. Refused credentials raise S3AccessError."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = settings.client()
+    try:
+        client.head_bucket(Bucket=bucket)
+        return False
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) not in ("404", "NoSuchBucket", "NotFound"):
+            raise describe_client_error(settings, bucket, exc) from None
+    except BotoCoreError as exc:
+        raise describe_client_error(settings, bucket, exc) from None
+    try:
+        client.create_bucket(Bucket=bucket)
+    except (ClientError, BotoCoreError) as exc:
+        raise describe_client_error(settings, bucket, exc) from None
+    return True

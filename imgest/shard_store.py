@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +40,10 @@ class ShardStore(Protocol):
     def write_manifest(self, manifest: dict[str, Any]) -> None: ...
 
     def withdraw_manifest(self) -> None: ...
+
+    def read_chunks(self, name: str) -> Iterator[bytes] | None: ...
+
+    def put_bytes(self, name: str, data: bytes) -> None: ...
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
@@ -83,12 +88,29 @@ class LocalStore:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        tmp = self.root / (MANIFEST + ".partial")
-        tmp.write_bytes(manifest_bytes(manifest))
-        os.replace(tmp, self.root / MANIFEST)
+        self.put_bytes(MANIFEST, manifest_bytes(manifest))
 
     def withdraw_manifest(self) -> None:
         (self.root / MANIFEST).unlink(missing_ok=True)
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Write a small published file atomically (temporary name, then rename)."""
+        tmp = self.root / (name + ".partial")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.root / name)
+
+    def read_chunks(self, name: str) -> Iterator[bytes] | None:
+        """A published file as a stream of 1 MiB chunks, or None if it is not there."""
+        path = self.root / name
+        if not path.is_file():
+            return None
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    yield chunk
+
+        return chunks()
 
 
 class S3Store:
@@ -173,6 +195,22 @@ class S3Store:
             Body=manifest_bytes(manifest),
             ContentType="application/json",
         )
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Write a small published object."""
+        self._call(f"writing {name}", self._client.put_object, Bucket=self.bucket, Key=self._key(name), Body=data)
+
+    def read_chunks(self, name: str) -> Iterator[bytes] | None:
+        """A published object as a stream of 1 MiB chunks, or None if it is not there."""
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return iter(lambda: body.read(1 << 20), b"")
 
     def withdraw_manifest(self) -> None:
         self._call("withdrawing manifest.json", self._client.delete_object, Bucket=self.bucket, Key=self._key(MANIFEST))

@@ -53,20 +53,24 @@ def package_zip() -> Path:
     return out
 
 
+def spark_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j."""
+    log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
+    return {
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.extraJavaOptions": log4j,
+        **(conf or {}),
+    }
+
+
 def submit_command(
     job: str, job_args: list[str], master: str = "local[*]", conf: dict[str, str] | None = None
 ) -> list[str]:
     """The spark-submit argv for jobs/JOB.py (pure apart from building the --py-files zip for clusters)."""
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
     cmd = [spark_submit, "--master", master, "--name", f"imgest-{job}"]
-    log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
-    settings = {
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.driver.extraJavaOptions": log4j,
-        **(conf or {}),
-    }
-    for key, value in settings.items():
+    for key, value in spark_conf(conf).items():
         cmd += ["--conf", f"{key}={value}"]
     if not master.startswith("local"):
         cmd += ["--py-files", str(package_zip())]

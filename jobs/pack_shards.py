@@ -18,10 +18,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from imgest.errors import ImgestError
 from imgest.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, add_options
 from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, manifest_metadata, read_classes
-from imgest.pack import PackConfig, ShardRecord, build_manifest, pack_shards, publish, published_entries
+from imgest.pack import (
+    PackConfig,
+    ShardRecord,
+    build_manifest,
+    pack_shards,
+    publish,
+    published_entries,
+    samples_table,
+)
 from imgest.quarantine import QuarantineLog
 from imgest.scan import SCAN_QUARANTINE_FILE
 from imgest.shard_plan import ShardSpec, plan_shards, read_shard_rows, write_plan
@@ -126,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"counts do not reconcile: {rows} planned samples, {packed} packed or quarantined; "
                 "nothing was published and a re-run resumes"
             )
-        changed = publish(store, records, manifest)
+        samples = samples_table(pq.read_table(plan_path), records)
+        changed = publish(store, records, manifest, samples)
         seconds = time.monotonic() - t0
         summary = {
             "dataset": cfg.dataset,

@@ -83,7 +83,7 @@ def test_publish_read_back_both_ways_and_rerun_identically(manifest: Path, s3_se
     assert not [k for k in keys if "/_staging/" in k]
     doc = _download(client, bucket, "tests/pack-a", tmp_path / "a")
     assert sorted(k.rsplit("/", 1)[1] for k in keys) == sorted(
-        ["manifest.json", *(e["name"] for e in doc["shards"]), *(e["index"] for e in doc["shards"])]
+        ["manifest.json", "samples.parquet", *(e["name"] for e in doc["shards"]), *(e["index"] for e in doc["shards"])]
     )
     for entry in doc["shards"]:
         assert hashlib.sha256((tmp_path / "a" / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
