@@ -13,6 +13,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, Param, task
 from operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from operators.s3 import EnsureBucketOperator, VerifyShardsOperator
 from operators.spark import ImgestSparkSubmitOperator
+from operators.splits import BuildSplitOperator
 
 DATASETS = AssetAlias("imgest-datasets")
 MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
@@ -95,9 +96,9 @@ with DAG(
     },
 ) as dag:
 
-    @task(retries=0)
+    @task
     def validate(params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Reject bad conf with every problem listed, before any Spark work."""
+        """Reject bad conf with every problem listed, before any Spark work (AirflowFailException: no retries)."""
         from airflow.exceptions import AirflowFailException
 
         from imgest.errors import ConfigError
@@ -148,7 +149,14 @@ with DAG(
     )
     verify_shards = VerifyShardsOperator(task_id="verify_shards", dest="{{ params.s3_dest }}")
 
-    @task(outlets=[DATASETS], trigger_rule="none_failed_min_one_success")
+    build_split = BuildSplitOperator(
+        task_id="build_split",
+        request="{{ ti.xcom_pull(task_ids='validate') }}",
+        out_dir=MANIFEST_DIR,
+        trigger_rule="none_failed_min_one_success",
+    )
+
+    @task(outlets=[DATASETS])
     def publish_asset(request: dict[str, Any], *, outlet_events: Any = None) -> str:
         """Announce the verified dataset as an Asset (keyspace/table or S3 prefix)."""
         from imgest.ingest_flow import asset_uri
@@ -163,4 +171,4 @@ with DAG(
     scanned >> branch
     branch >> prepare_cassandra >> ingest_cassandra >> verify_cassandra
     branch >> prepare_bucket >> ingest_shards >> verify_shards
-    [verify_cassandra, verify_shards] >> publish_asset(request)
+    [verify_cassandra, verify_shards] >> build_split >> publish_asset(request)

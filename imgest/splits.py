@@ -176,3 +176,29 @@ def load_split(path: Path) -> SplitFile:
             raise ConfigError(f"{path}: split format version {meta.get('version')} is not {FORMAT_VERSION}")
         parts = [data[f"part_{k}"] for k in range(meta["parts"])]
         return SplitFile(data["row_ids"], data["labels"], parts, meta["num_classes"], meta["source"], meta["settings"])
+
+
+def write_split_files(
+    rows: Any,
+    ratios: Sequence[float],
+    balance: str | Sequence[float],
+    seed: int,
+    out: Path,
+    crs4: bool = False,
+    settings: dict[str, Any] | None = None,
+) -> SplitFile:
+    """Split ROWS (a LabelledRows) and write OUT (.npz), plus OUT with .pckl when CRS4; returns the split."""
+    parts = make_split(rows.labels, ratios, balance, seed, rows.num_classes)
+    split = SplitFile(
+        rows.ids,
+        rows.labels,
+        parts,
+        rows.num_classes,
+        rows.source,
+        {"ratios": list(ratios), "balance": balance, "seed": seed, **(settings or {})},
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    split.save(out)
+    if crs4:
+        split.save_crs4(out.with_suffix(".pckl"))
+    return split

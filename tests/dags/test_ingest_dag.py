@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import sqlite3
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from imgest.cassandra_client import cassandra_session
 from imgest.demo import run_dag, task_durations
 from imgest.errors import ConfigError
 from imgest.ingest_flow import validate_conf
+from imgest.paths import state_dir
 from imgest.sample import SampleSpec, write_sample
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.settings import CassandraSettings
+from imgest.splits import load_split
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -44,6 +47,7 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
         "prepare_cassandra",
         "ingest_cassandra",
         "verify_cassandra",
+        "build_split",
         "publish_asset",
     ):
         assert states[task] == "success", (task, states)
@@ -57,6 +61,12 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
     with sqlite3.connect(airflow_home.home / "airflow.db") as db:
         uris = [r[0] for r in db.execute("SELECT uri FROM asset")]
     assert "cassandra://127.0.0.1:9042/imgest_dag_test/data" in uris
+    split = load_split(state_dir() / "work" / "dagtest-c" / "split-cassandra.npz")
+    # train rows: class 0 has 6 + the 8 planted images, classes 1 and 2 have 6; 8:2 cuts are [11,3], [5,1], [5,1]
+    assert [len(p) for p in split.parts] == [21, 5]
+    assert split.source["metadata_table"] == "imgest_dag_test.metadata"
+    with open(state_dir() / "work" / "dagtest-c" / "split-cassandra.pckl", "rb") as fh:
+        assert pickle.load(fh)["num_classes"] == 3
 
 
 def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source: Path) -> None:
@@ -65,13 +75,16 @@ def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source:
     ok, _, tail = run_dag(airflow_home, conf)
     assert ok, tail
     states = _states(airflow_home)
-    for task in ("prepare_bucket", "ingest_shards", "verify_shards", "publish_asset"):
+    for task in ("prepare_bucket", "ingest_shards", "verify_shards", "build_split", "publish_asset"):
         assert states[task] == "success", (task, states)
     assert states["ingest_cassandra"] == "skipped"
     client = s3_server.settings().client()
     doc = json.loads(client.get_object(Bucket="imgest", Key="tests/dag-shards/manifest.json")["Body"].read())
     assert sum(doc["samples"].values()) == 18 + 6 + 8
     assert all(s["samples"] <= 10 for s in doc["shards"])
+    split = load_split(state_dir() / "work" / "dagtest-s" / "split-shards.npz")
+    assert [len(p) for p in split.parts] == [21, 5]  # every train sample, cut 8:2 per class
+    assert split.source["location"] == dest
 
 
 def test_bad_conf_fails_before_any_spark_work(airflow_home: AirflowServer) -> None:
