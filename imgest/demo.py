@@ -31,6 +31,18 @@ def task_durations(airflow: AirflowServer, dag_id: str) -> list[tuple[str, str, 
     return [(task, state, _seconds(start, end)) for task, state, start, end in rows]
 
 
+def task_results(airflow: AirflowServer, dag_id: str, task_ids: tuple[str, ...]) -> dict[str, Any]:
+    """Return values (XCom) of TASK_IDS in the latest run of DAG_ID."""
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        run = db.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (dag_id,)).fetchone()
+        rows = db.execute(
+            f"SELECT task_id, value FROM xcom WHERE dag_id = ? AND run_id = ? AND key = 'return_value'"
+            f" AND task_id IN ({','.join('?' * len(task_ids))})",
+            (dag_id, run[0], *task_ids),
+        ).fetchall()
+    return {task: json.loads(value) for task, value in rows}
+
+
 def _seconds(start: str | None, end: str | None) -> float | None:
     from datetime import datetime
 
@@ -63,6 +75,9 @@ def run_demo() -> int:
             print(tail)
             return 1
         _report(target, work, cassandra, s3)
+        results = task_results(airflow, "ingest_imagenet", (f"verify_{target}", "build_split"))
+        print(f"  verification: {json.dumps(results.get(f'verify_{target}'))}")
+        print(f"  split file: {json.dumps(results.get('build_split'))}")
     print("\nStop the services with: .venv/bin/imgest services down")
     return 0
 
