@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import signal
 import subprocess
 import time
@@ -18,6 +19,7 @@ from PIL import Image
 
 from imgest.cassandra_client import cassandra_session
 from imgest.cassandra_schema import TableLayout
+from imgest.cli import main
 from imgest.manifest import iter_manifest, manifest_metadata
 from imgest.sample import SampleSpec, write_sample
 from imgest.scan import scan_to_dir
@@ -25,6 +27,7 @@ from imgest.services.cassandra import CassandraServer
 from imgest.settings import CassandraSettings
 from imgest.source import read_candidate
 from imgest.spark import submit_command, submit_env
+from imgest.splits import load_split
 from imgest.transform import TransformSpec, transform_image
 from imgest.verify_cassandra import verify
 from tests.jobs.conftest import MASTER, read_summary, run_job
@@ -98,6 +101,39 @@ def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Pat
     report = verify(session, manifest, TableLayout(ks), None, first["version"], sample=10)
     assert report.ok, report.to_dict()
     assert session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status == "complete"
+
+    # split files from the rows the job wrote: from the database, then from the metadata cache
+    tables = ["--metadata-table", f"{ks}.metadata", "--data-table", f"{ks}.data", "--split-of", "train"]
+    cache, a, b = tmp_path / "meta.parquet", tmp_path / "a.npz", tmp_path / "b.npz"
+    assert (
+        main(
+            [
+                "split",
+                *tables,
+                "-r",
+                "8,2",
+                "--seed",
+                "3",
+                "-o",
+                str(a),
+                "--metadata-ofn",
+                str(cache),
+                "--format",
+                "crs4",
+            ]
+        )
+        == 0
+    )
+    assert main(["split", "--metadata-ifn", str(cache), "-r", "8,2", "--seed", "3", "-o", str(b)]) == 0
+    split_a, split_b = load_split(a), load_split(b)
+    train_ids = {str(r.id) for r in session.execute(f"SELECT id, split FROM {ks}.metadata") if r.split == "train"}
+    assert set(split_a.row_ids.tolist()) == train_ids
+    assert all(np.array_equal(x, y) for x, y in zip(split_a.parts, split_b.parts, strict=True))
+    assert split_a.num_classes == 3
+    with open(a.with_suffix(".pckl"), "rb") as fh:
+        crs4 = pickle.load(fh)
+    assert crs4["data_table"] == f"{ks}.data"
+    assert sorted(str(k) for k in crs4["row_keys"]) == sorted(train_ids)
 
 
 def test_resume_after_job_killed_midway(tmp_path: Path, session: Any) -> None:

@@ -11,14 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from imgest.cli import main
 from imgest.manifest import Candidate, iter_manifest, manifest_metadata
 from imgest.sample import SampleSpec, write_sample
 from imgest.scan import scan_to_dir
 from imgest.services.s3 import S3Server
 from imgest.source import read_candidate
 from imgest.spark import submit_command, submit_env
+from imgest.splits import load_split
 from imgest.transform import TransformSpec, transform_image
 from tests.jobs.conftest import MASTER, read_summary, run_job
 from tests.shard_readers import read_dali, read_webdataset
@@ -72,7 +75,9 @@ def _pack(manifest: Path, s3: S3Server, prefix: str, out: Path, *extra: str) -> 
     return read_summary(out)
 
 
-def test_publish_read_back_both_ways_and_rerun_identically(manifest: Path, s3_server: S3Server, tmp_path: Path) -> None:
+def test_publish_read_back_both_ways_and_rerun_identically(
+    manifest: Path, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, bucket = s3_server.settings().client(), s3_server.bucket
     for prefix in ("tests/pack-a", "tests/pack-b"):
         for key in _keys(client, bucket, prefix):
@@ -109,6 +114,14 @@ def test_publish_read_back_both_ways_and_rerun_identically(manifest: Path, s3_se
     assert sorted((json.loads(m)["id"], c, j) for j, c, m in dali) == sorted(
         (k, m["cls"], m["jpg"]) for k, m in samples.items()
     )
+
+    split_path = tmp_path / "split.npz"
+    for key, value in _env(s3_server).items():  # the CLI reads S3 keys from the environment
+        monkeypatch.setenv(key, value)
+    assert main(["split", "--shards", f"s3://{bucket}/tests/pack-a", "-r", "3,1", "-o", str(split_path)]) == 0
+    split = load_split(split_path)
+    assert sorted(split.row_ids.tolist()) == sorted(samples)
+    assert sorted(np.concatenate(split.parts).tolist()) == list(range(len(samples)))
 
     second = _pack(manifest, s3_server, "tests/pack-b", tmp_path / "b.json")
     doc_b = _download(client, bucket, "tests/pack-b", tmp_path / "b")
