@@ -6,7 +6,11 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +98,31 @@ def run_submit(cmd: list[str]) -> int:
     log.info("running %s", " ".join([*cmd[:4], "...", cmd[-1]]))
     master = cmd[cmd.index("--master") + 1] if "--master" in cmd else "local[*]"
     return subprocess.run(cmd, env=submit_env(master), check=False).returncode
+
+
+@contextmanager
+def progress_log(
+    logger: logging.Logger, what: str, done: Any, nbytes: Any, total: int, every: float = 5.0
+) -> Iterator[None]:
+    """Log 'WHAT progress: n/total, rows/s, MB/s' every EVERY seconds from two Spark accumulators."""
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(every):
+            secs = time.monotonic() - t0
+            logger.info(
+                "%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s",
+                what,
+                done.value,
+                total,
+                done.value / secs,
+                nbytes.value / 1e6 / secs,
+            )
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from imgest.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, add_options
 from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, Candidate, manifest_metadata, read_classes
 from imgest.quarantine import QuarantineLog
 from imgest.scan import SCAN_QUARANTINE_FILE
+from imgest.spark import progress_log
 from imgest.transform import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -87,30 +87,11 @@ def load(df: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
 
         return [ingest_partition((Candidate(**r.asDict()) for r in it), cfg, on_row)]
 
-    stop = threading.Event()
-    t0 = time.monotonic()
-    reporter = threading.Thread(target=_report, args=(stop, done, nbytes, rows, t0), daemon=True)
-    reporter.start()
-    try:
+    with progress_log(log, "ingest", done, nbytes, rows):
         total = PartitionResult()
         for part in df.rdd.mapPartitions(partition).collect():
             total.merge(part)
         return total
-    finally:
-        stop.set()
-        reporter.join()
-
-
-def _report(stop: threading.Event, done: Any, nbytes: Any, rows: int, t0: float) -> None:
-    while not stop.wait(5.0):
-        secs = time.monotonic() - t0
-        log.info(
-            "ingest progress: %d/%d rows written by finished tasks, %.1f rows/s, %.2f MB/s",
-            done.value,
-            rows,
-            done.value / secs,
-            nbytes.value / 1e6 / secs,
-        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from imgest.quarantine import QuarantineLog
 from imgest.scan import SCAN_QUARANTINE_FILE
 from imgest.shard_plan import ShardSpec, plan_shards, read_shard_rows, write_plan
 from imgest.shard_store import open_store
+from imgest.spark import progress_log
 from imgest.transform import TransformSpec
 
 log = logging.getLogger("imgest.jobs.pack_shards")
@@ -88,26 +88,8 @@ def load(
         groups = ((name, read_shard_rows(plan_path, group)) for name, group in it)
         return pack_shards(groups, cfg, lambda: open_store(cfg.dest), on_sample)
 
-    stop, t0 = threading.Event(), time.monotonic()
-
-    def report() -> None:
-        while not stop.wait(5.0):
-            secs = time.monotonic() - t0
-            log.info(
-                "pack progress: %d/%d samples in finished tasks, %.1f samples/s, %.2f MB/s",
-                done.value,
-                rows,
-                done.value / secs,
-                nbytes.value / 1e6 / secs,
-            )
-
-    reporter = threading.Thread(target=report, daemon=True)
-    reporter.start()
-    try:
+    with progress_log(log, "pack", done, nbytes, rows):
         return list(sc.parallelize(shards, slices).mapPartitions(partition).collect())
-    finally:
-        stop.set()
-        reporter.join()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

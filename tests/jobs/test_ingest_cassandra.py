@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import io
-import os
 import pickle
-import signal
 import subprocess
 import time
 import uuid
@@ -30,7 +28,7 @@ from imgest.spark import submit_command, submit_env
 from imgest.splits import load_split
 from imgest.transform import TransformSpec, transform_image
 from imgest.verify_cassandra import verify
-from tests.jobs.conftest import MASTER, read_summary, run_job
+from tests.jobs.conftest import MASTER, kill_when, read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -149,22 +147,14 @@ def test_resume_after_job_killed_midway(tmp_path: Path, session: Any) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    written = 0
-    deadline = time.monotonic() + 180
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                written = _count(session, f"{ks}.metadata")
-            except Exception:  # the table does not exist yet
-                written = 0
-            if written >= 20:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+
+    def committed() -> int:
+        try:
+            return _count(session, f"{ks}.metadata")
+        except Exception:  # the table does not exist yet
+            return 0
+
+    written = kill_when(proc, committed, lambda n: n >= 20)
     assert 0 < written < total, f"kill did not land mid-way ({written}/{total})"
     assert session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status == "writing"
 

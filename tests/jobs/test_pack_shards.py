@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from imgest.source import read_candidate
 from imgest.spark import submit_command, submit_env
 from imgest.splits import load_split
 from imgest.transform import TransformSpec, transform_image
-from tests.jobs.conftest import MASTER, read_summary, run_job
+from tests.jobs.conftest import MASTER, kill_when, read_summary, run_job
 from tests.shard_readers import read_dali, read_webdataset
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -157,19 +154,9 @@ def test_resume_after_interrupted_upload_with_nothing_visible(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    staged: list[str] = []
-    deadline = time.monotonic() + 180
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            staged = [k for k in _keys(client, bucket, prefix) if k.endswith(".tar")]
-            if len(staged) >= 2:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    staged = kill_when(
+        proc, lambda: [k for k in _keys(client, bucket, prefix) if k.endswith(".tar")], lambda tars: len(tars) >= 2
+    )
     keys = _keys(client, bucket, prefix)
     assert len(staged) >= 2, "the kill did not land mid-way"
     assert all("/_staging/" in k for k in keys), keys  # nothing published: no manifest, no live shard
