@@ -198,9 +198,3 @@ class AirflowServer:
 
     def status(self) -> ServiceStatus:
         return ServiceStatus(self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}")
-
-
-def require_airflow_db(server: AirflowServer) -> None:
-    """Raise if the metadata DB has not been migrated yet."""
-    if not (server.home / "airflow.db").is_file():
-        raise ServiceError(f"airflow: no metadata DB in {server.home}; run `imgest services up airflow` first")
