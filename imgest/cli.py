@@ -92,6 +92,14 @@ def _add_transform_args(p: argparse.ArgumentParser) -> None:
     add_options(p, TRANSFORM_OPTIONS)
 
 
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    """SRC and how to scan it, and the Spark master: shared by the ingest commands."""
+    p.add_argument("src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet")
+    p.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
+    p.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+
+
 def _manifest_dir(args: argparse.Namespace) -> Path:
     """SRC itself if it holds a manifest, else scan SRC into the work folder first."""
     from imgest.manifest import MANIFEST_FILE
@@ -441,10 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Idempotent and resumable: ids are deterministic and committed rows with the same source hash "
         "are skipped. Credentials: --user and --password-file, or IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD.",
     )
-    ic.add_argument("src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet")
-    ic.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
-    ic.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
-    ic.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    _add_source_args(ic)
     ic.add_argument("--user", help="Cassandra user")
     ic.add_argument("--password-file", help="file holding the Cassandra password")
     ic.add_argument("--verify", action="store_true", help="run imgest verify cassandra afterwards")
@@ -462,13 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
         "each with a DALI index and a sha256. Shards are staged and published together, manifest.json last. "
         "S3 endpoint and keys: IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the embedded server.",
     )
-    ish.add_argument(
-        "src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet"
-    )
+    _add_source_args(ish)
     ish.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
-    ish.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
-    ish.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
-    ish.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     from imgest.job_options import SHARD_OPTIONS
 
     add_options(ish, SHARD_OPTIONS)
