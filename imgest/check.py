@@ -10,14 +10,13 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from imgest.manifest import MANIFEST_FILE, Candidate, iter_manifest, manifest_metadata
+from imgest.manifest import MANIFEST_FILE, Candidate, chunked, iter_manifest, manifest_metadata
 from imgest.pipeline import process_candidates
 from imgest.quarantine import QuarantineLog
 from imgest.scan import SCAN_QUARANTINE_FILE
@@ -43,11 +42,6 @@ def _check_chunk(root: str, spec: TransformSpec, chunk: list[Candidate]) -> Chun
         passed += 1
         bytes_out += len(item.image.data)
     return ChunkResult(passed, sum(c.size for c in chunk), bytes_out, quarantine)
-
-
-def _chunks(items: Iterator[Candidate], size: int) -> Iterator[list[Candidate]]:
-    while chunk := list(islice(items, size)):
-        yield chunk
 
 
 @dataclass
@@ -78,7 +72,7 @@ def check_dataset(
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         pending: deque[Future[ChunkResult]] = deque()
-        for chunk in _chunks(iter_manifest(manifest_dir / MANIFEST_FILE), CHUNK):
+        for chunk in chunked(iter_manifest(manifest_dir / MANIFEST_FILE), CHUNK):
             pending.append(pool.submit(_check_chunk, meta["root"], spec, chunk))
             while len(pending) >= workers * 4 or (pending and pending[0].done()):  # bounded in flight
                 done = totals.add(pending.popleft().result(), quarantine)

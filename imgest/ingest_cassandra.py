@@ -12,21 +12,19 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from imgest.cassandra_client import cassandra_session
 from imgest.cassandra_schema import TableLayout, apply_schema
 from imgest.cassandra_writer import DEFAULT_MAX_BLOB_BYTES, ImageWriter, Row
-from imgest.manifest import Candidate
+from imgest.manifest import Candidate, chunked
 from imgest.pipeline import process_candidates
 from imgest.quarantine import QuarantineLog
 from imgest.settings import CassandraSettings
-from imgest.source import read_candidate
 from imgest.transform import TransformSpec
 
 log = logging.getLogger(__name__)
@@ -91,12 +89,6 @@ class PartitionResult:
         self.retries += other.retries
         self.counts.update(other.counts)
         self.quarantine.extend(other.quarantine)
-
-
-def _chunks(items: Iterable[Candidate], size: int) -> Iterator[list[Candidate]]:
-    it = iter(items)
-    while chunk := list(islice(it, size)):
-        yield chunk
 
 
 class _Statements:
@@ -165,18 +157,17 @@ def ingest_partition(
         with ImageWriter(
             session, stmts.inserts, quarantine, cfg.max_in_flight, max_blob_bytes=cfg.max_blob_bytes, on_written=written
         ) as writer:
-            for chunk in _chunks(candidates, LOOKUP_CHUNK):
+            for chunk in chunked(candidates, LOOKUP_CHUNK):
                 done = committed(session, stmts, chunk)
-                todo, sources = [], {}
-                for cand in chunk:
-                    src_hash = _source_hash(root, cand)
-                    if src_hash is not None and done.get(cand.id) == (src_hash, key):
-                        result.skipped += 1
-                        result.counts[f"{cand.split}/{cand.label}"] += 1
-                        continue
-                    todo.append(cand)
-                    sources[cand.id] = src_hash
-                for item in process_candidates(todo, root, cfg.spec, quarantine):
+
+                def already_stored(cand: Candidate, src_sha256: str, done: dict = done) -> bool:
+                    if done.get(cand.id) != (src_sha256, key):
+                        return False
+                    result.skipped += 1
+                    result.counts[f"{cand.split}/{cand.label}"] += 1
+                    return True
+
+                for item in process_candidates(chunk, root, cfg.spec, quarantine, skip=already_stored):
                     c, img = item.candidate, item.image
                     meta = (
                         uuid.UUID(c.id),
@@ -188,7 +179,7 @@ def ingest_partition(
                         img.height,
                         len(img.data),
                         hashlib.sha256(img.data).hexdigest(),
-                        sources[c.id],
+                        item.src_sha256,
                         key,
                     )
                     writer.write(Row(uuid.UUID(c.id), c.label, img.data, c.split, meta, c.rel_path))
@@ -202,13 +193,6 @@ def ingest_partition(
             )
         result.quarantine = [{**asdict(e), "reason": str(e.reason)} for e in quarantine.entries]
     return result
-
-
-def _source_hash(root: Path, cand: Candidate) -> str | None:
-    try:
-        return hashlib.sha256(read_candidate(root, cand)).hexdigest()
-    except Exception:  # unreadable now: process_candidates will quarantine it with the precise reason
-        return None
 
 
 # ---- dataset version record (driver side) -------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -90,6 +91,13 @@ def iter_manifest(path: Path, columns: list[str] | None = None) -> Iterator[Cand
     for batch in pf.iter_batches(batch_size=BATCH_ROWS):
         for row in batch.to_pylist():
             yield Candidate(**row)
+
+
+def chunked(items: Iterable[Candidate], size: int) -> Iterator[list[Candidate]]:
+    """Consecutive lists of at most SIZE candidates (streams: one list in memory at a time)."""
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
 
 
 def manifest_metadata(path: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from imgest.cassandra_schema import TableLayout
 from imgest.errors import ImgestError
-from imgest.manifest import MANIFEST_FILE, iter_manifest, manifest_metadata
+from imgest.manifest import MANIFEST_FILE, Candidate, iter_manifest, manifest_metadata
 from imgest.source import read_candidate
 from imgest.transform import TransformSpec, transform_image
 
@@ -82,11 +82,18 @@ def verify(
     }
     report = VerifyReport(dataset, version)
     expected: Counter[str] = Counter()
-    kept = []
+    rng = random.Random(seed)
+    picked: list[Candidate] = []  # a uniform reservoir sample: memory stays flat whatever the manifest size
+    seen = 0
     for cand in iter_manifest(manifest_dir / MANIFEST_FILE):
-        if cand.id not in quarantined:
-            expected[f"{cand.split}/{cand.label}"] += 1
-            kept.append(cand)
+        if cand.id in quarantined:
+            continue
+        expected[f"{cand.split}/{cand.label}"] += 1
+        seen += 1
+        if len(picked) < sample:
+            picked.append(cand)
+        elif (slot := rng.randrange(seen)) < sample:
+            picked[slot] = cand
     found: Counter[str] = Counter()
     for table in sorted({tables.metadata_table(split) for split in splits}):  # one table for all splits, or one each
         for row in session.execute(f"SELECT split, label FROM {tables.keyspace}.{table}"):
@@ -96,7 +103,7 @@ def verify(
         if expected[key] != found[key]:
             report.count_mismatches[key] = (expected[key], found[key])
     root = Path(meta["root"])
-    for cand in random.Random(seed).sample(kept, min(sample, len(kept))):
+    for cand in picked:
         stmt = f"SELECT data FROM {tables.keyspace}.{tables.data_table(cand.split)} WHERE id = %s"
         row = session.execute(stmt, (uuid.UUID(cand.id),)).one()
         fresh = transform_image(read_candidate(root, cand), spec).data

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from imgest.cassandra_client import CassandraConnectError, cassandra_session
@@ -45,19 +43,16 @@ def test_password_auth_accepts_right_and_refuses_wrong_password(
 ) -> None:
     with cassandra_session(_settings(cassandra_auth_server, "cassandra", "cassandra")) as session:
         assert session.execute("SELECT release_version FROM system.local").one() is not None
-    t0 = time.monotonic()
     with (
         pytest.raises(CassandraConnectError) as err,
         cassandra_session(_settings(cassandra_auth_server, "cassandra", "not-the-password")),
     ):
         pass
-    elapsed = time.monotonic() - t0
     message = str(err.value)
     assert "refused the credentials" in message
     assert "'cassandra'" in message
     assert cassandra_auth_server.address in message
     assert "not-the-password" not in message
-    assert elapsed < 30  # fails fast instead of hanging on retries (a bound, not a performance claim)
 
 
 def test_no_password_against_auth_node_is_refused(cassandra_auth_server: CassandraServer) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import pickle
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,7 +205,6 @@ def test_wrong_password_fails_fast_without_leaking_it(tmp_path: Path, cassandra_
     manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=2, per_class=1, val_per_class=0, seed=9))
     secret = "Wr0ng-Pa55-zq"
     port = cassandra_auth_server.native_port
-    t0 = time.monotonic()
     rc, log = run_job(
         "ingest_cassandra",
         ["--manifest-dir", str(manifest), "--keyspace", "imgest_test_auth", "--port", str(port)],
@@ -215,4 +213,4 @@ def test_wrong_password_fails_fast_without_leaking_it(tmp_path: Path, cassandra_
     assert rc != 0
     assert f"Cassandra at 127.0.0.1:{port} refused the credentials of user 'cassandra'" in log
     assert secret not in log
-    assert time.monotonic() - t0 < 120  # no Spark work starts (a bound on hanging, not a performance claim)
+    assert "ingesting" not in log  # failed before any Spark work started
