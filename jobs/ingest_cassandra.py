@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imgest.cassandra_client import cassandra_session
-from imgest.cassandra_schema import TableLayout
-from imgest.errors import ImgestError
-from imgest.ingest_cassandra import (
+from imgest.core import workdir
+from imgest.core.errors import ImgestError
+from imgest.core.quarantine import QuarantineLog
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
     PartitionResult,
     begin_version,
@@ -30,29 +31,22 @@ from imgest.ingest_cassandra import (
     summary,
     transform_key,
 )
-from imgest.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, add_options
-from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, Candidate, manifest_metadata, read_classes
-from imgest.quarantine import QuarantineLog
-from imgest.scan import SCAN_QUARANTINE_FILE
-from imgest.spark import progress_log
-from imgest.transform import TransformSpec
+from imgest.sinks.cassandra.schema import TableLayout
+from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
+from imgest.spark.submit import progress_log
+from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="ingest_cassandra", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
-    add_options(p, CASSANDRA_OPTIONS)
-    add_options(p, TRANSFORM_OPTIONS)
-    p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
+    p = job_parser("ingest_cassandra", __doc__, CASSANDRA_OPTIONS, TRANSFORM_OPTIONS)
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
-    meta = manifest_metadata(args.manifest_dir / MANIFEST_FILE)
+    meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
     spec = TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels)
     return CassandraIngestConfig(
         root=meta["root"],
@@ -69,7 +63,7 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
 
 def extract(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
     """The manifest as a DataFrame spread over PARTITIONS (default: by size), and its row count."""
-    df = spark.read.parquet(str((manifest_dir / MANIFEST_FILE).resolve()))
+    df = spark.read.parquet(str((manifest_dir / workdir.MANIFEST).resolve()))
     rows = df.count()
     n = partitions or max(2 * spark.sparkContext.defaultParallelism, math.ceil(rows / 1000))
     return df.repartition(max(1, min(n, rows))), rows
@@ -101,13 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = build_config(args)
-        classes = [c.wnid for c in read_classes(args.manifest_dir / CLASSES_FILE)]
-        scan_quarantine = QuarantineLog.read(args.manifest_dir / SCAN_QUARANTINE_FILE)
-        splits = sorted(json.loads((args.manifest_dir / "scan_report.json").read_text())["per_split"])
+        classes = [c.wnid for c in read_classes(args.manifest_dir / workdir.CLASSES)]
+        scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
+        splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
         with cassandra_session(cfg.settings()) as session:
             begin_version(session, cfg, splits, args.replication)
             record_scan_quarantine(session, cfg, scan_quarantine)
-        from imgest.spark import build_session
+        from imgest.spark.submit import build_session
 
         spark = build_session("imgest-ingest-cassandra")
         t0 = time.monotonic()

@@ -19,10 +19,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from imgest.errors import ImgestError
-from imgest.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, add_options
-from imgest.manifest import CLASSES_FILE, MANIFEST_FILE, manifest_metadata, read_classes
-from imgest.pack import (
+from imgest.core import workdir
+from imgest.core.errors import ImgestError
+from imgest.core.quarantine import QuarantineLog
+from imgest.sinks.shards.pack import (
     PackConfig,
     ShardRecord,
     build_manifest,
@@ -31,30 +31,24 @@ from imgest.pack import (
     published_entries,
     samples_table,
 )
-from imgest.quarantine import QuarantineLog
-from imgest.scan import SCAN_QUARANTINE_FILE
-from imgest.shard_plan import ShardSpec, plan_shards, read_shard_rows, write_plan
-from imgest.shard_store import open_store
-from imgest.spark import progress_log
-from imgest.transform import TransformSpec
+from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, write_plan
+from imgest.sinks.shards.store import open_store
+from imgest.sources.manifest import manifest_metadata, read_classes
+from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
+from imgest.spark.submit import progress_log
+from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.pack_shards")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="pack_shards", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
+    p = job_parser("pack_shards", __doc__, SHARD_OPTIONS, TRANSFORM_OPTIONS)
     p.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
-    add_options(p, SHARD_OPTIONS)
-    add_options(p, TRANSFORM_OPTIONS)
-    p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]]) -> PackConfig:
-    meta = manifest_metadata(args.manifest_dir / MANIFEST_FILE)
+    meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
     return PackConfig(
         root=meta["root"],
         dataset=args.dataset or meta["dataset"],
@@ -67,8 +61,8 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
 
 def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int]:
     """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows)."""
-    plan = plan_shards(args.manifest_dir / MANIFEST_FILE, cfg.shards, cfg.spec)
-    plan_path = (args.manifest_dir / "shard_plan.parquet").resolve()
+    plan = plan_shards(args.manifest_dir / workdir.MANIFEST, cfg.shards, cfg.spec)
+    plan_path = (args.manifest_dir / workdir.SHARD_PLAN).resolve()
     return plan_path, write_plan(plan, plan_path), plan.num_rows
 
 
@@ -103,15 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if check is not None:
             check()  # wrong keys or bucket fail here, before any Spark work
         cfg = build_config(args, published_entries(store))
-        from imgest.spark import build_session
+        from imgest.spark.submit import build_session
 
         spark = build_session("imgest-pack-shards")
         t0 = time.monotonic()
         plan_path, shards, rows = extract(args, cfg)
         log.info("packing %d samples of %s into %d shards at %s", rows, cfg.dataset, len(shards), store.location)
         records = load(spark, plan_path, shards, cfg, rows, args.partitions)
-        scan_quarantine = QuarantineLog.read(args.manifest_dir / SCAN_QUARANTINE_FILE)
-        manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / CLASSES_FILE), scan_quarantine)
+        scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
+        manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / workdir.CLASSES), scan_quarantine)
         packed = sum(r.samples for r in records) + len([q for r in records for q in r.quarantine])
         if packed != rows:
             raise ImgestError(

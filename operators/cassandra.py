@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,66 +12,45 @@ from airflow.models import BaseOperator
 class ApplyCqlSchemaOperator(BaseOperator):
     """Create the keyspace and tables of sql/*.cql for the splits a scan found (idempotent)."""
 
-    template_fields: Sequence[str] = ("manifest_dir", "keyspace", "table_layout", "table_suffix", "replication")
+    template_fields: Sequence[str] = ("request", "manifest_dir")
 
     def __init__(
-        self,
-        *,
-        manifest_dir: str,
-        keyspace: str,
-        table_layout: str,
-        table_suffix: str,
-        replication: str,
-        cassandra_conn_id: str = "cassandra_default",
-        **kwargs: Any,
+        self, *, request: Any, manifest_dir: str, cassandra_conn_id: str = "cassandra_default", **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.manifest_dir, self.keyspace, self.table_layout = manifest_dir, keyspace, table_layout
-        self.table_suffix, self.replication, self.cassandra_conn_id = table_suffix, replication, cassandra_conn_id
+        self.request, self.manifest_dir, self.cassandra_conn_id = request, manifest_dir, cassandra_conn_id
 
     def execute(self, context: Any) -> list[str]:
-        from imgest.cassandra_client import cassandra_session
-        from imgest.cassandra_schema import TableLayout, apply_schema
-        from operators.connections import cassandra_settings
+        from imgest.operators.hooks import ImgestCassandraHook
 
-        splits = sorted(json.loads((Path(self.manifest_dir) / "scan_report.json").read_text())["per_split"])
-        tables = TableLayout(self.keyspace, self.table_layout, self.table_suffix)
-        with cassandra_session(cassandra_settings(self.cassandra_conn_id)) as session:
-            return apply_schema(session, tables, splits, self.replication)
+        from imgest.flow.steps import prepare_cassandra
+
+        settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
+        return prepare_cassandra(dict(self.request), Path(self.manifest_dir), settings)
 
 
 class VerifyCassandraOperator(BaseOperator):
-    """imgest.verify_cassandra.verify: counts and byte-equal samples; marks the version complete."""
+    """Counts and byte-equal samples of the ingested version; marks it complete (imgest.flow.steps)."""
 
-    template_fields: Sequence[str] = ("manifest_dir", "keyspace", "table_layout", "table_suffix")
+    template_fields: Sequence[str] = ("request", "manifest_dir")
 
     def __init__(
         self,
         *,
+        request: Any,
         manifest_dir: str,
-        keyspace: str,
-        table_layout: str,
-        table_suffix: str,
         sample: int = 32,
         cassandra_conn_id: str = "cassandra_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.manifest_dir, self.keyspace, self.table_layout = manifest_dir, keyspace, table_layout
-        self.table_suffix, self.sample, self.cassandra_conn_id = table_suffix, sample, cassandra_conn_id
+        self.request, self.manifest_dir, self.sample = request, manifest_dir, sample
+        self.cassandra_conn_id = cassandra_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from imgest.cassandra_client import cassandra_session
-        from imgest.cassandra_schema import TableLayout
-        from imgest.verify_cassandra import VerificationError, verify
-        from operators.connections import cassandra_settings
+        from imgest.operators.hooks import ImgestCassandraHook
 
-        manifest_dir = Path(self.manifest_dir)
-        version = json.loads((manifest_dir / "ingest_cassandra.json").read_text())["version"]
-        tables = TableLayout(self.keyspace, self.table_layout, self.table_suffix)
-        with cassandra_session(cassandra_settings(self.cassandra_conn_id)) as session:
-            report = verify(session, manifest_dir, tables, None, version, self.sample)
-        self.log.info("verification: %s", json.dumps(report.to_dict()))
-        if not report.ok:
-            raise VerificationError(f"Cassandra data does not match the manifest: {report.to_dict()}")
-        return report.to_dict()
+        from imgest.flow.steps import verify_cassandra
+
+        settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
+        return verify_cassandra(dict(self.request), Path(self.manifest_dir), settings, self.sample)

@@ -1,57 +1,74 @@
-"""SparkSubmitOperator for imgest's jobs: credentials go to the job's environment at execute time only."""
+"""SparkSubmitOperators for imgest's jobs: credentials go to the job's environment at execute time only.
+
+Credentials are read through a hook inside ``execute`` and handed to spark-submit as environment variables,
+after templates are rendered: they never appear in rendered fields, XCom, arguments or logs. Each job is its
+own subclass naming the job file and the hook that reaches its store.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-JOB_NAMES = ("ingest_cassandra", "pack_shards")
-
 
 class ImgestSparkSubmitOperator(SparkSubmitOperator):
-    """Submit jobs/JOB.py on the `spark_default` connection.
+    """Submit jobs/<job>.py on the `spark_default` connection with imgest's Spark settings."""
 
-    Credentials are read from the Airflow connection inside ``execute`` and handed to spark-submit as
-    environment variables, after templates are rendered: they never appear in rendered fields, XCom,
-    arguments or logs.
-    """
+    job: ClassVar[str]
 
-    def __init__(self, *, job: str, credentials_conn_id: str | None = None, **kwargs: Any) -> None:
-        from imgest.spark import JOBS_DIR
+    def __init__(self, **kwargs: Any) -> None:
+        from imgest.spark.submit import job_path
 
-        if job not in JOB_NAMES:
-            raise ValueError(f"unknown imgest job {job!r}; choose from {', '.join(JOB_NAMES)}")
         kwargs.setdefault("conn_id", "spark_default")
-        kwargs.setdefault("name", f"imgest-{job}")
-        super().__init__(application=str(JOBS_DIR / f"{job}.py"), **kwargs)
-        self.job = job
-        self.credentials_conn_id = credentials_conn_id
+        kwargs.setdefault("name", f"imgest-{self.job}")
+        super().__init__(application=str(job_path(self.job)), **kwargs)
+
+    def job_env(self) -> dict[str, str]:
+        """Environment variables that reach the store (overridden per job)."""
+        return {}
 
     def execute(self, context: Any) -> None:
-        from imgest.spark import spark_conf, submit_env
-        from operators.connections import cassandra_settings, s3_settings
+        from imgest.spark.submit import spark_conf, submit_env
 
-        env = {
-            k: v for k, v in submit_env().items() if k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
-        }
-        if self.job == "ingest_cassandra" and self.credentials_conn_id:
-            settings = cassandra_settings(self.credentials_conn_id)
-            if settings.username:
-                env["IMGEST_CASSANDRA_USER"] = settings.username
-                env["IMGEST_CASSANDRA_PASSWORD"] = settings.password or ""
-            self.application_args = [
-                *(self.application_args or []),
-                "--hosts",
-                ",".join(settings.hosts),
-                "--port",
-                str(settings.port),
-            ]
-        if self.job == "pack_shards" and self.credentials_conn_id:
-            s3 = s3_settings(self.credentials_conn_id)
-            env.update({"AWS_ACCESS_KEY_ID": s3.access_key or "", "AWS_SECRET_ACCESS_KEY": s3.secret_key or ""})
-            if s3.endpoint_url:
-                env["IMGEST_S3_ENDPOINT"] = s3.endpoint_url
-        self.env_vars = {**(self.env_vars or {}), **env}
+        keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+        env = {k: v for k, v in submit_env().items() if k in keep}
+        self.env_vars = {**(self.env_vars or {}), **env, **self.job_env()}
         self.conf = {**spark_conf(), **(self.conf or {})}
         super().execute(context)
+
+
+class CassandraIngestSubmitOperator(ImgestSparkSubmitOperator):
+    """jobs/ingest_cassandra.py, reaching Cassandra through the `cassandra_default` connection."""
+
+    job = "ingest_cassandra"
+
+    def __init__(self, *, cassandra_conn_id: str = "cassandra_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cassandra_conn_id = cassandra_conn_id
+
+    def job_env(self) -> dict[str, str]:
+        from imgest.operators.hooks import ImgestCassandraHook
+
+        hook = ImgestCassandraHook(self.cassandra_conn_id)
+        settings = hook.settings()
+        self.application_args = [
+            *(self.application_args or []),
+            *("--hosts", ",".join(settings.hosts), "--port", str(settings.port)),
+        ]
+        return hook.spark_env()
+
+
+class PackShardsSubmitOperator(ImgestSparkSubmitOperator):
+    """jobs/pack_shards.py, reaching S3 through the `aws_default` connection."""
+
+    job = "pack_shards"
+
+    def __init__(self, *, aws_conn_id: str = "aws_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
+
+    def job_env(self) -> dict[str, str]:
+        from imgest.operators.hooks import ImgestS3Hook
+
+        return ImgestS3Hook(aws_conn_id=self.aws_conn_id).spark_env()

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from imgest.bench.report import bar_chart, format_table, machine_info, write_json
-from imgest.cassandra_client import cassandra_session
-from imgest.cassandra_writer import ImageWriter, Row
-from imgest.quarantine import QuarantineLog
-from imgest.sample import jpeg_bytes
-from imgest.settings import CassandraSettings
-from imgest.transform import TransformSpec, transform_image
+from imgest.core.quarantine import QuarantineLog
+from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.writer import ImageWriter, Row
+from imgest.sources.devdata.images import jpeg_bytes
+from imgest.transform.image import TransformSpec, transform_image
 
 KEYSPACE = "imgest_bench"
 SEED_BATCH = 32

@@ -19,12 +19,13 @@ from typing import Any
 
 from imgest.bench.report import bar_chart, format_table, machine_info, write_json
 from imgest.bench.transform import baseline_transform
-from imgest.manifest import MANIFEST_FILE, iter_manifest, manifest_metadata
-from imgest.paths import state_dir
-from imgest.sample import SampleSpec, write_sample
-from imgest.scan import scan_to_dir
-from imgest.spark import submit_command, submit_env
-from imgest.transform import TransformSpec
+from imgest.core import workdir
+from imgest.core.paths import state_dir
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import iter_manifest, manifest_metadata
+from imgest.sources.scan import scan_to_dir
+from imgest.spark.submit import submit_command, submit_env
+from imgest.transform.image import TransformSpec
 
 SPEC = TransformSpec()
 
@@ -34,15 +35,15 @@ def dataset(images: int) -> Path:
     classes = 10
     root = state_dir() / "bench" / f"pack-{images}"
     manifest = root / "manifest"
-    if not (manifest / MANIFEST_FILE).is_file():
+    if not (manifest / workdir.MANIFEST).is_file():
         write_sample(root / "src", SampleSpec("imagefolder", classes, max(1, images // classes), 0, seed=1))
         scan_to_dir(root / "src", manifest)
     return manifest
 
 
 def _files(manifest: Path) -> tuple[Path, list[tuple[str, int]]]:
-    root = Path(manifest_metadata(manifest / MANIFEST_FILE)["root"])
-    return root, [(c.rel_path, c.label) for c in iter_manifest(manifest / MANIFEST_FILE)]
+    root = Path(manifest_metadata(manifest / workdir.MANIFEST)["root"])
+    return root, [(c.rel_path, c.label) for c in iter_manifest(manifest / workdir.MANIFEST)]
 
 
 def run_imgest(manifest: Path, out: Path, mode: str, max_count: int) -> dict[str, float]:
@@ -167,7 +168,7 @@ def run(images: int, max_count: int) -> dict[str, Any]:
     imgest_row = rows[0]
     return {
         "benchmark": "pack",
-        "images": sum(1 for _ in iter_manifest(manifest / MANIFEST_FILE)),
+        "images": sum(1 for _ in iter_manifest(manifest / workdir.MANIFEST)),
         "max_count": max_count,
         "cores": os.cpu_count(),
         "target_vs_fastest_peer": 0.5,

@@ -18,8 +18,8 @@ import numpy as np
 from PIL import Image
 
 from imgest.bench.report import bar_chart, format_table, machine_info, write_json
-from imgest.sample import jpeg_bytes
-from imgest.transform import RESAMPLE, TransformSpec, transform_image
+from imgest.sources.devdata.images import jpeg_bytes
+from imgest.transform.image import RESAMPLE, TransformSpec, transform_image
 
 TARGETS = {"imagenet-size": 1.3, "large (>=2 MP)": 3.0}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from imgest.errors import ConfigError
+from imgest.core.errors import ConfigError
 from imgest.services.airflow import AirflowServer
 from imgest.services.base import Service, ServiceStatus, UpResult
 from imgest.services.cassandra import CassandraServer

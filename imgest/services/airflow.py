@@ -12,13 +12,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from imgest.errors import ServiceError
-from imgest.paths import dags_dir, repo_root, state_dir
+from imgest.core.errors import ServiceError
+from imgest.core.paths import dags_dir, state_dir
+from imgest.core.settings import EMBEDDED_HOST, env_int
 from imgest.services.base import ServiceStatus, UpResult
 from imgest.services.cassandra import CassandraServer
 from imgest.services.process import ManagedProcess, port_open, require_free_port
 from imgest.services.s3 import S3Server
-from imgest.settings import EMBEDDED_HOST, env_int
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,6 @@ class AirflowServer:
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         env["AIRFLOW_HOME"] = str(self.home)
         env.setdefault("IMGEST_HOME", str(state_dir()))
-        root = repo_root()
-        if root is not None:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
         return env
 
     def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:

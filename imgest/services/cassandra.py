@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from imgest.errors import ServiceError
-from imgest.paths import conf_file, state_dir
+from imgest.core.errors import ServiceError
+from imgest.core.paths import conf_file, state_dir
+from imgest.core.settings import EMBEDDED_HOST, env_int
 from imgest.services.base import ServiceStatus, UpResult
 from imgest.services.process import ManagedProcess, port_open, require_free_port, which_or_fail
-from imgest.settings import EMBEDDED_HOST, env_int
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,8 @@ class CassandraServer:
         """True when a CQL query succeeds (not merely an open port)."""
         if not port_open(self.host, self.native_port):
             return False
-        from imgest.cassandra_client import cassandra_session
-        from imgest.settings import CassandraSettings
+        from imgest.core.settings import CassandraSettings
+        from imgest.sinks.cassandra.client import cassandra_session
 
         settings = CassandraSettings(
             hosts=(self.host,),

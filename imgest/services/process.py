@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from imgest.errors import ServiceError
+from imgest.core.errors import ServiceError
 
 # Java/Python error lines, and glog's E/F lines (SeaweedFS): 'E1121 05:28:44.1 ...'.
 _ERROR_LINE = re.compile(r"\b(ERROR|FATAL|Exception|Error:)|^[EF]\d{4} ")

@@ -10,11 +10,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from imgest.errors import ServiceError
-from imgest.paths import state_dir
+from imgest.core.errors import ServiceError
+from imgest.core.paths import state_dir
+from imgest.core.settings import EMBEDDED_HOST, S3Settings, env_int
 from imgest.services.base import ServiceStatus, UpResult
 from imgest.services.process import ManagedProcess, port_open, require_free_port
-from imgest.settings import EMBEDDED_HOST, S3Settings, env_int
 
 log = logging.getLogger(__name__)
 

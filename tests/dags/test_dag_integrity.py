@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from imgest.paths import dags_dir
+from imgest.core.paths import dags_dir
 from imgest.services import AirflowServer
 
 

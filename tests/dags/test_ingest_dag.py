@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from imgest.cassandra_client import cassandra_session
-from imgest.demo import run_dag, task_durations
-from imgest.errors import ConfigError
-from imgest.ingest_flow import validate_conf
-from imgest.paths import state_dir
-from imgest.sample import SampleSpec, write_sample
+from imgest.core.errors import ConfigError
+from imgest.core.paths import state_dir
+from imgest.core.settings import CassandraSettings
+from imgest.flow.demo import run_dag, task_durations
+from imgest.flow.steps import asset_uri, validate_conf
 from imgest.services import AirflowServer, CassandraServer, S3Server
-from imgest.settings import CassandraSettings
-from imgest.splits import load_split
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.splits.split import load_split
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -60,7 +60,9 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
     assert stored == 18 + 6 + 8  # train + val + the eight awkward-but-valid planted images
     with sqlite3.connect(airflow_home.home / "airflow.db") as db:
         uris = [r[0] for r in db.execute("SELECT uri FROM asset")]
-    assert "cassandra://127.0.0.1:9042/imgest_dag_test/data" in uris
+    out = airflow_home.airflow("connections", "get", "cassandra_default", "-o", "json").stdout
+    conn = json.loads(next(line for line in out.splitlines() if line.startswith("[")))[0]
+    assert f"cassandra://{conn['host']}:{conn['port']}/imgest_dag_test/data" in uris
     split = load_split(state_dir() / "work" / "dagtest-c" / "split-cassandra.npz")
     # train rows: class 0 has 6 + the 8 planted images, classes 1 and 2 have 6; 8:2 cuts are [11,3], [5,1], [5,1]
     assert [len(p) for p in split.parts] == [21, 5]
@@ -88,7 +90,7 @@ def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source:
 
 
 def test_bad_conf_fails_before_any_spark_work(airflow_home: AirflowServer) -> None:
-    conf = {"target": "shards", "crop": 300, "resize": 256, "s3_dest": "http://not-s3", "split_ratios": "8,-2"}
+    conf = {"sample": True, "target": "shards", "crop": 300, "resize": 256, "s3_dest": "http://not-s3"}
     ok, _, _ = run_dag(airflow_home, conf)
     assert not ok
     states = _states(airflow_home)
@@ -100,6 +102,7 @@ def test_bad_conf_fails_before_any_spark_work(airflow_home: AirflowServer) -> No
 def test_bad_conf_message_lists_every_problem() -> None:
     with pytest.raises(ConfigError) as err:
         validate_conf({"target": "shards", "crop": 300, "s3_dest": "http://x", "split_ratios": "8,-2", "colour": 1})
+    assert "give a source" in str(err.value)
     message = str(err.value)
     for part in (
         "unknown setting 'colour'",
@@ -110,7 +113,27 @@ def test_bad_conf_message_lists_every_problem() -> None:
         assert part in message
 
 
+def _run_count(airflow: AirflowServer) -> int:
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        return db.execute("SELECT count(*) FROM dag_run WHERE dag_id = 'ingest_imagenet'").fetchone()[0]
+
+
 def test_param_outside_its_schema_is_refused(airflow_home: AirflowServer) -> None:
-    ok, _, tail = run_dag(airflow_home, {"target": "hdfs"})
+    before = _run_count(airflow_home)
+    ok, _, tail = run_dag(airflow_home, {"sample": True, "target": "hdfs"})
     assert not ok
-    assert "hdfs" in tail
+    assert "ParamValidationError" in tail  # refused by the Param schema, not by the validate task
+    assert "'hdfs' is not one of ['cassandra', 'shards']" in tail
+    assert _run_count(airflow_home) == before  # no run was created, so no task ran
+
+
+def test_no_source_is_never_the_sample() -> None:
+    with pytest.raises(ConfigError, match="give a source, or set sample"):
+        validate_conf({"target": "cassandra"})
+    assert validate_conf({"sample": True})["source"] is None
+
+
+def test_asset_uri_comes_from_the_connection_address() -> None:
+    uri = asset_uri({"sample": True, "keyspace": "inet", "table_suffix": "_orig"}, "10.1.2.3:9142")
+    assert uri == "cassandra://10.1.2.3:9142/inet/data_orig"
+    assert asset_uri({"sample": True, "target": "shards", "dataset": "x"}, "h:1") == "s3://imgest/x"

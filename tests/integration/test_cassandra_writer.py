@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from imgest.cassandra_client import cassandra_session
-from imgest.cassandra_schema import TableLayout, apply_schema
-from imgest.cassandra_writer import CassandraWriteError, ImageWriter, Row
-from imgest.quarantine import QuarantineLog
+from imgest.core.quarantine import QuarantineLog
+from imgest.core.settings import CassandraSettings
 from imgest.services.cassandra import CassandraServer
-from imgest.settings import CassandraSettings
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.schema import TableLayout, apply_schema
+from imgest.sinks.cassandra.writer import CassandraWriteError, ImageWriter, Row
 
 pytestmark = pytest.mark.services
 TABLES = TableLayout("imgest_test_writer")

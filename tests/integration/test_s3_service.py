@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from imgest.s3_client import S3AccessError, check_access
+from imgest.core.settings import S3Settings
 from imgest.services.s3 import S3Server
-from imgest.settings import S3Settings
+from imgest.sinks.shards.s3_client import S3AccessError, check_access
 
 pytestmark = pytest.mark.services
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from imgest.spark import submit_command, submit_env
+from imgest.spark.submit import submit_command, submit_env
 
 MASTER = "local[2]"
 T = TypeVar("T")

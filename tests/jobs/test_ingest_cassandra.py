@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgest.cassandra_client import cassandra_session
-from imgest.cassandra_schema import TableLayout
 from imgest.cli import main
-from imgest.manifest import iter_manifest, manifest_metadata
-from imgest.sample import SampleSpec, write_sample
-from imgest.scan import scan_to_dir
+from imgest.core.settings import CassandraSettings
 from imgest.services.cassandra import CassandraServer
-from imgest.settings import CassandraSettings
-from imgest.source import read_candidate
-from imgest.spark import submit_command, submit_env
-from imgest.splits import load_split
-from imgest.transform import TransformSpec, transform_image
-from imgest.verify_cassandra import verify
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.schema import TableLayout
+from imgest.sinks.cassandra.verify import verify
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import iter_manifest, manifest_metadata
+from imgest.sources.read import read_candidate
+from imgest.sources.scan import scan_to_dir
+from imgest.spark.submit import submit_command, submit_env
+from imgest.splits.split import load_split
+from imgest.transform.image import TransformSpec, transform_image
 from tests.jobs.conftest import MASTER, kill_when, read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

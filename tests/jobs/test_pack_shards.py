@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from imgest.cli import main
-from imgest.manifest import Candidate, iter_manifest, manifest_metadata
-from imgest.sample import SampleSpec, write_sample
-from imgest.scan import scan_to_dir
 from imgest.services.s3 import S3Server
-from imgest.source import read_candidate
-from imgest.spark import submit_command, submit_env
-from imgest.splits import load_split
-from imgest.transform import TransformSpec, transform_image
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import Candidate, iter_manifest, manifest_metadata
+from imgest.sources.read import read_candidate
+from imgest.sources.scan import scan_to_dir
+from imgest.spark.submit import submit_command, submit_env
+from imgest.splits.split import load_split
+from imgest.transform.image import TransformSpec, transform_image
 from tests.jobs.conftest import MASTER, kill_when, read_summary, run_job
 from tests.shard_readers import read_dali, read_webdataset
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from imgest.cassandra_schema import TableLayout, identifier, replication, schema_statements
-from imgest.errors import ConfigError
+from imgest.core.errors import ConfigError
+from imgest.sinks.cassandra.schema import TableLayout, identifier, replication, schema_statements
 
 
 @pytest.mark.parametrize("bad", ["", "1abc", "a b", "x; DROP KEYSPACE y", "ks.t", "a" * 49, "naïve"])

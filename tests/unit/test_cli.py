@@ -30,3 +30,43 @@ def test_every_command_has_help(argv: tuple[str, ...], capsys: pytest.CaptureFix
 def test_unknown_service_is_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["services", "status", "nosuch"]) == 1
     assert "unknown service 'nosuch'" in capsys.readouterr().err
+
+
+def test_ingest_options_reach_the_job_argv() -> None:
+    from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, forward
+
+    args = build_parser().parse_args(
+        ["ingest", "cassandra", "/data/x", "--keyspace", "inet", "--crop", "192", "--table-suffix", "_o"]
+    )
+    argv = forward(args, CASSANDRA_OPTIONS) + forward(args, TRANSFORM_OPTIONS)
+    pairs = dict(zip(argv[::2], argv[1::2], strict=True))
+    assert pairs["--keyspace"] == "inet"
+    assert pairs["--crop"] == "192"
+    assert pairs["--table-suffix"] == "_o"
+    assert pairs["--resize"] == "256"  # the one default, from imgest.core.defaults
+
+
+def test_scan_of_missing_folder_names_it(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    assert main(["scan", str(missing), "--out", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("imgest: error:")
+    assert str(missing) in err
+
+
+def test_split_from_cache_writes_parts(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import uuid
+
+    import numpy as np
+
+    from imgest.splits import load_split
+    from imgest.splits.sources import LabelledRows
+
+    ids = [uuid.uuid5(uuid.NAMESPACE_URL, str(i)) for i in range(20)]
+    rows = LabelledRows(np.array([str(i) for i in ids]), np.array([i % 2 for i in range(20)]), 2, {"kind": "test"})
+    rows.save(tmp_path / "rows.parquet")
+    out = tmp_path / "split.npz"
+    assert main(["split", "--metadata-ifn", str(tmp_path / "rows.parquet"), "-r", "3,1", "-o", str(out)]) == 0
+    split = load_split(out)
+    assert [len(p) for p in split.parts] == [16, 4]  # each class of 10 cut 3:1 -> 7.5/2.5 -> 8/2
+    assert "part 0: 0:8 1:8" in capsys.readouterr().out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from imgest.errors import ServiceError
+from imgest.core.errors import ServiceError
 from imgest.services.cassandra import CassandraServer, resolve_jars
 from imgest.services.process import ManagedProcess, last_error_line
 

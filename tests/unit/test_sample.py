@@ -10,7 +10,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from imgest.sample import SampleSpec, write_sample
+from imgest.sources.devdata.sample import SampleSpec, write_sample
 
 
 def _digest(root: Path) -> str:

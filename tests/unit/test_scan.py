@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from imgest.errors import ConfigError
-from imgest.manifest import image_id, iter_manifest, manifest_metadata, read_classes
-from imgest.sample import SampleSpec, synsets, write_sample
-from imgest.scan import Scanner, detect_layout, scan_to_dir
-from imgest.source import read_candidate
+from imgest.core.errors import ConfigError
+from imgest.sources.devdata.sample import SampleSpec, synsets, write_sample
+from imgest.sources.manifest import image_id, iter_manifest, manifest_metadata, read_classes
+from imgest.sources.read import read_candidate
+from imgest.sources.scan import Scanner, detect_layout, scan_to_dir
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_scan_to_dir_writes_all_reports(cls_loc: Path, tmp_path: Path) -> None:
 MEMORY_PROBE = """
 import resource, sys
 from pathlib import Path
-from imgest.manifest import Candidate, image_id, iter_manifest, write_manifest
+from imgest.sources.manifest import Candidate, image_id, iter_manifest, write_manifest
 
 def rows(n):
     for i in range(n):

@@ -12,17 +12,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from imgest.errors import ConfigError
-from imgest.manifest import manifest_metadata, read_classes
-from imgest.pack import PackConfig, build_manifest, pack_shard, publish
-from imgest.quarantine import QuarantineLog
-from imgest.sample import SampleSpec, write_sample
-from imgest.scan import scan_to_dir
-from imgest.shard_plan import ShardSpec, plan_shards, sample_bound
-from imgest.shard_store import LocalStore
-from imgest.source import read_candidate
-from imgest.tar_writer import ShardTarWriter
-from imgest.transform import TransformSpec, transform_image
+from imgest.core.errors import ConfigError
+from imgest.core.quarantine import QuarantineLog
+from imgest.sinks.shards.pack import PackConfig, build_manifest, pack_shard, publish
+from imgest.sinks.shards.plan import ShardSpec, plan_shards, sample_bound
+from imgest.sinks.shards.store import LocalStore
+from imgest.sinks.shards.tar_writer import ShardTarWriter
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import manifest_metadata, read_classes
+from imgest.sources.read import read_candidate
+from imgest.sources.scan import scan_to_dir
+from imgest.transform.image import TransformSpec, transform_image
 from tests.shard_readers import read_dali, read_webdataset
 
 
@@ -144,8 +144,8 @@ def test_pack_publish_and_read_back_both_ways(manifest: Path, tmp_path: Path) ->
         row = by_id[key]
         assert int(members["cls"]) == row["label"]
         assert json.loads(members["json"])["source"] == row["rel_path"]
-        from imgest.manifest import Candidate
-        from imgest.pack import CANDIDATE_FIELDS
+        from imgest.sinks.shards.pack import CANDIDATE_FIELDS
+        from imgest.sources.manifest import Candidate
 
         cand = Candidate(**{k: row[k] for k in CANDIDATE_FIELDS})
         assert members["jpg"] == transform_image(read_candidate(root, cand), spec).data

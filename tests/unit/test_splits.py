@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imgest.errors import ConfigError
-from imgest.split_sources import LabelledRows
-from imgest.splits import SplitFile, balanced_counts, class_weights, cut, load_split, make_split, parse_ratios
+from imgest.core.errors import ConfigError
+from imgest.splits.sources import LabelledRows
+from imgest.splits.split import SplitFile, balanced_counts, class_weights, cut, load_split, make_split, parse_ratios
 
 ratios_st = st.lists(st.integers(1, 10), min_size=1, max_size=5)
 labels_st = st.lists(st.integers(0, 6), min_size=1, max_size=300)
@@ -51,8 +51,22 @@ def test_weights_fully_use_the_most_constrained_class(counts: list[int], data: s
     tightest = int(np.argmin(ratio))
     assert use[tightest] == counts[tightest]
     assert np.all(use <= np.asarray(counts))
+    # maximal: no class could take one more image without exceeding the tightest class's share
     scale = ratio[tightest]
-    assert np.all(use == np.floor(weights * scale + 1e-9))
+    assert np.all((use + 1) / weights > scale - 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("counts", "weights", "expected"),
+    [
+        ([10, 4, 6], [1, 1, 1], [4, 4, 4]),  # uniform: every class cut to the smallest
+        ([10, 4, 6], [2, 1, 1], [8, 4, 4]),  # class 0 weighs twice: 8 of its 10
+        ([3, 50, 9], [1, 10, 2], [3, 30, 6]),  # class 0 is the tightest (3 / 1)
+        ([7, 7], [3, 2], [7, 4]),  # 7 / 3 = 2.33 per weight unit: 4.67 -> 4
+    ],
+)
+def test_balanced_counts_worked_examples(counts: list[int], weights: list[int], expected: list[int]) -> None:
+    assert balanced_counts(counts, np.asarray(weights, float)).tolist() == expected
 
 
 def test_one_image_classes_and_uneven_ratios() -> None:

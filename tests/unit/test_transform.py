@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 
 from imgest.bench.transform import baseline_transform, psnr, reference_pixels
-from imgest.defects import awkward_images, broken_images
-from imgest.errors import ConfigError
-from imgest.quarantine import BadImage
-from imgest.sample import jpeg_bytes, photo_like
-from imgest.transform import TransformSpec, center_crop_box, transform_image
+from imgest.core.errors import ConfigError
+from imgest.core.quarantine import BadImage
+from imgest.sources.devdata.defects import awkward_images, broken_images
+from imgest.sources.devdata.images import jpeg_bytes, photo_like
+from imgest.transform.image import TransformSpec, center_crop_box, transform_image
 
 SPEC = TransformSpec()
 
@@ -115,8 +115,8 @@ def test_bomb_never_decodes(tmp_path) -> None:
     bomb = tmp_path / "bomb.png"
     bomb.write_bytes(broken_images()["bomb.png"][0])
     code = (
-        "import resource, sys; from imgest.transform import transform_image, TransformSpec\n"
-        "from imgest.quarantine import BadImage\n"
+        "import resource, sys; from imgest.transform.image import transform_image, TransformSpec\n"
+        "from imgest.core.quarantine import BadImage\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         f"data = open({str(bomb)!r}, 'rb').read()\n"
         "try:\n    transform_image(data, TransformSpec())\nexcept BadImage as e:\n    print(e.reason)\n"

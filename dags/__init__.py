@@ -1,0 +1,1 @@
+"""Airflow DAGs of imgest: wiring only (shipped as imgest.dags)."""

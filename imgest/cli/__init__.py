@@ -1,0 +1,65 @@
+"""The `imgest` command line: one module per command group, assembled here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from imgest import __version__
+from imgest.cli import bench, data, ingest, services, split, verify
+from imgest.core.errors import ImgestError
+
+log = logging.getLogger("imgest")
+
+
+def _demo_cmd(args: argparse.Namespace) -> int:
+    from imgest.flow.demo import run_demo
+
+    return run_demo()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every imgest command."""
+    parser = argparse.ArgumentParser(
+        prog="imgest",
+        description="Turn ImageNet-scale image datasets into training-ready storage "
+        "(Cassandra tables or webdataset shards on S3), orchestrated by Airflow, computed by Spark.",
+    )
+    parser.add_argument("--version", action="version", version=f"imgest {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in (services, data, bench, ingest, verify, split):
+        group.register(sub)
+    demo = sub.add_parser(
+        "demo",
+        help="start the embedded services and run the main job on a generated sample",
+        description="What the README's first command runs.",
+    )
+    demo.set_defaults(func=_demo_cmd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `imgest` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("cassandra", "botocore", "urllib3", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except ImgestError as exc:
+        print(f"imgest: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("imgest: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

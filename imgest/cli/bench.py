@@ -1,0 +1,79 @@
+"""`imgest bench`: benchmarks that compare against a baseline in the same run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def bench_done(args: argparse.Namespace, missed: list[str]) -> int:
+    print(f"JSON written to {args.json}" + (f"; plot {args.plot}" if args.plot else ""))
+    if missed:
+        print(f"below target: {', '.join(missed)}")
+    return 0
+
+
+def bench_transform_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.transform import main as bench_main
+
+    report = bench_main(args.json, args.plot, args.images, args.large_images, args.rounds)
+    return bench_done(args, [g["group"] for g in report["groups"] if g["meets_target"] is False])
+
+
+def bench_ingest_cassandra_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.ingest_cassandra import main as bench_main
+
+    report = bench_main(args.json, args.plot, args.rows, args.rounds, args.max_in_flight)
+    return bench_done(args, [g["blobs"] for g in report["groups"] if g["meets_target"] is False])
+
+
+def bench_pack_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.pack import main as bench_main
+
+    report = bench_main(args.json, args.plot, args.images, args.max_count)
+    return bench_done(args, [] if report["meets_target"] else ["imgest wall time vs 0.5x of the fastest peer"])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's commands to the top-level subparsers SUB."""
+    bench = sub.add_parser(
+        "bench",
+        help="benchmarks against a baseline in the same run (figures + JSON)",
+        description="Each benchmark prints a table and writes JSON; none asserts on time.",
+    )
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+
+    def bench_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        p = bench_sub.add_parser(name, **kwargs)
+        p.add_argument("--json", type=Path, required=True, help="where to write the JSON report")
+        p.add_argument("--plot", type=Path, help="also save a bar chart PNG here")
+        return p
+
+    bt = bench_parser(
+        "transform",
+        help="images/s per core: imgest transform vs a plain Pillow pipeline",
+        description="Same generated images, same run, one core; PSNR against a "
+        "full-precision reference shows the output quality of both.",
+    )
+    bt.add_argument("--images", type=int, default=150, help="ImageNet-size sources (default 150)")
+    bt.add_argument("--large-images", type=int, default=12, help="sources of 3-8 megapixels (default 12)")
+    bt.add_argument("--rounds", type=int, default=3, help="timed passes; the median is reported (default 3)")
+    bt.set_defaults(func=bench_transform_cmd)
+    bc = bench_parser(
+        "ingest-cassandra",
+        help="rows/s: imgest's writer vs the seed's flush-every-32 pattern",
+        description="Same pre-encoded blobs, same Cassandra (IMGEST_CASSANDRA_* or the embedded node), same run.",
+    )
+    bc.add_argument("--rows", type=int, default=4000, help="rows per writer and round (default 4000)")
+    bc.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported (default 3)")
+    bc.add_argument("--max-in-flight", type=int, default=64, help="imgest writer window (default 64)")
+    bc.set_defaults(func=bench_ingest_cassandra_cmd)
+    bp = bench_parser(
+        "pack",
+        help="wall time: imgest shard job vs webdataset ShardWriter and LitData optimize; UNCHANGED vs tar",
+        description="Same generated dataset and output for all tools. LitData needs the 'bench' extra (torch).",
+    )
+    bp.add_argument("--images", type=int, default=2000, help="dataset size (default 2000, generated once)")
+    bp.add_argument("--max-count", type=int, default=500, help="samples per shard (default 500)")
+    bp.set_defaults(func=bench_pack_cmd)

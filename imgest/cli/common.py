@@ -1,0 +1,82 @@
+"""Options and helpers shared by several commands: sources, Spark master, credentials."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from imgest.core import workdir
+
+
+def add_transform_args(p: argparse.ArgumentParser) -> None:
+    from imgest.spark.job_options import TRANSFORM_OPTIONS, add_options
+
+    add_options(p, TRANSFORM_OPTIONS)
+
+
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """SRC and how to scan it, and the Spark master: shared by the ingest commands."""
+    p.add_argument("src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet")
+    p.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
+    p.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+
+
+def manifest_dir(args: argparse.Namespace) -> Path:
+    """SRC itself if it holds a manifest, else scan SRC into the work folder first."""
+    from imgest.core.paths import state_dir
+    from imgest.sources.scan import scan_to_dir
+
+    if (args.src / workdir.MANIFEST).is_file():
+        return args.src
+    out = args.work_dir or state_dir() / "work" / (args.dataset or args.src.resolve().name)
+    report = scan_to_dir(args.src, out, args.layout, args.dataset)
+    print(f"scan: {report.summary_line()}", flush=True)
+    return out
+
+
+def credentials_env(args: argparse.Namespace) -> None:
+    """Put --user / --password-file into the environment the Spark job inherits (never into its argv)."""
+    if args.user:
+        os.environ["IMGEST_CASSANDRA_USER"] = args.user
+    if args.password_file:
+        os.environ["IMGEST_CASSANDRA_PASSWORD"] = Path(args.password_file).read_text().strip()
+
+
+def s3_env(dest: str) -> None:
+    """Give the Spark job S3 credentials through its environment: the user's, else the embedded server's."""
+    if not dest.startswith("s3://"):
+        return
+    from imgest.core.settings import S3Settings
+
+    settings = S3Settings.from_env()
+    if settings.access_key and settings.secret_key:
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", settings.access_key)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", settings.secret_key)
+    if settings.endpoint_url:
+        os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)
+
+
+def add_cassandra_args(p: argparse.ArgumentParser) -> None:
+    """Where Cassandra is and who connects (the password is read from a file, never from argv)."""
+    p.add_argument("--hosts", default="127.0.0.1", help="comma-separated contact points (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9042, help="CQL port (default 9042)")
+    p.add_argument("--user", help="Cassandra user")
+    p.add_argument("--password-file", help="file holding the Cassandra password")
+
+
+def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
+    """Settings from --hosts/--port/--user/--password-file, TLS and protocol from the environment."""
+    from imgest.core.settings import CassandraSettings
+
+    credentials_env(args)
+    env = CassandraSettings.from_env()
+    return CassandraSettings(
+        hosts=tuple(args.hosts.split(",")),
+        port=args.port,
+        username=env.username,
+        password=env.password,
+        ssl_ca_file=env.ssl_ca_file,
+        protocol_version=env.protocol_version,
+    )

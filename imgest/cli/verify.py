@@ -1,0 +1,52 @@
+"""`imgest verify`: check stored data against the manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from imgest.cli.common import add_cassandra_args, cassandra_settings
+
+
+def verify_cassandra_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.schema import TableLayout
+    from imgest.sinks.cassandra.verify import verify
+
+    settings = cassandra_settings(args)
+    tables = TableLayout(args.keyspace, args.table_layout, args.table_suffix)
+    with cassandra_session(settings) as session:
+        report = verify(session, args.manifest_dir, tables, args.dataset, args.version, args.sample)
+    print(json.dumps(report.to_dict(), indent=2))
+    if not report.ok:
+        print("imgest: error: verification failed; the version is not marked complete", file=sys.stderr)
+        return 1
+    print(
+        f"verified: {sum(report.found.values())} rows match the manifest; {report.sampled} sampled rows are "
+        f"byte-equal to a fresh transform; version {report.version} marked complete"
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's commands to the top-level subparsers SUB."""
+    verify = sub.add_parser("verify", help="check stored data against the manifest")
+    verify_sub = verify.add_subparsers(dest="target", metavar="TARGET", required=True)
+    vc = verify_sub.add_parser(
+        "cassandra",
+        help="counts per split and label, byte-equal samples, then mark the version complete",
+        description="Counts per split and label must equal the manifest minus the quarantine, and a random sample "
+        "of rows must be byte-equal to a fresh transform of its source.",
+    )
+    vc.add_argument("manifest_dir", type=Path, metavar="MANIFEST_DIR")
+    vc.add_argument("--version", required=True, help="version printed by the ingest")
+    vc.add_argument("--dataset", help="default: from the manifest")
+    vc.add_argument("--keyspace", default="imgest")
+    vc.add_argument("--table-layout", default="split-column", choices=["split-column", "per-split"])
+    vc.add_argument("--table-suffix", default="")
+    add_cassandra_args(vc)
+    vc.add_argument("--sample", type=int, default=32, help="rows to byte-compare (default 32)")
+    vc.set_defaults(func=verify_cassandra_cmd)

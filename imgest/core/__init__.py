@@ -1,0 +1,1 @@
+"""Errors, paths, settings, progress, quarantine records and work-folder names shared by every step."""

@@ -1,0 +1,45 @@
+"""Every default of an ingest, defined once.
+
+The typed objects (TransformSpec, ShardSpec, TableLayout, IngestRequest), the Spark jobs' options, the CLI
+and the DAG's Params all take their defaults from here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+IMAGE_MODE: Final = "jpeg"
+RESIZE: Final = 256
+CROP: Final = 224
+QUALITY: Final = 90
+MAX_PIXELS: Final = 100_000_000  # decompression-bomb limit
+
+KEYSPACE: Final = "imgest"
+TABLE_LAYOUT: Final = "split-column"
+TABLE_SUFFIX: Final = ""
+REPLICATION: Final = "SimpleStrategy:1"
+CASSANDRA_HOST: Final = "127.0.0.1"
+CASSANDRA_PORT: Final = 9042
+MAX_IN_FLIGHT: Final = 64
+MAX_BLOB_BYTES: Final = 31 * 1024 * 1024  # the embedded node accepts up to 32 MiB per mutation
+
+SHARD_MAX_COUNT: Final = 5000
+SHARD_MAX_BYTES: Final = 1 << 30
+SHUFFLE_SEED: Final = 0
+S3_BUCKET: Final = "imgest"
+
+SPLIT_RATIOS: Final = "8,2"
+SPLIT_BALANCE: Final = "original"
+SPLIT_SEED: Final = 0
+
+LAYOUT: Final = "auto"
+LAYOUTS: Final = ("auto", "cls-loc", "imagefolder", "flat", "tar")
+TARGETS: Final = ("cassandra", "shards")
+IMAGE_MODES: Final = ("jpeg", "unchanged")
+TABLE_LAYOUTS: Final = ("split-column", "per-split")
+SPARK_PARTITIONS: Final = 0  # automatic
+
+
+def shard_dest(dataset: str) -> str:
+    """Where a dataset's shards go when no destination is given."""
+    return f"s3://{S3_BUCKET}/{dataset}"

@@ -1,0 +1,1 @@
+"""The DAG's steps as ordinary functions, the typed ingest request, and the demo."""

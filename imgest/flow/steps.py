@@ -1,0 +1,191 @@
+"""The steps of the `ingest_imagenet` DAG as ordinary functions (the DAG and its operators only wire them).
+
+Each step takes the validated request (a plain dict, as it travels through XCom) and typed connection
+settings; none reads an Airflow connection itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from imgest.core import workdir
+from imgest.core.errors import ImgestError
+from imgest.core.paths import state_dir
+from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.flow.request import IngestRequest
+
+log = logging.getLogger(__name__)
+
+
+def validate_conf(conf: dict[str, Any]) -> dict[str, Any]:
+    """The validated request as a plain dict (ConfigError lists every problem)."""
+    return IngestRequest.from_conf(conf).as_dict()
+
+
+def source_path(request: IngestRequest) -> Path:
+    """The dataset to ingest: the given source, or the generated sample when asked for explicitly."""
+    if request.source:
+        return Path(request.source)
+    from imgest.sources.devdata.sample import DEMO_SAMPLE, ensure_sample
+
+    return ensure_sample(state_dir() / "demo" / request.dataset, DEMO_SAMPLE)
+
+
+def scan_step(conf: dict[str, Any]) -> dict[str, Any]:
+    """Scan the source into the dataset's work folder; returns the folder and each job's arguments."""
+    from imgest.sources.scan import scan_to_dir
+
+    request = IngestRequest.from_conf(conf)
+    manifest_dir = workdir.dataset_workdir(request.dataset)
+    report = scan_to_dir(source_path(request), manifest_dir, request.layout, request.dataset)
+    return {
+        "manifest_dir": str(manifest_dir),
+        "summary": report.summary_line(),
+        "cassandra_args": cassandra_job_args(request, manifest_dir),
+        "shards_args": shards_job_args(request, manifest_dir),
+    }
+
+
+def _transform_args(request: IngestRequest) -> list[str]:
+    spec = request.transform()
+    return ["--mode", spec.mode, "--resize", str(spec.resize), "--crop", str(spec.crop), "--quality", str(spec.quality)]
+
+
+def _common_args(request: IngestRequest, manifest_dir: Path, target: str) -> list[str]:
+    return [
+        *("--manifest-dir", str(manifest_dir)),
+        *("--summary-json", str(manifest_dir / workdir.job_summary(target))),
+        *("--dataset", request.dataset),
+        *("--partitions", str(request.spark_partitions)),
+        *_transform_args(request),
+    ]
+
+
+def cassandra_job_args(request: IngestRequest, manifest_dir: Path) -> list[str]:
+    """Arguments of jobs/ingest_cassandra.py for REQUEST (hosts and port come from the connection)."""
+    tables = request.tables()
+    return [
+        *_common_args(request, manifest_dir, "cassandra"),
+        *("--keyspace", tables.keyspace, "--replication", request.replication),
+        *("--table-layout", tables.layout, "--table-suffix", tables.suffix),
+    ]
+
+
+def shards_job_args(request: IngestRequest, manifest_dir: Path) -> list[str]:
+    """Arguments of jobs/pack_shards.py for REQUEST."""
+    spec = request.shards()
+    return [
+        *_common_args(request, manifest_dir, "shards"),
+        *("--dest", request.shard_dest, "--max-count", str(spec.max_count)),
+        *("--max-bytes", str(spec.max_bytes), "--seed", str(spec.seed)),
+    ]
+
+
+def scanned_splits(manifest_dir: Path) -> list[str]:
+    """The splits a scan found, sorted."""
+    return sorted(json.loads((manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
+
+
+def prepare_cassandra(conf: dict[str, Any], manifest_dir: Path, settings: CassandraSettings) -> list[str]:
+    """Create the keyspace and tables for the splits the scan found (idempotent); returns the statements."""
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.schema import apply_schema
+
+    request = IngestRequest.from_conf(conf)
+    with cassandra_session(settings) as session:
+        return apply_schema(session, request.tables(), scanned_splits(manifest_dir), request.replication)
+
+
+def verify_cassandra(conf: dict[str, Any], manifest_dir: Path, settings: CassandraSettings, sample: int) -> dict:
+    """Counts and byte-equal samples of the version the job wrote; marks it complete or raises."""
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.verify import VerificationError, verify
+
+    request = IngestRequest.from_conf(conf)
+    version = json.loads((manifest_dir / workdir.CASSANDRA_SUMMARY).read_text())["version"]
+    with cassandra_session(settings) as session:
+        report = verify(session, manifest_dir, request.tables(), None, version, sample)
+    log.info("verification: %s", json.dumps(report.to_dict()))
+    if not report.ok:
+        raise VerificationError(f"Cassandra data does not match the manifest: {report.to_dict()}")
+    return report.to_dict()
+
+
+def prepare_bucket(dest: str, settings: S3Settings | None) -> str:
+    """Create DEST's bucket when DEST is on S3 and the bucket is missing; clear error on refused keys."""
+    if settings is None:
+        return dest  # a local folder needs no preparation
+    from imgest.sinks.shards.s3_client import ensure_bucket
+
+    ensure_bucket(settings, settings.bucket)
+    return dest
+
+
+def verify_shards(dest: str, settings: S3Settings | None) -> dict[str, Any]:
+    """Every shard listed in DEST's manifest.json is there with its sha256, or ShardVerificationError."""
+    from imgest.sinks.shards.store import open_store
+    from imgest.sinks.shards.verify import ShardVerificationError
+    from imgest.sinks.shards.verify import verify_shards as verify_store
+
+    report = verify_store(open_store(dest, settings))
+    log.info("verification: %s", json.dumps(report.to_dict()))
+    if not report.ok:
+        raise ShardVerificationError(f"published shards do not match manifest.json: {report.to_dict()}")
+    return report.to_dict()
+
+
+def build_split(
+    conf: dict[str, Any], out_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
+) -> dict[str, Any]:
+    """Split the ingested train rows into parts; writes split-<target>.npz (+ the crs4 .pckl for Cassandra)."""
+    from imgest.splits.split import parse_ratios, write_split_files
+
+    request = IngestRequest.from_conf(conf)
+    rows = _train_rows(request, cassandra, s3)
+    out = out_dir / workdir.split_file(request.target)
+    split = write_split_files(
+        rows,
+        parse_ratios(request.split_ratios),
+        request.split_balance,
+        request.split_seed,
+        out,
+        crs4=request.target == "cassandra",
+        settings={"split_of": "train"},
+    )
+    summary = split.summary()
+    log.info("split %s: parts %s, unused %s", out, summary["parts"], summary["unused"])
+    return {"path": str(out), "parts": summary["parts"], "unused": summary["unused"]}
+
+
+def _train_rows(request: IngestRequest, cassandra: CassandraSettings | None, s3: S3Settings | None) -> Any:
+    from imgest.splits.sources import from_cassandra, from_shards
+
+    if request.target == "shards":
+        from imgest.sinks.shards.store import open_store
+
+        return from_shards(open_store(request.shard_dest, s3), only_split="train")
+    if cassandra is None:
+        raise ImgestError("the Cassandra target needs Cassandra settings to read its rows")
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    tables = request.tables()
+    with cassandra_session(cassandra) as session:
+        return from_cassandra(
+            session,
+            f"{tables.keyspace}.{tables.metadata_table('train')}",
+            f"{tables.keyspace}.{tables.data_table('train')}",
+            only_split="train",
+        )
+
+
+def asset_uri(conf: dict[str, Any], cassandra_address: str) -> str:
+    """The Asset a finished run publishes: the Cassandra tables (at CASSANDRA_ADDRESS) or the shard prefix."""
+    request = IngestRequest.from_conf(conf)
+    if request.target == "shards":
+        dest = request.shard_dest
+        return dest if dest.startswith("s3://") else f"file://{dest}"
+    tables = request.tables()
+    return f"cassandra://{cassandra_address}/{request.keyspace}/{tables.data_table('train')}"

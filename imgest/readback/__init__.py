@@ -1,0 +1,1 @@
+"""Reading stored datasets back at training speed (DALI readers)."""

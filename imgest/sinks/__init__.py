@@ -1,0 +1,1 @@
+"""Where images go: Cassandra tables, webdataset shards (S3 or a folder)."""

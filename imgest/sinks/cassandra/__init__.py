@@ -1,0 +1,1 @@
+"""Cassandra target: client, CQL schema, bounded writer, Spark-side ingest, verification."""

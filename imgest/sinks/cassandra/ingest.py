@@ -1,0 +1,252 @@
+"""Ingest into Cassandra: the per-partition work the Spark job runs, and the dataset-version record.
+
+Idempotent and incremental: ids are deterministic, so a re-run overwrites instead of duplicating, and an
+image whose metadata row already holds the same source hash and transform is skipped, so a crashed run
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from imgest.core import defaults
+from imgest.core.quarantine import QuarantineLog
+from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.schema import TableLayout, apply_schema
+from imgest.sinks.cassandra.writer import DEFAULT_MAX_BLOB_BYTES, ImageWriter, Row
+from imgest.sources.manifest import Candidate, chunked
+from imgest.transform.image import TransformSpec
+from imgest.transform.pipeline import process_candidates
+
+log = logging.getLogger(__name__)
+LOOKUP_CHUNK = 100
+META_COLUMNS = (
+    "id",
+    "label",
+    "wnid",
+    "split",
+    "rel_path",
+    "width",
+    "height",
+    "nbytes",
+    "sha256",
+    "src_sha256",
+    "transform_key",
+)
+
+
+def transform_key(spec: TransformSpec) -> str:
+    """Short stable digest of the transform settings (part of the default version name)."""
+    return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class CassandraIngestConfig:
+    """Everything a partition needs; serialisable to ship to Spark executors (no secrets inside)."""
+
+    root: str
+    dataset: str
+    version: str
+    tables: TableLayout
+    spec: TransformSpec
+    hosts: tuple[str, ...] = ("127.0.0.1",)
+    port: int = 9042
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+
+    def settings(self) -> CassandraSettings:
+        """Connection settings; user and password come from the executor's environment, never from here."""
+        env = CassandraSettings.from_env()
+        return CassandraSettings(
+            hosts=self.hosts, port=self.port, username=env.username, password=env.password, ssl_ca_file=env.ssl_ca_file
+        )
+
+
+@dataclass
+class PartitionResult:
+    """What one partition did."""
+
+    stored: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    retries: int = 0
+    counts: Counter[str] = field(default_factory=Counter)  # "split/label" of stored + skipped rows
+    quarantine: list[dict[str, Any]] = field(default_factory=list)
+
+    def merge(self, other: PartitionResult) -> None:
+        self.stored += other.stored
+        self.skipped += other.skipped
+        self.bytes += other.bytes
+        self.retries += other.retries
+        self.counts.update(other.counts)
+        self.quarantine.extend(other.quarantine)
+
+
+class _Statements:
+    """Prepared statements per split, prepared once per session."""
+
+    def __init__(self, session: Any, tables: TableLayout) -> None:
+        self._session, self._tables, self._cache = session, tables, {}
+
+    def inserts(self, split: str) -> tuple[Any, Any]:
+        key = ("insert", split)
+        if key not in self._cache:
+            ks, data, meta = self._tables.keyspace, self._tables.data_table(split), self._tables.metadata_table(split)
+            cols = ", ".join(META_COLUMNS)
+            self._cache[key] = (
+                self._session.prepare(f"INSERT INTO {ks}.{data} (id, label, data) VALUES (?, ?, ?)"),
+                self._session.prepare(
+                    f"INSERT INTO {ks}.{meta} ({cols}) VALUES ({', '.join('?' * len(META_COLUMNS))})"
+                ),
+            )
+        return self._cache[key]
+
+    def lookup(self, split: str) -> Any:
+        key = ("lookup", split)
+        if key not in self._cache:
+            ks, meta = self._tables.keyspace, self._tables.metadata_table(split)
+            self._cache[key] = self._session.prepare(
+                f"SELECT id, src_sha256, transform_key FROM {ks}.{meta} WHERE id IN ?"
+            )
+        return self._cache[key]
+
+    def quarantine(self) -> Any:
+        if "quarantine" not in self._cache:
+            self._cache["quarantine"] = self._session.prepare(
+                f"INSERT INTO {self._tables.keyspace}.quarantine"
+                " (dataset, version, id, split, rel_path, reason, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            )
+        return self._cache["quarantine"]
+
+
+def committed(session: Any, stmts: _Statements, chunk: list[Candidate]) -> dict[str, tuple[str, str]]:
+    """id -> (src_sha256, transform_key) of the rows of CHUNK already committed."""
+    found: dict[str, tuple[str, str]] = {}
+    for split in {c.split for c in chunk}:
+        ids = [uuid.UUID(c.id) for c in chunk if c.split == split]
+        for row in session.execute(stmts.lookup(split), (ids,)):
+            found[str(row.id)] = (row.src_sha256, row.transform_key)
+    return found
+
+
+def ingest_partition(
+    candidates: Iterable[Candidate], cfg: CassandraIngestConfig, on_row: Callable[[int], None] | None = None
+) -> PartitionResult:
+    """Store CANDIDATES (one Spark partition): skip committed rows, quarantine bad ones, write the rest."""
+    result = PartitionResult()
+    quarantine = QuarantineLog()
+    key = transform_key(cfg.spec)
+    root = Path(cfg.root)
+    with cassandra_session(cfg.settings()) as session:
+        stmts = _Statements(session, cfg.tables)
+
+        def written(row: Row) -> None:
+            result.counts[f"{row.split}/{row.label}"] += 1
+            if on_row:
+                on_row(len(row.data))
+
+        with ImageWriter(
+            session, stmts.inserts, quarantine, cfg.max_in_flight, max_blob_bytes=cfg.max_blob_bytes, on_written=written
+        ) as writer:
+            for chunk in chunked(candidates, LOOKUP_CHUNK):
+                done = committed(session, stmts, chunk)
+
+                def already_stored(cand: Candidate, src_sha256: str, done: dict = done) -> bool:
+                    if done.get(cand.id) != (src_sha256, key):
+                        return False
+                    result.skipped += 1
+                    result.counts[f"{cand.split}/{cand.label}"] += 1
+                    return True
+
+                for item in process_candidates(chunk, root, cfg.spec, quarantine, skip=already_stored):
+                    c, img = item.candidate, item.image
+                    meta = (
+                        uuid.UUID(c.id),
+                        c.label,
+                        c.wnid,
+                        c.split,
+                        c.rel_path,
+                        img.width,
+                        img.height,
+                        len(img.data),
+                        hashlib.sha256(img.data).hexdigest(),
+                        item.src_sha256,
+                        key,
+                    )
+                    writer.write(Row(uuid.UUID(c.id), c.label, img.data, c.split, meta, c.rel_path))
+        result.stored = writer.stats.written
+        result.bytes = writer.stats.bytes
+        result.retries = writer.stats.retries
+        for entry in quarantine.entries:
+            session.execute(
+                stmts.quarantine(),
+                (cfg.dataset, cfg.version, uuid.UUID(entry.id), entry.split, entry.path, entry.reason, entry.detail),
+            )
+        result.quarantine = [{**asdict(e), "reason": str(e.reason)} for e in quarantine.entries]
+    return result
+
+
+# ---- dataset version record (driver side) -------------------------------------------------------------
+def begin_version(session: Any, cfg: CassandraIngestConfig, splits: list[str], replication: str) -> None:
+    """Create the schema if needed and mark the version 'writing'."""
+    apply_schema(session, cfg.tables, splits, replication)
+    stmt = session.prepare(
+        f"INSERT INTO {cfg.tables.keyspace}.dataset_versions (dataset, version, status, tables, transform, started_at)"
+        " VALUES (?, ?, 'writing', ?, ?, ?)"
+    )
+    tables = json.dumps(cfg.tables.tables(splits))
+    session.execute(stmt, (cfg.dataset, cfg.version, tables, json.dumps(cfg.spec.as_dict()), datetime.now(UTC)))
+
+
+def finish_version(session: Any, cfg: CassandraIngestConfig, total: PartitionResult, classes: list[str]) -> None:
+    """Record counts and quarantine summary; status 'written' (verification marks it 'complete')."""
+    split_counts: Counter[str] = Counter()
+    for key, n in total.counts.items():
+        split_counts[key.split("/")[0]] += n
+    reasons = {str(reason): n for reason, n in Counter(q["reason"] for q in total.quarantine).items()}
+    stmt = session.prepare(
+        f"UPDATE {cfg.tables.keyspace}.dataset_versions SET status = 'written', split_counts = ?, label_counts = ?,"
+        " class_map = ?, quarantine_count = ?, quarantine_reasons = ?, finished_at = ?"
+        " WHERE dataset = ? AND version = ?"
+    )
+    session.execute(
+        stmt,
+        (
+            dict(split_counts),
+            dict(total.counts),
+            classes,
+            len(total.quarantine),
+            reasons,
+            datetime.now(UTC),
+            cfg.dataset,
+            cfg.version,
+        ),
+    )
+
+
+def summary(total: PartitionResult, seconds: float, scan_quarantine: QuarantineLog) -> dict[str, Any]:
+    """The JSON summary printed and written at the end of a job; counts reconcile with the scan."""
+    reasons = Counter(q["reason"] for q in total.quarantine) + Counter(scan_quarantine.by_reason())
+    quarantined = len(total.quarantine) + len(scan_quarantine)
+    return {
+        "candidates": total.stored + total.skipped + quarantined,
+        "stored": total.stored,
+        "skipped_already_committed": total.skipped,
+        "quarantined": quarantined,
+        "quarantined_by_reason": dict(sorted(reasons.items())),
+        "retries": total.retries,
+        "seconds": round(seconds, 2),
+        "rows_per_s": round((total.stored + total.skipped) / seconds, 1) if seconds else None,
+        "stored_mb_per_s": round(total.bytes / 1e6 / seconds, 2) if seconds else None,
+        "stored_bytes": total.bytes,
+    }

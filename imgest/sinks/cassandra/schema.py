@@ -1,0 +1,108 @@
+"""Cassandra schema: table naming for both layouts, validated identifiers, and the sql/*.cql files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from string import Template
+from typing import Any
+
+from imgest.core import defaults
+from imgest.core.errors import ConfigError
+from imgest.core.paths import sql_dir
+
+IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+DC_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+TABLE_LAYOUTS = defaults.TABLE_LAYOUTS
+
+
+def identifier(name: str, what: str) -> str:
+    """NAME if it is a safe unquoted CQL identifier, else a ConfigError naming WHAT."""
+    if not IDENTIFIER.match(name or ""):
+        raise ConfigError(f"{what} {name!r} is not a valid name: use letters, digits and _, start with a letter, <= 48")
+    return name
+
+
+def replication(spec: str) -> str:
+    """CQL replication map from 'SimpleStrategy:3' or 'NetworkTopologyStrategy:dc1=3,dc2=2'."""
+    strategy, _, params = spec.partition(":")
+    try:
+        if strategy == "SimpleStrategy":
+            factor = int(params or "1")
+            if factor < 1:
+                raise ValueError
+            return f"{{'class': 'SimpleStrategy', 'replication_factor': {factor}}}"
+        if strategy == "NetworkTopologyStrategy" and params:
+            pairs = [p.split("=") for p in params.split(",")]
+            if any(len(p) != 2 or not DC_NAME.match(p[0]) or int(p[1]) < 1 for p in pairs):
+                raise ValueError
+            dcs = ", ".join(f"'{dc}': {int(n)}" for dc, n in pairs)
+            return f"{{'class': 'NetworkTopologyStrategy', {dcs}}}"
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"replication {spec!r} is not understood; use SimpleStrategy:N or NetworkTopologyStrategy:dc1=N[,dc2=M]"
+    )
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Where a dataset's rows live. split-column: data{suffix} + metadata{suffix} with a split column;
+    per-split: data_{split}{suffix} + metadata_{split}{suffix}."""
+
+    keyspace: str = defaults.KEYSPACE
+    layout: str = defaults.TABLE_LAYOUT
+    suffix: str = defaults.TABLE_SUFFIX
+
+    def __post_init__(self) -> None:
+        identifier(self.keyspace, "keyspace")
+        if self.layout not in TABLE_LAYOUTS:
+            raise ConfigError(f"table layout {self.layout!r} is not one of {', '.join(TABLE_LAYOUTS)}")
+        if self.suffix and not re.fullmatch(r"[A-Za-z0-9_]{1,20}", self.suffix):
+            raise ConfigError(f"table suffix {self.suffix!r} may only hold letters, digits and _")
+
+    def data_table(self, split: str) -> str:
+        return identifier(self._name("data", split), "data table")
+
+    def metadata_table(self, split: str) -> str:
+        return identifier(self._name("metadata", split), "metadata table")
+
+    def _name(self, kind: str, split: str) -> str:
+        return f"{kind}_{split}{self.suffix}" if self.layout == "per-split" else f"{kind}{self.suffix}"
+
+    def tables(self, splits: list[str]) -> dict[str, dict[str, str]]:
+        """split -> {'data': 'ks.table', 'metadata': 'ks.table'}."""
+        return {
+            s: {
+                "data": f"{self.keyspace}.{self.data_table(s)}",
+                "metadata": f"{self.keyspace}.{self.metadata_table(s)}",
+            }
+            for s in splits
+        }
+
+
+def render(name: str, **values: str) -> list[str]:
+    """Statements of sql/NAME.cql with VALUES substituted (callers pass validated identifiers only)."""
+    text = Template((sql_dir() / f"{name}.cql").read_text()).substitute(values)
+    body = "\n".join(line for line in text.splitlines() if not line.strip().startswith("--"))
+    return [stmt.strip() for stmt in body.split(";") if stmt.strip()]
+
+
+def schema_statements(tables: TableLayout, splits: list[str], replication_spec: str) -> list[str]:
+    """Every CREATE statement the dataset needs, in order."""
+    ks = tables.keyspace
+    statements = render("keyspace", keyspace=ks, replication=replication(replication_spec))
+    for split in sorted({s for s in splits}):
+        statements += render("data_table", keyspace=ks, table=tables.data_table(split))
+        statements += render("metadata_table", keyspace=ks, table=tables.metadata_table(split))
+    statements += render("versions_table", keyspace=ks)
+    statements += render("quarantine_table", keyspace=ks)
+    return list(dict.fromkeys(statements))  # split-column layout repeats the same tables
+
+
+def apply_schema(session: Any, tables: TableLayout, splits: list[str], replication_spec: str) -> list[str]:
+    """Create the keyspace and tables if missing (idempotent); returns the statements run."""
+    statements = schema_statements(tables, splits, replication_spec)
+    for stmt in statements:
+        session.execute(stmt, timeout=60)
+    return statements

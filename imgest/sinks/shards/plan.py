@@ -1,0 +1,107 @@
+"""Planning shards: a seeded global shuffle per split, then cuts by sample count and bytes.
+
+The plan is made before any image is transformed, so shards can be written in parallel and the same
+manifest and seed always give the same shards. Sizes are known up front in UNCHANGED mode (the source
+bytes). In JPEG mode the byte limit is applied to an upper bound of each encoded image (crop x crop x 3
+bytes plus headers), so shards come out somewhat smaller than ``max_bytes``, never larger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from imgest.core import defaults
+from imgest.core.errors import ConfigError
+from imgest.sinks.shards.tar_writer import member_overhead
+from imgest.transform.image import TransformSpec
+
+JSON_BOUND = 1024  # the .json member of a sample stays below this
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How to cut shards."""
+
+    max_count: int = defaults.SHARD_MAX_COUNT
+    max_bytes: int = defaults.SHARD_MAX_BYTES
+    seed: int = defaults.SHUFFLE_SEED
+
+    def __post_init__(self) -> None:
+        if self.max_count < 1:
+            raise ConfigError(f"shard max count {self.max_count} must be at least 1")
+        if self.max_bytes < 64 * 1024:
+            raise ConfigError(f"shard max bytes {self.max_bytes} must be at least 64 KiB")
+
+
+def image_bound(size: int, spec: TransformSpec) -> int:
+    """Upper bound of the stored image's bytes for a source of SIZE bytes."""
+    return size if spec.mode == "unchanged" else spec.crop * spec.crop * 3 + 4096
+
+
+def sample_bound(size: int, spec: TransformSpec) -> int:
+    """Upper bound of a whole sample in the tar (image, .cls and .json members)."""
+    return member_overhead(image_bound(size, spec)) + member_overhead(8) + member_overhead(JSON_BOUND)
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:06d}.tar"
+
+
+def plan_shards(manifest: Path, shards: ShardSpec, spec: TransformSpec) -> pa.Table:
+    """The manifest rows with their shard name and position, in shard order (deterministic)."""
+    table = pq.read_table(manifest)
+    parts = []
+    for split in sorted(set(table.column("split").to_pylist())):
+        rows = table.filter(pc.equal(table.column("split"), split)).sort_by("id")  # independent of manifest order
+        order = np.random.default_rng([shards.seed, zlib.crc32(split.encode())]).permutation(rows.num_rows)
+        rows = rows.take(pa.array(order))
+        sizes = rows.column("size").to_numpy()
+        names, positions = [], []
+        index = count = used = 0
+        for size in sizes:
+            need = sample_bound(int(size), spec)
+            if count and (count >= shards.max_count or used + need > shards.max_bytes):
+                index, count, used = index + 1, 0, 0
+            names.append(shard_name(split, index))
+            positions.append(count)
+            count, used = count + 1, used + need
+        parts.append(rows.append_column("shard", pa.array(names)).append_column("pos", pa.array(positions, pa.int32())))
+    return pa.concat_tables(parts) if parts else table
+
+
+def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
+    """Identity of a shard's inputs: member ids, source sizes and mtimes, transform. Same digest, same bytes."""
+    h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
+    for row in rows:
+        h.update(f"{row['id']}|{row['size']}|{row['mtime']}|{row['label']}\n".encode())
+    return h.hexdigest()
+
+
+def write_plan(plan: pa.Table, path: Path) -> list[tuple[str, int]]:
+    """Write PLAN with one Parquet row group per shard; returns [(shard name, row group)] in order.
+
+    A task then reads exactly its shard's rows, with no shuffle: see read_shard_rows.
+    """
+    names = plan.column("shard").to_pylist()
+    bounds = [i for i in range(1, len(names)) if names[i] != names[i - 1]]
+    starts, ends = [0, *bounds], [*bounds, len(names)]
+    order = []
+    with pq.ParquetWriter(path, plan.schema, compression="zstd") as writer:
+        for group, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            writer.write_table(plan.slice(start, end - start), row_group_size=end - start)
+            order.append((names[start], group))
+    return order
+
+
+def read_shard_rows(path: Path, row_group: int) -> list[dict[str, object]]:
+    """The planned rows of one shard, in shard order."""
+    return pq.ParquetFile(path).read_row_group(row_group).to_pylist()

@@ -1,0 +1,62 @@
+"""S3 access checks that turn botocore errors into messages naming endpoint, bucket and key id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from imgest.core.errors import ImgestError
+from imgest.core.settings import S3Settings
+
+AUTH_ERROR_CODES = frozenset({"SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403"})
+
+
+class S3AccessError(ImgestError):
+    """The S3 endpoint refused the credentials, or the bucket is missing or unreachable."""
+
+
+def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> S3AccessError:
+    """An S3AccessError for EXC that names what failed and what to check; never includes the secret."""
+    code = ""
+    response: Any = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+    where = f"S3 at {settings.endpoint_url or 'AWS'} (bucket {bucket!r}, access key id {settings.access_key!r})"
+    if code in AUTH_ERROR_CODES:
+        return S3AccessError(
+            f"{where} refused the credentials ({code}); check the key pair in the Airflow "
+            "connection aws_default or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+        )
+    if code in {"NoSuchBucket", "404"}:
+        return S3AccessError(f"{where}: the bucket does not exist; create it or choose another destination")
+    return S3AccessError(f"{where} failed: {code or type(exc).__name__}: {exc}")
+
+
+def check_access(settings: S3Settings, bucket: str | None = None) -> None:
+    """Raise S3AccessError unless a signed HeadBucket on BUCKET succeeds."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket = bucket or settings.bucket
+    try:
+        settings.client().head_bucket(Bucket=bucket)
+    except (ClientError, BotoCoreError) as exc:
+        raise describe_client_error(settings, bucket, exc) from None
+
+
+def ensure_bucket(settings: S3Settings, bucket: str) -> bool:
+    """Create BUCKET if it does not exist; True if it was created. Refused credentials raise S3AccessError."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = settings.client()
+    try:
+        client.head_bucket(Bucket=bucket)
+        return False
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) not in ("404", "NoSuchBucket", "NotFound"):
+            raise describe_client_error(settings, bucket, exc) from None
+    except BotoCoreError as exc:
+        raise describe_client_error(settings, bucket, exc) from None
+    try:
+        client.create_bucket(Bucket=bucket)
+    except (ClientError, BotoCoreError) as exc:
+        raise describe_client_error(settings, bucket, exc) from None
+    return True

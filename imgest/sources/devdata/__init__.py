@@ -1,0 +1,1 @@
+"""Generated development data: photo-like sample datasets with planted defects."""

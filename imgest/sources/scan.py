@@ -1,0 +1,371 @@
+"""Scanning a dataset tree (or ImageNet's tar of tars) into candidates with labels and ids.
+
+Layouts:
+- ``cls-loc``: ImageNet CLS-LOC. ``train/<wnid>/*.JPEG``; flat ``val/`` labelled by ``LOC_val_solution.csv``;
+  class names from ``LOC_synset_mapping.txt``. The Kaggle tree (``ILSVRC/Data/CLS-LOC/``) is found too.
+- ``imagefolder``: split folders holding class folders (imagenette2-320: ``train/<class>/``, ``val/<class>/``).
+- ``flat``: class folders directly under the root, one split (``--split``, default train).
+- ``tar``: ``ILSVRC2012_img_train.tar``, a tar holding one tar per class; read in place, never unpacked.
+
+Labels: the index of the class folder in sorted order over all splits, one mapping for every split, which is
+what DALI ``fn.readers.file`` assigns when every split has every class.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import tarfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from imgest.core import workdir
+from imgest.core.errors import ConfigError
+from imgest.core.quarantine import QuarantineEntry, QuarantineLog, Reason
+from imgest.sources.manifest import Candidate, ClassInfo, image_id
+
+log = logging.getLogger(__name__)
+
+LAYOUTS = ("cls-loc", "imagefolder", "flat", "tar")
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+SYSTEM_FILES = frozenset({".ds_store", "thumbs.db", "desktop.ini", "icon\r"})
+SPLIT_NAMES = ("train", "val", "validation", "test")
+CLS_LOC_SPLITS = ("train", "val")
+
+
+@dataclass
+class ScanReport:
+    """What a scan found besides the candidates themselves."""
+
+    dataset: str
+    layout: str
+    source: str
+    classes: list[ClassInfo] = field(default_factory=list)
+    per_split: Counter[str] = field(default_factory=Counter)
+    junk: Counter[str] = field(default_factory=Counter)
+    quarantine: QuarantineLog = field(default_factory=QuarantineLog)
+    missing_files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.per_split.values())
+
+    @property
+    def candidates(self) -> int:
+        return self.accepted + len(self.quarantine)
+
+    def summary_line(self) -> str:
+        splits = ", ".join(f"{s} {n}" for s, n in sorted(self.per_split.items()))
+        junk = sum(self.junk.values())
+        return (
+            f"{self.layout} dataset {self.dataset!r}: {self.candidates} candidates in {len(self.classes)} classes "
+            f"({splits}); junk skipped {junk}; {self.quarantine.summary_line(self.candidates, self.accepted, 'kept')}"
+            f"; label rows without a file {len(self.missing_files)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "layout": self.layout,
+            "source": self.source,
+            "summary": self.summary_line(),
+            "candidates": self.candidates,
+            "kept": self.accepted,
+            "per_split": dict(sorted(self.per_split.items())),
+            "classes": len(self.classes),
+            "junk_skipped": dict(sorted(self.junk.items())),
+            "quarantined": self.quarantine.by_reason(),
+            "label_rows_without_file": len(self.missing_files),
+            "label_rows_without_file_sample": self.missing_files[:100],
+            "warnings": self.warnings,
+        }
+
+
+def detect_layout(src: Path) -> str:
+    """Guess the layout of SRC (see the module docstring)."""
+    if src.is_file():
+        if tarfile.is_tarfile(src):
+            return "tar"
+        raise ConfigError(f"{src} is a file but not a tar archive; point imgest at a folder or an ImageNet tar")
+    if not src.is_dir():
+        raise ConfigError(f"dataset source {src} does not exist")
+    if (src / "ILSVRC" / "Data" / "CLS-LOC").is_dir() or (src / "LOC_val_solution.csv").is_file():
+        return "cls-loc"
+    if any((src / name).is_dir() for name in SPLIT_NAMES):
+        return "imagefolder"
+    return "flat"
+
+
+def _junk_kind(name: str) -> str | None:
+    """Why a directory entry is not a candidate image, or None if it is one."""
+    if name.lower() in SYSTEM_FILES:
+        return "system-file"
+    if name.startswith("."):
+        return "hidden"
+    if os.path.splitext(name)[1].lower() not in IMAGE_EXTENSIONS:
+        return "non-image-extension"
+    return None
+
+
+def _sorted_dirs(path: Path) -> list[str]:
+    with os.scandir(path) as it:
+        return sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+
+
+class Scanner:
+    """Streams the candidates of one dataset; fills ``report`` as it goes."""
+
+    def __init__(self, src: Path, layout: str = "auto", dataset: str | None = None, flat_split: str = "train"):
+        self.src = src.resolve()
+        self.layout = detect_layout(self.src) if layout == "auto" else layout
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"unknown layout {layout!r}; choose from auto, {', '.join(LAYOUTS)}")
+        self.dataset = dataset or self.src.name.split(".")[0]
+        self.flat_split = flat_split
+        self.report = ScanReport(self.dataset, self.layout, str(self.src))
+        self._root = self._data_root()
+        self.report.classes = self._classes()
+        self._label = {c.wnid: c.index for c in self.report.classes}
+
+    # ---- layout specifics -------------------------------------------------------------------------------
+    def _data_root(self) -> Path:
+        if self.layout == "cls-loc" and (self.src / "ILSVRC" / "Data" / "CLS-LOC").is_dir():
+            return self.src / "ILSVRC" / "Data" / "CLS-LOC"
+        return self.src
+
+    def splits(self) -> list[str]:
+        """The splits this scan reads, in order."""
+        if self.layout == "cls-loc":
+            return [s for s in CLS_LOC_SPLITS if (self._root / s).is_dir()]
+        if self.layout == "imagefolder":
+            return [s for s in _sorted_dirs(self._root) if s in SPLIT_NAMES]
+        return [self.flat_split]
+
+    def _class_dirs(self, split: str) -> list[str]:
+        if self.layout == "cls-loc":
+            return _sorted_dirs(self._root / split) if split == "train" else []
+        if self.layout == "imagefolder":
+            return _sorted_dirs(self._root / split)
+        return _sorted_dirs(self._root)
+
+    def _classes(self) -> list[ClassInfo]:
+        if self.layout == "tar":
+            wnids = sorted({Path(m.name).stem for m in self._outer_members() if m.name.endswith(".tar")})
+        else:
+            per_split = {s: set(self._class_dirs(s)) for s in self.splits()}
+            wnids = sorted(set().union(*per_split.values())) if per_split else []
+            for split, present in per_split.items():
+                if present and present != set(wnids):
+                    self.report.warnings.append(
+                        f"split {split!r} lacks {len(set(wnids) - present)} classes; labels follow the union of "
+                        "all splits, so DALI fn.readers.file on that split alone would number classes differently"
+                    )
+        if not wnids:
+            raise ConfigError(f"no class folders found in {self._root} (layout {self.layout})")
+        names = self._synset_names()
+        return [ClassInfo(i, w, names.get(w, "")) for i, w in enumerate(wnids)]
+
+    def _find(self, filename: str) -> Path | None:
+        for folder in (self.src, self._root, self.src.parent):
+            if (folder / filename).is_file():
+                return folder / filename
+        return None
+
+    def _synset_names(self) -> dict[str, str]:
+        path = self._find("LOC_synset_mapping.txt")
+        if path is None:
+            return {}
+        names = {}
+        for line in path.read_text().splitlines():
+            wnid, _, name = line.strip().partition(" ")
+            if wnid:
+                names[wnid] = name
+        return names
+
+    def _val_labels(self) -> dict[str, str]:
+        path = self._find("LOC_val_solution.csv")
+        if path is None:
+            self.report.warnings.append("no LOC_val_solution.csv: flat val images have no labels")
+            return {}
+        labels = {}
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                prediction = (row.get("PredictionString") or "").split()
+                if row.get("ImageId") and prediction:
+                    labels[row["ImageId"]] = prediction[0]
+        return labels
+
+    # ---- candidates -------------------------------------------------------------------------------------
+    def candidates(self) -> Iterator[Candidate]:
+        """Every candidate image with its label; junk and unlabelled files go to the report."""
+        if self.layout == "tar":
+            yield from self._tar_candidates()
+            return
+        for split in self.splits():
+            split_root = self._root / split if self.layout in ("cls-loc", "imagefolder") else self._root
+            if self.layout == "cls-loc" and split == "val":
+                yield from self._flat_val(split_root)
+            else:
+                yield from self._folder_split(split, split_root)
+
+    def _emit(self, split: str, rel_path: str, wnid: str, st: os.stat_result, **where: Any) -> Candidate:
+        self.report.per_split[split] += 1
+        return Candidate(
+            image_id(self.dataset, split, rel_path),
+            split,
+            rel_path,
+            wnid,
+            self._label[wnid],
+            st.st_size,
+            st.st_mtime,
+            **where,
+        )
+
+    def _quarantine_no_label(self, split: str, rel_path: str, detail: str) -> None:
+        self.report.quarantine.add(
+            QuarantineEntry(rel_path, split, Reason.NO_LABEL, detail, image_id(self.dataset, split, rel_path))
+        )
+
+    def _walk_files(self, folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+        """Files under FOLDER in sorted order, skipping (and counting) junk and hidden folders."""
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=True):
+                if entry.name.startswith("."):
+                    self.report.junk["hidden-folder"] += 1
+                    continue
+                yield from self._walk_files(Path(entry.path))
+                continue
+            kind = _junk_kind(entry.name)
+            if kind:
+                self.report.junk[kind] += 1
+                continue
+            yield Path(entry.path), entry.stat()
+
+    def _folder_split(self, split: str, split_root: Path) -> Iterator[Candidate]:
+        for path, st in self._walk_files(split_root):
+            rel = path.relative_to(self._root).as_posix()
+            parts = path.relative_to(split_root).parts
+            if len(parts) < 2 or parts[0] not in self._label:
+                self._quarantine_no_label(split, rel, "file is not inside a class folder")
+                continue
+            yield self._emit(split, rel, parts[0], st)
+
+    def _flat_val(self, split_root: Path) -> Iterator[Candidate]:
+        labels = self._val_labels()
+        seen: set[str] = set()
+        for path, st in self._walk_files(split_root):
+            rel = path.relative_to(self._root).as_posix()
+            stem = path.stem
+            seen.add(stem)
+            wnid = labels.get(stem)
+            if wnid is None:
+                self._quarantine_no_label("val", rel, "no row in LOC_val_solution.csv")
+            elif wnid not in self._label:
+                self._quarantine_no_label("val", rel, f"label {wnid} is not a train class")
+            else:
+                yield self._emit("val", rel, wnid, st)
+        self.report.missing_files = sorted(set(labels) - seen)
+
+    # ---- tar of tars ------------------------------------------------------------------------------------
+    def _outer_members(self) -> Iterator[tarfile.TarInfo]:
+        with tarfile.open(self.src, mode="r:") as outer:
+            while (member := outer.next()) is not None:
+                outer.members.clear()  # keep memory flat on 1000+ members
+                if member.isfile():
+                    yield member
+
+    def _tar_candidates(self) -> Iterator[Candidate]:
+        split = self.flat_split
+        with open(self.src, "rb") as fh:
+            for member in self._outer_members():
+                if not member.name.endswith(".tar"):
+                    self.report.junk["non-tar-member"] += 1
+                    continue
+                wnid = Path(member.name).stem
+                view = _FileSlice(fh, member.offset_data, member.size)
+                with tarfile.open(fileobj=view, mode="r:") as inner:  # type: ignore[call-overload]
+                    while (item := inner.next()) is not None:
+                        inner.members.clear()
+                        if not item.isfile():
+                            continue
+                        kind = _junk_kind(Path(item.name).name)
+                        if kind:
+                            self.report.junk[kind] += 1
+                            continue
+                        rel = f"{member.name}/{item.name}"
+                        self.report.per_split[split] += 1
+                        yield Candidate(
+                            image_id(self.dataset, split, rel),
+                            split,
+                            rel,
+                            wnid,
+                            self._label[wnid],
+                            item.size,
+                            float(item.mtime),
+                            container=self.src.name,
+                            offset=member.offset_data + item.offset_data,
+                        )
+
+
+class _FileSlice:
+    """A read-only, seekable window [start, start+size) of an open binary file."""
+
+    def __init__(self, fh: IO[bytes], start: int, size: int) -> None:
+        self._fh, self._start, self._size, self._pos = fh, start, size, 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._size - self._pos if n < 0 else min(n, self._size - self._pos)
+        self._fh.seek(self._start + self._pos)
+        data = self._fh.read(n)
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, min(self._size, base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def scan_to_dir(
+    src: Path,
+    out: Path,
+    layout: str = "auto",
+    dataset: str | None = None,
+    flat_split: str = "train",
+    on_candidate: Any = None,
+) -> ScanReport:
+    """Scan SRC and write OUT/manifest.parquet, classes.json, quarantine.json and scan_report.json."""
+    import json
+
+    from imgest.sources.manifest import write_classes, write_manifest
+
+    scanner = Scanner(src, layout, dataset, flat_split)
+    candidates = scanner.candidates()
+    if on_candidate is not None:
+        candidates = _tap(candidates, on_candidate)
+    root = scanner.src.parent if scanner.layout == "tar" else scanner._root
+    meta = {"dataset": scanner.dataset, "layout": scanner.layout, "root": str(root)}
+    write_manifest(candidates, out / workdir.MANIFEST, meta)
+    report = scanner.report
+    write_classes(report.classes, out / workdir.CLASSES)
+    report.quarantine.write(out / workdir.SCAN_QUARANTINE, report.candidates, report.accepted, verb="kept")
+    (out / workdir.SCAN_REPORT).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    return report
+
+
+def _tap(items: Iterator[Candidate], callback: Any) -> Iterator[Candidate]:
+    for item in items:
+        callback(item)
+        yield item

@@ -1,0 +1,135 @@
+"""Options of the Spark ingest jobs, defined once: the job parses them, the CLI and DAG forward them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from imgest.core import defaults
+
+# (flag, argparse keyword arguments)
+TRANSFORM_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "--mode",
+        {
+            "default": defaults.IMAGE_MODE,
+            "choices": list(defaults.IMAGE_MODES),
+            "help": "jpeg: resize + center-crop + re-encode; unchanged: original bytes (default jpeg)",
+        },
+    ),
+    (
+        "--resize",
+        {"type": int, "default": defaults.RESIZE, "help": f"shorter side after resize (default {defaults.RESIZE})"},
+    ),
+    ("--crop", {"type": int, "default": defaults.CROP, "help": f"center-crop size (default {defaults.CROP})"}),
+    ("--quality", {"type": int, "default": defaults.QUALITY, "help": f"JPEG quality (default {defaults.QUALITY})"}),
+    (
+        "--max-pixels",
+        {
+            "type": int,
+            "default": defaults.MAX_PIXELS,
+            "help": "decompression-bomb limit; larger images are quarantined as too-large",
+        },
+    ),
+]
+CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--dataset", {"help": "dataset name (default: from the manifest)"}),
+    ("--version", {"help": "dataset version (default: t-<digest of the transform settings>)"}),
+    ("--keyspace", {"default": defaults.KEYSPACE, "help": f"keyspace (default {defaults.KEYSPACE})"}),
+    (
+        "--replication",
+        {
+            "default": defaults.REPLICATION,
+            "help": f"SimpleStrategy:N or NetworkTopologyStrategy:dc1=N[,dc2=M] (default {defaults.REPLICATION})",
+        },
+    ),
+    (
+        "--table-layout",
+        {
+            "default": defaults.TABLE_LAYOUT,
+            "choices": list(defaults.TABLE_LAYOUTS),
+            "help": "one data/metadata pair with a split column, or data_<split>/metadata_<split>",
+        },
+    ),
+    (
+        "--table-suffix",
+        {"default": defaults.TABLE_SUFFIX, "help": "appended to table names, e.g. _orig for UNCHANGED images"},
+    ),
+    ("--hosts", {"default": defaults.CASSANDRA_HOST, "help": "comma-separated contact points (default 127.0.0.1)"}),
+    ("--port", {"type": int, "default": defaults.CASSANDRA_PORT, "help": "CQL port (default 9042)"}),
+    (
+        "--partitions",
+        {
+            "type": int,
+            "default": defaults.SPARK_PARTITIONS,
+            "help": "Spark partitions (default: max(2 x cores, rows / 1000))",
+        },
+    ),
+    (
+        "--max-in-flight",
+        {"type": int, "default": defaults.MAX_IN_FLIGHT, "help": "images on the wire per Spark task (default 64)"},
+    ),
+    (
+        "--max-blob-bytes",
+        {
+            "type": int,
+            "default": defaults.MAX_BLOB_BYTES,
+            "help": "larger images are quarantined as too-large-for-store (default 31 MiB)",
+        },
+    ),
+]
+
+
+def add_options(parser: argparse.ArgumentParser, options: list[tuple[str, dict[str, Any]]]) -> None:
+    for flag, kwargs in options:
+        parser.add_argument(flag, **kwargs)
+
+
+def forward(ns: argparse.Namespace, options: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The job argv for the values in NS of OPTIONS (only those set, defaults stay the job's)."""
+    argv: list[str] = []
+    for flag, _ in options:
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"), None)
+        if value not in (None, ""):
+            argv += [flag, str(value)]
+    return argv
+
+
+SHARD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--dataset", {"help": "dataset name (default: from the manifest)"}),
+    (
+        "--max-count",
+        {"type": int, "default": defaults.SHARD_MAX_COUNT, "help": "samples per shard at most (default 5000)"},
+    ),
+    (
+        "--max-bytes",
+        {"type": int, "default": defaults.SHARD_MAX_BYTES, "help": "bytes per shard at most (default 1 GiB)"},
+    ),
+    (
+        "--seed",
+        {
+            "type": int,
+            "default": defaults.SHUFFLE_SEED,
+            "help": "shuffle seed: same input and seed, byte-identical shards",
+        },
+    ),
+    (
+        "--partitions",
+        {
+            "type": int,
+            "default": defaults.SPARK_PARTITIONS,
+            "help": "Spark partitions (default: one per shard, at most 4 x cores)",
+        },
+    ),
+]
+
+
+def job_parser(prog: str, doc: str | None, *groups: list[tuple[str, dict[str, Any]]]) -> argparse.ArgumentParser:
+    """The argument parser of a Spark job: --manifest-dir, --summary-json and the option GROUPS."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
+    p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
+    for group in groups:
+        add_options(p, group)
+    return p

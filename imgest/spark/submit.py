@@ -1,0 +1,126 @@
+"""Spark plumbing: the one SparkSession builder, and the spark-submit command for imgest's jobs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from imgest.core.errors import ImgestError
+from imgest.core.paths import PACKAGE_DIR, conf_file, jobs_dir, sql_dir, state_dir
+
+log = logging.getLogger(__name__)
+
+
+def build_session(app_name: str) -> Any:
+    """The job's SparkSession; the master and resources come from spark-submit, never from here."""
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def job_path(name: str) -> Path:
+    """Path of jobs/NAME.py."""
+    path = jobs_dir() / f"{name}.py"
+    if not path.is_file():
+        raise ImgestError(f"Spark job {path} not found")
+    return path
+
+
+def package_zip() -> Path:
+    """imgest (with sql/) zipped for --py-files, so remote executors can import it."""
+    out = state_dir() / "spark" / "imgest-pyfiles.zip"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in PACKAGE_DIR.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zf.write(path, Path("imgest") / path.relative_to(PACKAGE_DIR))
+        for path in sql_dir().glob("*.cql"):
+            zf.write(path, Path("imgest") / "sql" / path.name)
+    return out
+
+
+def spark_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j."""
+    log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
+    return {
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.extraJavaOptions": log4j,
+        **(conf or {}),
+    }
+
+
+def submit_command(
+    job: str, job_args: list[str], master: str = "local[*]", conf: dict[str, str] | None = None
+) -> list[str]:
+    """The spark-submit argv for jobs/JOB.py (pure apart from building the --py-files zip for clusters)."""
+    spark_submit = str(Path(sys.executable).parent / "spark-submit")
+    cmd = [spark_submit, "--master", master, "--name", f"imgest-{job}"]
+    for key, value in spark_conf(conf).items():
+        cmd += ["--conf", f"{key}={value}"]
+    if not master.startswith("local"):
+        cmd += ["--py-files", str(package_zip())]
+    return [*cmd, str(job_path(job)), *job_args]
+
+
+def submit_env(master: str = "local[*]") -> dict[str, str]:
+    """Environment for spark-submit: the venv's bin first on PATH (spark-submit finds Spark through it);
+    local masters bind to loopback only."""
+    env = dict(os.environ)
+    if master.startswith("local"):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
+
+
+def run_submit(cmd: list[str]) -> int:
+    """Run spark-submit, streaming its output; returns its exit code."""
+    log.info("running %s", " ".join([*cmd[:4], "...", cmd[-1]]))
+    master = cmd[cmd.index("--master") + 1] if "--master" in cmd else "local[*]"
+    return subprocess.run(cmd, env=submit_env(master), check=False).returncode
+
+
+@contextmanager
+def progress_log(
+    logger: logging.Logger, what: str, done: Any, nbytes: Any, total: int, every: float = 5.0
+) -> Iterator[None]:
+    """Log 'WHAT progress: n/total, rows/s, MB/s' every EVERY seconds from two Spark accumulators."""
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(every):
+            secs = time.monotonic() - t0
+            logger.info(
+                "%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s",
+                what,
+                done.value,
+                total,
+                done.value / secs,
+                nbytes.value / 1e6 / secs,
+            )
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

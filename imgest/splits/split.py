@@ -1,0 +1,204 @@
+"""Train/val split files: ratios, class balancing, a seed, a safe file format and the crs4 export.
+
+Balancing rule: each class gets a weight (``original``: its own count, so every image is used;
+``random``: seeded random weights; or one weight per class). Per-class counts are the weights scaled so
+that the most constrained class (smallest count / weight) is fully used, rounded down. Each class is
+then shuffled with the seed and cut by the ratios with the largest-remainder method, so no image is lost
+to rounding: only what the balance itself leaves out is unused.
+
+The default file is a NumPy ``.npz`` read with ``allow_pickle=False``: row ids (UUID strings), labels,
+one index array per part, the class count and where the data lives. ``--format crs4`` also writes the
+pickled dictionary the cassandra-dali-plugin training scripts load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from imgest.core.errors import ConfigError
+
+FORMAT_VERSION = 1
+
+
+def parse_ratios(text: str | Sequence[float]) -> list[float]:
+    """'8,2' -> [8.0, 2.0]; every ratio must be positive."""
+    try:
+        ratios = [float(r) for r in (text.split(",") if isinstance(text, str) else text)]
+    except ValueError:
+        raise ConfigError(f"split ratios {text!r} must be numbers separated by commas") from None
+    if not ratios or any(r <= 0 or not math.isfinite(r) for r in ratios):
+        raise ConfigError(f"split ratios {text!r} must all be positive")
+    return ratios
+
+
+def class_weights(balance: str | Sequence[float], counts: Sequence[int], seed: int) -> np.ndarray:
+    """Weights per class for BALANCE ('original', 'random', or one weight per class)."""
+    if isinstance(balance, str) and balance == "original":
+        return np.asarray(counts, dtype=np.float64)
+    if isinstance(balance, str) and balance == "random":
+        return np.random.default_rng([seed, 77]).random(len(counts)) + 1e-9
+    try:
+        weights = np.asarray([float(w) for w in (balance.split(",") if isinstance(balance, str) else balance)])
+    except ValueError:
+        raise ConfigError(f"balance {balance!r}: use original, random, or one number per class") from None
+    if len(weights) != len(counts):
+        raise ConfigError(f"balance has {len(weights)} weights but the data has {len(counts)} classes")
+    if np.any(weights < 0) or not np.any(weights > 0):
+        raise ConfigError("balance weights must be non-negative with at least one positive")
+    return weights
+
+
+def balanced_counts(counts: Sequence[int], weights: np.ndarray) -> np.ndarray:
+    """Images to use per class: weights scaled so the most constrained class is fully used."""
+    counts_arr = np.asarray(counts, dtype=np.float64)
+    positive = weights > 0
+    scale = float(np.min(counts_arr[positive] / weights[positive]))
+    wanted = np.floor(weights * scale + 1e-9)
+    return np.minimum(wanted, counts_arr).astype(np.int64)
+
+
+def cut(n: int, ratios: Sequence[float]) -> list[int]:
+    """Sizes of the parts of N items by RATIOS, summing exactly to N (largest remainder, ties to earlier parts)."""
+    total = float(sum(ratios))
+    exact = [n * r / total for r in ratios]
+    sizes = [math.floor(x + 1e-9) for x in exact]
+    order = sorted(range(len(ratios)), key=lambda i: (-(exact[i] - sizes[i]), i))
+    for i in order[: n - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def make_split(
+    labels: np.ndarray,
+    ratios: Sequence[float],
+    balance: str | Sequence[float],
+    seed: int,
+    num_classes: int | None = None,
+) -> list[np.ndarray]:
+    """One sorted index array per part into LABELS' rows; parts are disjoint."""
+    labels = np.asarray(labels)
+    num_classes = num_classes or (int(labels.max()) + 1 if len(labels) else 0)
+    members = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    counts = [len(m) for m in members]
+    present = [c for c in range(num_classes) if counts[c] > 0]
+    weights = class_weights(balance, counts, seed)
+    use = np.zeros(num_classes, dtype=np.int64)
+    if present:
+        use[present] = balanced_counts([counts[c] for c in present], weights[present])
+    parts: list[list[np.ndarray]] = [[] for _ in ratios]
+    for c in present:
+        shuffled = np.random.default_rng([seed, c]).permutation(members[c])[: use[c]]
+        start = 0
+        for p, size in enumerate(cut(int(use[c]), ratios)):
+            parts[p].append(shuffled[start : start + size])
+            start += size
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+
+
+@dataclass
+class SplitFile:
+    """A split: row ids and labels, the parts, and where the rows live."""
+
+    row_ids: np.ndarray  # UUID strings
+    labels: np.ndarray
+    parts: list[np.ndarray]
+    num_classes: int
+    source: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def part(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, labels) of part K, for feeding a reader (Cassandra ids or shard sample keys)."""
+        idx = self.parts[k]
+        return self.row_ids[idx], self.labels[idx]
+
+    def summary(self) -> dict[str, Any]:
+        per_part = [np.bincount(self.labels[p], minlength=self.num_classes).tolist() for p in self.parts]
+        return {
+            "rows": len(self.row_ids),
+            "parts": [len(p) for p in self.parts],
+            "per_class": per_part,
+            "unused": len(self.row_ids) - sum(len(p) for p in self.parts),
+        }
+
+    def save(self, path: Path) -> None:
+        """The safe format: .npz of plain arrays (load with allow_pickle=False)."""
+        meta = {
+            "version": FORMAT_VERSION,
+            "num_classes": self.num_classes,
+            "parts": len(self.parts),
+            "source": self.source,
+            "settings": self.settings,
+        }
+        arrays = {f"part_{k}": p.astype(np.int64) for k, p in enumerate(self.parts)}
+        with open(path, "wb") as fh:
+            np.savez_compressed(
+                fh,
+                row_ids=self.row_ids.astype("U36"),
+                labels=self.labels.astype(np.int32),
+                meta=np.array(json.dumps(meta, sort_keys=True)),
+                **arrays,
+            )
+
+    def save_crs4(self, path: Path) -> None:
+        """The dictionary cassandra-dali-plugin's training scripts load (their key spellings kept)."""
+        src = self.source
+        crs4 = {
+            "data_table": src.get("data_table", ""),
+            "data_id_col": "id",
+            "data_label_col": "label",
+            "metadata_table": src.get("metadata_table", ""),
+            "medadata_id_col": "id",
+            "metadata_label_col": "label",
+            "data_col": "data",
+            "label_type": "int",
+            "row_keys": np.array([uuid.UUID(r) for r in self.row_ids], dtype=object),
+            "split": [p.astype(np.int64) for p in self.parts],
+            "num_classes": self.num_classes,
+        }
+        with open(path, "wb") as fh:
+            pickle.dump(crs4, fh)
+
+
+def load_split(path: Path) -> SplitFile:
+    """Read a split written by SplitFile.save (never unpickles anything)."""
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["meta"]))
+        if meta.get("version") != FORMAT_VERSION:
+            raise ConfigError(f"{path}: split format version {meta.get('version')} is not {FORMAT_VERSION}")
+        parts = [data[f"part_{k}"] for k in range(meta["parts"])]
+        return SplitFile(data["row_ids"], data["labels"], parts, meta["num_classes"], meta["source"], meta["settings"])
+
+
+def write_split_files(
+    rows: Any,
+    ratios: Sequence[float],
+    balance: str | Sequence[float],
+    seed: int,
+    out: Path,
+    crs4: bool = False,
+    settings: dict[str, Any] | None = None,
+) -> SplitFile:
+    """Split ROWS (a LabelledRows) and write OUT (.npz), plus OUT with .pckl when CRS4; returns the split."""
+    parts = make_split(rows.labels, ratios, balance, seed, rows.num_classes)
+    split = SplitFile(
+        rows.ids,
+        rows.labels,
+        parts,
+        rows.num_classes,
+        rows.source,
+        {"ratios": list(ratios), "balance": balance, "seed": seed, **(settings or {})},
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    split.save(out)
+    if crs4:
+        split.save_crs4(out.with_suffix(".pckl"))
+    return split

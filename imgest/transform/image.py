@@ -1,0 +1,196 @@
+"""The image transform the ingest jobs apply: a pure bytes -> bytes function.
+
+JPEG mode: decode -> RGB -> resize the shorter side to S -> center-crop C -> encode JPEG quality Q.
+UNCHANGED mode: the original bytes, after checking that they decode.
+
+How it is fast without losing quality:
+- JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft mode) by the largest
+  power of two that still leaves the shorter side at least S, so the final resample never upsamples
+  what DCT scaling took away. Images of several megapixels decode 4-8x smaller.
+- Resize and crop are one resample: only the source box that lands inside the C x C crop is resampled,
+  straight to C x C, instead of resampling the whole image and then copying the crop out.
+
+Colour and mode policy (every mode real datasets contain):
+- CMYK / YCCK JPEGs (Adobe inverted included), grayscale (L, 1), palette (P), 16-bit (I;16, I) and
+  RGB images all become 8-bit RGB; 16-bit samples are scaled (v >> 8), not clipped.
+- Alpha (RGBA, LA, PA, P with transparency) is composited onto white.
+- The file's content decides the decoder, not its extension: PNG bytes in a .JPEG file are decoded as PNG.
+- EXIF orientation is applied in JPEG mode (the pixels come out upright, and the output carries no
+  EXIF), which matches DALI's decoders (``adjust_orientation=True`` by default) reading UNCHANGED bytes.
+- Images above ``max_pixels`` are rejected from the header alone, before any pixel is decoded.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from imgest.core import defaults
+from imgest.core.errors import ConfigError
+from imgest.core.quarantine import BadImage, Reason
+
+Mode = Literal["jpeg", "unchanged"]
+EXIF_ORIENTATION = 0x0112
+# EXIF orientation -> the transpose that makes the pixels upright (as ImageOps.exif_transpose does).
+ORIENTATION_FIX = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+RESAMPLE = Image.Resampling.BILINEAR  # torchvision's Resize default, antialiased when downscaling
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """Transform settings; recorded with every dataset version."""
+
+    mode: Mode = defaults.IMAGE_MODE
+    resize: int = defaults.RESIZE
+    crop: int = defaults.CROP
+    quality: int = defaults.QUALITY
+    max_pixels: int = defaults.MAX_PIXELS
+    dct_scaling: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("jpeg", "unchanged"):
+            raise ConfigError(f"image mode {self.mode!r} is not one of 'jpeg', 'unchanged'")
+        if not 1 <= self.crop <= self.resize:
+            raise ConfigError(f"crop {self.crop} must be between 1 and resize {self.resize}")
+        if not 1 <= self.quality <= 100:
+            raise ConfigError(f"JPEG quality {self.quality} must be between 1 and 100")
+        if self.max_pixels < 1:
+            raise ConfigError(f"max_pixels {self.max_pixels} must be positive")
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Transformed:
+    """The bytes to store and what is known about them."""
+
+    data: bytes
+    width: int
+    height: int
+    src_width: int
+    src_height: int
+    src_format: str
+    ext: str
+
+
+SIGNATURES = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def image_signature(data: bytes) -> str | None:
+    """The image format whose magic number DATA starts with, if any (WebP: RIFF....WEBP)."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((fmt for magic, fmt in SIGNATURES if data.startswith(magic)), None)
+
+
+def open_checked(data: bytes, max_pixels: int) -> Image.Image:
+    """Open DATA lazily (header only); reject empty, non-image and over-sized input."""
+    if not data:
+        raise BadImage(Reason.EMPTY, "0 bytes")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        fmt = image_signature(data)
+        if fmt:
+            raise BadImage(Reason.CORRUPT, f"{fmt} signature but unreadable header (starts {data[:8]!r})") from None
+        raise BadImage(Reason.NOT_AN_IMAGE, f"not a recognised image format (starts {data[:8]!r})") from None
+    except Image.DecompressionBombError as exc:
+        raise BadImage(Reason.TOO_LARGE, f"{exc} (imgest limit {max_pixels} pixels)") from None
+    except Exception as exc:  # Pillow raises many types for broken headers
+        raise BadImage(Reason.CORRUPT, f"unreadable header: {type(exc).__name__}: {exc}") from None
+    width, height = img.size
+    if width * height > max_pixels:
+        raise BadImage(Reason.TOO_LARGE, f"{width}x{height} = {width * height} pixels > limit {max_pixels}")
+    if width < 1 or height < 1:
+        raise BadImage(Reason.CORRUPT, f"invalid size {width}x{height}")
+    return img
+
+
+def _load(img: Image.Image) -> None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img.load()
+    except Exception as exc:  # truncated data, bad Huffman codes, CRC errors, ...
+        raise BadImage(Reason.CORRUPT, f"decode failed: {type(exc).__name__}: {exc}") from None
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB for any Pillow mode (see the module docstring for the policy)."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        arr = np.asarray(img, dtype=np.uint32 if img.mode == "I" else np.uint16)
+        shift = 8 if img.mode != "I" or arr.max(initial=0) > 255 else 0
+        img = Image.fromarray((arr >> shift).clip(0, 255).astype(np.uint8), "L")
+    if img.mode == "P":
+        img = img.convert("RGBA" if "transparency" in img.info else "RGB")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def center_crop_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float]:
+    """Box in source pixels that 'resize shorter side to RESIZE, center-crop CROP' keeps (pure)."""
+    scale = resize / min(width, height)
+    rw, rh = max(resize, round(width * scale)), max(resize, round(height * scale))
+    left, top = round((rw - crop) / 2), round((rh - crop) / 2)
+    return (left / scale, top / scale, (left + crop) / scale, (top + crop) / scale)
+
+
+def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
+    """Apply SPEC to one encoded image; raises BadImage with a quarantine reason."""
+    img = open_checked(data, spec.max_pixels)
+    src_format = img.format or "unknown"
+    src_w, src_h = img.size
+    if spec.mode == "unchanged":
+        if src_format == "JPEG":
+            img.draft(img.mode, (max(1, src_w // 8), max(1, src_h // 8)))  # all entropy data is still decoded
+        _load(img)
+        ext = "jpg" if src_format == "JPEG" else src_format.lower()
+        return Transformed(data, src_w, src_h, src_w, src_h, src_format, ext)
+
+    orientation = img.getexif().get(EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
+    if spec.dct_scaling and src_format == "JPEG":
+        scale = spec.resize / min(src_w, src_h)
+        img.draft("RGB" if img.mode == "RGB" else None, (int(src_w * scale) + 1, int(src_h * scale) + 1))
+    _load(img)
+    if getattr(img, "n_frames", 1) > 1:
+        img.seek(0)
+    img = to_rgb(img)
+    if orientation in ORIENTATION_FIX:
+        img = img.transpose(ORIENTATION_FIX[orientation])
+        if orientation in (5, 6, 7, 8):
+            src_w, src_h = src_h, src_w
+    k = img.size[0] / src_w  # DCT scaling factor actually applied
+    box = tuple(v * k for v in center_crop_box(src_w, src_h, spec.resize, spec.crop))
+    out_img = img.resize((spec.crop, spec.crop), RESAMPLE, box=box)
+    out = io.BytesIO()
+    out_img.save(out, "JPEG", quality=spec.quality)
+    return Transformed(out.getvalue(), spec.crop, spec.crop, src_w, src_h, src_format, "jpg")

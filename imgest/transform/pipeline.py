@@ -1,0 +1,51 @@
+"""Candidate -> stored bytes, one batch at a time: what every sink (Cassandra, shards, check) runs."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from imgest.core.quarantine import BadImage, QuarantineEntry, QuarantineLog
+from imgest.sources.manifest import Candidate
+from imgest.sources.read import DEFAULT_MAX_FILE_BYTES, read_candidate
+from imgest.transform.image import Transformed, TransformSpec, transform_image
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Processed:
+    """A candidate that passed, with the bytes to store and the sha256 of its source bytes."""
+
+    candidate: Candidate
+    image: Transformed
+    src_sha256: str
+
+
+def process_candidates(
+    candidates: Iterable[Candidate],
+    root: Path,
+    spec: TransformSpec,
+    quarantine: QuarantineLog,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    skip: Callable[[Candidate, str], bool] | None = None,
+) -> Iterator[Processed]:
+    """Read each candidate once and transform it; a bad one is recorded in QUARANTINE and the batch goes on.
+
+    SKIP(candidate, source sha256) is asked before the transform: True means "already stored, leave it".
+    """
+    for cand in candidates:
+        try:
+            data = read_candidate(root, cand, max_file_bytes)
+            src_sha256 = hashlib.sha256(data).hexdigest()
+            if skip is not None and skip(cand, src_sha256):
+                continue
+            image = transform_image(data, spec)
+        except BadImage as bad:
+            log.debug("quarantined %s: %s", cand.rel_path, bad)
+            quarantine.add(QuarantineEntry(cand.rel_path, cand.split, bad.reason, bad.detail, cand.id))
+            continue
+        yield Processed(cand, image, src_sha256)

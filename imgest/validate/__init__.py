@@ -1,0 +1,1 @@
+"""Validation of stored bytes through other I/O engines (xNVMe)."""

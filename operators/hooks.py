@@ -1,0 +1,93 @@
+"""Hooks that own imgest's connections: the providers' hooks, extended to give imgest's typed settings.
+
+Operators never map connection fields themselves; they ask a hook for settings (or a session) inside
+``execute``. The Cassandra connection's extras follow the provider's names (``ssl_options``,
+``protocol_version``) and also accept ``ssl_ca`` (a CA file path); the AWS connection's ``endpoint_url`` and
+``region_name`` are read by the Amazon provider itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from airflow.providers.apache.cassandra.hooks.cassandra import CassandraHook
+
+from imgest.core.settings import CassandraSettings, S3Settings
+
+
+class ImgestCassandraHook(CassandraHook):
+    """The provider's CassandraHook, plus the connection as imgest's CassandraSettings."""
+
+    def __init__(self, cassandra_conn_id: str = CassandraHook.default_conn_name) -> None:
+        super().__init__(cassandra_conn_id=cassandra_conn_id)
+        self.cassandra_conn_id = cassandra_conn_id
+
+    def settings(self) -> CassandraSettings:
+        """Hosts (comma separated), port, login/password, TLS CA and protocol version of the connection."""
+        conn = self.get_connection(self.cassandra_conn_id)
+        extra = conn.extra_dejson
+        ssl_ca = extra.get("ssl_ca") or (extra.get("ssl_options") or {}).get("ca_certs")
+        return CassandraSettings(
+            hosts=tuple(h.strip() for h in (conn.host or "127.0.0.1").split(",") if h.strip()),
+            port=int(conn.port or 9042),
+            username=conn.login or None,
+            password=conn.password or None,
+            ssl_ca_file=ssl_ca or None,
+            protocol_version=int(extra.get("protocol_version") or 4),
+        )
+
+    def session(self) -> Any:
+        """imgest's own session (token-aware, tuned timeouts) for this connection: a context manager."""
+        from imgest.sinks.cassandra.client import cassandra_session
+
+        return cassandra_session(self.settings())
+
+    def spark_env(self) -> dict[str, str]:
+        """What a Spark job needs to reach this cluster, as environment variables (never argv)."""
+        s = self.settings()
+        env = {
+            "IMGEST_CASSANDRA_HOSTS": ",".join(s.hosts),
+            "IMGEST_CASSANDRA_PORT": str(s.port),
+            "IMGEST_CASSANDRA_PROTOCOL": str(s.protocol_version),
+        }
+        if s.username:
+            env.update({"IMGEST_CASSANDRA_USER": s.username, "IMGEST_CASSANDRA_PASSWORD": s.password or ""})
+        if s.ssl_ca_file:
+            env["IMGEST_CASSANDRA_SSL_CA"] = s.ssl_ca_file
+        return env
+
+    def uri(self) -> str:
+        """cassandra://host:port of the connection, for Asset URIs."""
+        s = self.settings()
+        return f"cassandra://{s.hosts[0]}:{s.port}"
+
+
+class ImgestS3Hook(S3Hook):
+    """The Amazon provider's S3Hook, plus the connection as imgest's S3Settings."""
+
+    def settings(self, bucket: str = "imgest") -> S3Settings:
+        """Keys from the provider's credential chain; endpoint and region from the connection."""
+        creds = self.get_credentials()
+        return S3Settings(
+            endpoint_url=self.conn_config.endpoint_url or None,
+            access_key=creds.access_key,
+            secret_key=creds.secret_key,
+            region=self.conn_config.region_name or "us-east-1",
+            bucket=bucket,
+        )
+
+    def spark_env(self) -> dict[str, str]:
+        """What a Spark job needs to reach this S3 endpoint, as environment variables."""
+        s = self.settings()
+        env = {"AWS_ACCESS_KEY_ID": s.access_key or "", "AWS_SECRET_ACCESS_KEY": s.secret_key or ""}
+        if s.endpoint_url:
+            env["IMGEST_S3_ENDPOINT"] = s.endpoint_url
+        return env
+
+
+def store_settings(dest: str, aws_conn_id: str) -> S3Settings | None:
+    """S3 settings for DEST when it is an s3:// URL, None for a local folder."""
+    if not dest.startswith("s3://"):
+        return None
+    return ImgestS3Hook(aws_conn_id=aws_conn_id).settings(dest[5:].split("/", 1)[0])

@@ -1,0 +1,1 @@
+"""CQL schemas of imgest, loaded by imgest.sinks.cassandra.schema (shipped as imgest.sql)."""
