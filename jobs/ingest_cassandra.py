@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
@@ -34,7 +32,7 @@ from imgest.sinks.cassandra.ingest import (
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import progress_log
+from imgest.spark.submit import manifest_frame, progress_log
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -59,14 +57,6 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
         max_in_flight=args.max_in_flight,
         max_blob_bytes=args.max_blob_bytes,
     )
-
-
-def extract(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
-    """The manifest as a DataFrame spread over PARTITIONS (default: by size), and its row count."""
-    df = spark.read.parquet(str((manifest_dir / workdir.MANIFEST).resolve()))
-    rows = df.count()
-    n = partitions or max(2 * spark.sparkContext.defaultParallelism, math.ceil(rows / 1000))
-    return df.repartition(max(1, min(n, rows))), rows
 
 
 def load(df: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
@@ -105,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         spark = build_session("imgest-ingest-cassandra")
         t0 = time.monotonic()
-        df, rows = extract(spark, args.manifest_dir, args.partitions)
+        df, rows = manifest_frame(spark, args.manifest_dir, args.partitions)
         log.info(
             "ingesting %d rows of %s version %s into %s (%s)",
             rows,

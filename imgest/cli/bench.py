@@ -35,6 +35,19 @@ def bench_pack_cmd(args: argparse.Namespace) -> int:
     return bench_done(args, [] if report["meets_target"] else ["imgest wall time vs 0.5x of the fastest peer"])
 
 
+def bench_read_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.read import main as bench_main
+
+    rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
+    depths = [int(x) for x in args.depths.split(",")]
+    report = bench_main(args.json, args.plot, args.images, args.rounds, rtts, depths, args.batch_size)
+    unverified = [f"{r['reader']}/{r['mode']}" for r in report["readers"] if not r["verified"]]
+    if unverified:
+        print(f"imgest: error: read-back did not match the recorded bytes for {', '.join(unverified)}")
+        return 1
+    return bench_done(args, [])
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's commands to the top-level subparsers SUB."""
     bench = sub.add_parser(
@@ -77,3 +90,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     bp.add_argument("--images", type=int, default=2000, help="dataset size (default 2000, generated once)")
     bp.add_argument("--max-count", type=int, default=500, help="samples per shard (default 500)")
     bp.set_defaults(func=bench_pack_cmd)
+
+    br = bench_parser(
+        "read",
+        help="DALI read throughput: Cassandra, shards (folder, S3), files; latency hiding through a TCP proxy",
+        description="Stores one generated dataset three ways with the project's jobs (cached), then reads the same "
+        "train rows with every reader through the same DALI pipeline (raw bytes, and decode + random resized crop + "
+        "flip + normalize on CPU), servers pinned to one core and the reader to the other. Every sample is hashed "
+        "against its sha256 recorded at ingest. --rtt adds round trips through Toxiproxy (make install-dev builds "
+        "it) and sweeps --depths (prefetch batches / shards in flight).",
+    )
+    br.add_argument("--images", type=int, default=4000, help="train images (default 4000, stored once)")
+    br.add_argument("--rounds", type=int, default=3, help="timed rounds; medians reported (default 3)")
+    br.add_argument("--batch-size", type=int, default=64, help="batch size of every pipeline (default 64)")
+    br.add_argument("--rtt", default="0,10,50", help="added round trips in ms for the sweep ('' to skip)")
+    br.add_argument("--depths", default="1,2,4,8,16", help="prefetch depths / shards in flight to sweep")
+    br.set_defaults(func=bench_read_cmd)

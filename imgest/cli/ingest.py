@@ -4,74 +4,72 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, s3_env
 from imgest.core import workdir
 
 
+def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra: list[str], failed: str) -> int:
+    """Scan if needed, spark-submit JOB with the forwarded option GROUPS; returns the exit code."""
+    from imgest.spark.job_options import TRANSFORM_OPTIONS, forward
+    from imgest.spark.submit import run_submit, submit_command
+
+    work = manifest_dir(args)
+    summary = work / workdir.job_summary(target)
+    job_args = ["--manifest-dir", str(work), "--summary-json", str(summary), *extra]
+    for group in (*groups, TRANSFORM_OPTIONS):
+        job_args += forward(args, group)
+    rc = run_submit(submit_command(job, job_args, args.master))
+    if rc != 0:
+        print(f"imgest: error: the Spark job failed (exit {rc}); {failed}", file=sys.stderr)
+        return rc
+    print(f"summary written to {summary}")
+    args.manifest_dir = work
+    return 0
+
+
 def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
     import json
 
-    from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, forward
-    from imgest.spark.submit import run_submit, submit_command
+    from imgest.spark.job_options import CASSANDRA_OPTIONS
 
-    work = manifest_dir(args)
     credentials_env(args)
-    summary = work / workdir.CASSANDRA_SUMMARY
-    job_args = [
-        "--manifest-dir",
-        str(work),
-        "--summary-json",
-        str(summary),
-        *forward(args, CASSANDRA_OPTIONS),
-        *forward(args, TRANSFORM_OPTIONS),
-    ]
-    rc = run_submit(submit_command("ingest_cassandra", job_args, args.master))
-    if rc != 0:
-        print(f"imgest: error: the Spark job failed (exit {rc}); re-running resumes where it stopped", file=sys.stderr)
+    rc = _submit(args, "ingest_cassandra", "cassandra", [CASSANDRA_OPTIONS], [], "re-running resumes where it stopped")
+    if rc != 0 or not args.verify:
         return rc
-    print(f"summary written to {summary}")
-    if args.verify:
-        args.manifest_dir, args.version = work, json.loads(summary.read_text())["version"]
-        from imgest.cli.verify import verify_cassandra_cmd
+    args.version = json.loads((args.manifest_dir / workdir.CASSANDRA_SUMMARY).read_text())["version"]
+    from imgest.cli.verify import verify_cassandra_cmd
 
-        return verify_cassandra_cmd(args)
-    return 0
+    return verify_cassandra_cmd(args)
 
 
 def ingest_shards_cmd(args: argparse.Namespace) -> int:
-    from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, forward
-    from imgest.spark.submit import run_submit, submit_command
+    from imgest.spark.job_options import SHARD_OPTIONS
 
-    work = manifest_dir(args)
     s3_env(args.dest)
-    summary = work / workdir.SHARDS_SUMMARY
-    job_args = [
-        "--manifest-dir",
-        str(work),
-        "--dest",
-        args.dest,
-        "--summary-json",
-        str(summary),
-        *forward(args, SHARD_OPTIONS),
-        *forward(args, TRANSFORM_OPTIONS),
-    ]
-    rc = run_submit(submit_command("pack_shards", job_args, args.master))
-    if rc != 0:
-        print(
-            f"imgest: error: the Spark job failed (exit {rc}); nothing was published and re-running resumes",
-            file=sys.stderr,
-        )
+    failed = "nothing was published and re-running resumes"
+    return _submit(args, "pack_shards", "shards", [SHARD_OPTIONS], ["--dest", args.dest], failed)
+
+
+def ingest_files_cmd(args: argparse.Namespace) -> int:
+    from imgest.spark.job_options import FILES_OPTIONS
+
+    dest = str(args.dest.resolve())
+    rc = _submit(args, "write_files", "files", [FILES_OPTIONS], ["--dest", dest], "nothing was published")
+    if rc != 0 or not args.verify:
         return rc
-    print(f"summary written to {summary}")
-    return 0
+    from imgest.cli.verify import verify_files_cmd
+
+    args.dest = Path(dest)
+    return verify_files_cmd(args)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's commands to the top-level subparsers SUB."""
     ingest = sub.add_parser(
         "ingest",
-        help="run a Spark ingest job (cassandra)",
+        help="run a Spark ingest job (cassandra, shards or files)",
         description="Scan SRC if needed, then spark-submit the ingest job.",
     )
     ingest_sub = ingest.add_subparsers(dest="target", metavar="TARGET", required=True)
@@ -106,3 +104,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_options(ish, SHARD_OPTIONS)
     add_transform_args(ish)
     ish.set_defaults(func=ingest_shards_cmd)
+
+    ifl = ingest_sub.add_parser(
+        "files",
+        help="write transformed images as DEST/<split>/<wnid>/<id>.jpg (the tree fn.readers.file reads)",
+        description="The baseline every reader is compared with, and the input of `imgest validate xnvme`. Files are "
+        "staged under DEST/_staging/ and published together; DEST/samples.parquet (id, path, label, split, wnid, "
+        "bytes, sha256) and DEST/manifest.json (written last) describe them. DEST must be on storage every Spark "
+        "node sees.",
+    )
+    add_source_args(ifl)
+    ifl.add_argument("--dest", type=Path, required=True, help="folder of the files dataset")
+    ifl.add_argument("--verify", action="store_true", help="run imgest verify files afterwards")
+    from imgest.spark.job_options import FILES_OPTIONS
+
+    add_options(ifl, FILES_OPTIONS)
+    add_transform_args(ifl)
+    ifl.set_defaults(func=ingest_files_cmd)

@@ -6,9 +6,9 @@ import argparse
 
 
 def services_cmd(args: argparse.Namespace) -> int:
-    from imgest.services import SERVICE_NAMES, get_service
+    from imgest.services import ALL_SERVICE_NAMES, SERVICE_NAMES, get_service
 
-    names = args.names or list(SERVICE_NAMES)
+    names = args.names or list(SERVICE_NAMES if args.action == "up" else ALL_SERVICE_NAMES)
     if args.action == "up":
         for name in names:
             print(get_service(name).up().message, flush=True)
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "names",
             nargs="*",
             metavar="SERVICE",
-            help="cassandra, cassandra-auth (PasswordAuthenticator), s3, airflow",
+            help="cassandra, cassandra-auth (PasswordAuthenticator), s3, airflow, latency-proxy (Toxiproxy)",
         )
         p.set_defaults(func=services_cmd)
     env = services_sub.add_parser(

@@ -31,6 +31,34 @@ def verify_cassandra_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(report: dict, what: str, ok_line: str) -> int:
+    import json
+
+    print(json.dumps(report, indent=2))
+    if not report["ok"]:
+        print(f"imgest: error: {what} verification failed", file=sys.stderr)
+        return 1
+    print(ok_line)
+    return 0
+
+
+def verify_files_cmd(args: argparse.Namespace) -> int:
+    from imgest.sinks.files.verify import verify_files
+
+    report = verify_files(args.dest).to_dict()
+    return _report(report, "files", f"verified: {report['files']} files match their sha256 and the manifest counts")
+
+
+def verify_shards_cmd(args: argparse.Namespace) -> int:
+    from imgest.cli.common import s3_env
+    from imgest.sinks.shards.store import open_store
+    from imgest.sinks.shards.verify import verify_shards
+
+    s3_env(args.dest)
+    report = verify_shards(open_store(args.dest)).to_dict()
+    return _report(report, "shard", "verified: every shard of manifest.json is present with its sha256")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's commands to the top-level subparsers SUB."""
     verify = sub.add_parser("verify", help="check stored data against the manifest")
@@ -50,3 +78,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cassandra_args(vc)
     vc.add_argument("--sample", type=int, default=32, help="rows to byte-compare (default 32)")
     vc.set_defaults(func=verify_cassandra_cmd)
+
+    vf = verify_sub.add_parser(
+        "files",
+        help="every file of a files dataset has its recorded sha256; counts match manifest.json",
+        description="Hashes every file listed in DEST/samples.parquet and compares counts per split with the manifest.",
+    )
+    vf.add_argument("dest", type=Path, metavar="DEST", help="folder of the files dataset")
+    vf.set_defaults(func=verify_files_cmd)
+    vs = verify_sub.add_parser(
+        "shards",
+        help="every shard listed in manifest.json is there with its sha256",
+        description="Reads DEST/manifest.json (s3://bucket/prefix or a folder) and checks each shard's sha256.",
+    )
+    vs.add_argument("dest", metavar="DEST", help="s3://bucket/prefix or a folder")
+    vs.set_defaults(func=verify_shards_cmd)

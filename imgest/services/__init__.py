@@ -8,7 +8,14 @@ from imgest.services.base import Service, ServiceStatus, UpResult
 from imgest.services.cassandra import CassandraServer
 from imgest.services.s3 import S3Server
 
-SERVICE_NAMES = ("cassandra", "s3", "airflow")
+SERVICE_NAMES = ("cassandra", "s3", "airflow")  # what `imgest services up` starts when none is named
+ALL_SERVICE_NAMES = ("cassandra", "cassandra-auth", "s3", "airflow", "latency-proxy")  # what `down` stops
+
+
+def _latency_proxy() -> Service:
+    from imgest.services.latency import LatencyProxy
+
+    return LatencyProxy.default()
 
 
 def get_service(name: str) -> Service:
@@ -18,6 +25,7 @@ def get_service(name: str) -> Service:
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
         "s3": S3Server.default,
         "airflow": AirflowServer.default,
+        "latency-proxy": _latency_proxy,
     }
     if name not in factories:
         raise ConfigError(f"unknown service {name!r}; choose from {', '.join(factories)}")
@@ -25,6 +33,7 @@ def get_service(name: str) -> Service:
 
 
 __all__ = [
+    "ALL_SERVICE_NAMES",
     "SERVICE_NAMES",
     "AirflowServer",
     "CassandraServer",

@@ -133,3 +133,12 @@ def job_parser(prog: str, doc: str | None, *groups: list[tuple[str, dict[str, An
     for group in groups:
         add_options(p, group)
     return p
+
+
+FILES_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--dataset", {"help": "dataset name (default: from the manifest)"}),
+    (
+        "--partitions",
+        {"type": int, "default": defaults.SPARK_PARTITIONS, "help": "Spark partitions (default: by size)"},
+    ),
+]

@@ -124,3 +124,15 @@ def progress_log(
     finally:
         stop.set()
         thread.join()
+
+
+def manifest_frame(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
+    """The manifest as a DataFrame spread over PARTITIONS (0: max(2 x cores, rows / 1000)), and its row count."""
+    import math
+
+    from imgest.core import workdir
+
+    df = spark.read.parquet(str((manifest_dir / workdir.MANIFEST).resolve()))
+    rows = df.count()
+    n = partitions or max(2 * spark.sparkContext.defaultParallelism, math.ceil(rows / 1000))
+    return df.repartition(max(1, min(n, rows))), rows

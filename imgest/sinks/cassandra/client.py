@@ -31,9 +31,12 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
         import ssl
 
         ssl_context = ssl.create_default_context(cafile=settings.ssl_ca_file)
+    from cassandra.query import named_tuple_factory
+
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
         request_timeout=overrides.pop("request_timeout", 30.0),
+        row_factory=overrides.pop("row_factory", named_tuple_factory),
     )
     return Cluster(
         list(settings.hosts),

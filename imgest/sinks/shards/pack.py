@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
@@ -63,6 +64,7 @@ def sample_members(cand: Candidate, data: bytes, ext: str, width: int, height: i
         "width": width,
         "height": height,
         "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),  # read-back checks hash what they read against this
     }
     return [(ext, data), ("cls", str(cand.label).encode()), ("json", json.dumps(meta, sort_keys=True).encode())]
 

@@ -1,0 +1,165 @@
+"""The read-throughput check: every reader that applies to a stored dataset, each mode, one report.
+
+``read_check`` runs the readers of one target (Cassandra tables, shards in a folder or on S3, files) over
+the same ReadSet and returns a report: per reader and mode images/s, MB/s, p50/p99 batch latency, CPU cores
+used, and whether every sample hashed to its recorded sha256 with its label, exactly once. The benchmark
+(``imgest bench read``) adds the latency sweep and the plots.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, simple_batches
+from imgest.readback.datasets import ReadSet
+from imgest.readback.measure import RunResult
+from imgest.readback.pipelines import PipelineSpec
+from imgest.readback.readers import run_external, run_files, run_webdataset, s3_stream_batches, webdataset_batches
+from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int], None] | None
+
+
+@dataclass(frozen=True)
+class ReadCheckOptions:
+    """What every reader of one check shares."""
+
+    batch_size: int = 64
+    modes: tuple[str, ...] = ("raw", "train")
+    num_threads: int = 2
+    device_id: int | None = None
+    cassandra: CassandraReadOptions = field(default_factory=CassandraReadOptions)
+    s3: S3StreamOptions = field(default_factory=S3StreamOptions)
+
+    def spec(self, mode: str) -> PipelineSpec:
+        return PipelineSpec(self.batch_size, self.num_threads, mode, self.device_id)
+
+
+def cassandra_run(
+    settings: CassandraSettings, rs: ReadSet, spec: PipelineSpec, copts: CassandraReadOptions, progress: Progress = None
+) -> RunResult:
+    """imgest's Cassandra reader, in ReadSet order (seed None), feeding fn.external_source."""
+    copts = replace(copts, batch_size=spec.batch_size, seed=None)
+    knobs = {
+        k: getattr(copts, k) for k in ("prefetch_batches", "requests_in_flight", "rows_per_request", "connections")
+    }
+    with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
+        batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches())
+        return run_external("cassandra", rs, spec, batches, knobs, on_batch=progress)
+
+
+def cassandra_simple_run(
+    settings: CassandraSettings, rs: ReadSet, spec: PipelineSpec, progress: Progress = None
+) -> RunResult:
+    """The straightforward reader: one execute_concurrent_with_args per batch, nothing ahead."""
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    with cassandra_session(settings) as session:
+        plain = simple_batches(session, rs.table, rs.ids, spec.batch_size)
+        batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in plain)
+        knobs = {"reader": "execute_concurrent_with_args per batch, no prefetch"}
+        return run_external("cassandra-simple", rs, spec, batches, knobs, on_batch=progress)
+
+
+def cassandra_runs(
+    settings: CassandraSettings, rs: ReadSet, opts: ReadCheckOptions, baseline: bool = True, progress: Progress = None
+) -> list[RunResult]:
+    """imgest's Cassandra reader (and the straightforward one) in each mode."""
+    results = []
+    for mode in opts.modes:
+        results.append(cassandra_run(settings, rs, opts.spec(mode), opts.cassandra, progress))
+        if baseline:
+            results.append(cassandra_simple_run(settings, rs, opts.spec(mode), progress))
+    return results
+
+
+def files_runs(rs: ReadSet, opts: ReadCheckOptions, progress: Progress = None) -> list[RunResult]:
+    """fn.readers.file over the files target in each mode."""
+    return [run_files(rs, opts.spec(mode), on_batch=progress) for mode in opts.modes]
+
+
+def folder_shard_runs(rs: ReadSet, root: str, opts: ReadCheckOptions, progress: Progress = None) -> list[RunResult]:
+    """fn.readers.webdataset over shards in a folder, in each mode."""
+    return [run_webdataset("shards-folder", rs, opts.spec(mode), root, on_batch=progress) for mode in opts.modes]
+
+
+@contextmanager
+def dali_s3_env(settings: S3Settings) -> Iterator[None]:
+    """The AWS SDK inside DALI reads its endpoint and keys from the environment: set them for one run."""
+    keys = {
+        "AWS_ENDPOINT_URL": settings.endpoint_url or "",
+        "AWS_ACCESS_KEY_ID": settings.access_key or "",
+        "AWS_SECRET_ACCESS_KEY": settings.secret_key or "",
+        "AWS_REGION": settings.region,
+        "AWS_DEFAULT_REGION": settings.region,
+        "AWS_S3_ADDRESSING_STYLE": "path",
+    }
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: v for k, v in keys.items() if v})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def s3_keys(rs: ReadSet, prefix: str) -> list[str]:
+    """Object keys of the ReadSet's shards under PREFIX."""
+    return [f"{prefix}/{s}" if prefix else s for s in rs.shards]
+
+
+def s3_stream_run(
+    rs: ReadSet,
+    settings: S3Settings,
+    bucket: str,
+    prefix: str,
+    spec: PipelineSpec,
+    sopts: S3StreamOptions,
+    progress: Progress = None,
+) -> RunResult:
+    """imgest's streaming shard reader (whole-shard GETs in parallel) feeding fn.external_source."""
+    sopts = replace(sopts, batch_size=spec.batch_size)
+    stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts)
+    knobs = {"parallel_shards": sopts.parallel_shards, "shuffle_buffer": sopts.shuffle_buffer}
+    return run_external("shards-s3-stream", rs, spec, s3_stream_batches(stream), knobs, on_batch=progress)
+
+
+def s3_webdataset_run(
+    rs: ReadSet, settings: S3Settings, bucket: str, prefix: str, spec: PipelineSpec, progress: Progress = None
+) -> RunResult:
+    """webdataset.WebDataset streaming the same objects (one GET per shard, boto3 streaming body)."""
+    client = settings.client()
+
+    def opener(url: str) -> Any:
+        return client.get_object(Bucket=bucket, Key=url[len(f"s3://{bucket}/") :])["Body"]
+
+    urls = [f"s3://{bucket}/{k}" for k in s3_keys(rs, prefix)]
+    peer = webdataset_batches(urls, spec.batch_size, opener)
+    return run_external("shards-s3-webdataset", rs, spec, peer, {"reader": "webdataset.WebDataset"}, on_batch=progress)
+
+
+def s3_shard_runs(
+    rs: ReadSet, settings: S3Settings, bucket: str, prefix: str, opts: ReadCheckOptions, progress: Progress = None
+) -> tuple[list[RunResult], list[str]]:
+    """DALI's own s3:// reading (where it works), imgest's streaming reader and webdataset.WebDataset."""
+    results, skipped = [], []
+    for mode in opts.modes:
+        spec = opts.spec(mode)
+        try:
+            with dali_s3_env(settings):
+                results.append(run_webdataset("shards-s3-dali", rs, spec, f"s3://{bucket}/{prefix}", on_batch=progress))
+        except Exception as exc:  # DALI raises RuntimeError subclasses from its C++ readers: record why, go on
+            skipped.append(f"shards-s3-dali ({mode}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        results.append(s3_stream_run(rs, settings, bucket, prefix, spec, replace(opts.s3, shuffle_buffer=0), progress))
+        results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress))
+    return results, skipped

@@ -1,0 +1,106 @@
+"""The DALI pipelines every reader feeds: raw bytes to host memory, or a training pipeline.
+
+The reader never decides the training pipeline: the same graph (decode, random resized crop 224, flip,
+normalize) sits behind ``fn.readers.file``, ``fn.readers.webdataset`` and ``fn.external_source`` alike, on CPU
+or with the ``mixed`` decoder on a GPU. Every pipeline also returns the encoded bytes, so each run can hash
+what it read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("raw", "train")
+IMAGE_EXTS = "jpg;jpeg;png;bmp;tif;tiff;webp;gif"
+MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+READER = "Reader"
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What every pipeline shares: batch size, threads, mode, device (None: CPU only) and crop size."""
+
+    batch_size: int = 64
+    num_threads: int = 2
+    mode: str = "raw"
+    device_id: int | None = None
+    crop: int = 224
+    prefetch_queue_depth: int = 2
+    seed: int = 0
+
+
+def _train(jpegs: Any, spec: PipelineSpec) -> Any:
+    from nvidia.dali import fn, types
+
+    decoder = "mixed" if spec.device_id is not None else "cpu"
+    images = fn.decoders.image_random_crop(jpegs, device=decoder, output_type=types.RGB, seed=spec.seed)
+    images = fn.resize(images, resize_x=spec.crop, resize_y=spec.crop)
+    return fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mean=MEAN,
+        std=STD,
+        mirror=fn.random.coin_flip(seed=spec.seed),
+    )
+
+
+def _build(spec: PipelineSpec, graph: Callable[[], tuple[Any, ...]]) -> Any:
+    from nvidia.dali import Pipeline
+
+    pipe = Pipeline(
+        batch_size=spec.batch_size,
+        num_threads=spec.num_threads,
+        device_id=spec.device_id,
+        prefetch_queue_depth=spec.prefetch_queue_depth,
+        seed=spec.seed,
+    )
+    with pipe:
+        jpegs, labels, *extra = graph()
+        outputs = (jpegs, labels, *extra) if spec.mode == "raw" else (_train(jpegs, spec), labels, jpegs, *extra)
+        pipe.set_outputs(*outputs)
+    pipe.build()
+    return pipe
+
+
+def file_pipeline(spec: PipelineSpec, files: Sequence[str], labels: Sequence[int]) -> Any:
+    """fn.readers.file over FILES (absolute paths, in this order) with their LABELS."""
+    from nvidia.dali import fn
+
+    def graph() -> tuple[Any, ...]:
+        return fn.readers.file(
+            files=list(files), labels=[int(x) for x in labels], random_shuffle=False, pad_last_batch=True, name=READER
+        )
+
+    return _build(spec, graph)
+
+
+def webdataset_pipeline(spec: PipelineSpec, paths: Sequence[str], index_paths: Sequence[str] | None) -> Any:
+    """fn.readers.webdataset over shard PATHS (folders or s3:// URLs) with their DALI indexes."""
+    from nvidia.dali import fn
+
+    def graph() -> tuple[Any, ...]:
+        jpegs, cls, meta = fn.readers.webdataset(
+            paths=list(paths),
+            index_paths=list(index_paths) if index_paths else None,
+            ext=[IMAGE_EXTS, "cls", "json"],
+            missing_component_behavior="error",
+            pad_last_batch=True,
+            name=READER,
+        )
+        return jpegs, cls, meta
+
+    return _build(spec, graph)
+
+
+def external_pipeline(spec: PipelineSpec, source: Callable[[], tuple[list[Any], Any]]) -> Any:
+    """fn.external_source(batch=True) fed by SOURCE, a callable returning (encoded images, labels)."""
+    from nvidia.dali import fn, types
+
+    def graph() -> tuple[Any, ...]:
+        return tuple(fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]))
+
+    return _build(spec, graph)

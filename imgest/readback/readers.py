@@ -1,0 +1,124 @@
+"""Each reader, built over a ReadSet and run for one epoch through the same DALI pipeline.
+
+| reader | how |
+| --- | --- |
+| ``files`` | ``fn.readers.file`` over the files target (the baseline) |
+| ``shards-folder`` | ``fn.readers.webdataset`` with our ``.idx`` files |
+| ``shards-s3-dali`` | ``fn.readers.webdataset`` over ``s3://`` URLs (DALI's own S3 support) |
+| ``shards-s3-stream`` | imgest's streaming reader (whole-shard GETs in parallel, shuffle buffer) |
+| ``shards-s3-webdataset`` | ``webdataset.WebDataset`` streaming the same objects (the peer) |
+| ``cassandra`` | imgest's Cassandra reader (prefetch, requests in flight, out-of-order window) |
+| ``cassandra-simple`` | one ``execute_concurrent_with_args`` per batch, no prefetch (the straightforward one) |
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from imgest.readback.datasets import ReadSet, json_meta
+from imgest.readback.measure import Identify, RunResult, measure
+from imgest.readback.pipelines import PipelineSpec, external_pipeline, file_pipeline, webdataset_pipeline
+
+log = logging.getLogger(__name__)
+ExternalBatch = tuple[list[np.ndarray], np.ndarray, list[str], list[str | None]]  # images, labels, ids, sha256s
+
+
+class FeedQueue:
+    """An external_source callable over an iterator of batches; remembers ids and sha256s in feeding order."""
+
+    def __init__(self, batches: Iterator[ExternalBatch]) -> None:
+        self.batches = batches
+        self.pending: collections.deque[tuple[str, str | None]] = collections.deque()
+
+    def __call__(self) -> tuple[list[np.ndarray], np.ndarray]:
+        images, labels, ids, shas = next(self.batches)  # StopIteration ends the epoch
+        self.pending.extend(zip(ids, shas, strict=True))
+        return images, labels
+
+    def identify(self, out: tuple[Any, ...], i: int) -> tuple[str, int, str | None]:
+        key, sha = self.pending.popleft()
+        return key, int(out[1].at(i)), sha
+
+
+def run_external(
+    name: str, rs: ReadSet, spec: PipelineSpec, batches: Iterator[ExternalBatch], settings: dict[str, Any], **kw: Any
+) -> RunResult:
+    """A reader that feeds fn.external_source."""
+    feed = FeedQueue(batches)
+    pipe = external_pipeline(spec, feed)
+    return measure(name, pipe, spec.mode, rs.expected, feed.identify, total=len(rs), settings=settings, **kw)
+
+
+def run_files(rs: ReadSet, spec: PipelineSpec, **kw: Any) -> RunResult:
+    """fn.readers.file over the files target, in ReadSet order."""
+    by_path = dict(zip(rs.paths, rs.ids, strict=True))
+    pipe = file_pipeline(spec, rs.paths, rs.labels)
+    at = 0 if spec.mode == "raw" else 2
+
+    def identify(out: tuple[Any, ...], i: int) -> tuple[str, int, str | None]:
+        return by_path[out[at][i].source_info()], int(out[1].at(i)[0]), None
+
+    return measure("files", pipe, spec.mode, rs.expected, identify, settings={"reader": "fn.readers.file"}, **kw)
+
+
+def _webdataset_identify(spec: PipelineSpec) -> Identify:
+    meta_at = 2 if spec.mode == "raw" else 3
+
+    def identify(out: tuple[Any, ...], i: int) -> tuple[str, int, str | None]:
+        meta = json_meta(out[meta_at].at(i))
+        return meta["id"], int(out[1].at(i).tobytes()), meta.get("sha256")
+
+    return identify
+
+
+def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: Any) -> RunResult:
+    """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix)."""
+    paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
+    pipe = webdataset_pipeline(spec, paths, [p[:-4] + ".idx" for p in paths])
+    settings = {"reader": "fn.readers.webdataset", "shards": len(paths)}
+    return measure(name, pipe, spec.mode, rs.expected, _webdataset_identify(spec), settings=settings, **kw)
+
+
+def s3_stream_batches(stream: Any) -> Iterator[ExternalBatch]:
+    """Batches of imgest's streaming shard reader, with each sample's recorded sha256."""
+    for images, labels, keys, metas in stream.epoch_batches():
+        yield images, labels, keys, [m.get("sha256") for m in metas]
+
+
+def webdataset_batches(urls: list[str], batch_size: int, opener: Callable[[str], Any]) -> Iterator[ExternalBatch]:
+    """Batches of webdataset.WebDataset streaming s3:// URLS, each opened with OPENER (the peer of our reader)."""
+    import webdataset as wds
+    from webdataset.gopen import gopen_schemes
+
+    gopen_schemes["s3"] = lambda url, mode="rb", bufsize=8192, **kw: opener(url)
+    batch: list[dict[str, Any]] = []
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        batch.append(sample)
+        if len(batch) == batch_size:
+            yield _wds_columns(batch)
+            batch = []
+    if batch:
+        yield _wds_columns(batch)
+
+
+def _wds_columns(batch: list[dict[str, Any]]) -> ExternalBatch:
+    import json
+
+    metas = [json.loads(s["json"]) for s in batch]
+    images = [
+        np.frombuffer(
+            next(v for k, v in s.items() if k not in ("cls", "json") and not k.startswith("__")), dtype=np.uint8
+        )
+        for s in batch
+    ]
+    return (
+        images,
+        np.array([int(s["cls"]) for s in batch], dtype=np.int32),
+        [m["id"] for m in metas],
+        [m.get("sha256") for m in metas],
+    )
