@@ -90,19 +90,25 @@ def open_engines(
         yield readers, skipped
 
 
-def run_check(root: Path, cfg: CheckConfig, advance: Advance = _noop) -> CheckReport:
-    """Run every engine of CFG over the files dataset at ROOT; the report says what matched and how fast."""
+def run_check(
+    root: Path, cfg: CheckConfig, advance: Advance = _noop, skip: dict[str, str] | None = None
+) -> CheckReport:
+    """Run every engine of CFG over the files dataset at ROOT; the report says what matched and how fast.
+
+    SKIP names engines the caller already knows cannot run here, with the reason.
+    """
     splits = load(root, cfg)
-    block_map, block_reason = (None, "not asked for")
-    if "xnvme_block" in cfg.engines:
+    block_map, block_reason = (None, (skip or {}).get("xnvme_block", "not asked for"))
+    if "xnvme_block" in cfg.engines and "xnvme_block" not in (skip or {}):
         block_map, block_reason = block_map_or_reason(root, splits, advance)
     results = []
     ref_labels: dict[str, int] = {}
     engines = sorted(cfg.engines, key=lambda e: e != "dali_file")  # the reference first: it sets the labels
     with open_engines(root, replace(cfg, engines=tuple(engines)), block_map, block_reason) as (readers, skipped):
         for name in engines:
-            if name in skipped:
-                results.append(EngineResult(name, status="skipped", reason=skipped[name]))
+            reason = (skip or {}).get(name) or skipped.get(name)
+            if reason:
+                results.append(EngineResult(name, status="skipped", reason=reason))
                 continue
             reader = readers[name]
             read = None if reader is None else reader.read_batch
