@@ -122,6 +122,7 @@ def run_engine(
     """Verify then time one engine over every split (READ is None for the reference reader)."""
     result = EngineResult(name)
     for split in splits:
+        label_of = {s.path: s.label for s in split.samples}
         passes = []
         for round_ in range(1 + cfg.rounds):
             got, seconds = (
@@ -130,6 +131,7 @@ def run_engine(
             if round_ == 0:
                 if read is None:
                     ref_labels.update({path: label for path, _, label in got})
+                    got = [(p, d, label_of[p]) for p, d, _ in got if p in label_of]  # our labels vs the reader's
                 missing = {s.path for s in split.samples} - {path for path, _, _ in got}
                 result.mismatches.extend(
                     {"engine": name, "path": p, "expected": "present", "actual": "not read"} for p in sorted(missing)
