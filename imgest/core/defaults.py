@@ -43,3 +43,15 @@ SPARK_PARTITIONS: Final = 0  # automatic
 def shard_dest(dataset: str) -> str:
     """Where a dataset's shards go when no destination is given."""
     return f"s3://{S3_BUCKET}/{dataset}"
+
+
+# xNVMe validation (imgest validate xnvme, the DAG's validate_xnvme task)
+XNVME_ENGINES: Final = ("dali_file", "python_file", "xnvme_file", "xnvme_block")
+XNVME_BATCH_SIZE: Final = 64
+XNVME_QUEUE_DEPTH: Final = 32  # block engine: reads in flight across a batch
+XNVME_FILE_QUEUE_DEPTH: Final = 4  # file engine: pieces of one file in flight
+XNVME_FILE_CHUNK: Final = 32 * 1024  # file engine: bytes per piece
+XNVME_ROUNDS: Final = 3  # timed passes per engine after the verifying one; the median is reported
+XNVME_THREADS: Final = 2  # DALI CPU threads
+XNVME_SWEEP: Final = (1, 2, 4, 8, 16, 32, 64)
+XNVME_LOOP_MB: Final = 0  # size of the loop filesystem image; 0: from the dataset's size
