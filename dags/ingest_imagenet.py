@@ -10,9 +10,11 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetAlias, Param, task
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
-from imgest.operators.s3 import EnsureBucketOperator, VerifyShardsOperator
-from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
+from imgest.operators.readback import ReadThroughputOperator
+from imgest.operators.s3 import EnsureBucketOperator, VerifyFilesOperator, VerifyShardsOperator
+from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator, WriteFilesSubmitOperator
 from imgest.operators.splits import BuildSplitOperator
+from imgest.operators.validate import ValidateXnvmeOperator
 
 from imgest.flow.request import param_specs
 
@@ -21,7 +23,9 @@ REQUEST = "{{ ti.xcom_pull(task_ids='validate') }}"
 MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
 CASSANDRA_ARGS = "{{ ti.xcom_pull(task_ids='scan')['cassandra_args'] }}"
 SHARDS_ARGS = "{{ ti.xcom_pull(task_ids='scan')['shards_args'] }}"
+FILES_ARGS = "{{ ti.xcom_pull(task_ids='scan')['files_args'] }}"
 SHARD_DEST = "{{ ti.xcom_pull(task_ids='validate')['s3_dest'] or 's3://imgest/' ~ params.dataset }}"
+FILES_DEST = "{{ ti.xcom_pull(task_ids='scan')['files_dest'] }}"
 
 DOC = """
 ### Ingest an ImageNet-style dataset
@@ -35,6 +39,13 @@ sample**, pick a **Target**, press *Trigger*.
 - **shards**: `{split}-{index:06d}.tar` webdataset shards with DALI `.idx` files, `manifest.json` last, at the
   *Shard destination* on `aws_default` (or a folder). Read back with `fn.readers.webdataset` or
   `webdataset.WebDataset`.
+- **files**: `<split>/<wnid>/<id>.jpg` (the tree DALI `fn.readers.file` reads) with `samples.parquet` and
+  `manifest.json`, under *Files destination* (default `$IMGEST_HOME/files/<dataset>`).
+
+After the split file, `read_throughput` reads the stored train rows back through DALI with every reader of the
+target (raw bytes and a CPU training pipeline), hashing every sample against its ingest sha256; for the files
+target `validate_xnvme` then reads them with DALI's file reader, the Python file API and xNVMe's file and block
+APIs. Reports and plots land in the work folder and are referenced from the version record.
 
 Every run writes its work folder (manifest, quarantine list, job summary, `split-<target>.npz`) under
 `$IMGEST_HOME/work/<dataset>/`. Bad settings fail `validate` before any Spark work, every problem on its first
@@ -76,7 +87,9 @@ with DAG(
 
     @task.branch
     def choose_target(request: dict[str, Any]) -> str:
-        return f"prepare_{'cassandra' if request['target'] == 'cassandra' else 'bucket'}"
+        return {"cassandra": "prepare_cassandra", "shards": "prepare_bucket", "files": "ingest_files"}[
+            request["target"]
+        ]
 
     prepare_cassandra = ApplyCqlSchemaOperator(
         task_id="prepare_cassandra", request=REQUEST, manifest_dir=MANIFEST_DIR, doc_md="Keyspace and tables."
@@ -97,6 +110,12 @@ with DAG(
     verify_shards = VerifyShardsOperator(
         task_id="verify_shards", dest=SHARD_DEST, doc_md="Every shard of manifest.json present with its sha256."
     )
+    ingest_files = WriteFilesSubmitOperator(
+        task_id="ingest_files", application_args=FILES_ARGS, doc_md="Spark job: write <split>/<wnid>/<id>.jpg files."
+    )
+    verify_files = VerifyFilesOperator(
+        task_id="verify_files", dest=FILES_DEST, doc_md="Every file hashes to its recorded sha256; counts match."
+    )
     build_split = BuildSplitOperator(
         task_id="build_split",
         request=REQUEST,
@@ -105,7 +124,26 @@ with DAG(
         doc_md="Writes split-<target>.npz (ratios, balance, seed) from the ingested train rows.",
     )
 
-    @task(outlets=[DATASETS], doc_md="Announces the verified dataset as an Asset (tables or shard prefix).")
+    read_throughput = ReadThroughputOperator(
+        task_id="read_throughput",
+        request=REQUEST,
+        out_dir=MANIFEST_DIR,
+        doc_md="DALI read-back of the stored train rows, every reader of the target; every byte and label checked.",
+    )
+
+    @task.short_circuit(doc_md="The xNVMe check applies to the files target.")
+    def xnvme_applies(request: dict[str, Any]) -> bool:
+        return request["target"] == "files"
+
+    validate_xnvme = ValidateXnvmeOperator(
+        task_id="validate_xnvme",
+        dataset_dir=FILES_DEST,
+        out_dir=MANIFEST_DIR,
+        loop_fs="{{ ti.xcom_pull(task_ids='validate')['xnvme_loop_fs'] or '' }}",
+        doc_md="DALI file reader vs Python file API vs xNVMe file and block APIs, byte-exact.",
+    )
+
+    @task(outlets=[DATASETS], doc_md="Announces the verified dataset as an Asset (tables, shard prefix or folder).")
     def publish_asset(request: dict[str, Any], *, outlet_events: Any = None) -> str:
         """Announce the verified dataset as an Asset (keyspace/table or S3 prefix)."""
         from imgest.operators.hooks import ImgestCassandraHook
@@ -123,4 +161,7 @@ with DAG(
     scanned >> branch
     branch >> prepare_cassandra >> ingest_cassandra >> verify_cassandra
     branch >> prepare_bucket >> ingest_shards >> verify_shards
-    [verify_cassandra, verify_shards] >> build_split >> publish_asset(request)
+    branch >> ingest_files >> verify_files
+    published = publish_asset(request)
+    [verify_cassandra, verify_shards, verify_files] >> build_split >> read_throughput >> published
+    read_throughput >> xnvme_applies(request) >> validate_xnvme

@@ -1,4 +1,4 @@
-"""Operators for the shard target: make sure the bucket is reachable, verify a published dataset."""
+"""Operators for the shard and files targets: make sure the bucket is reachable, verify a published dataset."""
 
 from __future__ import annotations
 
@@ -40,3 +40,18 @@ class VerifyShardsOperator(BaseOperator):
         from imgest.flow.steps import verify_shards
 
         return verify_shards(self.dest, store_settings(self.dest, self.aws_conn_id))
+
+
+class VerifyFilesOperator(BaseOperator):
+    """Every file of a files dataset hashes to its recorded sha256 (imgest.flow.steps.verify_files)."""
+
+    template_fields: Sequence[str] = ("dest",)
+
+    def __init__(self, *, dest: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dest = dest
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from imgest.flow.steps import verify_files
+
+        return verify_files(self.dest)

@@ -72,3 +72,9 @@ class PackShardsSubmitOperator(ImgestSparkSubmitOperator):
         from imgest.operators.hooks import ImgestS3Hook
 
         return ImgestS3Hook(aws_conn_id=self.aws_conn_id).spark_env()
+
+
+class WriteFilesSubmitOperator(ImgestSparkSubmitOperator):
+    """jobs/write_files.py: the files target needs no credentials (its folder is on shared storage)."""
+
+    job = "write_files"

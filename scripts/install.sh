@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs imgest from the lock file (reproducible: every package pinned).
 #   scripts/install.sh          runtime lock (Airflow, Spark, Cassandra driver, boto3, DALI, SeaweedFS, ...)
-#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff)
+#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, toxiproxy-server)
 # Both also build libxnvme into .imgest/xnvme/ when the system has none (scripts/build_xnvme.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +28,6 @@ done
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 # libxnvme for `imgest validate xnvme`: optional, so a failed build only skips the xNVMe engines.
 bash scripts/build_xnvme.sh || echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2
+# The test tools' own programs: the TCP latency proxy for the read-back checks.
+[ "${1:-}" = "--dev" ] && bash scripts/build_toxiproxy.sh
 echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version))"

@@ -34,7 +34,7 @@ SPLIT_SEED: Final = 0
 
 LAYOUT: Final = "auto"
 LAYOUTS: Final = ("auto", "cls-loc", "imagefolder", "flat", "tar")
-TARGETS: Final = ("cassandra", "shards")
+TARGETS: Final = ("cassandra", "shards", "files")
 IMAGE_MODES: Final = ("jpeg", "unchanged")
 TABLE_LAYOUTS: Final = ("split-column", "per-split")
 SPARK_PARTITIONS: Final = 0  # automatic
@@ -43,6 +43,16 @@ SPARK_PARTITIONS: Final = 0  # automatic
 def shard_dest(dataset: str) -> str:
     """Where a dataset's shards go when no destination is given."""
     return f"s3://{S3_BUCKET}/{dataset}"
+
+
+def files_dest(dataset: str) -> str:
+    """Where a dataset's files target goes when no destination is given: <state>/files/<dataset>."""
+    from imgest.core.paths import state_dir
+
+    return str(state_dir() / "files" / dataset)
+
+
+XNVME_LOOP_FS: Final = "ext4"  # the DAG's xNVMe check copies the files target onto a loop-mounted filesystem
 
 
 # xNVMe validation (imgest validate xnvme, the DAG's validate_xnvme task)

@@ -19,7 +19,7 @@ from imgest.transform.image import TransformSpec
 S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
 DATASET_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET = re.compile(DATASET_PATTERN)
-SECTIONS = ("Source", "Target", "Transform", "Cassandra", "Shards", "Splits", "Spark")
+SECTIONS = ("Source", "Target", "Transform", "Cassandra", "Shards", "Files", "Splits", "Checks", "Spark")
 
 
 def _param(default: Any, title: str, section: str, description: str = "", **schema: Any) -> Any:
@@ -63,7 +63,8 @@ class IngestRequest:
         "cassandra",
         "Target",
         "Target",
-        "cassandra: data + metadata tables (cassandra-dali-plugin layout); shards: webdataset tars with DALI indexes",
+        "cassandra: data + metadata tables (cassandra-dali-plugin layout); shards: webdataset tars with DALI "
+        "indexes; files: <split>/<wnid>/<id>.jpg, the tree DALI fn.readers.file reads",
         enum=list(defaults.TARGETS),
     )
     image_mode: str = _param(
@@ -121,6 +122,13 @@ class IngestRequest:
         defaults.SHARD_MAX_BYTES, "Bytes per shard, at most", "Shards", "at least 65536", minimum=65536
     )
     shuffle_seed: int = _param(defaults.SHUFFLE_SEED, "Shuffle seed", "Shards", "same input and seed, same shards")
+    files_dest: str | None = _param(
+        None,
+        "Files destination",
+        "Files",
+        "Absolute folder for the files target, on storage every Spark node sees; empty = <IMGEST_HOME>/files/<dataset>",
+        type=["null", "string"],
+    )
     split_ratios: str = _param(
         defaults.SPLIT_RATIOS,
         "Split ratios",
@@ -132,6 +140,21 @@ class IngestRequest:
         defaults.SPLIT_BALANCE, "Class balance", "Splits", "original, random, or one weight per class (comma separated)"
     )
     split_seed: int = _param(defaults.SPLIT_SEED, "Split seed", "Splits")
+    read_check: bool = _param(
+        True,
+        "Read-back check",
+        "Checks",
+        "Read the stored version back through DALI with every reader that applies; verify every byte and label",
+    )
+    xnvme_loop_fs: str | None = _param(
+        defaults.XNVME_LOOP_FS,
+        "xNVMe check filesystem",
+        "Checks",
+        "Files target only: copy it onto a loop-mounted ext4 or xfs image for xNVMe's block engine "
+        "(needs root; otherwise that engine is skipped with the reason); empty = read it where it is",
+        type=["null", "string"],
+        enum=[None, "ext4", "xfs"],
+    )
     spark_partitions: int = _param(defaults.SPARK_PARTITIONS, "Spark partitions", "Spark", "0 = automatic", minimum=0)
 
     @classmethod
@@ -167,6 +190,8 @@ class IngestRequest:
         dest = self.shard_dest
         if self.target == "shards" and not (S3_URL.match(dest) or dest.startswith("/")):
             errors.append(f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder")
+        if self.files_dest and not self.files_dest.startswith("/"):
+            errors.append(f"files_dest {self.files_dest!r} must be an absolute folder")
         try:
             ratios = [float(r) for r in self.split_ratios.split(",")]
             if len(ratios) < 1 or any(r <= 0 for r in ratios):
@@ -179,6 +204,18 @@ class IngestRequest:
     def shard_dest(self) -> str:
         """The shard destination, defaulting to s3://imgest/<dataset>."""
         return self.s3_dest or defaults.shard_dest(self.dataset)
+
+    @property
+    def files_location(self) -> str:
+        """The files target's folder, defaulting to <state>/files/<dataset>."""
+        return self.files_dest or defaults.files_dest(self.dataset)
+
+    @property
+    def location(self) -> str:
+        """Where the target of this request stores the dataset."""
+        return {"cassandra": self.tables().keyspace, "shards": self.shard_dest, "files": self.files_location}[
+            self.target
+        ]
 
     def transform(self) -> TransformSpec:
         return TransformSpec(self.image_mode.lower(), self.resize, self.crop, self.quality)

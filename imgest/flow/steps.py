@@ -46,6 +46,8 @@ def scan_step(conf: dict[str, Any]) -> dict[str, Any]:
         "summary": report.summary_line(),
         "cassandra_args": cassandra_job_args(request, manifest_dir),
         "shards_args": shards_job_args(request, manifest_dir),
+        "files_args": files_job_args(request, manifest_dir),
+        "files_dest": request.files_location,
     }
 
 
@@ -82,6 +84,11 @@ def shards_job_args(request: IngestRequest, manifest_dir: Path) -> list[str]:
         *("--dest", request.shard_dest, "--max-count", str(spec.max_count)),
         *("--max-bytes", str(spec.max_bytes), "--seed", str(spec.seed)),
     ]
+
+
+def files_job_args(request: IngestRequest, manifest_dir: Path) -> list[str]:
+    """Arguments of jobs/write_files.py for REQUEST."""
+    return [*_common_args(request, manifest_dir, "files"), "--dest", request.files_location]
 
 
 def scanned_splits(manifest_dir: Path) -> list[str]:
@@ -137,6 +144,31 @@ def verify_shards(dest: str, settings: S3Settings | None) -> dict[str, Any]:
     return report.to_dict()
 
 
+def verify_files(dest: str) -> dict[str, Any]:
+    """Every file of DEST's samples.parquet has its sha256; counts match manifest.json; or FilesVerificationError."""
+    from imgest.sinks.files.verify import FilesVerificationError
+    from imgest.sinks.files.verify import verify_files as verify_tree
+
+    report = verify_tree(Path(dest))
+    log.info("verification: %s", json.dumps(report.to_dict()))
+    if not report.ok:
+        raise FilesVerificationError(f"files under {dest} do not match samples.parquet: {report.to_dict()}")
+    return report.to_dict()
+
+
+def read_throughput(
+    conf: dict[str, Any], out_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
+) -> dict[str, Any]:
+    """Read the stored train rows back through DALI with every reader of the target; report, record, verify."""
+    from imgest.readback.step import read_throughput_step
+
+    request = IngestRequest.from_conf(conf)
+    if not request.read_check:
+        return {"skipped": "read_check is off"}
+    settings = {"cassandra": cassandra, "s3": s3, "tables": request.tables(), "dataset": request.dataset}
+    return read_throughput_step(request.target, request.location, out_dir, settings)
+
+
 def build_split(
     conf: dict[str, Any], out_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
 ) -> dict[str, Any]:
@@ -163,10 +195,11 @@ def build_split(
 def _train_rows(request: IngestRequest, cassandra: CassandraSettings | None, s3: S3Settings | None) -> Any:
     from imgest.splits.sources import from_cassandra, from_shards
 
-    if request.target == "shards":
+    if request.target in ("shards", "files"):  # both publish samples.parquet (id, label, split)
         from imgest.sinks.shards.store import open_store
 
-        return from_shards(open_store(request.shard_dest, s3), only_split="train")
+        location = request.shard_dest if request.target == "shards" else request.files_location
+        return from_shards(open_store(location, s3), only_split="train")
     if cassandra is None:
         raise ImgestError("the Cassandra target needs Cassandra settings to read its rows")
     from imgest.sinks.cassandra.client import cassandra_session
@@ -184,8 +217,8 @@ def _train_rows(request: IngestRequest, cassandra: CassandraSettings | None, s3:
 def asset_uri(conf: dict[str, Any], cassandra_address: str) -> str:
     """The Asset a finished run publishes: the Cassandra tables (at CASSANDRA_ADDRESS) or the shard prefix."""
     request = IngestRequest.from_conf(conf)
-    if request.target == "shards":
-        dest = request.shard_dest
+    if request.target != "cassandra":
+        dest = request.location
         return dest if dest.startswith("s3://") else f"file://{dest}"
     tables = request.tables()
     return f"cassandra://{cassandra_address}/{request.keyspace}/{tables.data_table('train')}"

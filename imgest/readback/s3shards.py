@@ -44,29 +44,69 @@ class S3StreamOptions:
     retries: int = 3
 
 
-def tar_samples(data: bytes, where: str) -> Iterator[Sample]:
-    """Samples (image, label, key, meta) of an in-memory webdataset tar, grouped by key."""
-    members: dict[str, dict[str, bytes]] = {}
-    order: list[str] = []
+def _tar_members(data: bytes, where: str) -> Iterator[tuple[str, memoryview]]:
+    """(name, bytes) of each regular file of an in-memory ustar archive, without copying the payloads.
+
+    Our shards are written by imgest's deterministic tar writer: plain ustar headers, names without long-name
+    extensions. Anything else (a pax or GNU long-name header) falls back to the tarfile module.
+    """
+    view, off, end = memoryview(data), 0, len(data)
+    while off + 512 <= end:
+        header = data[off : off + 512]
+        if header.count(0) == 512:  # end-of-archive blocks
+            return
+        kind = header[156:157]
+        if kind not in (b"0", b"\0"):
+            if kind in (b"x", b"g", b"L", b"K"):
+                raise tarfile.ReadError(f"extended header in {where}")
+            size = int(header[124:136].strip(b"\0 ") or b"0", 8)
+            off += 512 + -(-size // 512) * 512
+            continue
+        name = header[0:100].split(b"\0", 1)[0].decode()
+        prefix = header[345:500].split(b"\0", 1)[0].decode()
+        size = int(header[124:136].strip(b"\0 ") or b"0", 8)
+        if off + 512 + size > end:
+            raise tarfile.ReadError(f"truncated member {name} in {where}")
+        yield (f"{prefix}/{name}" if prefix else name), view[off + 512 : off + 512 + size]
+        off += 512 + -(-size // 512) * 512
+
+
+def _members(data: bytes, where: str) -> Iterator[tuple[str, bytes | memoryview]]:
+    try:
+        yield from _tar_members(data, where)
+        return
+    except (tarfile.ReadError, ValueError, UnicodeDecodeError):
+        pass
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             for info in tar:
-                if not info.isfile():
-                    continue
-                key, _, ext = info.name.partition(".")
-                if key not in members:
-                    members[key] = {}
-                    order.append(key)
-                members[key][ext] = tar.extractfile(info).read()  # type: ignore[union-attr]
+                if info.isfile():
+                    yield info.name, tar.extractfile(info).read()  # type: ignore[union-attr]
     except tarfile.TarError as exc:
         raise ShardReadError(f"shard {where} is not a readable tar: {exc}") from None
-    for key in order:
-        parts = members[key]
-        image = next((v for k, v in parts.items() if k not in ("cls", "json")), None)
-        if image is None or "cls" not in parts:
-            raise ShardReadError(f"shard {where}: sample {key} has no image or no .cls member")
-        meta = json.loads(parts["json"]) if "json" in parts else {}
-        yield np.frombuffer(image, dtype=np.uint8), int(parts["cls"]), key, meta
+
+
+def tar_samples(data: bytes, where: str) -> Iterator[Sample]:
+    """Samples (image, label, key, meta) of an in-memory webdataset tar, grouped by key in archive order."""
+    key: str | None = None
+    parts: dict[str, bytes | memoryview] = {}
+    for name, payload in _members(data, where):
+        k, _, ext = name.partition(".")
+        if k != key and key is not None:
+            yield _sample(key, parts, where)
+            parts = {}
+        key = k
+        parts[ext] = payload
+    if key is not None:
+        yield _sample(key, parts, where)
+
+
+def _sample(key: str, parts: dict[str, bytes | memoryview], where: str) -> Sample:
+    image = next((v for k, v in parts.items() if k not in ("cls", "json")), None)
+    if image is None or "cls" not in parts:
+        raise ShardReadError(f"shard {where}: sample {key} has no image or no .cls member")
+    meta = json.loads(bytes(parts["json"])) if "json" in parts else {}
+    return np.frombuffer(image, dtype=np.uint8), int(bytes(parts["cls"])), key, meta
 
 
 class S3ShardStream:

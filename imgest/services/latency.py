@@ -117,3 +117,7 @@ class LatencyProxy:
                     "attributes": {"latency": round(rtt_ms / 2)},
                 }
                 self._call("POST", f"/proxies/{name}/toxics", body)
+
+    def set_enabled(self, name: str, enabled: bool) -> None:
+        """Cut (False) or restore (True) every connection through proxy NAME: a server that went away."""
+        self._call("POST", f"/proxies/{name}", {"enabled": enabled})

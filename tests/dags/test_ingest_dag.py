@@ -48,10 +48,12 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
         "ingest_cassandra",
         "verify_cassandra",
         "build_split",
+        "read_throughput",
         "publish_asset",
     ):
         assert states[task] == "success", (task, states)
     assert states["ingest_shards"] == "skipped"
+    assert states["validate_xnvme"] == "skipped"  # the xNVMe check reads the files target only
     with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
         record = session.execute("SELECT status, quarantine_count FROM imgest_dag_test.dataset_versions").one()
         stored = session.execute("SELECT count(*) FROM imgest_dag_test.data").one()[0]
@@ -63,6 +65,13 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
     out = airflow_home.airflow("connections", "get", "cassandra_default", "-o", "json").stdout
     conn = json.loads(next(line for line in out.splitlines() if line.startswith("[")))[0]
     assert f"cassandra://{conn['host']}:{conn['port']}/imgest_dag_test/data" in uris
+    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+        checks = session.execute("SELECT checks FROM imgest_dag_test.dataset_versions").one().checks
+    report = json.loads(Path(checks["read_throughput"]).read_text())
+    assert {(r["reader"], r["mode"]) for r in report["readers"]} == {
+        (reader, mode) for reader in ("cassandra", "cassandra-simple") for mode in ("raw", "train")
+    }
+    assert all(r["ok"] and r["images"] == 18 + 8 for r in report["readers"])  # every train row, verified
     split = load_split(state_dir() / "work" / "dagtest-c" / "split-cassandra.npz")
     # train rows: class 0 has 6 + the 8 planted images, classes 1 and 2 have 6; 8:2 cuts are [11,3], [5,1], [5,1]
     assert [len(p) for p in split.parts] == [21, 5]
@@ -77,16 +86,39 @@ def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source:
     ok, _, tail = run_dag(airflow_home, conf)
     assert ok, tail
     states = _states(airflow_home)
-    for task in ("prepare_bucket", "ingest_shards", "verify_shards", "build_split", "publish_asset"):
+    for task in ("prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput", "publish_asset"):
         assert states[task] == "success", (task, states)
     assert states["ingest_cassandra"] == "skipped"
     client = s3_server.settings().client()
     doc = json.loads(client.get_object(Bucket="imgest", Key="tests/dag-shards/manifest.json")["Body"].read())
     assert sum(doc["samples"].values()) == 18 + 6 + 8
     assert all(s["samples"] <= 10 for s in doc["shards"])
+    report = json.loads((state_dir() / "work" / "dagtest-s" / "read_throughput.json").read_text())
+    assert {r["reader"] for r in report["readers"]} >= {"shards-s3-stream", "shards-s3-webdataset"}
+    assert all(r["ok"] and r["images"] == 18 + 8 for r in report["readers"])  # every train sample, verified
+    assert doc["checks"]["read_throughput"].endswith("read_throughput.json")  # referenced from manifest.json
     split = load_split(state_dir() / "work" / "dagtest-s" / "split-shards.npz")
     assert [len(p) for p in split.parts] == [21, 5]  # every train sample, cut 8:2 per class
     assert split.source["location"] == dest
+
+
+def test_files_target_with_read_back_and_xnvme(airflow_home: AirflowServer, source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "files"
+    conf = {"target": "files", "source": str(source), "dataset": "dagtest-f", "files_dest": str(dest)}
+    ok, _, tail = run_dag(airflow_home, conf)
+    assert ok, tail
+    states = _states(airflow_home)
+    for task in ("ingest_files", "verify_files", "build_split", "read_throughput", "validate_xnvme", "publish_asset"):
+        assert states[task] == "success", (task, states)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert sum(manifest["samples"].values()) == 18 + 6 + 8
+    assert len(list(dest.glob("train/*/*.jpg"))) == 18 + 8
+    work = state_dir() / "work" / "dagtest-f"
+    xnvme = json.loads((work / "validate_xnvme.json").read_text())
+    assert xnvme["ok"] is True
+    assert {e["engine"] for e in xnvme["engines"]} >= {"dali_file", "python_file"}
+    assert manifest["checks"]["read_throughput"] == str(work / "read_throughput.json")
+    assert [len(p) for p in load_split(work / "split-files.npz").parts] == [21, 5]
 
 
 def test_bad_conf_fails_before_any_spark_work(airflow_home: AirflowServer) -> None:
