@@ -155,7 +155,7 @@ def test_param_outside_its_schema_is_refused(airflow_home: AirflowServer) -> Non
     ok, _, tail = run_dag(airflow_home, {"sample": True, "target": "hdfs"})
     assert not ok
     assert "ParamValidationError" in tail  # refused by the Param schema, not by the validate task
-    assert "'hdfs' is not one of ['cassandra', 'shards']" in tail
+    assert "'hdfs' is not one of ['cassandra', 'shards', 'files']" in tail
     assert _run_count(airflow_home) == before  # no run was created, so no task ran
 
 
