@@ -32,7 +32,7 @@ from imgest.sinks.cassandra.ingest import (
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import manifest_frame, progress_log
+from imgest.spark.submit import emit_summary, manifest_frame, progress_log
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -121,9 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tables": cfg.tables.tables(splits),
             **summary(total, seconds, scan_quarantine),
         }
-        print(json.dumps(report, indent=2), flush=True)
-        if args.summary_json:
-            args.summary_json.write_text(json.dumps(report, indent=2) + "\n")
+        emit_summary(report, args.summary_json)
         spark.stop()
         return 0
     except ImgestError as exc:

@@ -9,7 +9,6 @@ environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), nev
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -35,7 +34,7 @@ from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, wr
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import progress_log
+from imgest.spark.submit import emit_summary, progress_log
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.pack_shards")
@@ -130,9 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "samples_per_s": round(rows / seconds, 1),
             "mb_per_s": round(manifest["bytes"] / 1e6 / seconds, 2),
         }
-        print(json.dumps(summary, indent=2), flush=True)
-        if args.summary_json:
-            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        emit_summary(summary, args.summary_json)
         spark.stop()
         return 0
     except ImgestError as exc:

@@ -9,7 +9,6 @@ every Spark node sees. Files are staged under DEST/_staging/ and published toget
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -24,7 +23,7 @@ from imgest.sinks.cassandra.ingest import transform_key
 from imgest.sinks.files.write import FilesConfig, FilesPartResult, build_manifest, publish, write_partition
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import manifest_frame, progress_log
+from imgest.spark.submit import emit_summary, manifest_frame, progress_log
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.write_files")
@@ -98,9 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "seconds": round(seconds, 2),
             "images_per_s": round(rows / seconds, 1),
         }
-        print(json.dumps(summary, indent=2), flush=True)
-        if args.summary_json:
-            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        emit_summary(summary, args.summary_json)
         spark.stop()
         return 0
     except ImgestError as exc:

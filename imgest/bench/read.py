@@ -229,35 +229,25 @@ def server_pids() -> list[int]:
     return [p for p in pids if p]
 
 
-def main(
-    json_out: Path,
-    plot_out: Path | None,
-    images: int,
-    rounds: int,
-    rtts: list[float],
-    depths: list[int],
-    batch_size: int = 64,
-) -> dict[str, Any]:
-    """Prepare, run every reader ROUNDS times pinned, sweep latency, print the table, write JSON (and plot)."""
+def measure_all(images: int, rounds: int, rtts: list[float], depths: list[int], batch_size: int) -> dict[str, Any]:
+    """Prepare, then every reader ROUNDS times (after a warm-up round) and the latency sweep, pinned."""
     from imgest.readback.pinning import pinned
     from imgest.services import CassandraServer, S3Server
+    from imgest.services.latency import LatencyProxy
 
-    for service in (CassandraServer.default(), S3Server.default()):
+    services = [CassandraServer.default(), S3Server.default(), *([LatencyProxy.default()] if rtts else [])]
+    for service in services:
         service.up()
     cassandra, s3 = CassandraSettings.from_env(), S3Settings.from_env()
     where = prepare(images)
     sets = read_sets(where, cassandra, s3)
     opts = ReadCheckOptions(batch_size=batch_size)
-    if rtts:
-        from imgest.services.latency import LatencyProxy
-
-        LatencyProxy.default().up()
     with pinned(server_pids()) as pinning:
         one_round(sets, where, cassandra, s3, opts)  # warm-up: page cache, JIT of the servers, connections
         runs = [one_round(sets, where, cassandra, s3, opts) for _ in range(rounds)]
         sweep = latency_sweep(sets, where, cassandra, s3, rtts, depths, batch_size) if rtts else []
     rows = medians([r for r, _ in runs])
-    report = {
+    return {
         "machine": machine_info(),
         "pinning": pinning,
         "images": {k: len(v) for k, v in sets.items()},
@@ -269,29 +259,40 @@ def main(
         "latency_sweep": sweep,
         "latency_kept": kept_under_latency(sweep),
     }
-    print(
-        format_table(
-            rows,
-            [
-                ("reader", "reader"),
-                ("mode", "mode"),
-                ("images_per_s", "img/s"),
-                ("min", "min"),
-                ("max", "max"),
-                ("mb_per_s", "MB/s"),
-                ("batch_ms_p50", "p50 ms"),
-                ("batch_ms_p99", "p99 ms"),
-                ("cpu_cores", "cpu"),
-                ("verified", "verified"),
-            ],
-        )
-    )
-    print(f"pinning: {pinning}")
+
+
+def main(
+    json_out: Path,
+    plot_out: Path | None,
+    images: int,
+    rounds: int,
+    rtts: list[float],
+    depths: list[int],
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """Measure, print the table and the target ratios, write JSON (and the plot)."""
+    report = measure_all(images, rounds, rtts, depths, batch_size)
+    columns = [
+        ("reader", "reader"),
+        ("mode", "mode"),
+        ("images_per_s", "img/s"),
+        ("min", "min"),
+        ("max", "max"),
+        ("mb_per_s", "MB/s"),
+        ("batch_ms_p50", "p50 ms"),
+        ("batch_ms_p99", "p99 ms"),
+        ("cpu_cores", "cpu"),
+        ("verified", "verified"),
+    ]
+    print(format_table(report["readers"], columns))
+    print(f"pinning: {report['pinning']}")
     for name, value in {**report["ratios"], **report["latency_kept"]}.items():
         print(f"{name}: {value}")
+    if report["skipped"]:
+        print(f"skipped: {report['skipped']}")
     write_json(json_out, report)
     if plot_out:
-        plot(plot_out, rows, sweep)
+        plot(plot_out, report["readers"], report["latency_sweep"])
     return report
 
 

@@ -92,3 +92,14 @@ class QuarantineLog:
     def read(cls, path: Path) -> QuarantineLog:
         data = json.loads(path.read_text())
         return cls([QuarantineEntry(**e) for e in data["entries"]])
+
+
+def quarantine_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The quarantine section of a published manifest: count, count by reason, entries sorted by path."""
+    from collections import Counter
+
+    return {
+        "count": len(entries),
+        "by_reason": dict(sorted(Counter(q["reason"] for q in entries).items())),
+        "entries": sorted(entries, key=lambda q: q["path"]),
+    }

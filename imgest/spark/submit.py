@@ -136,3 +136,12 @@ def manifest_frame(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any
     rows = df.count()
     n = partitions or max(2 * spark.sparkContext.defaultParallelism, math.ceil(rows / 1000))
     return df.repartition(max(1, min(n, rows))), rows
+
+
+def emit_summary(summary: dict[str, Any], path: Path | None) -> None:
+    """Print a job's JSON summary (the driver log) and write it to PATH when given."""
+    import json
+
+    print(json.dumps(summary, indent=2), flush=True)
+    if path:
+        path.write_text(json.dumps(summary, indent=2) + "\n")

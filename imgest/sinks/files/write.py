@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
-from imgest.core.quarantine import QuarantineLog
+from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.sinks.files.layout import SAMPLES_COLUMNS, STAGING, StoredFile, file_path
 from imgest.sources.manifest import Candidate, ClassInfo
 from imgest.transform.image import TransformSpec
@@ -102,11 +102,7 @@ def build_manifest(
         "samples": dict(sorted(per_split.items())),
         "bytes": sum(f.bytes for f in result.files),
         "classes": [asdict(c) for c in classes],
-        "quarantine": {
-            "count": len(quarantine),
-            "by_reason": dict(sorted(Counter(q["reason"] for q in quarantine).items())),
-            "entries": sorted(quarantine, key=lambda q: q["path"]),
-        },
+        "quarantine": quarantine_summary(quarantine),
         "transform": cfg.spec.as_dict(),
     }
 

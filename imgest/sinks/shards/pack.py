@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
-from imgest.core.quarantine import QuarantineLog
+from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.sinks.shards.plan import ShardSpec, shard_digest
 from imgest.sinks.shards.store import ShardStore
 from imgest.sinks.shards.tar_writer import ShardTarWriter
@@ -202,11 +202,7 @@ def build_manifest(
         "samples": dict(sorted(per_split.items())),
         "bytes": sum(r.bytes for r in records),
         "classes": [asdict(c) for c in classes],
-        "quarantine": {
-            "count": len(quarantine),
-            "by_reason": dict(sorted(Counter(q["reason"] for q in quarantine).items())),
-            "entries": sorted(quarantine, key=lambda q: q["path"]),
-        },
+        "quarantine": quarantine_summary(quarantine),
         "transform": cfg.spec.as_dict(),
         "sharding": asdict(cfg.shards),
     }

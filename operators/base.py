@@ -1,0 +1,37 @@
+"""The shared shape of operators driven by the validated ingest request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.models import BaseOperator
+
+
+class RequestOperator(BaseOperator):
+    """Stores the request (from the validate task's XCom), the work folder and the connection ids."""
+
+    template_fields: Sequence[str] = ("request", "out_dir")
+
+    def __init__(
+        self,
+        *,
+        request: Any,
+        out_dir: str,
+        cassandra_conn_id: str = "cassandra_default",
+        aws_conn_id: str = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.request, self.out_dir = request, out_dir
+        self.cassandra_conn_id, self.aws_conn_id = cassandra_conn_id, aws_conn_id
+
+    def resolved(self) -> tuple[dict[str, Any], Any, Any]:
+        """(request dict, Cassandra settings, S3 settings of the shard destination or None), from the hooks."""
+        from imgest.operators.hooks import ImgestCassandraHook, store_settings
+
+        from imgest.flow.request import IngestRequest
+
+        request = IngestRequest.from_conf(dict(self.request))
+        cassandra = ImgestCassandraHook(self.cassandra_conn_id).settings()
+        return request.as_dict(), cassandra, store_settings(request.shard_dest, self.aws_conn_id)
