@@ -23,7 +23,7 @@ from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 
 log = logging.getLogger(__name__)
-KEYSPACE = "bench_read"
+KEYSPACE = "bench_read"  # one keyspace per dataset size: verify and read-back count every row of a table
 
 
 def prepare(images: int) -> dict[str, Any]:
@@ -39,6 +39,7 @@ def prepare(images: int) -> dict[str, Any]:
         "shards": root / "shards",
         "s3": f"s3://imgest/bench/read-{images}",
         "dataset": f"read{images}",
+        "keyspace": f"{KEYSPACE}_{images}",
     }
     if not (root / "src").is_dir():
         write_sample(root / "src", SampleSpec("imagefolder", 10, max(1, images // 10), 0, seed=3, large_every=0))
@@ -47,7 +48,7 @@ def prepare(images: int) -> dict[str, Any]:
         (where["files"] / "manifest.json", ["ingest", "files", *base, "--dest", str(where["files"])]),
         (where["shards"] / "manifest.json", ["ingest", "shards", *base, "--dest", str(where["shards"])]),
         (None, ["ingest", "shards", *base, "--dest", where["s3"]]),
-        (None, ["ingest", "cassandra", *base, "--keyspace", KEYSPACE, "--verify"]),
+        (None, ["ingest", "cassandra", *base, "--keyspace", where["keyspace"], "--verify"]),
     ]
     marker = root / "prepared.json"
     for done, argv in [] if marker.is_file() else steps:
@@ -67,7 +68,7 @@ def read_sets(where: dict[str, Any], cassandra: CassandraSettings, s3: S3Setting
     from imgest.sinks.shards.store import open_store
 
     with cassandra_session(cassandra) as session:
-        cset = cassandra_set(session, TableLayout(KEYSPACE), where["dataset"])
+        cset = cassandra_set(session, TableLayout(where["keyspace"]), where["dataset"])
     return {
         "files": files_set(Path(where["files"])),
         "shards": shards_set(open_store(str(where["shards"]))),

@@ -185,3 +185,25 @@ def test_readme_example_reads_a_split_part(stored: dict[str, Any], tmp_path: Pat
         env=env,
     ).stdout
     assert f"read {expected} images" in out
+
+
+def _gpu_count() -> int:
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+
+        return int(GetCUDADeviceCount())
+    except Exception:  # no driver / no CUDA runtime: no GPU
+        return 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU for DALI's mixed decoder")
+def test_mixed_decoding_on_gpu_reads_back_exactly(stored: dict[str, Any]) -> None:
+    gpu = replace(OPTS, device_id=0, modes=("train",))
+    _check_gpu = files_runs(files_set(stored["files"]), gpu) + cassandra_runs(
+        stored["cassandra"], _cassandra(stored), gpu, baseline=False
+    )
+    for r in _check_gpu:
+        assert r.device == "gpu"
+        assert r.ok, (r.reader, r.problems)
+        assert r.images == stored["train"]
