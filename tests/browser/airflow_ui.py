@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from playwright.sync_api import Locator, Page
+from playwright.sync_api import Locator, Page, expect
 
 CHROMIUM = "/usr/bin/chromium"
 # The machine's closed network refuses Chromium's background connections: switch them off.
@@ -175,8 +175,10 @@ class AirflowUI:
     def task_states(self, run_id: str) -> dict[str, str]:
         """Each task's state as the run page's task-instance table shows it."""
         self.page.goto(self.run_url(run_id))
+        heading = self.page.get_by_text(re.compile(r"^\d+ Task Instances?$"))
+        total = int(heading.inner_text().split()[0])
         rows = self.page.locator("tbody tr").filter(has=self.page.get_by_test_id("table-cell-state"))
-        rows.first.wait_for()
+        expect(rows).to_have_count(total)  # the table fills in after its heading: wait for every row
         states: dict[str, str] = {}
         for row in rows.all():
             task = row.get_by_test_id("table-cell-task_display_name").inner_text().strip()

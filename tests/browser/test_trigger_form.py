@@ -11,7 +11,7 @@ import pytest
 from imgest.core import defaults
 from imgest.flow.request import SECTIONS
 from imgest.services import CassandraServer
-from tests.browser.airflow_ui import AirflowUI
+from tests.browser.airflow_ui import DAG_ID, AirflowUI
 
 pytestmark = [pytest.mark.browser, pytest.mark.services, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ def test_form_opens_valid_with_sections_in_order(ui: AirflowUI) -> None:
     assert not form.field("Use the generated sample").is_checked()
 
 
-def test_dag_docs_are_shown(ui: AirflowUI) -> None:
+def test_dag_and_task_docs_are_shown(ui: AirflowUI) -> None:
     ui.open_dag()
     ui.page.get_by_role("button", name="Dag Docs").click()
     docs = ui.page.get_by_role("dialog")
@@ -55,6 +55,12 @@ def test_dag_docs_are_shown(ui: AirflowUI) -> None:
     for part in ("cassandra", "shards", "fn.readers.webdataset", "split-cassandra.npz", "manifest.json"):
         assert part in text, part
     ui.shot("dag-docs", docs)
+    ui.page.goto(f"{ui.base_url}/dags/{DAG_ID}/tasks/validate")
+    ui.page.get_by_role("button", name="Documentation").click()
+    task_docs = ui.page.get_by_role("dialog")
+    task_docs.get_by_text("Checks every setting together").wait_for()
+    assert "no Spark" in task_docs.inner_text()
+    ui.shot("task-docs-validate", task_docs)
 
 
 @pytest.mark.parametrize("target", ["cassandra", "shards"])
