@@ -20,7 +20,7 @@ if [ "${1:-}" = "--dev" ] && ! command -v chromium >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
-    echo "imgest install: the browser tests need Chromium: sudo apt-get install chromium (they are skipped without it)" >&2
+    echo "imgest install: the browser tests need Chromium: sudo apt-get install chromium (skipped without it; under CI they fail)" >&2
   fi
 fi
 

@@ -59,6 +59,7 @@ class TriggerForm:
             trigger.click()
         content = self.dialog.get_by_role("region", name=title)
         content.wait_for(state="visible")
+        expect(self.dialog.get_by_role("region")).to_have_count(1)  # the section that was open has closed
         return content
 
     def field(self, title: str) -> Locator:
@@ -127,9 +128,9 @@ class AirflowUI:
         """Keep a screenshot as a test artifact (the element TARGET, or the whole page)."""
         path = self.artifacts / f"{name}.png"
         if target is None:
-            self.page.screenshot(path=path, full_page=True)
+            self.page.screenshot(path=path, full_page=True, animations="disabled")
         else:
-            target.screenshot(path=path)
+            target.screenshot(path=path, animations="disabled")
         return path
 
     def api(self, path: str) -> dict:
@@ -140,6 +141,15 @@ class AirflowUI:
         if not resp.ok:
             raise AssertionError(f"GET /api/v2/{path}: {resp.status} {resp.text()[:200]}")
         return resp.json()
+
+    def wait_for_dag(self, limit_s: float = 300.0) -> None:
+        """Wait until the DAG processor has parsed the DAG (on a fresh AIRFLOW_HOME it is not there at first)."""
+        deadline = time.monotonic() + limit_s
+        headers = {"Authorization": f"Bearer {self.token}"}
+        while not self.page.request.get(f"{self.base_url}/api/v2/dags/{DAG_ID}", headers=headers).ok:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{DAG_ID} not parsed by airflow after {limit_s:.0f}s")
+            time.sleep(2)
 
     def run_ids(self) -> set[str]:
         """Every run of the DAG the API knows."""

@@ -85,6 +85,7 @@ def ui(
     page = context.new_page()
     ui = AirflowUI(page, airflow_ui.url, artifacts)
     ui.login(*admin_login)
+    ui.wait_for_dag()
     yield ui
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
