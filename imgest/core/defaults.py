@@ -32,6 +32,8 @@ SPLIT_RATIOS: Final = "8,2"
 SPLIT_BALANCE: Final = "original"
 SPLIT_SEED: Final = 0
 
+DATASET: Final = "imagenet-sample"
+TARGET: Final = "cassandra"
 LAYOUT: Final = "auto"
 LAYOUTS: Final = ("auto", "cls-loc", "imagefolder", "flat", "tar")
 TARGETS: Final = ("cassandra", "shards", "files")

@@ -44,6 +44,8 @@ base_url = http://{host}:{port}
 
 [scheduler]
 dag_dir_list_interval = 30
+# Also how soon an Asset emitted through an AssetAlias is marked active and so listed in the Assets view.
+parsing_cleanup_interval = 10
 
 [api_auth]
 jwt_secret = {jwt_secret}
