@@ -70,9 +70,13 @@ with DAG(
 
     @task(doc_md="Lists images, labels and ids into `manifest.parquet` in the dataset's work folder.")
     def scan(request: dict[str, Any]) -> dict[str, Any]:
+        """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
+        from imgest.operators.failures import fail_without_retry
+
         from imgest.flow.steps import scan_step
 
-        return scan_step(request)
+        with fail_without_retry():
+            return scan_step(request)
 
     @task.branch
     def choose_target(request: dict[str, Any]) -> str:
