@@ -13,6 +13,7 @@ from imgest.core import workdir
 
 def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra: list[str], failed: str) -> int:
     """Scan if needed, spark-submit JOB with the forwarded option GROUPS; returns the exit code."""
+    from imgest.spark.failures import last_error_sentence
     from imgest.spark.job_options import TRANSFORM_OPTIONS, forward
     from imgest.spark.submit import run_submit, submit_command
 
@@ -21,9 +22,12 @@ def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra
     job_args = ["--manifest-dir", str(work), "--summary-json", str(summary), *extra]
     for group in (*groups, TRANSFORM_OPTIONS):
         job_args += forward(args, group)
-    rc = run_submit(submit_command(job, job_args, args.master))
+    log_file = work / f"spark-{target}.log"
+    rc = run_submit(submit_command(job, job_args, args.master), log_file)
     if rc != 0:
-        print(f"imgest: error: the Spark job failed (exit {rc}); {failed}", file=sys.stderr)
+        sentence = last_error_sentence(log_file) or f"the Spark job failed (exit {rc})"
+        print(f"imgest: error: {sentence}", file=sys.stderr)
+        print(f"imgest: the Spark job exited {rc}; {failed}; full log: {log_file}", file=sys.stderr)
         return rc
     print(f"summary written to {summary}")
     args.manifest_dir = work
