@@ -18,7 +18,7 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError, NothingIngestibleError
 
 IMGEST_ERROR = re.compile(r"^\s*imgest\.[\w.]+?\.\w+: (?P<message>.+)$")
-PYTHON_ERROR = re.compile(r"^\s*(?:[a-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Unavailable|Timeout)\w*: (?P<message>.+)$")
+OTHER_ERROR = re.compile(r"^[\s:]*(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Unavailable|Timeout)\w*: (?P<message>.+)$")
 ERROR_MARK = " ERROR imgest."  # how a job's error line looks in a spark-submit log (see logging formats of jobs/)
 
 
@@ -27,10 +27,12 @@ def failure_sentence(exc: BaseException) -> str:
     if isinstance(exc, ImgestError):
         return str(exc)
     lines = str(exc).splitlines()
-    for pattern in (IMGEST_ERROR, PYTHON_ERROR):
-        found = [m["message"] for line in lines if (m := pattern.match(line))]
-        if found:
-            return found[-1].strip()
+    imgest = [m["message"] for line in lines if (m := IMGEST_ERROR.match(line))]
+    if imgest:
+        return imgest[-1].strip()  # the worker's own error, under the Java frames
+    other = [m["message"] for line in lines if (m := OTHER_ERROR.match(line))]
+    if other:
+        return other[0].strip()  # Spark's summary ("Job aborted due to stage failure: ...")
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
 
 

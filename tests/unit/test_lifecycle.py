@@ -64,3 +64,20 @@ def test_private_makes_folders_0700_and_files_0600(tmp_path: Path) -> None:
     private(secret)
     assert folder.stat().st_mode & 0o777 == 0o700
     assert secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_services_write_logs_and_files_private(tmp_path: Path) -> None:
+    """What a managed service writes (its log, its generated files) is 0600, whatever the caller's umask."""
+    import time
+
+    from imgest.services.process import ManagedProcess
+
+    proc = ManagedProcess("t", tmp_path / "t.pid", tmp_path / "logs" / "t.log")
+    pid = proc.start(["sh", "-c", "echo generated-password > passwords.json; echo started"], cwd=tmp_path)
+    for _ in range(100):
+        if (tmp_path / "passwords.json").exists() and proc.pid() is None:
+            break
+        time.sleep(0.05)
+    assert pid > 0
+    assert (tmp_path / "passwords.json").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "logs" / "t.log").stat().st_mode & 0o777 == 0o600
