@@ -99,9 +99,13 @@ with DAG(
 
     @task(doc_md="Lists images, labels and ids into `manifest.parquet` in `$IMGEST_HOME/work/<dataset>/`.")
     def scan(request: dict[str, Any]) -> dict[str, Any]:
+        """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
+        from imgest.operators.failures import fail_without_retry
+
         from imgest.flow.steps import scan_step
 
-        return scan_step(request)
+        with fail_without_retry():
+            return scan_step(request)
 
     @task.branch(doc_md="Follows the Target: the other branch's tasks are skipped, not failed.")
     def choose_target(request: dict[str, Any]) -> str:

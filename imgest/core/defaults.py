@@ -40,6 +40,8 @@ TARGETS: Final = ("cassandra", "shards", "files")
 IMAGE_MODES: Final = ("jpeg", "unchanged")
 TABLE_LAYOUTS: Final = ("split-column", "per-split")
 SPARK_PARTITIONS: Final = 0  # automatic
+TASK_MAX_FAILURES: Final = 4  # Spark's own default on clusters; local masters get it as local[N,F]
+LOCAL_MASTER: Final = f"local[*,{TASK_MAX_FAILURES}]"
 
 
 def shard_dest(dataset: str) -> str:

@@ -266,9 +266,8 @@ class IngestRequest:
                 build()
             except ConfigError as exc:
                 errors.append(str(exc))
-        dest = self.shard_dest
-        if self.target == "shards" and not (S3_URL.match(dest) or dest.startswith("/")):
-            errors.append(f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder")
+        if self.target == "shards":
+            errors += _dest_problems(self.shard_dest)
         if self.files_dest and not self.files_dest.startswith("/"):
             errors.append(f"files_dest {self.files_dest!r} must be an absolute folder")
         try:
@@ -307,6 +306,16 @@ class IngestRequest:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _dest_problems(dest: str) -> list[str]:
+    """Why the shard destination DEST cannot be used (s3://bucket/prefix or an absolute folder)."""
+    from imgest.sinks.shards.store import dest_problem
+
+    if not (S3_URL.match(dest) or dest.startswith("/")):
+        return [f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder"]
+    problem = dest_problem(dest)
+    return [f"s3_dest: {problem}"] if problem else []
 
 
 def _param_spec(f: Field) -> dict[str, Any]:

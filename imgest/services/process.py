@@ -43,7 +43,9 @@ class ManagedProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with open(self.log_file, "ab") as log:
+            fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.chmod(self.log_file, 0o600)  # logs may hold generated passwords (airflow standalone prints one)
+            with os.fdopen(fd, "ab") as log:
                 proc = subprocess.Popen(
                     list(argv),
                     stdout=log,
@@ -52,6 +54,7 @@ class ManagedProcess:
                     env=env,
                     cwd=cwd,
                     start_new_session=True,
+                    umask=0o077,  # what the service writes (DBs, generated passwords, logs) is private
                 )
         except FileNotFoundError as exc:
             raise ServiceError(f"{self.name}: cannot run {argv[0]!r}: {exc.strerror}") from exc

@@ -15,20 +15,22 @@ from tests.browser.airflow_ui import DAG_ID, AirflowUI
 
 pytestmark = [pytest.mark.browser, pytest.mark.services, pytest.mark.slow]
 
-COMMON = ("validate", "scan", "choose_target", "build_split", "publish_asset")
+COMMON = ("validate", "scan", "choose_target", "build_split", "read_throughput", "publish_asset")
 BRANCH = {
     "cassandra": ("prepare_cassandra", "ingest_cassandra", "verify_cassandra"),
     "shards": ("prepare_bucket", "ingest_shards", "verify_shards"),
+    "files": ("ingest_files", "verify_files"),
 }
-SPARK_TASKS = ("ingest_cassandra", "ingest_shards")
+SPARK_TASKS = ("ingest_cassandra", "ingest_shards", "ingest_files")
 
 
 def _assert_target_ran(states: dict[str, str], target: str) -> None:
-    other = "shards" if target == "cassandra" else "cassandra"
     for task in (*COMMON, *BRANCH[target]):
         assert states[task] == "success", (task, states)
-    for task in BRANCH[other]:
-        assert states[task] == "skipped", (task, states)
+    for other in BRANCH.keys() - {target}:
+        for task in BRANCH[other]:
+            assert states[task] == "skipped", (task, states)
+    assert states["validate_xnvme"] == "skipped"  # the xNVMe check reads the files target only
 
 
 def test_form_opens_valid_with_sections_in_order(ui: AirflowUI) -> None:
