@@ -12,18 +12,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from imgest.core.pids import pid_alive
+
 log = logging.getLogger(__name__)
 PREFIX = "imgest-shard-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale(base: Path | None = None) -> list[Path]:
@@ -32,7 +24,7 @@ def clean_stale(base: Path | None = None) -> list[Path]:
     removed = []
     for path in base.glob(f"{PREFIX}*"):
         pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and path.is_dir() and not _alive(int(pid)):
+        if pid.isdigit() and path.is_dir() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if removed:

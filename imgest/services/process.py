@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imgest.core.errors import ServiceError
+from imgest.core.pids import pid_alive
 
 # Java/Python error lines, and glog's E/F lines (SeaweedFS): 'E1121 05:28:44.1 ...'.
 _ERROR_LINE = re.compile(r"\b(ERROR|FATAL|Exception|Error:)|^[EF]\d{4} ")
@@ -33,7 +34,7 @@ class ManagedProcess:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if _alive(pid):
+        if pid_alive(pid):
             return pid
         self.pid_file.unlink(missing_ok=True)
         return None
@@ -80,29 +81,12 @@ class ManagedProcess:
             return False
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        if pid_alive(pid):
             _signal_group(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            return False
-    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
