@@ -30,6 +30,16 @@ PUBLISHED_MANIFEST = "manifest.json"
 PUBLISHED_SAMPLES = "samples.parquet"
 
 
+def shard_index(shard: str) -> str:
+    """The DALI index object beside SHARD ('train-000000.tar' -> 'train-000000.idx')."""
+    return f"{shard.removesuffix('.tar')}.idx"
+
+
+def shard_info(shard: str) -> str:
+    """The sidecar object beside SHARD holding its label counts and quarantine list (too big for S3 metadata)."""
+    return f"{shard.removesuffix('.tar')}.info.json"
+
+
 def job_summary(target: str) -> str:
     """The summary file the ingest job of TARGET writes."""
     return {"cassandra": CASSANDRA_SUMMARY, "shards": SHARDS_SUMMARY, "files": FILES_SUMMARY}[target]

@@ -92,7 +92,8 @@ def reused_shard(name: str, digest: str, split: str, cfg: PackConfig, store: Sha
             quarantine=live.get("quarantine", []),
         )
     staged = store.staged(name)
-    if staged is not None and staged.get("digest") == digest:
+    info = staged_info(name, digest, store) if staged is not None and staged.get("digest") == digest else None
+    if staged is not None and info is not None:
         log.info("shard %s is already staged with the same inputs; skipped", name)
         return ShardRecord(
             name,
@@ -101,12 +102,21 @@ def reused_shard(name: str, digest: str, split: str, cfg: PackConfig, store: Sha
             int(staged["bytes"]),
             staged["sha256"],
             digest,
-            index=f"{name[:-4]}.idx",
+            index=workdir.shard_index(name),
             reused="staged",
-            labels=json.loads(staged.get("labels", "{}")),
-            quarantine=json.loads(staged.get("quarantine", "[]")),
+            labels=info["labels"],
+            quarantine=info["quarantine"],
         )
     return None
+
+
+def staged_info(name: str, digest: str, store: ShardStore) -> dict[str, Any] | None:
+    """The staged sidecar of shard NAME (labels, quarantine) when it was written for DIGEST, else None."""
+    raw = store.read_staged(workdir.shard_info(name))
+    if raw is None:
+        return None
+    info = json.loads(raw)
+    return info if info.get("digest") == digest else None
 
 
 def pack_shard(
@@ -138,25 +148,35 @@ def pack_shard(
                     on_sample(len(img.data))
         shard = writer.result
         assert shard is not None
-        idx_name = f"{name[:-4]}.idx"
-        idx_path = Path(tmp) / idx_name
-        idx_path.write_text(shard.index)
         bad = [{**asdict(e), "reason": str(e.reason)} for e in quarantine.entries]
-        store.stage(
-            idx_path, idx_name, {"digest": digest, "bytes": str(idx_path.stat().st_size), "samples": "0", "sha256": ""}
-        )
-        meta = {
-            "digest": digest,
-            "sha256": shard.sha256,
-            "bytes": str(shard.nbytes),
-            "samples": str(shard.samples),
-            "labels": json.dumps(dict(labels), sort_keys=True),
-            "quarantine": json.dumps(bad),
-        }
-        store.stage(shard.path, name, meta)  # the shard last: its presence means the index is there too
+        for side, body in (
+            (workdir.shard_index(name), shard.index.encode()),
+            (workdir.shard_info(name), info_bytes(digest, labels, bad)),
+        ):
+            (Path(tmp) / side).write_bytes(body)
+            side_meta = {"digest": digest, "bytes": str(len(body)), "samples": "0", "sha256": ""}
+            store.stage(Path(tmp) / side, side, side_meta)
+        # Object metadata stays small and bounded (S3 allows 2 KB): fixed-size fields only; labels and quarantine
+        # are in the sidecar above and in manifest.json. The shard last: its presence means the sidecars are there.
+        meta = {"digest": digest, "sha256": shard.sha256, "bytes": str(shard.nbytes), "samples": str(shard.samples)}
+        store.stage(shard.path, name, meta)
     return ShardRecord(
-        name, split, shard.samples, shard.nbytes, shard.sha256, digest, idx_name, labels=dict(labels), quarantine=bad
+        name,
+        split,
+        shard.samples,
+        shard.nbytes,
+        shard.sha256,
+        digest,
+        workdir.shard_index(name),
+        labels=dict(labels),
+        quarantine=bad,
     )
+
+
+def info_bytes(digest: str, labels: Counter[str], quarantine: list[dict[str, Any]]) -> bytes:
+    """The sidecar of a shard: its input digest, samples per label and quarantined inputs (deterministic)."""
+    info = {"digest": digest, "labels": dict(labels), "quarantine": quarantine}
+    return json.dumps(info, sort_keys=True).encode()
 
 
 def pack_shards(
@@ -193,6 +213,7 @@ def build_manifest(
                 "bytes": r.bytes,
                 "sha256": r.sha256,
                 "index": r.index,
+                "info": workdir.shard_info(r.name),
                 "digest": r.digest,
                 "labels": r.labels,
                 "quarantine": r.quarantine,
@@ -244,7 +265,7 @@ def publish(
         return False
     if live is not None:
         store.withdraw_manifest()
-    store.publish([n for r in fresh for n in (r.index, r.name)])
+    store.publish([n for r in fresh for n in (r.index, workdir.shard_info(r.name), r.name)])
     if samples is not None:
         store.put_bytes(workdir.PUBLISHED_SAMPLES, samples)
     store.write_manifest(manifest)

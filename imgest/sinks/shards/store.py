@@ -4,6 +4,11 @@ Shards (and their .idx files) are first written under ``<dest>/_staging/``. Publ
 ``<dest>/`` and then writes ``<dest>/manifest.json`` last: a reader that starts from the manifest never
 sees a half-written dataset. Staged shards carry their sha256 and input digest, so an interrupted run
 resumes by skipping what is already staged.
+
+S3 limits (AWS's documented ones) are checked before a request leaves: user metadata of one object at most
+2 KB (names and values, UTF-8), object keys at most 1,024 bytes. Object metadata therefore only holds small
+fixed-size fields; anything that grows with the data (label counts, quarantine lists) goes into a sidecar
+object (``workdir.shard_info``) and the manifest.
 """
 
 from __future__ import annotations
@@ -23,6 +28,31 @@ from imgest.core.settings import S3Settings
 
 log = logging.getLogger(__name__)
 STAGING = "_staging"
+S3_MAX_METADATA_BYTES = 2048  # AWS: user-defined metadata of one object, names + values, UTF-8
+S3_MAX_KEY_BYTES = 1024  # AWS: object key name, UTF-8
+
+
+class ObjectLimitError(ConfigError):
+    """An object name or its metadata would break an S3 limit."""
+
+
+def check_metadata(key: str, meta: dict[str, str]) -> None:
+    """Refuse META for object KEY when it would not fit in S3's 2 KB of user metadata."""
+    size = sum(len(k.encode()) + len(str(v).encode()) for k, v in meta.items())
+    if size > S3_MAX_METADATA_BYTES:
+        raise ObjectLimitError(
+            f"metadata of {key} is {size} bytes, over S3's {S3_MAX_METADATA_BYTES}-byte limit "
+            f"(fields {', '.join(sorted(meta))}); put large values in a sidecar object"
+        )
+
+
+def check_key(key: str) -> str:
+    """KEY, if it fits S3's 1,024-byte limit on key names."""
+    if len(key.encode()) > S3_MAX_KEY_BYTES:
+        raise ObjectLimitError(
+            f"object key {key[:80]}... is {len(key.encode())} bytes, over S3's 1024; use a shorter prefix"
+        )
+    return key
 
 
 class ShardStore(Protocol):
@@ -33,6 +63,8 @@ class ShardStore(Protocol):
     def stage(self, local: Path, name: str, meta: dict[str, str]) -> None: ...
 
     def staged(self, name: str) -> dict[str, str] | None: ...
+
+    def read_staged(self, name: str) -> bytes | None: ...
 
     def publish(self, names: list[str]) -> None: ...
 
@@ -60,6 +92,7 @@ class LocalStore:
         self._staging = root / STAGING
 
     def stage(self, local: Path, name: str, meta: dict[str, str]) -> None:
+        check_metadata(str(self._staging / name), meta)  # the same contract as S3, so tests here catch it
         self._staging.mkdir(parents=True, exist_ok=True)
         partial = self._staging / (name + ".partial")
         try:
@@ -75,6 +108,11 @@ class LocalStore:
             return None
         meta = json.loads(meta_path.read_text())
         return meta if int(meta.get("bytes", -1)) == data_path.stat().st_size else None
+
+    def read_staged(self, name: str) -> bytes | None:
+        """The bytes of staged object NAME, or None when it is not staged."""
+        path = self._staging / name
+        return path.read_bytes() if path.is_file() else None
 
     def publish(self, names: list[str]) -> None:
         for name in names:
@@ -127,7 +165,7 @@ class S3Store:
 
     def _key(self, name: str, staging: bool = False) -> str:
         parts = [p for p in (self.prefix, STAGING if staging else "", name) if p]
-        return "/".join(parts)
+        return check_key("/".join(parts))
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -146,6 +184,7 @@ class S3Store:
 
     def stage(self, local: Path, name: str, meta: dict[str, str]) -> None:
         key = self._key(name, staging=True)
+        check_metadata(key, meta)
         self._call(
             f"uploading {key}",
             self._client.upload_file,
@@ -167,6 +206,17 @@ class S3Store:
             raise
         meta = head.get("Metadata", {})
         return meta if int(meta.get("bytes", -1)) == head["ContentLength"] else None
+
+    def read_staged(self, name: str) -> bytes | None:
+        """The bytes of staged object NAME (a small sidecar), or None when it is not staged."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(name, staging=True))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
 
     def publish(self, names: list[str]) -> None:
         for name in names:

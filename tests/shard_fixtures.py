@@ -1,0 +1,39 @@
+"""A shard's worth of rows over many classes with many quarantined inputs (S3 metadata limits)."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+
+def wide_shard_rows(root: Path, classes: int = 1000, bad: int = 400) -> list[dict[str, Any]]:
+    """One tiny JPEG per class (labels 0..CLASSES-1) and BAD empty files: rows of one shard, in plan form."""
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (90, 120, 150)).save(buf, "JPEG", quality=80)
+    rows: list[dict[str, Any]] = []
+    for i in range(classes + bad):
+        label = i % classes
+        wnid = f"n{label:08d}"
+        rel = f"train/{wnid}/{'bad' if i >= classes else 'img'}_{i:05d}.JPEG"
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"" if i >= classes else buf.getvalue())
+        rows.append(
+            {
+                "id": str(uuid.uuid5(uuid.NAMESPACE_URL, rel)),
+                "split": "train",
+                "rel_path": rel,
+                "wnid": wnid,
+                "label": label,
+                "size": path.stat().st_size,
+                "mtime": path.stat().st_mtime,
+                "container": "",
+                "offset": -1,
+                "shard": "train-000000.tar",
+            }
+        )
+    return rows
