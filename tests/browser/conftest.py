@@ -17,6 +17,7 @@ from playwright.sync_api import Browser, sync_playwright
 from imgest.core.paths import state_dir
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from tests.browser.airflow_ui import CHROMIUM, CHROMIUM_ARGS, AirflowUI
+from tests.conftest import serve
 
 
 def _chromium_or_skip() -> str:
@@ -34,15 +35,7 @@ def _chromium_or_skip() -> str:
 @pytest.fixture(scope="package")
 def airflow_ui(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[AirflowServer]:
     """`airflow standalone` with connections to the embedded services; stopped after this package if we started it."""
-    server = AirflowServer.default()
-    started = False
-    if not server.answers():
-        result = server.up()
-        started = result.started
-        print(f"\n[fixture] {result.message}")
-    yield server
-    if started:
-        server.down()
+    yield from serve(AirflowServer.default())  # type: ignore[misc]
 
 
 @pytest.fixture(scope="package")
