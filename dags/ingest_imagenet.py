@@ -11,6 +11,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, AssetAlias, Param, task
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from imgest.operators.readback import ReadThroughputOperator
+from imgest.operators.refresh import DatasetLockOperator
 from imgest.operators.s3 import EnsureBucketOperator, VerifyFilesOperator, VerifyShardsOperator
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator, WriteFilesSubmitOperator
 from imgest.operators.splits import BuildSplitOperator
@@ -73,7 +74,7 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=8,  # runs of different datasets proceed together; the dataset lock keeps one writer each
     render_template_as_native_obj=True,
     tags=["imgest", "ingest"],
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
@@ -166,7 +167,7 @@ with DAG(
         doc_md="DALI read-back of the stored train rows, every reader of the target; every byte and label checked.",
     )
 
-    @task.short_circuit(doc_md="The xNVMe check applies to the files target.")
+    @task.short_circuit(ignore_downstream_trigger_rules=False, doc_md="The xNVMe check applies to the files target.")
     def xnvme_applies(request: dict[str, Any]) -> bool:
         return request["target"] == "files"
 
@@ -187,11 +188,20 @@ with DAG(
 
         settings = ImgestCassandraHook().settings()
         uri = asset_uri(request, f"{settings.hosts[0]}:{settings.port}")
-        outlet_events[DATASETS].add(Asset(uri), extra={"dataset": request["dataset"], "target": request["target"]})
+        extra = {"dataset": request["dataset"], "target": request["target"], "checked": True}  # read back above
+        outlet_events[DATASETS].add(Asset(uri), extra=extra)
         return uri
 
+    dataset = "{{ (ti.xcom_pull(task_ids='validate') or {}).get('dataset', '') }}"
+    lock = DatasetLockOperator(
+        task_id="lock", dataset=dataset, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
+    )
+    release = DatasetLockOperator(
+        task_id="release_lock", dataset=dataset, release=True, trigger_rule="all_done", retries=3
+    )
     request = validate()
     scanned = scan(request)
+    request >> lock >> scanned
     branch = choose_target(request)
     scanned >> branch
     branch >> prepare_cassandra >> ingest_cassandra >> verify_cassandra
@@ -200,3 +210,4 @@ with DAG(
     published = publish_asset(request)
     [verify_cassandra, verify_shards, verify_files] >> build_split >> read_throughput >> published
     read_throughput >> xnvme_applies(request) >> validate_xnvme
+    [published, validate_xnvme] >> release

@@ -9,6 +9,7 @@ environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), nev
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -44,6 +45,8 @@ log = logging.getLogger("imgest.jobs.pack_shards")
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = job_parser("pack_shards", __doc__, SHARD_OPTIONS, TRANSFORM_OPTIONS)
     p.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
+    p.add_argument("--plan", type=Path, help="use this shard plan (a refresh's) instead of planning the manifest")
+    p.add_argument("--version-info", type=Path, help="JSON file recorded as manifest.json's 'version' (refresh)")
     return p.parse_args(argv)
 
 
@@ -61,7 +64,10 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
 
 def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int]:
     """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows)."""
-    plan = plan_shards(args.manifest_dir / workdir.MANIFEST, cfg.shards, cfg.spec)
+    if args.plan:
+        plan = pq.read_table(args.plan)
+    else:
+        plan = plan_shards(args.manifest_dir / workdir.MANIFEST, cfg.shards, cfg.spec)
     plan_path = (args.manifest_dir / workdir.SHARD_PLAN).resolve()
     return plan_path, write_plan(plan, plan_path), plan.num_rows
 
@@ -106,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = load(spark, plan_path, shards, cfg, rows, args.partitions)
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / workdir.CLASSES), scan_quarantine)
+        if args.version_info:
+            manifest["version"] = json.loads(args.version_info.read_text())
         packed = sum(r.samples for r in records) + len([q for r in records for q in r.quarantine])
         if packed != rows:
             raise ImgestError(

@@ -197,16 +197,18 @@ def apply_schema(session: Any, tables: TableLayout, splits: list[str], replicati
     statements = schema_statements(tables, splits, replication_spec)
     for stmt in statements:
         session.execute(stmt, timeout=60)
-    _add_checks_column(session, tables.keyspace)
+    _add_version_columns(session, tables.keyspace)
     return statements
 
 
-def _add_checks_column(session: Any, keyspace: str) -> None:
-    """dataset_versions created before the `checks` column existed get it (reports of read-back checks)."""
+def _add_version_columns(session: Any, keyspace: str) -> None:
+    """dataset_versions created before a column existed get it: `checks` (reports of read-back checks) and
+    `changes` (a refresh's added / changed / removed / unchanged counts)."""
     from cassandra import InvalidRequest
 
-    try:
-        session.execute(f"ALTER TABLE {keyspace}.dataset_versions ADD checks map<text, text>", timeout=60)
-    except InvalidRequest as exc:
-        if "conflicts with an existing column" not in str(exc) and "already exists" not in str(exc):
-            raise
+    for column in ("checks map<text, text>", "changes map<text, int>"):
+        try:
+            session.execute(f"ALTER TABLE {keyspace}.dataset_versions ADD {column}", timeout=60)
+        except InvalidRequest as exc:
+            if "conflicts with an existing column" not in str(exc) and "already exists" not in str(exc):
+                raise

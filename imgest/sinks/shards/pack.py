@@ -255,7 +255,9 @@ def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
 def publish(
     store: ShardStore, records: list[ShardRecord], manifest: dict[str, Any], samples: bytes | None = None
 ) -> bool:
-    """Withdraw the old manifest, move new shards out of staging, write samples.parquet, the manifest last.
+    """Move new shards out of staging, write samples.parquet, the manifest last. The old manifest is withdrawn
+    first only when a new shard replaces an object it lists (a refresh's new shards have new names, so the old
+    manifest stays readable until the new one replaces it).
 
     Returns False, touching nothing, when every shard was already live and the manifest is unchanged.
     """
@@ -263,7 +265,8 @@ def publish(
     fresh = [r for r in sorted(records, key=lambda r: r.name) if r.reused != "published"]
     if live == manifest and not fresh:
         return False
-    if live is not None:
+    listed = {entry["name"] for entry in (live or {}).get("shards", [])}
+    if live is not None and listed & {r.name for r in fresh}:
         store.withdraw_manifest()
     store.publish([n for r in fresh for n in (r.index, workdir.shard_info(r.name), r.name)])
     if samples is not None:

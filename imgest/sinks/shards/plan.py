@@ -61,21 +61,36 @@ def plan_shards(manifest: Path, shards: ShardSpec, spec: TransformSpec) -> pa.Ta
     table = pq.read_table(manifest)
     parts = []
     for split in sorted(set(table.column("split").to_pylist())):
-        rows = table.filter(pc.equal(table.column("split"), split)).sort_by("id")  # independent of manifest order
-        order = np.random.default_rng([shards.seed, zlib.crc32(split.encode())]).permutation(rows.num_rows)
-        rows = rows.take(pa.array(order))
-        sizes = rows.column("size").to_numpy()
-        names, positions = [], []
-        index = count = used = 0
-        for size in sizes:
-            need = sample_bound(int(size), spec)
-            if count and (count >= shards.max_count or used + need > shards.max_bytes):
-                index, count, used = index + 1, 0, 0
-            names.append(shard_name(split, index))
-            positions.append(count)
-            count, used = count + 1, used + need
-        parts.append(rows.append_column("shard", pa.array(names)).append_column("pos", pa.array(positions, pa.int32())))
+        rows = table.filter(pc.equal(table.column("split"), split))
+        parts.append(cut_shards(rows, split, shards, spec, [shards.seed, zlib.crc32(split.encode())], 0))
     return pa.concat_tables(parts) if parts else table
+
+
+def cut_shards(
+    rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, seed: list[int], first: int
+) -> pa.Table:
+    """ROWS (one split) in a SEED-shuffled order, cut into shards named from index FIRST, with positions."""
+    rows = rows.sort_by("id")  # independent of manifest order
+    order = np.random.default_rng(seed).permutation(rows.num_rows)
+    rows = rows.take(pa.array(order))
+    sizes = rows.column("size").to_numpy()
+    names, positions = [], []
+    index, count, used = first, 0, 0
+    for size in sizes:
+        need = sample_bound(int(size), spec)
+        if count and (count >= shards.max_count or used + need > shards.max_bytes):
+            index, count, used = index + 1, 0, 0
+        names.append(shard_name(split, index))
+        positions.append(count)
+        count, used = count + 1, used + need
+    return rows.append_column("shard", pa.array(names, pa.string())).append_column(
+        "pos", pa.array(positions, pa.int32())
+    )
+
+
+def shard_index_of(name: str) -> int:
+    """'train-000012.tar' -> 12."""
+    return int(name.removesuffix(".tar").rsplit("-", 1)[1])
 
 
 def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:

@@ -1,0 +1,122 @@
+"""refresh_<name>: one scheduled DAG per dataset of the datasets file (`$IMGEST_DATASETS_FILE`).
+
+Parsing reads that one small TOML file and nothing else. Each run takes the dataset's write lock, scans the
+source again and, per target, compares with the last complete version: no change, no Spark job and no new
+version; otherwise the added and changed images are ingested, removed ones deleted (Cassandra) or their
+shards re-cut (shards), the new version verified and announced as an Asset, which triggers `check_datasets`.
+Malformed entries are reported by `refresh_datasets_errors.py` (an import error naming entry and field); the
+valid entries' DAGs still load from this file.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Asset, AssetAlias, TaskGroup, task
+from imgest.operators.cassandra import ApplyCqlSchemaOperator
+from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
+from imgest.operators.s3 import EnsureBucketOperator
+from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
+
+from imgest.flow.registry import DatasetEntry, load_registry
+
+DATASETS = AssetAlias("imgest-datasets")
+MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
+
+
+def _doc(entry: DatasetEntry) -> str:
+    targets = ", ".join(entry.targets)
+    return (
+        f"### Refresh `{entry.name}`\n\n{entry.description}\n\nSchedule `{entry.schedule}`, targets {targets}, "
+        f"settings `{entry.settings}` (from the datasets file). Each run ingests only what changed since the last "
+        "complete version; a run that finds no change starts no Spark job and records no version."
+    )
+
+
+def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
+    """plan -> changed? -> prepare -> ingest (Spark) -> finish -> publish, for one target."""
+    conf = entry.conf(target)
+    plan_args = "{{ ti.xcom_pull(task_ids='" + target + ".plan')['job_args'] }}"
+
+    @task(task_id="plan", doc_md="Scan vs the last complete version: added, changed, removed, unchanged.")
+    def plan(scan_result: dict[str, Any]) -> dict[str, Any]:
+        from pathlib import Path
+
+        from imgest.flow.refresh import plan_refresh
+
+        return plan_refresh(conf, Path(scan_result["manifest_dir"]))
+
+    @task.short_circuit(
+        task_id="changed",
+        ignore_downstream_trigger_rules=False,
+        doc_md="No change: the rest of this target is skipped (no Spark job).",
+    )
+    def changed(result: dict[str, Any]) -> bool:
+        return bool(result["changed"])
+
+    @task(task_id="publish", outlets=[DATASETS], doc_md="Announces the new version as an Asset.")
+    def publish(result: dict[str, Any], *, outlet_events: Any = None) -> str:
+        from imgest.operators.hooks import ImgestCassandraHook
+
+        from imgest.flow.steps import asset_uri
+
+        settings = ImgestCassandraHook().settings()
+        uri = asset_uri(conf, f"{settings.hosts[0]}:{settings.port}")
+        extra = {"dataset": entry.name, "target": target, "version": result["version"], "conf": conf}
+        outlet_events[DATASETS].add(Asset(uri), extra={**extra, "changes": result["counts"]})
+        return uri
+
+    with TaskGroup(target):
+        planned = plan(scanned)
+        if target == "cassandra":
+            prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
+            ingest = CassandraIngestSubmitOperator(task_id="ingest", application_args=plan_args)
+        else:
+            from imgest.flow.request import IngestRequest
+
+            prepare = EnsureBucketOperator(task_id="prepare", dest=IngestRequest.from_conf(conf).shard_dest)
+            ingest = PackShardsSubmitOperator(task_id="ingest", application_args=plan_args)
+        finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
+        changed(planned) >> prepare >> ingest >> finish
+        published = publish(finish.output)
+    return published
+
+
+def build_refresh_dag(entry: DatasetEntry) -> DAG:
+    with DAG(
+        dag_id=f"refresh_{entry.name}",
+        description=f"Incremental refresh of {entry.name} ({', '.join(entry.targets)})",
+        doc_md=_doc(entry),
+        schedule=entry.schedule,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        render_template_as_native_obj=True,
+        tags=["imgest", "refresh"],
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
+    ) as dag:
+        lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")
+        release = DatasetLockOperator(
+            task_id="release_lock", dataset=entry.name, release=True, trigger_rule="all_done", retries=3
+        )
+
+        @task(task_id="scan", doc_md="Scans the source into the dataset's work folder.")
+        def scan() -> dict[str, Any]:
+            from imgest.operators.failures import fail_without_retry
+
+            from imgest.flow.steps import scan_step
+
+            with fail_without_retry():
+                return scan_step(entry.conf(entry.targets[0]))
+
+        scanned = scan()
+        lock >> scanned
+        for target in entry.targets:
+            _target_group(entry, target, scanned) >> release
+    return dag
+
+
+REGISTRY = load_registry()
+for _entry in REGISTRY.entries:
+    globals()[f"refresh_{_entry.name}"] = build_refresh_dag(_entry)

@@ -1,0 +1,202 @@
+"""Incremental refresh of a registered dataset: the steps the `refresh_<name>` DAGs (and `imgest refresh`) run.
+
+    scan (the ingest's own step) -> plan_refresh -> [Spark job on the delta] -> finish_refresh
+
+``plan_refresh`` compares the new scan with the baseline of the last complete version of the target
+(``<work>/refresh/<target>/``) and writes what the job needs: the delta manifest (added + changed images) for
+Cassandra, the shard plan (untouched shards kept, the rest re-cut) for shards. ``finish_refresh`` applies the
+rest (Cassandra: re-stamp unchanged rows, delete removed ones), verifies the new version and only then moves
+the baseline forward. A failed refresh leaves the baseline where it was; the next run redoes the same version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from imgest.core import workdir
+from imgest.core.errors import ConfigError
+from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.flow.registry import REFRESH_TARGETS
+from imgest.flow.request import IngestRequest
+from imgest.sources.diff import SourceChanges, diff_manifest, select_ids, write_table
+from imgest.sources.manifest import manifest_metadata
+
+log = logging.getLogger(__name__)
+STATE = "state.json"  # the last complete version: number, name, counts
+BASELINE = "baseline.parquet"  # its manifest rows with source sha256
+PLAN = "plan.parquet"  # its shard plan (shards target)
+PENDING = "pending.json"  # the version being made: what finish_refresh needs
+NEXT_BASELINE = "baseline.next.parquet"
+NEXT_PLAN = "plan.next.parquet"
+VERSION_INFO = "version.json"
+DELTA = "delta"
+
+
+def refresh_dir(dataset: str, target: str) -> Path:
+    return workdir.dataset_workdir(dataset) / "refresh" / target
+
+
+def read_state(dataset: str, target: str) -> dict[str, Any] | None:
+    path = refresh_dir(dataset, target) / STATE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def version_name(request: IngestRequest, number: int) -> str:
+    from imgest.sinks.cassandra.ingest import transform_key
+
+    return f"t-{transform_key(request.transform())}-r{number}"
+
+
+def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
+    """Compare the scan in MANIFEST_DIR with the last complete version; write the delta and return the plan
+    (``changed`` False: nothing to do, no Spark job, no new version)."""
+    request = IngestRequest.from_conf(conf)
+    if request.target not in REFRESH_TARGETS:
+        raise ConfigError(f"refresh supports the targets {', '.join(REFRESH_TARGETS)}, not {request.target!r}")
+    rdir = refresh_dir(request.dataset, request.target)
+    rdir.mkdir(parents=True, exist_ok=True)
+    state = read_state(request.dataset, request.target)
+    manifest = manifest_dir / workdir.MANIFEST
+    root = Path(manifest_metadata(manifest)["root"])
+    changes, baseline = diff_manifest(manifest, rdir / BASELINE if state else None, root)
+    counts = changes.counts()
+    if state and not changes.any:
+        log.info("%s/%s: no change since version %s (%s)", request.dataset, request.target, state["version"], counts)
+        return {"changed": False, "version": state["version"], "counts": counts, "target": request.target}
+    number = state["number"] + 1 if state else 1
+    version = version_name(request, number)
+    write_table(baseline, rdir / NEXT_BASELINE)
+    removed = _removed_rows(rdir / BASELINE if state else None, changes)
+    pending = {
+        "number": number,
+        "version": version,
+        "previous": state["version"] if state else None,
+        "counts": counts,
+        "removed": removed,
+        "planned_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    (rdir / PENDING).write_text(json.dumps(pending))
+    log.info("%s/%s: version %s from %s: %s", request.dataset, request.target, version, pending["previous"], counts)
+    args = (_cassandra_args if request.target == "cassandra" else _shards_args)(request, manifest_dir, changes, pending)
+    return {"changed": True, "version": version, "counts": counts, "target": request.target, "job_args": args}
+
+
+def _removed_rows(baseline: Path | None, changes: SourceChanges) -> list[tuple[str, str]]:
+    if baseline is None or not changes.removed:
+        return []
+    table = select_ids(pq.read_table(baseline, columns=["id", "split"]), changes.removed)
+    return list(zip(table.column("id").to_pylist(), table.column("split").to_pylist(), strict=True))
+
+
+def _cassandra_args(
+    request: IngestRequest, manifest_dir: Path, changes: SourceChanges, pending: dict[str, Any]
+) -> list[str]:
+    """The delta (added + changed) as a work folder of its own; the job upserts it under the new version."""
+    from imgest.flow.steps import cassandra_job_args
+
+    delta = refresh_dir(request.dataset, request.target) / DELTA
+    delta.mkdir(exist_ok=True)
+    table = pq.read_table(manifest_dir / workdir.MANIFEST)
+    write_table(select_ids(table, changes.added + changes.changed), delta / workdir.MANIFEST)
+    for name in (workdir.CLASSES, workdir.SCAN_QUARANTINE, workdir.SCAN_REPORT):
+        shutil.copyfile(manifest_dir / name, delta / name)
+    args = cassandra_job_args(request, delta)
+    return [*args, "--version", pending["version"], "--replace-version"]
+
+
+def _shards_args(
+    request: IngestRequest, manifest_dir: Path, changes: SourceChanges, pending: dict[str, Any]
+) -> list[str]:
+    """The shard plan: the last version's untouched shards plus new ones (everything, the first time)."""
+    from imgest.flow.steps import shards_job_args
+    from imgest.sinks.shards.plan import plan_shards
+    from imgest.sinks.shards.replan import replan
+
+    rdir = refresh_dir(request.dataset, request.target)
+    old = rdir / PLAN
+    if pending["previous"] and old.is_file():
+        table = pq.read_table(manifest_dir / workdir.MANIFEST)
+        touched = changes.removed + changes.changed
+        result = replan(pq.read_table(old), table, touched, request.shards(), request.transform(), pending["number"])
+        plan = result.plan
+        pending.update(kept_shards=len(result.kept), dropped_shards=result.dropped, new_shards=result.new)
+        log.info("shards: %d kept, %d dropped, %d new", len(result.kept), len(result.dropped), len(result.new))
+    else:
+        plan = plan_shards(manifest_dir / workdir.MANIFEST, request.shards(), request.transform())
+    write_table(plan, rdir / NEXT_PLAN)
+    (rdir / PENDING).write_text(json.dumps(pending))
+    info = {
+        "name": pending["version"],
+        "number": pending["number"],
+        "previous": pending["previous"],
+        "changes": pending["counts"],
+    }
+    (rdir / VERSION_INFO).write_text(json.dumps(info))
+    args = shards_job_args(request, manifest_dir)
+    return [*args, "--plan", str(rdir / NEXT_PLAN), "--version-info", str(rdir / VERSION_INFO)]
+
+
+def finish_refresh(
+    conf: dict[str, Any], manifest_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
+) -> dict[str, Any]:
+    """Apply what the job leaves (Cassandra), verify the new version, then move the baseline forward."""
+    request = IngestRequest.from_conf(conf)
+    rdir = refresh_dir(request.dataset, request.target)
+    pending = json.loads((rdir / PENDING).read_text())
+    if request.target == "cassandra":
+        if cassandra is None:
+            raise ConfigError("the Cassandra target needs Cassandra settings")
+        report = _finish_cassandra(request, manifest_dir, cassandra, pending, rdir)
+    else:
+        from imgest.flow.steps import verify_shards
+
+        report = verify_shards(request.shard_dest, s3)
+    (rdir / NEXT_BASELINE).replace(rdir / BASELINE)
+    if (rdir / NEXT_PLAN).is_file():
+        (rdir / NEXT_PLAN).replace(rdir / PLAN)
+    state = {k: v for k, v in pending.items() if k != "removed"}
+    state["completed_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    (rdir / STATE).write_text(json.dumps(state, indent=1) + "\n")
+    (rdir / PENDING).unlink()
+    history = rdir / "versions.jsonl"
+    with history.open("a") as fh:
+        fh.write(json.dumps(state) + "\n")
+    return {
+        "dataset": request.dataset,
+        "target": request.target,
+        "version": pending["version"],
+        "counts": pending["counts"],
+        "verification": report,
+    }
+
+
+def _finish_cassandra(
+    request: IngestRequest, manifest_dir: Path, settings: CassandraSettings, pending: dict[str, Any], rdir: Path
+) -> dict[str, Any]:
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.refresh import RefreshRows, apply_refresh, record_changes
+    from imgest.sinks.cassandra.verify import VerificationError, verify
+
+    baseline = pq.read_table(rdir / NEXT_BASELINE, columns=["id", "split"])
+    touched = set(pq.read_table(rdir / DELTA / workdir.MANIFEST, columns=["id"]).column("id").to_pylist())
+    unchanged = [
+        (i, s)
+        for i, s in zip(baseline.column("id").to_pylist(), baseline.column("split").to_pylist(), strict=True)
+        if i not in touched
+    ]
+    rows = RefreshRows(unchanged, [tuple(r) for r in pending["removed"]])
+    tables = request.tables()
+    with cassandra_session(settings) as session:
+        applied = apply_refresh(session, tables, request.dataset, pending["version"], pending["previous"], rows)
+        report = verify(session, manifest_dir, tables, request.dataset, pending["version"])
+        if not report.ok:
+            raise VerificationError(f"refresh {pending['version']} does not match the scan: {report.to_dict()}")
+        record_changes(session, tables.keyspace, request.dataset, pending["version"], pending["counts"], report.found)
+    return {**report.to_dict(), **applied}

@@ -1,0 +1,71 @@
+"""Operators of the refresh and check DAGs: the dataset lock, finishing a refresh, checking a new version."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.models import BaseOperator
+from imgest.operators.base import RequestOperator
+
+log = logging.getLogger(__name__)
+
+
+class DatasetLockOperator(BaseOperator):
+    """Take (or, with ``release=True``, give back) the dataset's write lock for this DAG run. Taking it waits
+    up to ``wait`` seconds for the run or CLI process that holds it, naming it in the log; then fails naming it."""
+
+    template_fields: Sequence[str] = ("dataset",)
+
+    def __init__(self, *, dataset: str, release: bool = False, wait: float = 6 * 3600, poll: float = 10, **kw: Any):
+        super().__init__(**kw)
+        self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
+
+    def execute(self, context: Any) -> str:
+        from imgest.core import locks
+
+        holder = locks.airflow_holder(self.dag_id, context["run_id"])
+        if not self.dataset:  # the run failed before the dataset was known: nothing was taken
+            return "no dataset"
+        if self.release:
+            freed = locks.release(self.dataset, holder)
+            return f"released {self.dataset}" if freed else f"{self.dataset} was not held by this run"
+
+        def waiting(other: locks.Holder) -> None:
+            log.info("dataset %s is being written by %s (since %s): waiting", self.dataset, other.who, other.since)
+
+        locks.acquire(self.dataset, holder, self.wait, self.poll, on_wait=waiting)
+        return f"{holder.who} holds {self.dataset}"
+
+
+class FinishRefreshOperator(RequestOperator):
+    """Apply what the Spark job leaves, verify the new version, move the refresh baseline forward."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from imgest.flow.refresh import finish_refresh
+
+        request, cassandra, s3 = self.resolved()
+        return finish_refresh(request, Path(self.out_dir), cassandra, s3)
+
+
+class CheckVersionsOperator(BaseOperator):
+    """For every dataset version announced through the `imgest-datasets` alias: DALI read-back of every reader
+    of its target, and the xNVMe validation for the files target; reports recorded with the version."""
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from imgest.operators.hooks import ImgestCassandraHook, store_settings
+
+        from imgest.flow.checks import check_version, versions_to_check
+        from imgest.flow.request import IngestRequest
+
+        results = []
+        for extra in versions_to_check(context.get("triggering_asset_events") or {}):
+            request = IngestRequest.from_conf(extra["conf"])
+            cassandra = ImgestCassandraHook().settings() if request.target == "cassandra" else None
+            s3 = store_settings(request.shard_dest, "aws_default") if request.target == "shards" else None
+            results.append(check_version(extra, cassandra, s3))
+        if not results:
+            log.info("no unchecked version among the triggering asset events")
+        return results
