@@ -19,6 +19,7 @@ from typing import Any
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
+from imgest.core.settings import CassandraSettings
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
@@ -56,6 +57,8 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
         port=args.port,
         max_in_flight=args.max_in_flight,
         max_blob_bytes=args.max_blob_bytes,
+        consistency=args.consistency or CassandraSettings.from_env().consistency,
+        replace=args.replace_version,
     )
 
 
@@ -97,12 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.monotonic()
         df, rows = manifest_frame(spark, args.manifest_dir, args.partitions)
         log.info(
-            "ingesting %d rows of %s version %s into %s (%s)",
+            "ingesting %d rows of %s version %s into %s (%s) at %s",
             rows,
             cfg.dataset,
             cfg.version,
             cfg.tables.keyspace,
             cfg.tables.layout,
+            cfg.consistency,
         )
         total = load(df, cfg, rows)
         seconds = time.monotonic() - t0

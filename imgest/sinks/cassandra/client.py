@@ -18,7 +18,8 @@ class CassandraConnectError(ImgestError):
 
 
 def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
-    """A driver Cluster: token-aware routing, the native protocol of SETTINGS, auth and SSL."""
+    """A driver Cluster: token-aware routing, the native protocol and consistency level of SETTINGS, auth, SSL."""
+    from cassandra import ConsistencyLevel
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -37,6 +38,7 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
         request_timeout=overrides.pop("request_timeout", 30.0),
         row_factory=overrides.pop("row_factory", named_tuple_factory),
+        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
     )
     return Cluster(
         list(settings.hosts),
