@@ -20,7 +20,7 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
-from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
     PartitionResult,
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         classes = [c.wnid for c in read_classes(args.manifest_dir / workdir.CLASSES)]
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
-        with cassandra_session(cfg.settings()) as session:
+        with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             begin_version(session, cfg, splits, args.replication)
             record_scan_quarantine(session, cfg, scan_quarantine)
         from imgest.spark.submit import build_session
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"counts do not reconcile: {rows} manifest rows but {accounted} stored, skipped or "
                 "quarantined; the version stays 'writing' and a re-run resumes"
             )
-        with cassandra_session(cfg.settings()) as session:
+        with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             finish_version(session, cfg, total, classes)
         report = {
             "dataset": cfg.dataset,
