@@ -19,16 +19,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from imgest.core.errors import ServiceError
-from imgest.core.paths import state_dir
+from imgest.core.paths import conf_file, state_dir
 from imgest.core.settings import env_int
 from imgest.services.base import ServiceStatus, UpResult
-from imgest.services.cassandra import CassandraServer, jars_dir, resolve_jars
+from imgest.services.cassandra import CassandraServer, jars_dir, jvm_options, resolve_jars
 from imgest.services.process import which_or_fail
 
 log = logging.getLogger(__name__)
 RING_HOSTS = "127.0.0.2,127.0.0.3,127.0.0.4"
 NODETOOL_CLASS = "org.apache.cassandra.tools.NodeTool"
 STATUS_LINE = re.compile(r"^([UD][NLJM])\s+(\d+\.\d+\.\d+\.\d+)")
+
+
+def tool_jvm_options() -> list[str]:
+    """JVM flags nodetool needs on Java 17 (the server's module exports/opens) and quiet logging."""
+    opens = [flag for flag in jvm_options() if flag.startswith("--add-")]
+    return [*opens, f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}", "-Xmx256m"]
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,14 @@ class CassandraRing:
         started = False
         for node in self.nodes:
             t_node = time.monotonic()
-            result = node.up(timeout)
-            started = started or result.started
-            self.wait_joined(node, timeout)
+            try:
+                result = node.up(timeout)
+                started = started or result.started
+                self.wait_joined(node, timeout)
+            except BaseException:
+                if started or node.process.pid() is not None:
+                    self.down()  # leave nothing half-started behind
+                raise
             self.join_seconds[node.host] = round(time.monotonic() - t_node, 1)
             log.info("%s joined after %.1fs", node.name, self.join_seconds[node.host])
         total = time.monotonic() - t0
@@ -125,7 +136,8 @@ class CassandraRing:
         candidates = [self.nodes[node]] if node is not None else [n for n in self.nodes if n.process.pid()]
         errors = []
         for target in candidates:
-            cmd = [java, "-cp", f"{lib}{os.sep}*", NODETOOL_CLASS, "-h", "127.0.0.1", "-p", str(target.jmx_port), *args]
+            cmd = [java, *tool_jvm_options(), "-cp", f"{lib}{os.sep}*", NODETOOL_CLASS]
+            cmd += ["-h", "127.0.0.1", "-p", str(target.jmx_port), *args]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
             if proc.returncode == 0:
                 return proc.stdout
