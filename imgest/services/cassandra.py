@@ -91,6 +91,7 @@ class CassandraServer:
     cluster: str = "imgest"
     jmx_port: int = 0  # local-only JMX for nodetool (ring nodes); 0: none
     token_rf: int = 1  # replication factor the token allocator optimises for
+    ring_delay_ms: int = 1000  # how long gossip waits for peers; a joining ring node on a busy box needs more
 
     @classmethod
     def default(cls, auth: bool = False) -> CassandraServer:
@@ -149,7 +150,7 @@ class CassandraServer:
             f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}",
             "-Dcassandra-foreground=yes",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-            "-Dcassandra.ring_delay_ms=1000",
+            f"-Dcassandra.ring_delay_ms={self.ring_delay_ms}",
             "-Dcassandra.superuser_setup_delay_ms=0",
             *([f"-Dcassandra.jmx.local.port={self.jmx_port}"] if self.jmx_port else []),
             "-cp",

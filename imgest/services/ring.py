@@ -63,6 +63,7 @@ class CassandraRing:
                 cluster="imgest-ring",
                 jmx_port=jmx + i,
                 token_rf=min(3, len(hosts)),
+                ring_delay_ms=10_000,  # 1 s (the single node's) is too short to reach the seed from a busy box
             )
             for i, host in enumerate(hosts, start=1)
         )
