@@ -23,6 +23,6 @@ with DAG(
     catchup=False,
     max_active_runs=4,
     tags=["imgest", "checks"],
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=6)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=6)},
 ) as dag:
     CheckVersionsOperator(task_id="check_versions", doc_md="Read back every announced version; record the reports.")

@@ -94,7 +94,7 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
         max_active_runs=1,
         render_template_as_native_obj=True,
         tags=["imgest", "refresh"],
-        default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
     ) as dag:
         lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")
         release = DatasetLockOperator(

@@ -19,7 +19,7 @@ class DatasetLockOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("dataset",)
 
-    def __init__(self, *, dataset: str, release: bool = False, wait: float = 6 * 3600, poll: float = 10, **kw: Any):
+    def __init__(self, *, dataset: str, release: bool = False, wait: float | None = None, poll: float = 5, **kw: Any):
         super().__init__(**kw)
         self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
 
@@ -36,7 +36,8 @@ class DatasetLockOperator(BaseOperator):
         def waiting(other: locks.Holder) -> None:
             log.info("dataset %s is being written by %s (since %s): waiting", self.dataset, other.who, other.since)
 
-        locks.acquire(self.dataset, holder, self.wait, self.poll, on_wait=waiting)
+        wait = self.wait if self.wait is not None else locks.default_wait()
+        locks.acquire(self.dataset, holder, wait, self.poll, on_wait=waiting)
         return f"{holder.who} holds {self.dataset}"
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, s3_env
+from imgest.cli.refresh import add_wait_lock, locked_ingest
 from imgest.core import workdir
 
 
@@ -99,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "are skipped. Credentials: --user and --password-file, or IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD.",
     )
     add_source_args(ic)
+    add_wait_lock(ic)
     ic.add_argument("--user", help="Cassandra user")
     ic.add_argument("--password-file", help="file holding the Cassandra password")
     ic.add_argument("--verify", action="store_true", help="run imgest verify cassandra afterwards")
@@ -107,7 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_options(ic, CASSANDRA_OPTIONS)
     add_transform_args(ic)
-    ic.set_defaults(func=ingest_cassandra_cmd)
+    ic.set_defaults(func=locked_ingest(ingest_cassandra_cmd))
 
     ish = ingest_sub.add_parser(
         "shards",
@@ -117,12 +119,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "S3 endpoint and keys: IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the embedded server.",
     )
     add_source_args(ish)
+    add_wait_lock(ish)
     ish.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
     from imgest.spark.job_options import SHARD_OPTIONS
 
     add_options(ish, SHARD_OPTIONS)
     add_transform_args(ish)
-    ish.set_defaults(func=ingest_shards_cmd)
+    ish.set_defaults(func=locked_ingest(ingest_shards_cmd))
 
     ifl = ingest_sub.add_parser(
         "files",
@@ -133,10 +136,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "node sees.",
     )
     add_source_args(ifl)
+    add_wait_lock(ifl)
     ifl.add_argument("--dest", type=Path, required=True, help="folder of the files dataset")
     ifl.add_argument("--verify", action="store_true", help="run imgest verify files afterwards")
     from imgest.spark.job_options import FILES_OPTIONS
 
     add_options(ifl, FILES_OPTIONS)
     add_transform_args(ifl)
-    ifl.set_defaults(func=ingest_files_cmd)
+    ifl.set_defaults(func=locked_ingest(ingest_files_cmd))

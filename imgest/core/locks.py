@@ -46,6 +46,13 @@ class Holder:
         return self.kind == "cli" and self.host == socket.gethostname() and not pid_alive(self.pid)
 
 
+WAIT_ENV = "IMGEST_LOCK_WAIT_S"  # how long a DAG run waits for another writer of its dataset (default 6 h)
+
+
+def default_wait() -> float:
+    return float(os.environ.get(WAIT_ENV) or 6 * 3600)
+
+
 def lock_dir() -> Path:
     return state_dir() / "locks"
 

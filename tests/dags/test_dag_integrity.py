@@ -12,6 +12,8 @@ import pytest
 from imgest.core.paths import dags_dir
 from imgest.services import AirflowServer
 
+EXAMPLE_DATASETS = Path(__file__).parents[2] / "examples" / "datasets.toml"
+
 
 @pytest.fixture(scope="module")
 def dagbag(airflow_home: AirflowServer, tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -19,7 +21,7 @@ def dagbag(airflow_home: AirflowServer, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("dagbag") / "report.json"
     subprocess.run(
         [sys.executable, str(script), str(dags_dir()), str(out)],
-        env=airflow_home.env(),
+        env={**airflow_home.env(), "IMGEST_DATASETS_FILE": str(EXAMPLE_DATASETS)},
         capture_output=True,
         text=True,
         check=True,
@@ -32,7 +34,8 @@ def test_no_import_errors(dagbag: dict) -> None:
 
 
 def test_every_dag_file_defines_a_dag(dagbag: dict) -> None:
-    files = {Path(p).name for p in dags_dir().glob("*.py") if not p.name.startswith("_")}
+    errors_only = {"refresh_datasets_errors.py"}  # raises only when the datasets file has malformed entries
+    files = {Path(p).name for p in dags_dir().glob("*.py") if not p.name.startswith("_")} - errors_only
     loaded = {Path(d["fileloc"]).name for d in dagbag["dags"].values()}
     assert files == loaded
 

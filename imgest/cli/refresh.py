@@ -1,0 +1,165 @@
+"""`imgest datasets`, `imgest refresh` and `imgest locks`: registered datasets, their refreshes, write locks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from imgest.core import workdir
+
+
+def datasets_list_cmd(args: argparse.Namespace) -> int:
+    from imgest.flow.refresh import read_state
+    from imgest.flow.registry import load_registry
+
+    registry = load_registry(args.file)
+    print(f"datasets file: {registry.path}{'' if registry.path.is_file() else ' (missing: no dataset registered)'}")
+    for e in registry.entries:
+        print(f"  refresh_{e.name:<24} schedule {e.schedule or 'none':<12} targets {','.join(e.targets)}")
+        for target in e.targets:
+            state = read_state(e.name, target)
+            last = f"{state['version']} ({state['completed_at']}): {state['counts']}" if state else "never refreshed"
+            print(f"      {target:<10} {last}")
+    for problem in registry.errors:
+        print(f"  ERROR {problem}", file=sys.stderr)
+    return 1 if registry.errors else 0
+
+
+def refresh_cmd(args: argparse.Namespace) -> int:
+    from imgest.core.locks import dataset_lock
+    from imgest.flow.registry import load_registry
+
+    entry = load_registry(args.file).entry(args.name)
+    targets = [args.target] if args.target else list(entry.targets)
+    with dataset_lock(entry.name, f"imgest refresh {entry.name}", args.wait_lock):
+        from imgest.flow.steps import scan_step
+
+        scanned = scan_step(entry.conf(targets[0]))
+        print(f"scan: {scanned['summary']}", flush=True)
+        for target in targets:
+            rc = _refresh_target(entry.conf(target), Path(scanned["manifest_dir"]), args.master)
+            if rc:
+                return rc
+    return 0
+
+
+def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> int:
+    from imgest.cli.common import s3_env
+    from imgest.core.settings import CassandraSettings, S3Settings
+    from imgest.flow.refresh import finish_refresh, plan_refresh
+    from imgest.flow.request import IngestRequest
+    from imgest.spark.failures import last_error_sentence
+    from imgest.spark.submit import run_submit, submit_command
+
+    request = IngestRequest.from_conf(conf)
+    plan = plan_refresh(conf, manifest_dir)
+    print(f"{request.target}: {json.dumps(plan['counts'])}", flush=True)
+    if not plan["changed"]:
+        print(f"{request.target}: no change since version {plan['version']}; nothing to do")
+        return 0
+    cassandra = CassandraSettings.from_env()
+    args = list(plan["job_args"])
+    if request.target == "cassandra":
+        job = "ingest_cassandra"
+        args += ["--hosts", ",".join(cassandra.hosts), "--port", str(cassandra.port)]
+        from imgest.flow.steps import prepare_cassandra
+
+        prepare_cassandra(conf, manifest_dir, cassandra)
+    else:
+        job = "pack_shards"
+        s3_env(request.shard_dest)
+    log_file = manifest_dir / f"spark-refresh-{request.target}.log"
+    rc = run_submit(submit_command(job, args, master), log_file)
+    if rc != 0:
+        print(f"imgest: error: {last_error_sentence(log_file) or f'the Spark job failed (exit {rc})'}", file=sys.stderr)
+        print(f"imgest: the baseline is unchanged; re-running redoes version {plan['version']}; log: {log_file}")
+        return rc
+    s3 = S3Settings.from_env() if request.shard_dest.startswith("s3://") else None
+    result = finish_refresh(conf, manifest_dir, cassandra, s3)
+    print(f"{request.target}: version {result['version']} complete: {json.dumps(result['counts'])}")
+    return 0
+
+
+def locks_cmd(args: argparse.Namespace) -> int:
+    from imgest.core import locks
+
+    if args.action == "release":
+        if not args.dataset:
+            print("imgest: error: name the dataset whose lock to release", file=sys.stderr)
+            return 2
+        freed = locks.release(args.dataset)
+        print(f"{args.dataset}: {'released' if freed else 'was not locked'}")
+        return 0
+    for dataset, holder in locks.held().items():
+        print(f"{dataset:<24} {holder.who} (since {holder.since}){'  [stale]' if holder.stale() else ''}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add this module's commands to the top-level subparsers SUB."""
+    from imgest.spark.submit import LOCAL_MASTER
+
+    ds = sub.add_parser(
+        "datasets",
+        help="list the registered datasets (the datasets file) and their last refresh",
+        description="Reads $IMGEST_DATASETS_FILE (default $IMGEST_HOME/datasets.toml); exits 1 when an entry is "
+        "malformed, naming the entry and the field.",
+    )
+    ds.add_argument("--file", type=Path, help="datasets file (default: $IMGEST_DATASETS_FILE)")
+    ds.set_defaults(func=datasets_list_cmd)
+
+    rf = sub.add_parser(
+        "refresh",
+        help="incremental refresh of a registered dataset (what its refresh_<name> DAG runs)",
+        description="Scan again, compare with the last complete version; ingest added and changed images, remove "
+        "removed ones, verify and record a new version. No change: no Spark job, no new version.",
+    )
+    rf.add_argument("name", help="dataset name (an entry of the datasets file)")
+    rf.add_argument("--target", choices=["cassandra", "shards"], help="only this target (default: all of the entry)")
+    rf.add_argument("--file", type=Path, help="datasets file (default: $IMGEST_DATASETS_FILE)")
+    rf.add_argument("--master", default=LOCAL_MASTER, help=f"Spark master (default {LOCAL_MASTER})")
+    add_wait_lock(rf)
+    rf.set_defaults(func=refresh_cmd)
+
+    lk = sub.add_parser(
+        "locks",
+        help="list or release the per-dataset write locks",
+        description="A dataset is written by one run at a time (CLI or DAG). `release` frees a lock whose holder is "
+        "gone (a CLI holder whose process died is freed automatically).",
+    )
+    lk.add_argument("action", choices=["list", "release"], nargs="?", default="list")
+    lk.add_argument("dataset", nargs="?", help="dataset whose lock to release")
+    lk.set_defaults(func=locks_cmd)
+
+
+def add_wait_lock(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wait-lock",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when another run writes the same dataset, wait up to SECONDS for it (default 0: refuse at once)",
+    )
+
+
+def locked_ingest(fn: Any) -> Any:
+    """Run an `imgest ingest` command holding its dataset's write lock."""
+
+    def run(args: argparse.Namespace) -> int:
+        from imgest.core.locks import dataset_lock
+        from imgest.sources.manifest import manifest_metadata
+
+        manifest = args.src / workdir.MANIFEST
+        if args.dataset:
+            dataset = args.dataset
+        elif manifest.is_file():
+            dataset = manifest_metadata(manifest)["dataset"]
+        else:
+            dataset = args.src.resolve().name
+        with dataset_lock(dataset, f"imgest ingest {args.target} {args.src}", args.wait_lock):
+            return fn(args)
+
+    return run
