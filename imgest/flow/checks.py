@@ -33,8 +33,9 @@ def versions_to_check(events: Mapping[Any, Iterable[Any]]) -> list[dict[str, Any
     return found
 
 
-def check_out_dir(dataset: str, version: str) -> Path:
-    return workdir.dataset_workdir(dataset) / "checks" / version
+def check_out_dir(dataset: str, target: str, version: str) -> Path:
+    """Where the check reports of one version of one target go."""
+    return workdir.dataset_workdir(dataset) / "checks" / target / version
 
 
 def check_version(extra: dict[str, Any], cassandra: CassandraSettings | None, s3: S3Settings | None) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def check_version(extra: dict[str, Any], cassandra: CassandraSettings | None, s3
     conf = {**extra["conf"], "read_check": True}
     request = IngestRequest.from_conf(conf)
     version = str(extra.get("version") or "latest")
-    out = check_out_dir(request.dataset, version)
+    out = check_out_dir(request.dataset, request.target, version)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"dataset": request.dataset, "target": request.target, "version": version}
     result["read_throughput"] = read_throughput(conf, out, cassandra, s3)

@@ -1,0 +1,231 @@
+"""Scheduled incremental refresh against the real services: `airflow dags test refresh_<name>` applies exactly
+the source's changes (Cassandra rows and bytes, shard manifest and read-back), a refresh without change runs no
+Spark job, and the Asset it publishes triggers `check_datasets` in a running `airflow standalone`."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from imgest.core.paths import state_dir
+from imgest.core.settings import CassandraSettings
+from imgest.flow.checks import check_out_dir
+from imgest.flow.demo import task_durations, task_results
+from imgest.services import AirflowServer, CassandraServer, S3Server
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.shards.store import open_store
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import image_id
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+KEYSPACE = "imgest_refresh_test"
+DEST = "s3://imgest/refresh-test/rfx"
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("refresh") / "rfx"
+    write_sample(root, SampleSpec("imagefolder", classes=3, per_class=6, val_per_class=2, seed=5))
+    return root
+
+
+@pytest.fixture(scope="module")
+def scheduler(
+    cassandra_server: CassandraServer, s3_server: S3Server, source: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AirflowServer]:
+    """`airflow standalone` (scheduler included) reading a datasets file that registers `rfx`."""
+    datasets = tmp_path_factory.mktemp("datasets") / "datasets.toml"
+    datasets.write_text(
+        f'[datasets.rfx]\nsource = "{source}"\nlayout = "imagefolder"\ntargets = ["cassandra", "shards"]\n'
+        f'schedule = "@daily"\nkeyspace = "{KEYSPACE}"\ns3_dest = "{DEST}"\nshard_max_count = 4\n'
+    )
+    old = os.environ.get("IMGEST_DATASETS_FILE")
+    os.environ["IMGEST_DATASETS_FILE"] = str(datasets)
+    server = AirflowServer.default()
+    running = server.answers()
+    if running:  # a standalone started without our datasets file: restart it with it
+        server.down()
+    print(server.up().message)
+    yield server
+    server.down()
+    if old is None:
+        os.environ.pop("IMGEST_DATASETS_FILE", None)
+    else:
+        os.environ["IMGEST_DATASETS_FILE"] = old
+
+
+def _refresh(airflow: AirflowServer) -> dict[str, str | None]:
+    proc = airflow.airflow("dags", "test", "refresh_rfx", check=False)
+    assert proc.returncode == 0, (proc.stdout or "")[-3000:] + (proc.stderr or "")[-3000:]
+    return {task: state for task, state, _ in task_durations(airflow, "refresh_rfx")}
+
+
+def _check_runs(airflow: AirflowServer) -> list[dict]:
+    out = airflow.airflow("dags", "list-runs", "check_datasets", "-o", "json").stdout
+    line = next((x for x in out.splitlines() if x.startswith("[")), "[]")
+    return json.loads(line)
+
+
+def _wait_checks(airflow: AirflowServer, count: int, timeout: float = 420) -> list[dict]:
+    """Wait until COUNT runs of check_datasets have finished; returns the runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = _check_runs(airflow)
+        done = [r for r in runs if r["state"] in ("success", "failed")]
+        if len(done) >= count and len(done) == len(runs):
+            return runs
+        time.sleep(5)
+    raise AssertionError(f"check_datasets did not finish {count} runs: {_check_runs(airflow)}")
+
+
+def _change_source(source: Path, tmp: Path) -> dict[str, list[str]]:
+    """Add 10 images, change 3, delete 2 (train split); returns their ids."""
+    more = tmp / "more"
+    write_sample(more, SampleSpec("imagefolder", classes=3, per_class=10, val_per_class=2, seed=5))
+    other = tmp / "other"
+    write_sample(other, SampleSpec("imagefolder", classes=3, per_class=6, val_per_class=2, seed=77))
+    wnids = sorted(p.name for p in (source / "train").iterdir())
+    added = [f"train/{w}/{w}_{n}.JPEG" for w in wnids for n in (7, 8, 9, 10)][:10]
+    changed = [
+        f"train/{wnids[0]}/{wnids[0]}_1.JPEG",
+        f"train/{wnids[1]}/{wnids[1]}_2.JPEG",
+        f"train/{wnids[2]}/{wnids[2]}_3.JPEG",
+    ]
+    removed = [f"train/{wnids[0]}/{wnids[0]}_6.JPEG", f"train/{wnids[2]}/{wnids[2]}_5.JPEG"]
+    for rel in added:
+        shutil.copyfile(more / rel, source / rel)
+    for rel in changed:
+        assert (other / rel).read_bytes() != (source / rel).read_bytes()
+        shutil.copyfile(other / rel, source / rel)
+    for rel in removed:
+        (source / rel).unlink()
+    ids = {
+        k: [image_id("rfx", "train", r.removeprefix("train/")) for r in v]
+        for k, v in {"added": added, "changed": changed, "removed": removed}.items()
+    }
+    return ids
+
+
+def _rows(cassandra: CassandraServer) -> dict[str, tuple[str, str, str]]:
+    """id -> (version, src_sha256, sha256 of the stored bytes) of every row of the refresh test's tables."""
+    with cassandra_session(CassandraSettings(port=cassandra.native_port)) as session:
+        meta = {
+            str(r.id): (r.version, r.src_sha256)
+            for r in session.execute(f"SELECT id, version, src_sha256 FROM {KEYSPACE}.metadata")
+        }
+        data = {
+            str(r.id): hashlib.sha256(bytes(r.data)).hexdigest()
+            for r in session.execute(f"SELECT id, data FROM {KEYSPACE}.data")
+        }
+    assert set(meta) == set(data)
+    return {i: (*meta[i], data[i]) for i in meta}
+
+
+def _versions(cassandra: CassandraServer) -> dict[str, tuple[str, dict | None]]:
+    with cassandra_session(CassandraSettings(port=cassandra.native_port)) as session:
+        rows = session.execute(
+            f"SELECT version, status, changes FROM {KEYSPACE}.dataset_versions WHERE dataset = 'rfx'"
+        )
+        return {r.version: (r.status, dict(r.changes) if r.changes else None) for r in rows}
+
+
+def _shards(s3: S3Server) -> tuple[dict, dict[str, str]]:
+    """The live manifest.json and id -> sha256 of the image member of every sample of its shards."""
+    store = open_store(DEST, s3.settings())
+    manifest = store.read_manifest()
+    assert manifest is not None
+    images: dict[str, str] = {}
+    for shard in manifest["shards"]:
+        chunks = store.read_chunks(shard["name"])
+        assert chunks is not None
+        body = b"".join(chunks)
+        assert hashlib.sha256(body).hexdigest() == shard["sha256"]
+        with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+            for member in tar.getmembers():
+                if member.name.endswith(".jpg"):
+                    key = member.name.removesuffix(".jpg")
+                    assert key not in images
+                    images[key] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()  # type: ignore[union-attr]
+    return manifest, images
+
+
+def test_refresh_applies_exactly_the_changes(
+    scheduler: AirflowServer,
+    cassandra_server: CassandraServer,
+    s3_server: S3Server,
+    source: Path,
+    tmp_path: Path,
+) -> None:
+    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)
+    shutil.rmtree(state_dir() / "work" / "rfx", ignore_errors=True)
+    # First run: everything is new (version r1).
+    states = _refresh(scheduler)
+    assert states["cassandra.ingest"] == states["shards.ingest"] == "success", states
+    first = _rows(cassandra_server)
+    assert len(first) == 24  # 18 train + 6 val
+    manifest1, images1 = _shards(s3_server)
+    assert len(images1) == 24
+    runs = _wait_checks(scheduler, 1)
+    assert any(r["state"] == "success" for r in runs), runs
+
+    ids = _change_source(source, tmp_path)
+    states = _refresh(scheduler)
+    assert states["cassandra.ingest"] == states["shards.ingest"] == "success", states
+    plans = task_results(scheduler, "refresh_rfx", ("cassandra.plan", "shards.plan"))
+    expected = {"added": 10, "changed": 3, "removed": 2, "unchanged": 19}
+    assert plans["cassandra.plan"]["counts"] == plans["shards.plan"]["counts"] == expected
+    version = plans["cassandra.plan"]["version"]
+    assert version.endswith("-r2")
+    # Cassandra: 24 + 10 - 2 rows, all of version r2; removed gone; changed rows hold the new source's bytes.
+    rows = _rows(cassandra_server)
+    assert len(rows) == 32
+    assert not set(ids["removed"]) & set(rows)
+    assert set(ids["added"]) <= set(rows)
+    assert {v for v, _, _ in rows.values()} == {version}
+    for i in ids["changed"]:
+        assert rows[i][1] != first[i][1]
+        assert rows[i][2] != first[i][2]
+    unchanged = set(first) - set(ids["changed"]) - set(ids["removed"])
+    assert all(rows[i][1:] == first[i][1:] for i in unchanged)
+    versions = _versions(cassandra_server)
+    assert versions[version] == ("complete", expected)
+    assert versions[version.replace("-r2", "-r1")][0] == "replaced"
+    # Shards: new manifest with the version's counts; untouched shards kept as they were; every sample read back.
+    manifest2, images2 = _shards(s3_server)
+    assert manifest2["version"]["name"] == version
+    assert manifest2["version"]["changes"] == expected
+    assert set(images2) == set(rows)
+    assert all(images2[i] == images1[i] for i in unchanged)
+    old = {s["name"]: s["sha256"] for s in manifest1["shards"]}
+    kept = [s for s in manifest2["shards"] if s["name"] in old]
+    assert kept
+    assert all(old[s["name"]] == s["sha256"] for s in kept)
+    samples = pq.read_table(io.BytesIO(b"".join(open_store(DEST, s3_server.settings()).read_chunks("samples.parquet"))))
+    assert sorted(samples.column("id").to_pylist()) == sorted(rows)
+    # The Asset events of r2 triggered check_datasets, which read the new version back (every byte checked).
+    runs = _wait_checks(scheduler, 2)
+    assert sum(r["state"] == "success" for r in runs) >= 2, runs
+    checks = json.loads((check_out_dir("rfx", "cassandra", version) / "read_throughput.json").read_text())
+    assert checks["version"] == version
+    assert all(r["ok"] for r in checks["readers"])
+
+    # No change: no Spark job, no new version.
+    states = _refresh(scheduler)
+    assert states["cassandra.ingest"] == states["shards.ingest"] == "skipped", states
+    assert states["release_lock"] == "success"
+    plans = task_results(scheduler, "refresh_rfx", ("cassandra.plan", "shards.plan"))
+    assert not plans["cassandra.plan"]["changed"]
+    assert not plans["shards.plan"]["changed"]
+    assert set(_versions(cassandra_server)) == set(versions)
+    assert _shards(s3_server)[0] == manifest2
