@@ -9,6 +9,9 @@ import io
 import json
 import os
 import shutil
+import sqlite3
+import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -17,10 +20,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from imgest.core.locks import dataset_lock
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
 from imgest.flow.checks import check_out_dir
 from imgest.flow.demo import task_durations, task_results
+from imgest.flow.registry import load_registry
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store import open_store
@@ -30,6 +35,8 @@ from imgest.sources.manifest import image_id
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 KEYSPACE = "imgest_refresh_test"
 DEST = "s3://imgest/refresh-test/rfx"
+# A real schedule whose first run is years away: the scheduler must not start a run of its own during the test.
+SCHEDULE = "0 0 29 2 *"
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +52,18 @@ def scheduler(
 ) -> Iterator[AirflowServer]:
     """`airflow standalone` (scheduler included) reading a datasets file that registers `rfx`."""
     datasets = tmp_path_factory.mktemp("datasets") / "datasets.toml"
+    sources = {name: tmp_path_factory.mktemp(name) / name for name in ("rfa", "rfb")}
+    for root in sources.values():
+        write_sample(root, SampleSpec("imagefolder", classes=2, per_class=5, val_per_class=1, seed=9))
+    others = "".join(
+        f'[datasets.{name}]\nsource = "{sources[name]}"\n'
+        f'layout = "imagefolder"\ntargets = ["shards"]\nschedule = "{SCHEDULE}"\n'
+        f's3_dest = "s3://imgest/refresh-test/{name}"\n\n'
+        for name in sources
+    )
     datasets.write_text(
-        f'[datasets.rfx]\nsource = "{source}"\nlayout = "imagefolder"\ntargets = ["cassandra", "shards"]\n'
-        f'schedule = "@daily"\nkeyspace = "{KEYSPACE}"\ns3_dest = "{DEST}"\nshard_max_count = 4\n'
+        others + f'[datasets.rfx]\nsource = "{source}"\nlayout = "imagefolder"\ntargets = ["cassandra", "shards"]\n'
+        f'schedule = "{SCHEDULE}"\nkeyspace = "{KEYSPACE}"\ns3_dest = "{DEST}"\nshard_max_count = 4\n'
     )
     old = os.environ.get("IMGEST_DATASETS_FILE")
     os.environ["IMGEST_DATASETS_FILE"] = str(datasets)
@@ -64,10 +80,10 @@ def scheduler(
         os.environ["IMGEST_DATASETS_FILE"] = old
 
 
-def _refresh(airflow: AirflowServer) -> dict[str, str | None]:
-    proc = airflow.airflow("dags", "test", "refresh_rfx", check=False)
+def _refresh(airflow: AirflowServer, name: str = "rfx") -> dict[str, str | None]:
+    proc = airflow.airflow("dags", "test", f"refresh_{name}", check=False)
     assert proc.returncode == 0, (proc.stdout or "")[-3000:] + (proc.stderr or "")[-3000:]
-    return {task: state for task, state, _ in task_durations(airflow, "refresh_rfx")}
+    return {task: state for task, state, _ in task_durations(airflow, f"refresh_{name}")}
 
 
 def _check_runs(airflow: AirflowServer) -> list[dict]:
@@ -110,7 +126,7 @@ def _change_source(source: Path, tmp: Path) -> dict[str, list[str]]:
     for rel in removed:
         (source / rel).unlink()
     ids = {
-        k: [image_id("rfx", "train", r.removeprefix("train/")) for r in v]
+        k: [image_id("rfx", "train", r) for r in v]
         for k, v in {"added": added, "changed": changed, "removed": removed}.items()
     }
     return ids
@@ -169,6 +185,10 @@ def test_refresh_applies_exactly_the_changes(
     with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)
     shutil.rmtree(state_dir() / "work" / "rfx", ignore_errors=True)
+    listed = json.loads(
+        next(x for x in scheduler.airflow("dags", "list", "-o", "json").stdout.splitlines() if x.startswith("["))
+    )
+    assert any(d["dag_id"] == "refresh_rfx" for d in listed), listed
     # First run: everything is new (version r1).
     states = _refresh(scheduler)
     assert states["cassandra.ingest"] == states["shards.ingest"] == "success", states
@@ -228,4 +248,78 @@ def test_refresh_applies_exactly_the_changes(
     assert not plans["cassandra.plan"]["changed"]
     assert not plans["shards.plan"]["changed"]
     assert set(_versions(cassandra_server)) == set(versions)
-    assert _shards(s3_server)[0] == manifest2
+    manifest3 = _shards(s3_server)[0]
+    assert manifest3.pop("checks")["read_throughput"].endswith(f"/checks/shards/{version}/read_throughput.json")
+    assert manifest3 == manifest2  # the check recorded its report with r2; nothing else changed
+
+
+def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s3_server: S3Server) -> None:
+    airflow = [str(Path(sys.executable).parent / "airflow"), "dags", "test"]
+    for name in ("rfa", "rfb"):
+        shutil.rmtree(state_dir() / "work" / name, ignore_errors=True)
+    # Two datasets at once: both runs overlap in time and both are right.
+    procs = {
+        n: subprocess.Popen(
+            [*airflow, f"refresh_{n}"], env=scheduler.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for n in ("rfa", "rfb")
+    }
+    outputs = {n: p.communicate(timeout=900)[0] for n, p in procs.items()}
+    assert all(p.returncode == 0 for p in procs.values()), {n: o[-2000:] for n, o in outputs.items()}
+    spans = {n: _run_span(scheduler, f"refresh_{n}") for n in procs}
+    assert max(start for start, _ in spans.values()) < min(end for _, end in spans.values()), spans  # overlap
+    for name in procs:
+        manifest = open_store(f"s3://imgest/refresh-test/{name}", s3_server.settings()).read_manifest()
+        assert manifest is not None
+        assert manifest["samples"] == {"train": 10, "val": 2}
+        assert manifest["version"]["changes"]["added"] == 12
+    # One dataset twice: while this process holds rfa, a DAG run of rfa waits and a CLI ingest of rfa is refused.
+    with dataset_lock("rfa", "the test's own writer"):
+        waiting = subprocess.Popen(
+            [*airflow, "refresh_rfa"], env=scheduler.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        src = load_registry().entry("rfa").settings["source"]
+        cli = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "imgest"),
+                "ingest",
+                "shards",
+                src,
+                "--dataset",
+                "rfa",
+                "--dest",
+                "s3://imgest/refresh-test/rfa-cli",
+            ],
+            env=scheduler.env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert cli.returncode == 1, cli.stdout + cli.stderr
+        assert f"dataset 'rfa' is being written by pid {os.getpid()}" in cli.stderr
+        time.sleep(20)
+        assert waiting.poll() is None  # still waiting for the lock
+    out = waiting.communicate(timeout=600)[0]
+    assert waiting.returncode == 0, out[-3000:]
+    assert f"is being written by pid {os.getpid()}" in _task_log(scheduler, "refresh_rfa", "lock")
+    assert open_store("s3://imgest/refresh-test/rfa-cli", s3_server.settings()).read_manifest() is None
+
+
+def _run_span(airflow: AirflowServer, dag_id: str) -> tuple[str, str]:
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        row = db.execute(
+            "SELECT min(start_date), max(end_date) FROM task_instance WHERE dag_id = ? AND task_id IN ('scan', "
+            "'shards.finish') AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
+            (dag_id, dag_id),
+        ).fetchone()
+    return row[0], row[1]
+
+
+def _task_log(airflow: AirflowServer, dag_id: str, task_id: str) -> str:
+    """The text of TASK_ID's logs in the latest run of DAG_ID."""
+    with sqlite3.connect(airflow.home / "airflow.db") as db:
+        run_id = db.execute(
+            "SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (dag_id,)
+        ).fetchone()[0]
+    folder = airflow.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    return "".join(p.read_text() for p in sorted(folder.rglob("*.log")))
