@@ -301,7 +301,7 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
         assert waiting.poll() is None  # still waiting for the lock
     out = waiting.communicate(timeout=600)[0]
     assert waiting.returncode == 0, out[-3000:]
-    assert f"is being written by pid {os.getpid()}" in _task_log(scheduler, "refresh_rfa", "lock")
+    assert f"is being written by pid {os.getpid()}" in out + _task_log(scheduler, "refresh_rfa", "lock"), out[-3000:]
     assert open_store("s3://imgest/refresh-test/rfa-cli", s3_server.settings()).read_manifest() is None
 
 
