@@ -1,0 +1,47 @@
+"""`imgest refresh` from the command line, shards into a folder: versions, changes, no-change runs no Spark job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+
+pytestmark = [pytest.mark.slow]
+
+
+def _refresh(datasets: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IMGEST_HOME": str(home), "IMGEST_DATASETS_FILE": str(datasets)}
+    cmd = [str(Path(sys.executable).parent / "imgest"), "refresh", "cli-ds"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=600)
+
+
+def test_cli_refresh_to_a_folder(tmp_path: Path) -> None:
+    src, dest, home = tmp_path / "src", tmp_path / "shards", tmp_path / "home"
+    write_sample(src, SampleSpec("imagefolder", classes=2, per_class=6, val_per_class=1, seed=8))
+    datasets = tmp_path / "datasets.toml"
+    datasets.write_text(
+        f'[datasets.cli-ds]\nsource = "{src}"\nlayout = "imagefolder"\ntargets = ["shards"]\n'
+        f'schedule = "@weekly"\ns3_dest = "{dest}"\nshard_max_count = 3\n'
+    )
+    first = _refresh(datasets, home)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert '"added": 14' in first.stdout
+    (src / "train" / "n01440764" / "n01440764_1.JPEG").unlink()
+    second = _refresh(datasets, home)
+    assert second.returncode == 0, second.stdout + second.stderr
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["version"]["changes"] == {"added": 0, "changed": 0, "removed": 1, "unchanged": 13}
+    assert manifest["samples"] == {"train": 11, "val": 2}
+    logs = sorted(home.rglob("spark-refresh-shards.log"))
+    stamp = logs[0].stat().st_mtime
+    third = _refresh(datasets, home)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "no change since version" in third.stdout
+    assert logs[0].stat().st_mtime == stamp  # no Spark job ran
+    assert json.loads((dest / "manifest.json").read_text()) == manifest
