@@ -45,15 +45,18 @@ def job_path(name: str) -> Path:
 
 
 def package_zip() -> Path:
-    """imgest (with sql/) zipped for --py-files, so remote executors can import it."""
+    """imgest (with sql/) zipped for --py-files, so remote executors can import it. Written under a name of
+    this process and renamed into place, so concurrent submissions (other datasets) never see a partial zip."""
     out = state_dir() / "spark" / "imgest-pyfiles.zip"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in PACKAGE_DIR.rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts:
                 zf.write(path, Path("imgest") / path.relative_to(PACKAGE_DIR))
         for path in sql_dir().glob("*.cql"):
             zf.write(path, Path("imgest") / "sql" / path.name)
+    tmp.replace(out)
     return out
 
 
