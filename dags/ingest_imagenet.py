@@ -196,9 +196,7 @@ with DAG(
     lock = DatasetLockOperator(
         task_id="lock", dataset=dataset, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
     )
-    release = DatasetLockOperator(
-        task_id="release_lock", dataset=dataset, release=True, trigger_rule="all_done", retries=3
-    )
+    release = DatasetLockOperator(task_id="release_lock", dataset=dataset, release=True, retries=3)
     request = validate()
     scanned = scan(request)
     request >> lock >> scanned
@@ -210,4 +208,4 @@ with DAG(
     published = publish_asset(request)
     [verify_cassandra, verify_shards, verify_files] >> build_split >> read_throughput >> published
     read_throughput >> xnvme_applies(request) >> validate_xnvme
-    [published, validate_xnvme] >> release
+    [published, validate_xnvme] >> release.as_teardown(setups=lock)  # runs whatever happened; not the run's state

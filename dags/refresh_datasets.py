@@ -97,9 +97,7 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
         default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
     ) as dag:
         lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")
-        release = DatasetLockOperator(
-            task_id="release_lock", dataset=entry.name, release=True, trigger_rule="all_done", retries=3
-        )
+        release = DatasetLockOperator(task_id="release_lock", dataset=entry.name, release=True, retries=3)
 
         @task(task_id="scan", doc_md="Scans the source into the dataset's work folder.")
         def scan() -> dict[str, Any]:
@@ -114,6 +112,7 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
         lock >> scanned
         for target in entry.targets:
             _target_group(entry, target, scanned) >> release
+        release.as_teardown(setups=lock)  # runs whatever happened; does not decide the run's state
     return dag
 
 
