@@ -92,16 +92,16 @@ def _check_runs(airflow: AirflowServer) -> list[dict]:
     return json.loads(line)
 
 
-def _wait_checks(airflow: AirflowServer, count: int, timeout: float = 420) -> list[dict]:
-    """Wait until COUNT runs of check_datasets have finished; returns the runs."""
+def _wait_checks(airflow: AirflowServer, version: str, timeout: float = 420) -> list[dict]:
+    """Wait until check_datasets has written both targets' reports for VERSION and no check run is active."""
+    reports = [check_out_dir("rfx", t, version) / "read_throughput.json" for t in ("cassandra", "shards")]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         runs = _check_runs(airflow)
-        done = [r for r in runs if r["state"] in ("success", "failed")]
-        if len(done) >= count and len(done) == len(runs):
+        if all(p.is_file() for p in reports) and all(r["state"] in ("success", "failed") for r in runs):
             return runs
         time.sleep(5)
-    raise AssertionError(f"check_datasets did not finish {count} runs: {_check_runs(airflow)}")
+    raise AssertionError(f"check_datasets did not check {version}: runs {_check_runs(airflow)}")
 
 
 def _change_source(source: Path, tmp: Path) -> dict[str, list[str]]:
@@ -196,8 +196,8 @@ def test_refresh_applies_exactly_the_changes(
     assert len(first) == 24  # 18 train + 6 val
     manifest1, images1 = _shards(s3_server)
     assert len(images1) == 24
-    runs = _wait_checks(scheduler, 1)
-    assert any(r["state"] == "success" for r in runs), runs
+    v1 = task_results(scheduler, "refresh_rfx", ("cassandra.plan",))["cassandra.plan"]["version"]
+    before = len(_wait_checks(scheduler, v1))  # the Assets of r1 triggered check_datasets
 
     ids = _change_source(source, tmp_path)
     states = _refresh(scheduler)
@@ -234,8 +234,10 @@ def test_refresh_applies_exactly_the_changes(
     samples = pq.read_table(io.BytesIO(b"".join(open_store(DEST, s3_server.settings()).read_chunks("samples.parquet"))))
     assert sorted(samples.column("id").to_pylist()) == sorted(rows)
     # The Asset events of r2 triggered check_datasets, which read the new version back (every byte checked).
-    runs = _wait_checks(scheduler, 2)
-    assert sum(r["state"] == "success" for r in runs) >= 2, runs
+    runs = _wait_checks(scheduler, version)
+    assert len(runs) > before
+    newest = max(runs, key=lambda r: r.get("start_date") or "")
+    assert newest["state"] == "success", runs  # the run r2's Asset events triggered
     checks = json.loads((check_out_dir("rfx", "cassandra", version) / "read_throughput.json").read_text())
     assert checks["version"] == version
     assert all(r["ok"] for r in checks["readers"])
