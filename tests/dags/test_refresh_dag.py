@@ -299,12 +299,31 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
         )
         assert cli.returncode == 1, cli.stdout + cli.stderr
         assert f"dataset 'rfa' is being written by pid {os.getpid()}" in cli.stderr
-        time.sleep(20)
+        _wait_running(scheduler, "refresh_rfa", "lock", waiting)
+        time.sleep(8)  # the lock task polls every 5 s, logging who holds the dataset
         assert waiting.poll() is None  # still waiting for the lock
     out = waiting.communicate(timeout=600)[0]
     assert waiting.returncode == 0, out[-3000:]
     assert f"is being written by pid {os.getpid()}" in out + _task_log(scheduler, "refresh_rfa", "lock"), out[-3000:]
     assert open_store("s3://imgest/refresh-test/rfa-cli", s3_server.settings()).read_manifest() is None
+
+
+def _wait_running(
+    airflow: AirflowServer, dag_id: str, task_id: str, proc: subprocess.Popen, timeout: float = 300
+) -> None:
+    """Wait until TASK_ID of the newest run of DAG_ID is running (PROC is that `airflow dags test`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with sqlite3.connect(airflow.home / "airflow.db") as db:
+            row = db.execute(
+                "SELECT state FROM task_instance WHERE dag_id = ? AND task_id = ? AND run_id = "
+                "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
+                (dag_id, task_id, dag_id),
+            ).fetchone()
+        if row and row[0] == "running":
+            return
+        time.sleep(1)
+    raise AssertionError(f"{dag_id}.{task_id} never ran while the lock was held (exit {proc.poll()})")
 
 
 def _run_span(airflow: AirflowServer, dag_id: str) -> tuple[str, str]:
