@@ -19,7 +19,8 @@ from typing import Any
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
-from imgest.sinks.cassandra.client import cassandra_session
+from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
     PartitionResult,
@@ -57,6 +58,8 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
         port=args.port,
         max_in_flight=args.max_in_flight,
         max_blob_bytes=args.max_blob_bytes,
+        consistency=args.consistency or CassandraSettings.from_env().consistency,
+        replace=args.replace_version,
     )
 
 
@@ -89,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         classes = [c.wnid for c in read_classes(args.manifest_dir / workdir.CLASSES)]
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
-        with cassandra_session(cfg.settings()) as session:
+        with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             begin_version(session, cfg, splits, args.replication)
             record_scan_quarantine(session, cfg, scan_quarantine)
         from imgest.spark.submit import build_session
@@ -98,12 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.monotonic()
         df, rows = manifest_frame(spark, args.manifest_dir, args.partitions)
         log.info(
-            "ingesting %d rows of %s version %s into %s (%s)",
+            "ingesting %d rows of %s version %s into %s (%s) at %s",
             rows,
             cfg.dataset,
             cfg.version,
             cfg.tables.keyspace,
             cfg.tables.layout,
+            cfg.consistency,
         )
         total = load(df, cfg, rows)
         seconds = time.monotonic() - t0
@@ -115,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if total.stored + total.skipped == 0:
             raise nothing_ingestible(args.manifest_dir, "cassandra", rows, total.quarantine)
-        with cassandra_session(cfg.settings()) as session:
+        with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             finish_version(session, cfg, total, classes)
         report = {
             "dataset": cfg.dataset,

@@ -2,7 +2,8 @@
 
 Operators never map connection fields themselves; they ask a hook for settings (or a session) inside
 ``execute``. The Cassandra connection's extras follow the provider's names (``ssl_options``,
-``protocol_version``) and also accept ``ssl_ca`` (a CA file path); the AWS connection's ``endpoint_url`` and
+``protocol_version``) and also accept ``ssl_ca`` (a CA file path) and ``consistency`` (the consistency level
+of writes and verify reads, default LOCAL_QUORUM); the AWS connection's ``endpoint_url`` and
 ``region_name`` are read by the Amazon provider itself.
 """
 
@@ -35,6 +36,7 @@ class ImgestCassandraHook(CassandraHook):
             password=conn.password or None,
             ssl_ca_file=ssl_ca or None,
             protocol_version=int(extra.get("protocol_version") or 4),
+            consistency=extra.get("consistency") or CassandraSettings.from_env().consistency,
         )
 
     def session(self) -> Any:
@@ -50,6 +52,7 @@ class ImgestCassandraHook(CassandraHook):
             "IMGEST_CASSANDRA_HOSTS": ",".join(s.hosts),
             "IMGEST_CASSANDRA_PORT": str(s.port),
             "IMGEST_CASSANDRA_PROTOCOL": str(s.protocol_version),
+            "IMGEST_CASSANDRA_CONSISTENCY": s.consistency,
         }
         if s.username:
             env.update({"IMGEST_CASSANDRA_USER": s.username, "IMGEST_CASSANDRA_PASSWORD": s.password or ""})

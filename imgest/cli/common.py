@@ -75,6 +75,15 @@ def add_cassandra_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=9042, help="CQL port (default 9042)")
     p.add_argument("--user", help="Cassandra user")
     p.add_argument("--password-file", help="file holding the Cassandra password")
+    if not any(a.dest == "consistency" for a in p._actions):
+        from imgest.core import defaults
+
+        p.add_argument(
+            "--consistency",
+            type=str.upper,
+            choices=list(defaults.CONSISTENCY_LEVELS),
+            help=f"consistency level (default: IMGEST_CASSANDRA_CONSISTENCY, else {defaults.CONSISTENCY})",
+        )
 
 
 def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
@@ -90,4 +99,5 @@ def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
         password=env.password,
         ssl_ca_file=env.ssl_ca_file,
         protocol_version=env.protocol_version,
+        consistency=getattr(args, "consistency", None) or env.consistency,
     )

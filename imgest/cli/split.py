@@ -27,7 +27,9 @@ def split_cmd(args: argparse.Namespace) -> int:
 
         settings = cassandra_settings(args)
         with cassandra_session(settings) as session:
-            rows = from_cassandra(session, args.metadata_table, args.data_table, args.split_of)
+            rows = from_cassandra(
+                session, args.metadata_table, args.data_table, args.split_of, args.dataset, args.version
+            )
     if args.metadata_ofn:
         rows.save(args.metadata_ofn)
         print(f"metadata cached in {args.metadata_ofn} ({len(rows.ids)} rows)")
@@ -62,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     split.add_argument(
         "--metadata-table", default="imgest.metadata", help="keyspace.table of the metadata (default imgest.metadata)"
     )
+    split.add_argument("--dataset", help="dataset whose rows to split (needed when the table holds several)")
+    split.add_argument("--version", help="version of the dataset (default: its complete one in the table)")
     split.add_argument("--shards", help="read a published shard dataset instead (s3://bucket/prefix or a folder)")
     split.add_argument("--metadata-ifn", type=Path, help="read rows from this cache instead of the database")
     split.add_argument("--metadata-ofn", type=Path, help="save the rows read to this cache file")

@@ -12,13 +12,13 @@ from imgest.cli.common import add_cassandra_args, cassandra_settings
 def verify_cassandra_cmd(args: argparse.Namespace) -> int:
     import json
 
-    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
     from imgest.sinks.cassandra.schema import TableLayout
     from imgest.sinks.cassandra.verify import verify
 
     settings = cassandra_settings(args)
     tables = TableLayout(args.keyspace, args.table_layout, args.table_suffix)
-    with cassandra_session(settings) as session:
+    with cassandra_session(settings) as session, explain_unavailable(session):
         report = verify(session, args.manifest_dir, tables, args.dataset, args.version, args.sample)
     print(json.dumps(report.to_dict(), indent=2))
     if not report.ok:

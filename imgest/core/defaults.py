@@ -20,6 +20,8 @@ TABLE_SUFFIX: Final = ""
 REPLICATION: Final = "SimpleStrategy:1"
 CASSANDRA_HOST: Final = "127.0.0.1"
 CASSANDRA_PORT: Final = 9042
+CONSISTENCY: Final = "LOCAL_QUORUM"  # writes and verify reads; IMGEST_CASSANDRA_CONSISTENCY, --consistency
+CONSISTENCY_LEVELS: Final = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")
 MAX_IN_FLIGHT: Final = 64
 MAX_BLOB_BYTES: Final = 31 * 1024 * 1024  # the embedded node accepts up to 32 MiB per mutation
 

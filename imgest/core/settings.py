@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from imgest.core import defaults
 from imgest.core.paths import state_dir
 
 EMBEDDED_HOST = "127.0.0.1"
@@ -28,6 +29,16 @@ def env_int(name: str, default: int) -> int:
         raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
 
 
+def consistency_level(name: str) -> str:
+    """NAME upper-cased if it is a Cassandra consistency level imgest accepts, else a ConfigError."""
+    level = (name or "").strip().upper()
+    if level not in defaults.CONSISTENCY_LEVELS:
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(f"consistency level {name!r} is not one of {', '.join(defaults.CONSISTENCY_LEVELS)}")
+    return level
+
+
 @dataclass(frozen=True)
 class CassandraSettings:
     """How to reach a Cassandra cluster."""
@@ -42,10 +53,15 @@ class CassandraSettings:
     # the client's CPU when writing image blobs. Stored bytes are checked end to end instead (sha256 in the
     # metadata table, byte-compared samples in `imgest verify`). IMGEST_CASSANDRA_PROTOCOL=5 turns it back on.
     protocol_version: int = 4
+    # Consistency level of writes and verify reads (ONE, QUORUM, LOCAL_QUORUM, ALL, ...).
+    consistency: str = defaults.CONSISTENCY
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "consistency", consistency_level(self.consistency))
 
     @classmethod
     def from_env(cls) -> CassandraSettings:
-        """IMGEST_CASSANDRA_HOSTS (comma separated), _PORT, _USER, _PASSWORD, _SSL_CA, _PROTOCOL."""
+        """IMGEST_CASSANDRA_HOSTS (comma separated), _PORT, _USER, _PASSWORD, _SSL_CA, _PROTOCOL, _CONSISTENCY."""
         hosts = os.environ.get("IMGEST_CASSANDRA_HOSTS", EMBEDDED_HOST)
         return cls(
             hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
@@ -54,6 +70,7 @@ class CassandraSettings:
             password=os.environ.get("IMGEST_CASSANDRA_PASSWORD") or None,
             ssl_ca_file=os.environ.get("IMGEST_CASSANDRA_SSL_CA") or None,
             protocol_version=env_int("IMGEST_CASSANDRA_PROTOCOL", 4),
+            consistency=os.environ.get("IMGEST_CASSANDRA_CONSISTENCY") or defaults.CONSISTENCY,
         )
 
     @property

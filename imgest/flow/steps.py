@@ -213,6 +213,7 @@ def _train_rows(request: IngestRequest, cassandra: CassandraSettings | None, s3:
             f"{tables.keyspace}.{tables.metadata_table('train')}",
             f"{tables.keyspace}.{tables.data_table('train')}",
             only_split="train",
+            dataset=request.dataset,
         )
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.readback.measure import Expected
+from imgest.sinks.cassandra.versions import version_rows
 
 
 class NotReadableError(ImgestError):
@@ -129,7 +130,8 @@ def cassandra_set(
     chosen = ready[-1].version
     meta = tables.metadata_table(split or "train")
     ids, labels, expected, nbytes = [], [], {}, 0
-    for row in session.execute(f"SELECT id, label, split, sha256, nbytes FROM {ks}.{meta}"):
+    rows = version_rows(session, f"{ks}.{meta}", dataset, chosen, "id, label, split, sha256, nbytes")
+    for row in rows:  # this version's rows only: other datasets and versions in the table are left out
         if split is not None and row.split != split:
             continue
         ids.append(str(row.id))

@@ -9,7 +9,14 @@ from imgest.services.cassandra import CassandraServer
 from imgest.services.s3 import S3Server
 
 SERVICE_NAMES = ("cassandra", "s3", "airflow")  # what `imgest services up` starts when none is named
-ALL_SERVICE_NAMES = ("cassandra", "cassandra-auth", "s3", "airflow", "latency-proxy")  # what `down` stops
+ALL_SERVICE_NAMES = (
+    "cassandra",
+    "cassandra-auth",
+    "cassandra-ring",
+    "s3",
+    "airflow",
+    "latency-proxy",
+)  # what `down` stops
 
 
 def _latency_proxy() -> Service:
@@ -18,11 +25,18 @@ def _latency_proxy() -> Service:
     return LatencyProxy.default()
 
 
+def _ring() -> Service:
+    from imgest.services.ring import CassandraRing
+
+    return CassandraRing.default()
+
+
 def get_service(name: str) -> Service:
-    """The embedded service called NAME (cassandra, cassandra-auth, s3, airflow)."""
+    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-ring, s3, airflow, latency-proxy)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
+        "cassandra-ring": _ring,
         "s3": S3Server.default,
         "airflow": AirflowServer.default,
         "latency-proxy": _latency_proxy,

@@ -87,6 +87,11 @@ class CassandraServer:
     auth: bool = False
     host: str = EMBEDDED_HOST
     name: str = "cassandra"
+    seeds: str = ""  # host:storage_port of the seed nodes; default: this node alone
+    cluster: str = "imgest"
+    jmx_port: int = 0  # local-only JMX for nodetool (ring nodes); 0: none
+    token_rf: int = 1  # replication factor the token allocator optimises for
+    ring_delay_ms: int = 1000  # how long gossip waits for peers; a joining ring node on a busy box needs more
 
     @classmethod
     def default(cls, auth: bool = False) -> CassandraServer:
@@ -116,6 +121,10 @@ class CassandraServer:
     def render_config(self) -> Path:
         """Write cassandra.yaml for this node (ports, authenticator) from the repo's template."""
         text = Template(conf_file("cassandra.yaml").read_text()).substitute(
+            cluster_name=self.cluster,
+            host=self.host,
+            seeds=self.seeds or f"{self.host}:{self.storage_port}",
+            token_rf=self.token_rf,
             native_port=self.native_port,
             storage_port=self.storage_port,
             authenticator="PasswordAuthenticator" if self.auth else "AllowAllAuthenticator",
@@ -141,8 +150,9 @@ class CassandraServer:
             f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}",
             "-Dcassandra-foreground=yes",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-            "-Dcassandra.ring_delay_ms=1000",
+            f"-Dcassandra.ring_delay_ms={self.ring_delay_ms}",
             "-Dcassandra.superuser_setup_delay_ms=0",
+            *([f"-Dcassandra.jmx.local.port={self.jmx_port}"] if self.jmx_port else []),
             "-cp",
             f"{lib}{os.sep}*",
             DAEMON_CLASS,

@@ -59,6 +59,22 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--hosts", {"default": defaults.CASSANDRA_HOST, "help": "comma-separated contact points (default 127.0.0.1)"}),
     ("--port", {"type": int, "default": defaults.CASSANDRA_PORT, "help": "CQL port (default 9042)"}),
     (
+        "--consistency",
+        {
+            "type": str.upper,
+            "choices": list(defaults.CONSISTENCY_LEVELS),
+            "help": "consistency level of writes and verify reads "
+            f"(default: IMGEST_CASSANDRA_CONSISTENCY, else {defaults.CONSISTENCY})",
+        },
+    ),
+    (
+        "--replace-version",
+        {
+            "action": "store_true",
+            "help": "replace another version of the dataset that lives in the same tables (default: refuse)",
+        },
+    ),
+    (
         "--partitions",
         {
             "type": int,
@@ -91,7 +107,9 @@ def forward(ns: argparse.Namespace, options: list[tuple[str, dict[str, Any]]]) -
     argv: list[str] = []
     for flag, _ in options:
         value = getattr(ns, flag.lstrip("-").replace("-", "_"), None)
-        if value not in (None, ""):
+        if value is True:
+            argv.append(flag)
+        elif value not in (None, "", False):
             argv += [flag, str(value)]
     return argv
 

@@ -55,28 +55,40 @@ def qualified(name: str, what: str) -> tuple[str, str]:
     return identifier(keyspace, f"{what} keyspace"), identifier(table, what)
 
 
-def from_cassandra(session: Any, metadata_table: str, data_table: str, only_split: str | None = None) -> LabelledRows:
-    """Rows of METADATA_TABLE ('ks.table'); ONLY_SPLIT keeps the rows of one original split."""
+def from_cassandra(
+    session: Any,
+    metadata_table: str,
+    data_table: str,
+    only_split: str | None = None,
+    dataset: str | None = None,
+    version: str | None = None,
+) -> LabelledRows:
+    """Rows of one version in METADATA_TABLE ('ks.table'): DATASET / VERSION, or the only active version there
+    (the complete one first); ONLY_SPLIT keeps the rows of one original split. Rows of other datasets or
+    versions in the same table are never read; the class count is that version's class map."""
+    from imgest.sinks.cassandra.versions import resolve, version_rows
+
     ks, meta = qualified(metadata_table, "metadata table")
     qualified(data_table, "data table")
+    record = resolve(session, f"{ks}.{meta}", dataset, version)
     ids, labels = [], []
-    for row in session.execute(f"SELECT id, label, split FROM {ks}.{meta}"):
+    for row in version_rows(session, f"{ks}.{meta}", record.dataset, record.version, "id, label, split"):
         if only_split is None or row.split == only_split:
             ids.append(str(row.id))
             labels.append(row.label)
+    where = f"{metadata_table} for {record.dataset} version {record.version}"
     if not ids:
-        raise ImgestError(f"no rows in {metadata_table}" + (f" for split {only_split!r}" if only_split else ""))
-    classes = _class_count(session, ks) or max(labels) + 1
+        raise ImgestError(f"no rows in {where}" + (f" for split {only_split!r}" if only_split else ""))
+    classes = len(record.class_map) or max(labels) + 1
     order = np.argsort(ids)  # a source-independent order: the same rows always give the same split
-    source = {"kind": "cassandra", "data_table": data_table, "metadata_table": metadata_table}
+    source = {
+        "kind": "cassandra",
+        "data_table": data_table,
+        "metadata_table": metadata_table,
+        "dataset": record.dataset,
+        "version": record.version,
+    }
     return LabelledRows(np.asarray(ids)[order], np.asarray(labels)[order], classes, source)
-
-
-def _class_count(session: Any, keyspace: str) -> int | None:
-    for row in session.execute(f"SELECT class_map FROM {keyspace}.dataset_versions"):
-        if row.class_map:
-            return len(row.class_map)
-    return None
 
 
 def from_shards(store: ShardStore, only_split: str | None = None) -> LabelledRows:

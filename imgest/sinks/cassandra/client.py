@@ -21,8 +21,39 @@ class CassandraAuthError(CassandraConnectError, AuthenticationError):
     """Cassandra refused the credentials (retrying cannot help)."""
 
 
+class CassandraUnavailableError(ImgestError):
+    """Too few replicas are alive for the consistency level asked for."""
+
+
+def describe_unavailable(exc: Any, session: Any) -> str:
+    """What an Unavailable error means: the consistency level, replicas needed and alive, nodes up and down."""
+    from cassandra import ConsistencyLevel
+
+    hosts = list(session.cluster.metadata.all_hosts()) if session is not None else []
+    live = ", ".join(sorted(str(h.address) for h in hosts if h.is_up)) or "none known"
+    down = ", ".join(sorted(str(h.address) for h in hosts if not h.is_up)) or "none known"
+    level = ConsistencyLevel.value_to_name.get(exc.consistency, str(exc.consistency))
+    return (
+        f"consistency level {level} needs {exc.required_replicas} live replicas but only {exc.alive_replicas} "
+        f"{'is' if exc.alive_replicas == 1 else 'are'} alive (nodes up: {live}; down: {down}); bring the nodes "
+        "back, or lower --consistency / IMGEST_CASSANDRA_CONSISTENCY"
+    )
+
+
+@contextmanager
+def explain_unavailable(session: Any) -> Iterator[None]:
+    """Turn the driver's Unavailable into CassandraUnavailableError with a message naming level and replicas."""
+    from cassandra import Unavailable
+
+    try:
+        yield
+    except Unavailable as exc:
+        raise CassandraUnavailableError(describe_unavailable(exc, session)) from None
+
+
 def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
-    """A driver Cluster: token-aware routing, the native protocol of SETTINGS, auth and SSL."""
+    """A driver Cluster: token-aware routing, the native protocol and consistency level of SETTINGS, auth, SSL."""
+    from cassandra import ConsistencyLevel
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -41,6 +72,7 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
         request_timeout=overrides.pop("request_timeout", 30.0),
         row_factory=overrides.pop("row_factory", named_tuple_factory),
+        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
     )
     return Cluster(
         list(settings.hosts),

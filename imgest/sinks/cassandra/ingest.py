@@ -23,6 +23,7 @@ from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.schema import TableLayout, apply_schema
+from imgest.sinks.cassandra.versions import advance_status, claim_version
 from imgest.sinks.cassandra.writer import DEFAULT_MAX_BLOB_BYTES, ImageWriter, Row
 from imgest.sources.manifest import Candidate, chunked
 from imgest.transform.image import TransformSpec
@@ -42,6 +43,8 @@ META_COLUMNS = (
     "sha256",
     "src_sha256",
     "transform_key",
+    "dataset",
+    "version",
 )
 
 
@@ -63,12 +66,20 @@ class CassandraIngestConfig:
     port: int = 9042
     max_in_flight: int = defaults.MAX_IN_FLIGHT
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    consistency: str = defaults.CONSISTENCY
+    replace: bool = False  # replace another version of the dataset that lives in the same tables
 
     def settings(self) -> CassandraSettings:
         """Connection settings; user and password come from the executor's environment, never from here."""
         env = CassandraSettings.from_env()
         return CassandraSettings(
-            hosts=self.hosts, port=self.port, username=env.username, password=env.password, ssl_ca_file=env.ssl_ca_file
+            hosts=self.hosts,
+            port=self.port,
+            username=env.username,
+            password=env.password,
+            ssl_ca_file=env.ssl_ca_file,
+            protocol_version=env.protocol_version,
+            consistency=self.consistency,
         )
 
 
@@ -116,8 +127,16 @@ class _Statements:
         if key not in self._cache:
             ks, meta = self._tables.keyspace, self._tables.metadata_table(split)
             self._cache[key] = self._session.prepare(
-                f"SELECT id, src_sha256, transform_key FROM {ks}.{meta} WHERE id IN ?"
+                f"SELECT id, src_sha256, transform_key, version FROM {ks}.{meta} WHERE id IN ?"
             )
+        return self._cache[key]
+
+    def stamp(self, split: str) -> Any:
+        """UPDATE of a committed row's dataset/version (rows written before those columns existed)."""
+        key = ("stamp", split)
+        if key not in self._cache:
+            ks, meta = self._tables.keyspace, self._tables.metadata_table(split)
+            self._cache[key] = self._session.prepare(f"UPDATE {ks}.{meta} SET dataset = ?, version = ? WHERE id = ?")
         return self._cache[key]
 
     def quarantine(self) -> Any:
@@ -129,12 +148,19 @@ class _Statements:
         return self._cache["quarantine"]
 
 
-def committed(session: Any, stmts: _Statements, chunk: list[Candidate]) -> dict[str, tuple[str, str]]:
-    """id -> (src_sha256, transform_key) of the rows of CHUNK already committed."""
+def committed(
+    session: Any, stmts: _Statements, chunk: list[Candidate], cfg: CassandraIngestConfig
+) -> dict[str, tuple[str, str]]:
+    """id -> (src_sha256, transform_key) of the rows of CHUNK already committed by this version. Rows written
+    before the dataset/version columns existed are stamped with this version and count as committed."""
     found: dict[str, tuple[str, str]] = {}
     for split in {c.split for c in chunk}:
         ids = [uuid.UUID(c.id) for c in chunk if c.split == split]
         for row in session.execute(stmts.lookup(split), (ids,)):
+            if row.version is None:
+                session.execute(stmts.stamp(split), (cfg.dataset, cfg.version, row.id))
+            elif row.version != cfg.version:
+                continue  # another version's row (being replaced): rewrite it
             found[str(row.id)] = (row.src_sha256, row.transform_key)
     return found
 
@@ -159,7 +185,7 @@ def ingest_partition(
             session, stmts.inserts, quarantine, cfg.max_in_flight, max_blob_bytes=cfg.max_blob_bytes, on_written=written
         ) as writer:
             for chunk in chunked(candidates, LOOKUP_CHUNK):
-                done = committed(session, stmts, chunk)
+                done = committed(session, stmts, chunk, cfg)
 
                 def already_stored(cand: Candidate, src_sha256: str, done: dict = done) -> bool:
                     if done.get(cand.id) != (src_sha256, key):
@@ -182,6 +208,8 @@ def ingest_partition(
                         hashlib.sha256(img.data).hexdigest(),
                         item.src_sha256,
                         key,
+                        cfg.dataset,
+                        cfg.version,
                     )
                     writer.write(Row(uuid.UUID(c.id), c.label, img.data, c.split, meta, c.rel_path))
         result.stored = writer.stats.written
@@ -197,41 +225,35 @@ def ingest_partition(
 
 
 # ---- dataset version record (driver side) -------------------------------------------------------------
-def begin_version(session: Any, cfg: CassandraIngestConfig, splits: list[str], replication: str) -> None:
-    """Create the schema if needed and mark the version 'writing'."""
+def begin_version(session: Any, cfg: CassandraIngestConfig, splits: list[str], replication: str) -> str | None:
+    """Create the schema if needed and mark the version 'writing' (a complete one stays complete); refuses
+    to overwrite another version's rows unless CFG.replace. Returns the status the version had before."""
     apply_schema(session, cfg.tables, splits, replication)
-    stmt = session.prepare(
-        f"INSERT INTO {cfg.tables.keyspace}.dataset_versions (dataset, version, status, tables, transform, started_at)"
-        " VALUES (?, ?, 'writing', ?, ?, ?)"
+    return claim_version(
+        session,
+        cfg.tables.keyspace,
+        cfg.dataset,
+        cfg.version,
+        cfg.tables.tables(splits),
+        json.dumps(cfg.spec.as_dict()),
+        cfg.replace,
     )
-    tables = json.dumps(cfg.tables.tables(splits))
-    session.execute(stmt, (cfg.dataset, cfg.version, tables, json.dumps(cfg.spec.as_dict()), datetime.now(UTC)))
 
 
 def finish_version(session: Any, cfg: CassandraIngestConfig, total: PartitionResult, classes: list[str]) -> None:
-    """Record counts and quarantine summary; status 'written' (verification marks it 'complete')."""
+    """Record counts and quarantine summary; status 'written' unless already 'complete' (verify completes it)."""
     split_counts: Counter[str] = Counter()
     for key, n in total.counts.items():
         split_counts[key.split("/")[0]] += n
     reasons = {str(reason): n for reason, n in Counter(q["reason"] for q in total.quarantine).items()}
     stmt = session.prepare(
-        f"UPDATE {cfg.tables.keyspace}.dataset_versions SET status = 'written', split_counts = ?, label_counts = ?,"
+        f"UPDATE {cfg.tables.keyspace}.dataset_versions SET split_counts = ?, label_counts = ?,"
         " class_map = ?, quarantine_count = ?, quarantine_reasons = ?, finished_at = ?"
         " WHERE dataset = ? AND version = ?"
     )
-    session.execute(
-        stmt,
-        (
-            dict(split_counts),
-            dict(total.counts),
-            classes,
-            len(total.quarantine),
-            reasons,
-            datetime.now(UTC),
-            cfg.dataset,
-            cfg.version,
-        ),
-    )
+    values = (dict(split_counts), dict(total.counts), classes, len(total.quarantine), reasons, datetime.now(UTC))
+    session.execute(stmt, (*values, cfg.dataset, cfg.version))
+    advance_status(session, cfg.tables.keyspace, cfg.dataset, cfg.version, "written", ("writing",))
 
 
 def summary(total: PartitionResult, seconds: float, scan_quarantine: QuarantineLog) -> dict[str, Any]:

@@ -197,16 +197,20 @@ def apply_schema(session: Any, tables: TableLayout, splits: list[str], replicati
     statements = schema_statements(tables, splits, replication_spec)
     for stmt in statements:
         session.execute(stmt, timeout=60)
-    _add_checks_column(session, tables.keyspace)
+    ks = tables.keyspace
+    _add_column(session, f"{ks}.dataset_versions", "checks", "map<text, text>")
+    for table in sorted({tables.metadata_table(s) for s in splits}):  # tables created before the columns existed
+        _add_column(session, f"{ks}.{table}", "dataset", "text")
+        _add_column(session, f"{ks}.{table}", "version", "text")
     return statements
 
 
-def _add_checks_column(session: Any, keyspace: str) -> None:
-    """dataset_versions created before the `checks` column existed get it (reports of read-back checks)."""
+def _add_column(session: Any, table: str, column: str, cql_type: str) -> None:
+    """Add COLUMN to TABLE if it is missing (tables created by an older imgest)."""
     from cassandra import InvalidRequest
 
     try:
-        session.execute(f"ALTER TABLE {keyspace}.dataset_versions ADD checks map<text, text>", timeout=60)
+        session.execute(f"ALTER TABLE {table} ADD {column} {cql_type}", timeout=60)
     except InvalidRequest as exc:
         if "conflicts with an existing column" not in str(exc) and "already exists" not in str(exc):
             raise

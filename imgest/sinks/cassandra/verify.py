@@ -8,13 +8,13 @@ import random
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.sinks.cassandra.schema import TableLayout
+from imgest.sinks.cassandra.versions import advance_status, version_rows
 from imgest.sources.manifest import Candidate, iter_manifest, manifest_metadata
 from imgest.sources.read import read_candidate
 from imgest.transform.image import TransformSpec, transform_image
@@ -89,7 +89,8 @@ def verify(
     seed: int = 0,
     mark_complete: bool = True,
 ) -> VerifyReport:
-    """Compare Cassandra with the manifest minus the quarantine; on success mark the version complete."""
+    """Compare the rows of VERSION (only those) with the manifest minus the quarantine; on success mark the
+    version complete (only from 'written')."""
     meta = manifest_metadata(manifest_dir / workdir.MANIFEST)
     dataset = dataset or meta["dataset"]
     record = _version_row(session, tables, dataset, version)
@@ -105,7 +106,7 @@ def verify(
     expected, picked = _expected_counts(manifest_dir, quarantined, sample, seed)
     found: Counter[str] = Counter()
     for table in sorted({tables.metadata_table(split) for split in splits}):  # one table for all splits, or one each
-        for row in session.execute(f"SELECT split, label FROM {tables.keyspace}.{table}"):
+        for row in version_rows(session, f"{tables.keyspace}.{table}", dataset, version, "split, label"):
             found[f"{row.split}/{row.label}"] += 1
     report.expected, report.found = dict(expected), dict(found)
     for key in sorted(set(expected) | set(found)):
@@ -120,11 +121,11 @@ def verify(
         if row is None or bytes(row.data) != fresh:
             report.byte_mismatches.append(cand.rel_path)
     report.ok = not report.count_mismatches and not report.byte_mismatches
-    if report.ok and mark_complete:
-        session.execute(
-            f"UPDATE {tables.keyspace}.dataset_versions SET status = 'complete', verified_at = %s"
-            " WHERE dataset = %s AND version = %s",
-            (datetime.now(UTC), dataset, version),
+    done = ("written", "complete")
+    if report.ok and mark_complete and not advance_status(session, tables.keyspace, dataset, version, "complete", done):
+        raise VerificationError(
+            f"version {version!r} of {dataset!r} matches but its status is {record.status!r}, not 'written': "
+            "finish (or re-run) its ingest first; replaced versions cannot be completed"
         )
     log.info("verify %s/%s: %s", dataset, version, "ok" if report.ok else "MISMATCH")
     return report

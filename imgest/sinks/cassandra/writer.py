@@ -160,8 +160,15 @@ class ImageWriter:
             timer.daemon = True
             timer.start()
             return
+        from cassandra import Unavailable
+
+        cause = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, Unavailable):
+            from imgest.sinks.cassandra.client import describe_unavailable
+
+            cause = f"Unavailable: {describe_unavailable(exc, self._session)}"
         with self._lock:
-            self.stats.errors.append(f"row {row.id} ({row.rel_path}): {type(exc).__name__}: {exc}")
+            self.stats.errors.append(f"row {row.id} ({row.rel_path}): {cause}")
         self._release(row)
 
     def _release(self, row: Row) -> None:

@@ -1,0 +1,179 @@
+"""A local three-node Cassandra ring: the embedded node's class, one loopback address per node.
+
+Nodes listen on 127.0.0.2, 127.0.0.3 and 127.0.0.4 (``IMGEST_CASSANDRA_RING_HOSTS``) with the same ports
+(9042 CQL, 7000 storage), so the single embedded node on 127.0.0.1 and the ring never compete for a port
+and a client left on the default 127.0.0.1 never writes to the ring by mistake. Each node has its own
+data and log folders under ``<state>/cassandra-ring/nodeN``, a 1 GiB heap, the first node as seed, and a
+local-only JMX port (7201, 7202, 7203) for ``nodetool``. Nodes join one after another: Cassandra
+bootstraps one node at a time, and three JVMs starting at once on two cores starve each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from imgest.core.errors import ServiceError
+from imgest.core.paths import conf_file, state_dir
+from imgest.core.settings import env_int
+from imgest.services.base import ServiceStatus, UpResult
+from imgest.services.cassandra import CassandraServer, jars_dir, jvm_options, resolve_jars
+from imgest.services.process import which_or_fail
+
+log = logging.getLogger(__name__)
+RING_HOSTS = "127.0.0.2,127.0.0.3,127.0.0.4"
+NODETOOL_CLASS = "org.apache.cassandra.tools.NodeTool"
+STATUS_LINE = re.compile(r"^([UD][NLJM])\s+(\d+\.\d+\.\d+\.\d+)")
+
+
+def tool_jvm_options() -> list[str]:
+    """JVM flags nodetool needs on Java 17 (the server's module exports/opens) and quiet logging."""
+    opens = [flag for flag in jvm_options() if flag.startswith("--add-")]
+    return [*opens, f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}", "-Xmx256m"]
+
+
+@dataclass(frozen=True)
+class CassandraRing:
+    """Three (or more) CassandraServer nodes forming one cluster, started and stopped together."""
+
+    nodes: tuple[CassandraServer, ...]
+    name: str = "cassandra-ring"
+    join_seconds: dict[str, float] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def default(cls) -> CassandraRing:
+        """The ring on IMGEST_CASSANDRA_RING_HOSTS (default 127.0.0.2-4), ports 9042 / 7000."""
+        hosts = [h.strip() for h in os.environ.get("IMGEST_CASSANDRA_RING_HOSTS", RING_HOSTS).split(",") if h.strip()]
+        native = env_int("IMGEST_CASSANDRA_RING_PORT", 9042)
+        storage = env_int("IMGEST_CASSANDRA_RING_STORAGE_PORT", 7000)
+        jmx = env_int("IMGEST_CASSANDRA_RING_JMX_PORT", 7200)
+        nodes = tuple(
+            CassandraServer(
+                home=state_dir() / "cassandra-ring" / f"node{i}",
+                native_port=native,
+                storage_port=storage,
+                host=host,
+                name=f"cassandra-ring-{i}",
+                seeds=f"{hosts[0]}:{storage}",
+                cluster="imgest-ring",
+                jmx_port=jmx + i,
+                token_rf=min(3, len(hosts)),
+                ring_delay_ms=10_000,  # 1 s (the single node's) is too short to reach the seed from a busy box
+            )
+            for i, host in enumerate(hosts, start=1)
+        )
+        return cls(nodes)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Contact points of every node."""
+        return tuple(n.host for n in self.nodes)
+
+    def answers(self) -> bool:
+        """True when every node answers CQL."""
+        return all(n.answers() for n in self.nodes)
+
+    def up(self, timeout: float = 300.0) -> UpResult:
+        """Start the nodes one after another, each joined (UN in the ring) before the next starts."""
+        t0 = time.monotonic()
+        started = False
+        for node in self.nodes:
+            t_node = time.monotonic()
+            try:
+                result = node.up(timeout)
+                started = started or result.started
+                self.wait_joined(node, timeout)
+            except BaseException:
+                if started or node.process.pid() is not None:
+                    self.down()  # leave nothing half-started behind
+                raise
+            self.join_seconds[node.host] = round(time.monotonic() - t_node, 1)
+            log.info("%s joined after %.1fs", node.name, self.join_seconds[node.host])
+        total = time.monotonic() - t0
+        per_node = ", ".join(f"{h} {s:.0f}s" for h, s in self.join_seconds.items())
+        return UpResult(
+            self.name,
+            started,
+            total,
+            f"{self.name}: {len(self.nodes)} nodes up and joined after {total:.1f}s ({per_node}); "
+            f"CQL on {','.join(self.hosts)}:{self.nodes[0].native_port}; logs: {self.nodes[0].home.parent}/node*/logs",
+        )
+
+    def wait_joined(self, node: CassandraServer, timeout: float) -> None:
+        """Wait until NODE is Up/Normal as the first node sees it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ring_state().get(node.host) == "UN":
+                return
+            time.sleep(2)
+        raise ServiceError(f"{node.name} on {node.host} did not join the ring in {timeout:.0f}s; read {node.home}/logs")
+
+    def down(self) -> bool:
+        """Stop every node imgest started (last joined first)."""
+        stopped = [node.down() for node in reversed(self.nodes)]
+        return any(stopped)
+
+    def kill(self, index: int) -> int | None:
+        """SIGKILL node INDEX (0-based), as a crash would; returns the PID killed."""
+        import signal
+
+        pid = self.nodes[index].process.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while self.nodes[index].process.pid() is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return pid
+
+    def nodetool(self, *args: str, node: int | None = None, timeout: float = 600) -> str:
+        """Output of `nodetool ARGS` against NODE (default: the first node whose JMX answers)."""
+        java = which_or_fail(self.name, "java", "install a Java 17 runtime (Debian: openjdk-17-jre-headless)")
+        lib = jars_dir() if (jars_dir() / ".resolved").is_file() else resolve_jars()[0]
+        candidates = [self.nodes[node]] if node is not None else [n for n in self.nodes if n.process.pid()]
+        errors = []
+        for target in candidates:
+            cmd = [java, *tool_jvm_options(), "-cp", f"{lib}{os.sep}*", NODETOOL_CLASS]
+            cmd += ["-h", "127.0.0.1", "-p", str(target.jmx_port), *args]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+            if proc.returncode == 0:
+                return proc.stdout
+            errors.append(f"{target.name}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        raise ServiceError(f"nodetool {' '.join(args)} failed: {'; '.join(errors) or 'no node running'}")
+
+    def ring_state(self) -> dict[str, str]:
+        """address -> state (UN, DN, UJ, ...) as `nodetool status` on a live node reports it; {} if none."""
+        try:
+            out = self.nodetool("status", timeout=60)
+        except (ServiceError, subprocess.TimeoutExpired):
+            return {}
+        states = {}
+        for line in out.splitlines():
+            match = STATUS_LINE.match(line.strip())
+            if match:
+                states[match.group(2)] = match.group(1)
+        return states
+
+    def status(self) -> ServiceStatus:
+        """One line: every node's state as the ring sees it."""
+        states = self.ring_state()
+        detail = " ".join(
+            f"{n.host}={states.get(n.host, 'down' if n.process.pid() is None else '?')}" for n in self.nodes
+        )
+        pids = [n.process.pid() for n in self.nodes]
+        live = [p for p in pids if p]
+        return ServiceStatus(
+            self.name,
+            f"{','.join(self.hosts)}:{self.nodes[0].native_port}",
+            live[0] if live else None,
+            bool(states) and all(states.get(h) == "UN" for h in self.hosts),
+            f"ring: {detail}; pids {','.join(str(p or '-') for p in pids)}",
+        )
+
+    def home(self) -> Path:
+        """The folder holding every node's folder."""
+        return self.nodes[0].home.parent

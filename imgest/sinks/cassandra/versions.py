@@ -1,0 +1,179 @@
+"""Dataset versions in Cassandra: the `dataset_versions` record and which rows belong to a version.
+
+Every metadata row carries the `dataset` and `version` that wrote it, so a version's rows are told apart
+from other datasets' rows in the same tables. Status only moves forward within one version number:
+``writing -> written -> complete``; ``replaced`` marks a version whose rows a later version overwrote.
+A version that is ``complete`` is never put back to ``writing``: re-running its ingest keeps it complete
+(rows are rewritten byte-identical or skipped). A second transform of the same dataset into the same
+tables would overwrite the rows of the first (ids derive from dataset, split and path, not from the
+transform), so it is refused unless the caller asks to replace that version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from imgest.core.errors import ImgestError
+from imgest.sinks.cassandra.schema import identifier
+
+log = logging.getLogger(__name__)
+ACTIVE = ("writing", "written", "complete")
+
+
+class VersionConflictError(ImgestError):
+    """A version would overwrite another version's rows, or a version number is reused with other settings."""
+
+
+class VersionNotFoundError(ImgestError):
+    """No (single) version matches what was asked for."""
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """The parts of a dataset_versions row that readers need."""
+
+    dataset: str
+    version: str
+    status: str
+    tables: dict[str, dict[str, str]]
+    transform: str
+    class_map: list[str]
+
+    @property
+    def metadata_tables(self) -> set[str]:
+        """'ks.table' of every metadata table the version writes."""
+        return {t["metadata"] for t in self.tables.values()}
+
+
+def records(session: Any, keyspace: str, dataset: str | None = None) -> list[VersionRecord]:
+    """Version records of KEYSPACE (of DATASET only when given), in clustering order."""
+    ks = identifier(keyspace, "keyspace")
+    query = f"SELECT dataset, version, status, tables, transform, class_map FROM {ks}.dataset_versions"
+    rows = session.execute(query + " WHERE dataset = %s", (dataset,)) if dataset else session.execute(query)
+    return [
+        VersionRecord(
+            r.dataset,
+            r.version,
+            r.status or "",
+            json.loads(r.tables or "{}"),
+            r.transform or "",
+            list(r.class_map or []),
+        )
+        for r in rows
+    ]
+
+
+def conflicting(existing: list[VersionRecord], version: str, tables: dict[str, dict[str, str]]) -> list[VersionRecord]:
+    """Other active versions of the same dataset whose metadata tables overlap TABLES (their rows would be
+    overwritten)."""
+    ours = {t["metadata"] for t in tables.values()}
+    return [r for r in existing if r.version != version and r.status in ACTIVE and r.metadata_tables & ours]
+
+
+def claim_version(
+    session: Any,
+    keyspace: str,
+    dataset: str,
+    version: str,
+    tables: dict[str, dict[str, str]],
+    transform: str,
+    replace: bool = False,
+) -> str | None:
+    """Mark VERSION 'writing' (or keep it 'complete'); refuse conflicts. Returns the status it had before."""
+    existing = records(session, keyspace, dataset)
+    own = next((r for r in existing if r.version == version), None)
+    if own is not None and own.transform and json.loads(own.transform) != json.loads(transform):
+        raise VersionConflictError(
+            f"version {version!r} of dataset {dataset!r} in {keyspace} was written with another transform "
+            f"({own.transform}); give the new one another --version"
+        )
+    others = conflicting(existing, version, tables)
+    if others and not replace:
+        names = ", ".join(f"{r.version} ({r.status})" for r in others)
+        raise VersionConflictError(
+            f"dataset {dataset!r} version {names} already lives in {', '.join(sorted(others[0].metadata_tables))}; "
+            f"writing version {version!r} there would overwrite its rows. Use --table-suffix (e.g. _v2) to keep "
+            "both in tables of their own, or --replace-version to replace it"
+        )
+    for other in others:
+        session.execute(
+            f"UPDATE {keyspace}.dataset_versions SET status = 'replaced' WHERE dataset = %s AND version = %s",
+            (dataset, other.version),
+        )
+        log.warning("version %s of %s is marked replaced by %s", other.version, dataset, version)
+    if own is not None and own.status == "complete":
+        log.info("version %s of %s is already complete; it stays complete", version, dataset)
+        return own.status
+    _set_writing(session, keyspace, dataset, version, json.dumps(tables), transform, own is None)
+    return own.status if own else None
+
+
+def _set_writing(
+    session: Any, keyspace: str, dataset: str, version: str, tables: str, transform: str, new: bool
+) -> None:
+    """Insert the record as 'writing', or move it back to 'writing' unless it became 'complete' meanwhile."""
+    now = datetime.now(UTC)
+    if new:
+        session.execute(
+            f"INSERT INTO {keyspace}.dataset_versions (dataset, version, status, tables, transform, started_at)"
+            " VALUES (%s, %s, 'writing', %s, %s, %s) IF NOT EXISTS",
+            (dataset, version, tables, transform, now),
+        )
+        return
+    session.execute(
+        f"UPDATE {keyspace}.dataset_versions SET status = 'writing', tables = %s, transform = %s, started_at = %s"
+        " WHERE dataset = %s AND version = %s IF status IN ('writing', 'written', 'replaced')",
+        (tables, transform, now, dataset, version),
+    )
+
+
+def advance_status(session: Any, keyspace: str, dataset: str, version: str, to: str, allowed: tuple[str, ...]) -> bool:
+    """Set the status to TO only if it is one of ALLOWED now (a lightweight transaction); True if applied."""
+    extra = ", verified_at = %s" if to == "complete" else ""
+    params: tuple[Any, ...] = (datetime.now(UTC),) if extra else ()
+    placeholders = ", ".join("%s" for _ in allowed)
+    result = session.execute(
+        f"UPDATE {keyspace}.dataset_versions SET status = %s{extra} WHERE dataset = %s AND version = %s"
+        f" IF status IN ({placeholders})",
+        (to, *params, dataset, version, *allowed),
+    )
+    return bool(result.one()[0])
+
+
+def version_rows(session: Any, table: str, dataset: str, version: str, columns: str) -> Iterator[Any]:
+    """COLUMNS of the rows of TABLE ('ks.table') written by DATASET / VERSION (a filtered scan of the table)."""
+    keyspace, _, name = table.partition(".")
+    identifier(keyspace, "keyspace")
+    identifier(name, "metadata table")
+    yield from session.execute(
+        f"SELECT {columns} FROM {keyspace}.{name} WHERE dataset = %s AND version = %s ALLOW FILTERING",
+        (dataset, version),
+    )
+
+
+def resolve(session: Any, metadata_table: str, dataset: str | None = None, version: str | None = None) -> VersionRecord:
+    """The one active version whose rows live in METADATA_TABLE ('ks.table'), narrowed by DATASET / VERSION;
+    the complete one first. Several datasets in one table need DATASET."""
+    keyspace = metadata_table.partition(".")[0]
+    found = [
+        r
+        for r in records(session, keyspace, dataset)
+        if metadata_table in r.metadata_tables and r.status in ACTIVE and (version is None or r.version == version)
+    ]
+    complete = [r for r in found if r.status == "complete"]
+    chosen = complete or found
+    if len({r.dataset for r in chosen}) > 1:
+        names = ", ".join(sorted({r.dataset for r in chosen}))
+        raise VersionNotFoundError(f"{metadata_table} holds datasets {names}; name one with --dataset")
+    if not chosen:
+        what = f"dataset {dataset!r}" if dataset else "any dataset"
+        raise VersionNotFoundError(
+            f"no active version{f' {version!r}' if version else ''} of {what} writes {metadata_table} "
+            f"(see {keyspace}.dataset_versions)"
+        )
+    return chosen[-1]

@@ -1,0 +1,133 @@
+"""A real three-node ring on 127.0.0.2-4: replication 3, an ingest at QUORUM that survives a node killed
+partway (SIGKILL of its JVM), repair, every row readable at ALL; two nodes down fail with a clear message."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imgest.core.settings import CassandraSettings
+from imgest.services.ring import CassandraRing
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.schema import TableLayout
+from imgest.sinks.cassandra.verify import verify
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import iter_manifest
+from imgest.sources.scan import scan_to_dir
+from imgest.spark.submit import submit_command, submit_env
+from tests.jobs.conftest import MASTER, read_summary, run_job
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+KS = "imgest_test_ring"
+
+
+@pytest.fixture(scope="module")
+def ring() -> Iterator[CassandraRing]:
+    """The ring, started node after node (start times printed); stopped after if this module started it."""
+    ring = CassandraRing.default()
+    started = False
+    if not ring.answers():
+        result = ring.up()
+        started = result.started
+        print(f"\n[fixture] {result.message}")
+    yield ring
+    if started:
+        ring.down()
+
+
+def _settings(ring: CassandraRing, consistency: str) -> CassandraSettings:
+    return CassandraSettings(hosts=ring.hosts, port=ring.nodes[0].native_port, consistency=consistency)
+
+
+def _job_args(ring: CassandraRing, manifest: Path, out: Path, consistency: str) -> list[str]:
+    return [
+        *("--manifest-dir", str(manifest), "--keyspace", KS, "--replication", "SimpleStrategy:3"),
+        *("--hosts", ",".join(ring.hosts), "--consistency", consistency, "--summary-json", str(out)),
+    ]
+
+
+def _restart(ring: CassandraRing, index: int) -> None:
+    ring.nodes[index].up(300)
+    ring.wait_joined(ring.nodes[index], 300)
+
+
+def _wait_rows(session: Any, at_least: int, proc: subprocess.Popen[bytes], timeout: float = 240) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            n = session.execute(f"SELECT count(*) FROM {KS}.metadata", timeout=30).one()[0]
+        except Exception:  # table not created yet
+            n = 0
+        if n >= at_least:
+            return n
+        time.sleep(0.5)
+    raise AssertionError(f"the job wrote fewer than {at_least} rows before it ended or {timeout}s passed")
+
+
+def test_quorum_ingest_survives_a_killed_node_then_repair_gives_all(ring: CassandraRing, tmp_path: Path) -> None:
+    with cassandra_session(_settings(ring, "ONE")) as admin:
+        admin.execute(f"DROP KEYSPACE IF EXISTS {KS}", timeout=120)
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=6, per_class=40, val_per_class=5, seed=11))
+    manifest = tmp_path / "manifest"
+    scan_to_dir(tmp_path / "src", manifest)
+    expected = sum(1 for _ in iter_manifest(manifest / "manifest.parquet"))
+    out = tmp_path / "summary.json"
+    args = _job_args(ring, manifest, out, "QUORUM")
+    log_file = tmp_path / "job.log"
+    with open(log_file, "wb") as log, cassandra_session(_settings(ring, "ONE")) as watch:
+        proc = subprocess.Popen(
+            submit_command("ingest_cassandra", args, MASTER),
+            env=submit_env(MASTER),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        _wait_rows(watch, expected // 4, proc)
+        killed = ring.kill(2)  # partway: a real crash of the third node's JVM
+        assert killed is not None
+        rc = proc.wait(timeout=600)
+    assert rc == 0, log_file.read_text()[-4000:]
+    summary = read_summary(out)
+    assert summary["stored"] + summary["skipped_already_committed"] == expected
+    assert ring.ring_state().get(ring.hosts[2]) == "DN"
+
+    _restart(ring, 2)
+    tables = TableLayout(KS)
+    with cassandra_session(_settings(ring, "QUORUM")) as session:
+        report = verify(session, manifest, tables, None, summary["version"], sample=8)
+    assert report.ok, report.to_dict()
+    assert sum(report.found.values()) == expected
+
+    ring.nodetool("repair", "--full", KS, node=0)
+    with cassandra_session(_settings(ring, "ALL")) as session:
+        meta = {r.id: r.sha256 for r in session.execute(f"SELECT id, sha256 FROM {KS}.metadata", timeout=120)}
+        data = {r.id: hashlib.sha256(r.data).hexdigest() for r in session.execute(f"SELECT id, data FROM {KS}.data")}
+        replication = session.execute(
+            "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s", (KS,)
+        ).one()
+    assert replication.replication["replication_factor"] == "3"
+    assert len(meta) == expected
+    assert data == meta  # every row at ALL, every byte as its recorded sha256
+
+
+def test_two_nodes_down_fail_naming_level_and_live_replicas(ring: CassandraRing, tmp_path: Path) -> None:
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=5, val_per_class=1, seed=3))
+    scan_to_dir(tmp_path / "src", tmp_path / "manifest")
+    with cassandra_session(_settings(ring, "ONE")) as admin:  # the keyspace at replication 3 exists first
+        rf3 = "{'class': 'SimpleStrategy', 'replication_factor': 3}"
+        admin.execute(f"CREATE KEYSPACE IF NOT EXISTS {KS} WITH replication = {rf3}")
+    ring.kill(1)
+    ring.kill(2)
+    try:
+        rc, log = run_job("ingest_cassandra", _job_args(ring, tmp_path / "manifest", tmp_path / "s.json", "QUORUM"))
+    finally:
+        _restart(ring, 1)
+        _restart(ring, 2)
+    assert rc != 0
+    assert "consistency level QUORUM needs 2 live replicas but only 1 is alive" in log
+    assert f"nodes up: {ring.hosts[0]}" in log

@@ -1,0 +1,77 @@
+"""Version conflicts, the consistency setting and the ring's node configuration (no services needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from imgest.core.errors import ConfigError
+from imgest.core.settings import CassandraSettings
+from imgest.services.ring import CassandraRing
+from imgest.sinks.cassandra.versions import VersionRecord, conflicting
+from imgest.spark.job_options import CASSANDRA_OPTIONS, add_options, forward
+
+TABLES = {s: {"data": "ks.data", "metadata": "ks.metadata"} for s in ("train", "val")}
+
+
+def _record(version: str, status: str, suffix: str = "") -> VersionRecord:
+    tables = {s: {"data": f"ks.data{suffix}", "metadata": f"ks.metadata{suffix}"} for s in ("train", "val")}
+    return VersionRecord("inet", version, status, tables, "{}", [])
+
+
+def test_only_active_versions_in_the_same_tables_conflict() -> None:
+    existing = [
+        _record("t-aaa", "complete"),
+        _record("t-bbb", "replaced"),
+        _record("t-ccc", "written", suffix="_orig"),
+        _record("t-new", "writing"),
+    ]
+    assert [r.version for r in conflicting(existing, "t-new", TABLES)] == ["t-aaa"]
+    assert conflicting(existing, "t-aaa", TABLES) == [existing[3]]
+
+
+def test_consistency_level_from_env_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CassandraSettings().consistency == "LOCAL_QUORUM"
+    monkeypatch.setenv("IMGEST_CASSANDRA_CONSISTENCY", "quorum")
+    assert CassandraSettings.from_env().consistency == "QUORUM"
+    with pytest.raises(ConfigError, match="not one of"):
+        CassandraSettings(consistency="MOST")
+
+
+def test_job_options_forward_consistency_and_replace_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_options(parser, CASSANDRA_OPTIONS)
+    ns = parser.parse_args(["--consistency", "all", "--replace-version"])
+    argv = forward(ns, CASSANDRA_OPTIONS)
+    assert argv[argv.index("--consistency") + 1] == "ALL"
+    assert "--replace-version" in argv
+    assert argv[argv.index("--replace-version") + 1 :][:1] != ["True"]
+    assert "--replace-version" not in forward(parser.parse_args([]), CASSANDRA_OPTIONS)
+
+
+def test_ring_nodes_have_own_address_folders_and_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path))
+    ring = CassandraRing.default()
+    assert ring.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+    assert len({n.home for n in ring.nodes}) == 3
+    assert len({n.jmx_port for n in ring.nodes}) == 3
+    for node in ring.nodes:
+        conf = yaml.safe_load(node.render_config().read_text())
+        assert conf["listen_address"] == conf["rpc_address"] == node.host
+        assert conf["seed_provider"][0]["parameters"][0]["seeds"] == "127.0.0.2:7000"
+        assert conf["cluster_name"] == "imgest-ring"
+        assert conf["native_transport_port"] == 9042
+        command = node.command("java", _fake_lib(tmp_path), node.home / "cassandra.yaml")
+        assert "-Xmx1G" in command
+        assert f"-Dcassandra.jmx.local.port={node.jmx_port}" in command
+        assert f"-Dcassandra.storagedir={node.home / 'data'}" in command
+
+
+def _fake_lib(tmp_path: Path) -> Path:
+    lib = tmp_path / "lib"
+    lib.mkdir(exist_ok=True)
+    (lib / "jamm-0.4.0.jar").touch()
+    return lib
