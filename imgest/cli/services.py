@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             nargs="*",
             metavar="SERVICE",
             help="cassandra, cassandra-auth (PasswordAuthenticator), cassandra-ring (3 nodes on 127.0.0.2-4), s3, "
-            "airflow, latency-proxy (Toxiproxy)",
+            "airflow, latency-proxy (Toxiproxy), spark (standalone master + 2 workers)",
         )
         p.set_defaults(func=services_cmd)
     env = services_sub.add_parser(

@@ -16,6 +16,7 @@ ALL_SERVICE_NAMES = (
     "s3",
     "airflow",
     "latency-proxy",
+    "spark",
 )  # what `down` stops
 
 
@@ -31,8 +32,15 @@ def _ring() -> Service:
     return CassandraRing.default()
 
 
+def _spark() -> Service:
+    from imgest.services.spark_cluster import SparkCluster
+
+    return SparkCluster.default()
+
+
 def get_service(name: str) -> Service:
-    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-ring, s3, airflow, latency-proxy)."""
+    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-ring, s3, airflow,
+    latency-proxy, spark)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
@@ -40,6 +48,7 @@ def get_service(name: str) -> Service:
         "s3": S3Server.default,
         "airflow": AirflowServer.default,
         "latency-proxy": _latency_proxy,
+        "spark": _spark,
     }
     if name not in factories:
         raise ConfigError(f"unknown service {name!r}; choose from {', '.join(factories)}")
