@@ -110,3 +110,18 @@ def files_holding(roots: list[Path], secrets: list[str]) -> list[str]:
                 continue
             hits += [f"{path}: secret #{i}" for i, s in enumerate(secrets) if s.encode() in data]
     return hits
+
+
+def assert_clean(watch: ClusterWatch, cluster: SparkCluster, secret_values: list[str], logs: list[Path]) -> None:
+    """Executors seen, their environment clean, the code shipped, and no secret in ps, env or any file."""
+    assert watch.executors(), "no executor was seen on the workers"
+    assert watch.python_workers(), "no Python worker was seen on the workers"
+    assert watch.leaked() == []
+    shipped = [p for i in range(1, cluster.workers + 1) for p in cluster.worker_dirs(i)[0].glob("app-*/*/*.zip")]
+    assert any(p.name == "imgest-pyfiles.zip" for p in shipped), shipped  # the code came with the submission
+    for snapshot in watch.ps_snapshots:
+        assert not [s for s in secret_values if s in snapshot], "a secret appeared in `ps -eo args`"
+    for env in (*watch.executors().values(), *watch.python_workers().values()):
+        assert not [s for s in secret_values if s in "\n".join(env.values())]
+    scanned = [*logs, cluster.home]
+    assert files_holding(scanned, secret_values) == []

@@ -12,6 +12,7 @@ SERVICE_NAMES = ("cassandra", "s3", "airflow")  # what `imgest services up` star
 ALL_SERVICE_NAMES = (
     "cassandra",
     "cassandra-auth",
+    "cassandra-tls",
     "cassandra-ring",
     "s3",
     "airflow",
@@ -39,11 +40,12 @@ def _spark() -> Service:
 
 
 def get_service(name: str) -> Service:
-    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-ring, s3, airflow,
+    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-tls, cassandra-ring, s3, airflow,
     latency-proxy, spark)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
+        "cassandra-tls": lambda: CassandraServer.default(tls=True),
         "cassandra-ring": _ring,
         "s3": S3Server.default,
         "airflow": AirflowServer.default,

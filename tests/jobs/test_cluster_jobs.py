@@ -8,8 +8,6 @@ log, the Spark event log and those snapshots are searched for the secrets.
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +15,11 @@ import pytest
 
 from imgest.cli import main
 from imgest.core.settings import CassandraSettings
-from imgest.services.cassandra import CassandraServer
 from imgest.services.s3 import S3Server
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample
-from tests.cluster_watch import ClusterWatch, files_holding
-from tests.conftest import serve
+from tests.cluster_watch import ClusterWatch, assert_clean
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 STORED = 18 + 6 + 8  # train + val + the eight awkward-but-valid planted images
@@ -31,57 +27,10 @@ QUARANTINED = 5
 
 
 @pytest.fixture(scope="module")
-def spark_cluster() -> Iterator[SparkCluster]:
-    yield from serve(SparkCluster.default())  # type: ignore[misc]
-
-
-@pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("clustersrc")
     write_sample(root, SampleSpec("cls-loc", classes=3, per_class=6, val_per_class=2, seed=31, defects=True))
     return root
-
-
-@pytest.fixture(scope="module")
-def cassandra_role(cassandra_auth_server: CassandraServer) -> tuple[CassandraSettings, str]:
-    """A login role with a random password on the password-checking node: (settings, password)."""
-    password = "pw" + secrets.token_hex(12)
-    admin = CassandraSettings(port=cassandra_auth_server.native_port, username="cassandra", password="cassandra")
-    with cassandra_session(admin) as session:
-        session.execute(
-            f"CREATE ROLE IF NOT EXISTS imgest_cluster WITH LOGIN = true AND SUPERUSER = true "
-            f"AND PASSWORD = '{password}'"
-        )
-        session.execute(f"ALTER ROLE imgest_cluster WITH PASSWORD = '{password}'")
-    return (
-        CassandraSettings(port=cassandra_auth_server.native_port, username="imgest_cluster", password=password),
-        password,
-    )
-
-
-@pytest.fixture
-def event_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """spark-submit reads SPARK_CONF_DIR/spark-defaults.conf: the event log goes to a folder of this test."""
-    conf, events = tmp_path / "spark-conf", tmp_path / "events"
-    conf.mkdir()
-    events.mkdir()
-    (conf / "spark-defaults.conf").write_text(f"spark.eventLog.enabled true\nspark.eventLog.dir {events.as_uri()}\n")
-    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
-    return events
-
-
-def _assert_clean(watch: ClusterWatch, cluster: SparkCluster, secret_values: list[str], logs: list[Path]) -> None:
-    assert watch.executors(), "no executor was seen on the workers"
-    assert watch.python_workers(), "no Python worker was seen on the workers"
-    assert watch.leaked() == []
-    paths = {env.get("PYTHONPATH", "") for env in watch.python_workers().values()}
-    assert any("imgest-pyfiles.zip" in p for p in paths), paths  # the code came with the submission
-    for snapshot in watch.ps_snapshots:
-        assert not [s for s in secret_values if s in snapshot], "a secret appeared in `ps -eo args`"
-    for env in (*watch.executors().values(), *watch.python_workers().values()):
-        assert not [s for s in secret_values if s in "\n".join(env.values())]
-    scanned = [*logs, cluster.home]
-    assert files_holding(scanned, secret_values) == []
 
 
 def test_cassandra_ingest_on_the_cluster(
@@ -122,7 +71,7 @@ def test_cassandra_ingest_on_the_cluster(
     assert (record.status, record.quarantine_count) == ("complete", QUARANTINED)
     summary = json.loads((work / "ingest_cassandra.json").read_text())
     assert summary["stored"] == STORED
-    _assert_clean(watch, spark_cluster, [password], [work, event_log])
+    assert_clean(watch, spark_cluster, [password], [work, event_log])
     assert list(event_log.iterdir()), "the Spark event log was not written"
 
 
@@ -148,5 +97,5 @@ def test_shard_pack_on_the_cluster(
     listed = {o["Key"] for o in client.list_objects_v2(Bucket="imgest", Prefix="tests/cluster-shards/")["Contents"]}
     assert all(f"tests/cluster-shards/{s['name']}" in listed for s in doc["shards"])
     assert main(["verify", "shards", dest]) == 0
-    _assert_clean(watch, spark_cluster, [key, secret], [work, event_log])
+    assert_clean(watch, spark_cluster, [key, secret], [work, event_log])
     assert list(event_log.iterdir()), "the Spark event log was not written"
