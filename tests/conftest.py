@@ -68,18 +68,11 @@ def airflow_home(cassandra_server: CassandraServer, s3_server: S3Server) -> Airf
 @pytest.fixture(scope="session")
 def cassandra_role(cassandra_auth_server: CassandraServer) -> tuple[CassandraSettings, str]:
     """A login role with a random password on the password-checking node: (settings, password)."""
-    password = "pw" + secrets.token_hex(12)
+    role, password = f"imgest_test_{secrets.token_hex(4)}", "pw" + secrets.token_hex(12)
     admin = CassandraSettings(port=cassandra_auth_server.native_port, username="cassandra", password="cassandra")
     with cassandra_session(admin) as session:
-        session.execute(
-            f"CREATE ROLE IF NOT EXISTS imgest_cluster WITH LOGIN = true AND SUPERUSER = true "
-            f"AND PASSWORD = '{password}'"
-        )
-        session.execute(f"ALTER ROLE imgest_cluster WITH PASSWORD = '{password}'")
-    return (
-        CassandraSettings(port=cassandra_auth_server.native_port, username="imgest_cluster", password=password),
-        password,
-    )
+        session.execute(f"CREATE ROLE {role} WITH LOGIN = true AND SUPERUSER = true AND PASSWORD = '{password}'")
+    return CassandraSettings(port=cassandra_auth_server.native_port, username=role, password=password), password
 
 
 @pytest.fixture

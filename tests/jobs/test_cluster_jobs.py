@@ -51,16 +51,8 @@ def test_cassandra_ingest_on_the_cluster(
     pw_file.write_text(password)
     work = tmp_path / "work"
     argv = ["ingest", "cassandra", str(source), "--work-dir", str(work), "--master", spark_cluster.master_url]
-    argv += [
-        "--keyspace",
-        ks,
-        "--port",
-        str(settings.port),
-        "--user",
-        "imgest_cluster",
-        "--password-file",
-        str(pw_file),
-    ]
+    argv += ["--keyspace", ks, "--port", str(settings.port), "--user", str(settings.username)]
+    argv += ["--password-file", str(pw_file)]
     argv += ["--consistency", "ONE", "--partitions", "6", "--verify"]
     with ClusterWatch(spark_cluster) as watch:
         assert main(argv) == 0
