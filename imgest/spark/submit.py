@@ -45,15 +45,24 @@ def job_path(name: str) -> Path:
 
 
 def package_zip() -> Path:
-    """imgest (with sql/) zipped for --py-files, so remote executors can import it."""
+    """imgest (with sql/) zipped for --py-files, so executors elsewhere import the submitted code.
+
+    From a checkout the zip holds imgest/ plus the top-level sql/ as imgest/sql; a wheel already holds both.
+    """
     out = state_dir() / "spark" / "imgest-pyfiles.zip"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in PACKAGE_DIR.rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts:
-                zf.write(path, Path("imgest") / path.relative_to(PACKAGE_DIR))
-        for path in sql_dir().glob("*.cql"):
-            zf.write(path, Path("imgest") / "sql" / path.name)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    files = {
+        Path("imgest") / path.relative_to(PACKAGE_DIR): path
+        for path in PACKAGE_DIR.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    for path in sql_dir().glob("*.cql"):
+        files.setdefault(Path("imgest") / "sql" / path.name, path)
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, path in sorted(files.items()):
+            zf.write(path, name)
+    tmp.replace(out)  # concurrent submissions never ship a half-written zip
     return out
 
 
