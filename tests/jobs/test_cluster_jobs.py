@@ -91,3 +91,21 @@ def test_shard_pack_on_the_cluster(
     assert main(["verify", "shards", dest]) == 0
     assert_clean(watch, spark_cluster, [key, secret], [work, event_log])
     assert list(event_log.iterdir()), "the Spark event log was not written"
+
+
+def test_one_session_per_process_and_settings(cassandra_role: tuple[CassandraSettings, str]) -> None:
+    from dataclasses import replace
+
+    from imgest.sinks.cassandra import client
+
+    settings, _ = cassandra_role
+    first = client.shared_session(settings)
+    assert client.shared_session(replace(settings)) is first  # equal settings (as unpickled per task): reused
+    other = client.shared_session(replace(settings, consistency="ONE"))
+    assert other is not first
+    assert other.execute("SELECT release_version FROM system.local").one() is not None
+    client.close_shared_sessions()
+    assert first.is_shutdown
+    assert other.is_shutdown
+    assert client.shared_session(settings) is not first  # a shut-down session is replaced, not handed out
+    client.close_shared_sessions()
