@@ -3,7 +3,8 @@
     spark-submit --master local[*] jobs/ingest_cassandra.py --manifest-dir DIR [options]
 
 Usually started by `imgest ingest cassandra` or the `ingest_imagenet` DAG. Credentials come from the
-environment (IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD), never from arguments.
+driver's environment (IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD), never from arguments; the driver
+resolves the connection once and ships it to executors inside the tasks, so executors need no environment.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from imgest.core import workdir
@@ -60,7 +62,22 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
         max_blob_bytes=args.max_blob_bytes,
         consistency=args.consistency or CassandraSettings.from_env().consistency,
         replace=args.replace_version,
+        connection=connection_settings(args),
     )
+
+
+def connection_settings(args: argparse.Namespace) -> CassandraSettings:
+    """The driver's connection settings (environment, then flags), CA text inside, shipped to executors."""
+    env = CassandraSettings.from_env()
+    return replace(
+        env,
+        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
+        port=args.port,
+        consistency=args.consistency or env.consistency,
+        local_dc=args.local_dc or env.local_dc,
+        protocol_version=args.protocol_version or env.protocol_version,
+        ssl_ca_file=args.ssl_ca or env.ssl_ca_file,
+    ).shippable()
 
 
 def load(df: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:

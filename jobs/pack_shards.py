@@ -3,7 +3,9 @@
     spark-submit --master local[*] jobs/pack_shards.py --manifest-dir DIR --dest s3://bucket/prefix [options]
 
 Usually started by `imgest ingest shards` or the `ingest_imagenet` DAG. S3 credentials come from the
-environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), never from arguments.
+driver's environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), never from arguments;
+the driver ships them to executors inside the tasks. Executors read the shard plan from the work folder
+(manifest_dir), which must be on storage every node sees, like the source images.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
+from imgest.core.settings import S3Settings
 from imgest.sinks.shards.pack import (
     PackConfig,
     ShardRecord,
@@ -59,6 +62,7 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
         spec=TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels),
         shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
         published=published,
+        s3=S3Settings.from_env() if args.dest.startswith("s3://") else None,
     )
 
 
@@ -86,7 +90,7 @@ def load(
             nbytes.add(size)
 
         groups = ((name, read_shard_rows(plan_path, group)) for name, group in it)
-        return pack_shards(groups, cfg, lambda: open_store(cfg.dest), on_sample)
+        return pack_shards(groups, cfg, lambda: open_store(cfg.dest, cfg.s3), on_sample)
 
     with progress_log(log, "pack", done, nbytes, rows):
         return list(sc.parallelize(shards, slices).mapPartitions(partition).collect())

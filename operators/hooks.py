@@ -2,9 +2,10 @@
 
 Operators never map connection fields themselves; they ask a hook for settings (or a session) inside
 ``execute``. The Cassandra connection's extras follow the provider's names (``ssl_options``,
-``protocol_version``) and also accept ``ssl_ca`` (a CA file path) and ``consistency`` (the consistency level
-of writes and verify reads, default LOCAL_QUORUM); the AWS connection's ``endpoint_url`` and
-``region_name`` are read by the Amazon provider itself.
+``protocol_version``, ``load_balancing_policy_args.local_dc``) and also accept ``ssl_ca`` (a CA file path),
+``local_dc`` and ``consistency`` (the consistency level of writes and verify reads, default LOCAL_QUORUM).
+Spark jobs get them as the driver's environment (``spark_env``); the driver ships them to executors. The AWS
+connection's ``endpoint_url`` and ``region_name`` are read by the Amazon provider itself.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class ImgestCassandraHook(CassandraHook):
         self.cassandra_conn_id = cassandra_conn_id
 
     def settings(self) -> CassandraSettings:
-        """Hosts (comma separated), port, login/password, TLS CA and protocol version of the connection."""
+        """Hosts (comma separated), port, login/password, TLS CA, protocol version, consistency and local DC."""
         conn = self.get_connection(self.cassandra_conn_id)
         extra = conn.extra_dejson
         ssl_ca = extra.get("ssl_ca") or (extra.get("ssl_options") or {}).get("ca_certs")
@@ -37,6 +38,7 @@ class ImgestCassandraHook(CassandraHook):
             ssl_ca_file=ssl_ca or None,
             protocol_version=int(extra.get("protocol_version") or 4),
             consistency=extra.get("consistency") or CassandraSettings.from_env().consistency,
+            local_dc=extra.get("local_dc") or (extra.get("load_balancing_policy_args") or {}).get("local_dc") or None,
         )
 
     def session(self) -> Any:
@@ -58,6 +60,8 @@ class ImgestCassandraHook(CassandraHook):
             env.update({"IMGEST_CASSANDRA_USER": s.username, "IMGEST_CASSANDRA_PASSWORD": s.password or ""})
         if s.ssl_ca_file:
             env["IMGEST_CASSANDRA_SSL_CA"] = s.ssl_ca_file
+        if s.local_dc:
+            env["IMGEST_CASSANDRA_LOCAL_DC"] = s.local_dc
         return env
 
     def uri(self) -> str:

@@ -1,8 +1,10 @@
 """SparkSubmitOperators for imgest's jobs: credentials go to the job's environment at execute time only.
 
-Credentials are read through a hook inside ``execute`` and handed to spark-submit as environment variables,
-after templates are rendered: they never appear in rendered fields, XCom, arguments or logs. Each job is its
-own subclass naming the job file and the hook that reaches its store.
+Credentials are read through a hook inside ``execute`` and handed to spark-submit (the driver, client deploy
+mode) as environment variables, after templates are rendered: they never appear in rendered fields, XCom,
+arguments or logs. The driver ships them to executors inside its tasks. On a master other than local, the
+imgest package goes along as ``--py-files``. Each job is its own subclass naming the job file and the hook
+that reaches its store.
 """
 
 from __future__ import annotations
@@ -28,13 +30,24 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         """Environment variables that reach the store (overridden per job)."""
         return {}
 
-    def execute(self, context: Any) -> None:
-        from imgest.spark.submit import spark_conf, submit_env
+    def master(self) -> str:
+        """The master named by the Spark connection (its host, with port when given)."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+        conn = SparkSubmitHook.get_connection(self._conn_id)
+        host = conn.host or "local[*]"
+        return f"{host}:{conn.port}" if conn.port else host
+
+    def execute(self, context: Any) -> None:
+        from imgest.spark.submit import needs_shipping, package_zip, spark_conf, submit_env
+
+        master = self.master()
         keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
-        env = {k: v for k, v in submit_env().items() if k in keep}
+        env = {k: v for k, v in submit_env(master).items() if k in keep}
         self.env_vars = {**(self.env_vars or {}), **env, **self.job_env()}
         self.conf = {**spark_conf(), **(self.conf or {})}
+        if needs_shipping(master) and not self.py_files:
+            self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
         super().execute(context)
 
 

@@ -25,6 +25,17 @@ if [ "${1:-}" = "--dev" ] && ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# The compose check (`docker-compose -f docker/compose.yaml config -q`) needs Debian's docker-compose, which
+# validates the file without a Docker engine.
+if [ "${1:-}" = "--dev" ] && ! command -v docker-compose >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "imgest install: installing Debian's docker-compose for the compose check (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose >/dev/null
+  else
+    echo "imgest install: the compose check needs docker-compose: sudo apt-get install docker-compose (skipped without it; under CI it fails)" >&2
+  fi
+fi
+
 py=""
 for cand in "${PYTHON:-}" python3.11 python3.12 python3; do
   if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 \

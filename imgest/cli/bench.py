@@ -48,6 +48,28 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
     return bench_done(args, [])
 
 
+def bench_cluster_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.cluster import main as bench_main
+
+    bench_main(args.json, args.plot, args.images, args.rounds, args.max_count)
+    return bench_done(args, [])
+
+
+def register_cluster(bench_parser: Any) -> None:
+    """`imgest bench cluster`, added through BENCH_PARSER (which adds --json and --plot)."""
+    bcl = bench_parser(
+        "cluster",
+        help="the cost of the cluster path: the shard job on local[N] vs the Spark standalone cluster, same N cores",
+        description="Same generated dataset, same job (pack_shards into a folder), same total cores (the cluster's "
+        "workers x cores); spark-submit wall time and in-job time, median of --rounds with min and max. Starts the "
+        "standalone cluster (`imgest services up spark`) if it is not running, and stops it afterwards.",
+    )
+    bcl.add_argument("--images", type=int, default=1000, help="dataset size (default 1000, generated once)")
+    bcl.add_argument("--rounds", type=int, default=3, help="rounds per master; medians reported (default 3)")
+    bcl.add_argument("--max-count", type=int, default=100, help="samples per shard (default 100)")
+    bcl.set_defaults(func=bench_cluster_cmd)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's commands to the top-level subparsers SUB."""
     bench = sub.add_parser(
@@ -106,3 +128,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     br.add_argument("--rtt", default="0,10,50", help="added round trips in ms for the sweep ('' to skip)")
     br.add_argument("--depths", default="1,2,4,8,16", help="prefetch depths / shards in flight to sweep")
     br.set_defaults(func=bench_read_cmd)
+
+    register_cluster(bench_parser)

@@ -75,29 +75,29 @@ def add_cassandra_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=9042, help="CQL port (default 9042)")
     p.add_argument("--user", help="Cassandra user")
     p.add_argument("--password-file", help="file holding the Cassandra password")
-    if not any(a.dest == "consistency" for a in p._actions):
-        from imgest.core import defaults
+    from imgest.spark.job_options import CASSANDRA_OPTIONS
 
-        p.add_argument(
-            "--consistency",
-            type=str.upper,
-            choices=list(defaults.CONSISTENCY_LEVELS),
-            help=f"consistency level (default: IMGEST_CASSANDRA_CONSISTENCY, else {defaults.CONSISTENCY})",
-        )
+    connection = ("--consistency", "--local-dc", "--protocol-version", "--ssl-ca")
+    for flag, kwargs in CASSANDRA_OPTIONS:
+        dest = flag.lstrip("-").replace("-", "_")
+        if flag in connection and not any(a.dest == dest for a in p._actions):
+            p.add_argument(flag, **kwargs)
 
 
 def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
-    """Settings from --hosts/--port/--user/--password-file, TLS and protocol from the environment."""
+    """Settings from --hosts/--port/--user/--password-file and, where the command has them, --consistency,
+    --ssl-ca, --protocol-version and --local-dc; the rest from the environment."""
     from imgest.core.settings import CassandraSettings
 
     credentials_env(args)
     env = CassandraSettings.from_env()
     return CassandraSettings(
-        hosts=tuple(args.hosts.split(",")),
+        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
         port=args.port,
         username=env.username,
         password=env.password,
-        ssl_ca_file=env.ssl_ca_file,
-        protocol_version=env.protocol_version,
+        ssl_ca_file=getattr(args, "ssl_ca", None) or env.ssl_ca_file,
+        protocol_version=getattr(args, "protocol_version", None) or env.protocol_version,
         consistency=getattr(args, "consistency", None) or env.consistency,
+        local_dc=getattr(args, "local_dc", None) or env.local_dc,
     )

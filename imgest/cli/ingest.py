@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, s3_env
@@ -53,13 +52,11 @@ def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
 
 def _preflight_cassandra(args: argparse.Namespace) -> None:
     """Names, replication and credentials, checked before the scan and spark-submit (one clear line each)."""
-    from imgest.core.settings import CassandraSettings
+    from imgest.cli.common import cassandra_settings
     from imgest.flow.preflight import check_cassandra, check_tables
 
     check_tables(args.keyspace, args.table_layout, args.table_suffix or "", args.replication)
-    env = CassandraSettings.from_env()
-    hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
-    check_cassandra(replace(env, hosts=hosts, port=args.port))
+    check_cassandra(cassandra_settings(args))
 
 
 def ingest_shards_cmd(args: argparse.Namespace) -> int:

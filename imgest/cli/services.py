@@ -53,8 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "names",
             nargs="*",
             metavar="SERVICE",
-            help="cassandra, cassandra-auth (PasswordAuthenticator), cassandra-ring (3 nodes on 127.0.0.2-4), s3, "
-            "airflow, latency-proxy (Toxiproxy)",
+            help="cassandra, cassandra-auth (PasswordAuthenticator), cassandra-tls (TLS only, own CA), "
+            "cassandra-ring (3 nodes on 127.0.0.2-4), s3, "
+            "airflow, latency-proxy (Toxiproxy), spark (standalone master + 2 workers)",
         )
         p.set_defaults(func=services_cmd)
     env = services_sub.add_parser(

@@ -1,4 +1,7 @@
-"""Task scratch folders in the system temp folder, named after their process so leftovers can be cleaned.
+"""Task scratch folders, named after their process so leftovers can be cleaned.
+
+They go to the executor's Spark scratch folder (the first of ``SPARK_LOCAL_DIRS``, set by a standalone
+worker) when there is one, else to the system temp folder.
 
 A Spark task killed mid-shard cannot remove its scratch folder; the next task that starts on that machine
 removes every ``imgest-shard-<pid>-*`` folder whose process is gone.
@@ -18,9 +21,15 @@ log = logging.getLogger(__name__)
 PREFIX = "imgest-shard-"
 
 
+def scratch_base() -> Path:
+    """The first folder of SPARK_LOCAL_DIRS when set (Spark executors), else the system temp folder."""
+    local = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d.strip()]
+    return Path(local[0]) if local else Path(tempfile.gettempdir())
+
+
 def clean_stale(base: Path | None = None) -> list[Path]:
-    """Remove the scratch folders under BASE (the temp folder) left by processes that no longer run."""
-    base = base or Path(tempfile.gettempdir())
+    """Remove the scratch folders under BASE (scratch_base()) left by processes that no longer run."""
+    base = base or scratch_base()
     removed = []
     for path in base.glob(f"{PREFIX}*"):
         pid = path.name[len(PREFIX) :].split("-", 1)[0]
@@ -34,5 +43,7 @@ def clean_stale(base: Path | None = None) -> list[Path]:
 
 def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     """A fresh scratch folder for this process (removed on exit), after cleaning those of dead processes."""
-    clean_stale()
-    return tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-")
+    base = scratch_base()
+    clean_stale(base)
+    base.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", dir=base)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from imgest.core import defaults
 from imgest.core.paths import state_dir
@@ -55,13 +56,20 @@ class CassandraSettings:
     protocol_version: int = 4
     # Consistency level of writes and verify reads (ONE, QUORUM, LOCAL_QUORUM, ALL, ...).
     consistency: str = defaults.CONSISTENCY
+    # The data centre whose nodes are tried first (and the only ones LOCAL_* levels count); None: the contact
+    # point's. IMGEST_CASSANDRA_LOCAL_DC, --local-dc, or the connection extra ``local_dc``.
+    local_dc: str | None = None
+    # The CA certificate itself (PEM text), read from ssl_ca_file by a Spark driver and shipped to executors,
+    # which may run where that file does not exist.
+    ssl_ca_data: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "consistency", consistency_level(self.consistency))
 
     @classmethod
     def from_env(cls) -> CassandraSettings:
-        """IMGEST_CASSANDRA_HOSTS (comma separated), _PORT, _USER, _PASSWORD, _SSL_CA, _PROTOCOL, _CONSISTENCY."""
+        """IMGEST_CASSANDRA_HOSTS (comma separated), _PORT, _USER, _PASSWORD, _SSL_CA, _PROTOCOL, _CONSISTENCY,
+        _LOCAL_DC."""
         hosts = os.environ.get("IMGEST_CASSANDRA_HOSTS", EMBEDDED_HOST)
         return cls(
             hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
@@ -71,7 +79,24 @@ class CassandraSettings:
             ssl_ca_file=os.environ.get("IMGEST_CASSANDRA_SSL_CA") or None,
             protocol_version=env_int("IMGEST_CASSANDRA_PROTOCOL", 4),
             consistency=os.environ.get("IMGEST_CASSANDRA_CONSISTENCY") or defaults.CONSISTENCY,
+            local_dc=os.environ.get("IMGEST_CASSANDRA_LOCAL_DC") or None,
         )
+
+    def shippable(self) -> CassandraSettings:
+        """These settings with the CA certificate's text inside, for executors that cannot read ssl_ca_file."""
+        if not self.ssl_ca_file or self.ssl_ca_data:
+            return self
+        from dataclasses import replace
+
+        try:
+            pem = Path(self.ssl_ca_file).read_text()
+        except OSError as exc:
+            from imgest.core.errors import ConfigError
+
+            raise ConfigError(
+                f"Cassandra CA file {self.ssl_ca_file}: {exc.strerror}; check --ssl-ca / IMGEST_CASSANDRA_SSL_CA"
+            ) from None
+        return replace(self, ssl_ca_data=pem)
 
     @property
     def address(self) -> str:

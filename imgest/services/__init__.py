@@ -12,10 +12,12 @@ SERVICE_NAMES = ("cassandra", "s3", "airflow")  # what `imgest services up` star
 ALL_SERVICE_NAMES = (
     "cassandra",
     "cassandra-auth",
+    "cassandra-tls",
     "cassandra-ring",
     "s3",
     "airflow",
     "latency-proxy",
+    "spark",
 )  # what `down` stops
 
 
@@ -31,15 +33,24 @@ def _ring() -> Service:
     return CassandraRing.default()
 
 
+def _spark() -> Service:
+    from imgest.services.spark_cluster import SparkCluster
+
+    return SparkCluster.default()
+
+
 def get_service(name: str) -> Service:
-    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-ring, s3, airflow, latency-proxy)."""
+    """The embedded service called NAME (cassandra, cassandra-auth, cassandra-tls, cassandra-ring, s3, airflow,
+    latency-proxy, spark)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
+        "cassandra-tls": lambda: CassandraServer.default(tls=True),
         "cassandra-ring": _ring,
         "s3": S3Server.default,
         "airflow": AirflowServer.default,
         "latency-proxy": _latency_proxy,
+        "spark": _spark,
     }
     if name not in factories:
         raise ConfigError(f"unknown service {name!r}; choose from {', '.join(factories)}")

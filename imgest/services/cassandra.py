@@ -92,10 +92,19 @@ class CassandraServer:
     jmx_port: int = 0  # local-only JMX for nodetool (ring nodes); 0: none
     token_rf: int = 1  # replication factor the token allocator optimises for
     ring_delay_ms: int = 1000  # how long gossip waits for peers; a joining ring node on a busy box needs more
+    tls: bool = False  # TLS required on the native port, with a CA and certificate made in <home>/tls
 
     @classmethod
-    def default(cls, auth: bool = False) -> CassandraServer:
-        """The embedded node; the auth-enabled one lives beside it on its own ports."""
+    def default(cls, auth: bool = False, tls: bool = False) -> CassandraServer:
+        """The embedded node; the auth-enabled and the TLS-only ones live beside it on their own ports."""
+        if tls:
+            return cls(
+                home=state_dir() / "cassandra-tls",
+                native_port=env_int("IMGEST_CASSANDRA_TLS_PORT", 9242),
+                storage_port=env_int("IMGEST_CASSANDRA_TLS_STORAGE_PORT", 7300),
+                tls=True,
+                name="cassandra-tls",
+            )
         if auth:
             return cls(
                 home=state_dir() / "cassandra-auth",
@@ -130,10 +139,27 @@ class CassandraServer:
             authenticator="PasswordAuthenticator" if self.auth else "AllowAllAuthenticator",
             authorizer="CassandraAuthorizer" if self.auth else "AllowAllAuthorizer",
         )
+        if self.tls:
+            from imgest.services.tls import client_encryption_yaml
+
+            text += "\n" + client_encryption_yaml(self.server_tls())
         path = self.home / "cassandra.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # may hold the keystore password
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
         return path
+
+    def server_tls(self):  # -> imgest.services.tls.ServerTls
+        """This node's CA and keystore under <home>/tls, made on first use."""
+        from imgest.services.tls import load_server_tls, make_server_tls
+
+        return load_server_tls(self.home / "tls") or make_server_tls(self.home / "tls", self.host)
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA certificate clients must trust (TLS nodes only)."""
+        return self.home / "tls" / "ca.pem" if self.tls else None
 
     def command(self, java: str, lib: Path, config: Path) -> list[str]:
         """The JVM command line that runs the daemon in the foreground (pure)."""
@@ -171,6 +197,7 @@ class CassandraServer:
             connect_timeout=5,
             username="cassandra" if self.auth else None,
             password="cassandra" if self.auth else None,
+            ssl_ca_file=str(self.ca_file) if self.ca_file and self.ca_file.is_file() else None,
         )
         try:
             with cassandra_session(settings) as session:
@@ -223,5 +250,5 @@ class CassandraServer:
             self.address,
             self.process.pid(),
             self.answers(),
-            "PasswordAuthenticator" if self.auth else "",
+            "PasswordAuthenticator" if self.auth else ("TLS only, CA " + str(self.ca_file) if self.tls else ""),
         )

@@ -68,6 +68,28 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "--local-dc",
+        {
+            "help": "data centre tried first and counted by LOCAL_* levels (default: IMGEST_CASSANDRA_LOCAL_DC, else "
+            "the contact point's)"
+        },
+    ),
+    (
+        "--protocol-version",
+        {
+            "type": int,
+            "choices": [3, 4, 5],
+            "help": "native protocol version (default: IMGEST_CASSANDRA_PROTOCOL, else 4)",
+        },
+    ),
+    (
+        "--ssl-ca",
+        {
+            "help": "CA certificate (PEM) that turns TLS on; read where the job is submitted and shipped to "
+            "executors (default: IMGEST_CASSANDRA_SSL_CA)"
+        },
+    ),
+    (
         "--replace-version",
         {
             "action": "store_true",

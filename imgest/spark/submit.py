@@ -45,18 +45,24 @@ def job_path(name: str) -> Path:
 
 
 def package_zip() -> Path:
-    """imgest (with sql/) zipped for --py-files, so remote executors can import it. Written under a name of
-    this process and renamed into place, so concurrent submissions (other datasets) never see a partial zip."""
+    """imgest (with sql/) zipped for --py-files, so executors elsewhere import the submitted code.
+
+    From a checkout the zip holds imgest/ plus the top-level sql/ as imgest/sql; a wheel already holds both.
+    """
     out = state_dir() / "spark" / "imgest-pyfiles.zip"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    files = {
+        Path("imgest") / path.relative_to(PACKAGE_DIR): path
+        for path in PACKAGE_DIR.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    for path in sql_dir().glob("*.cql"):
+        files.setdefault(Path("imgest") / "sql" / path.name, path)
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in PACKAGE_DIR.rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts:
-                zf.write(path, Path("imgest") / path.relative_to(PACKAGE_DIR))
-        for path in sql_dir().glob("*.cql"):
-            zf.write(path, Path("imgest") / "sql" / path.name)
-    tmp.replace(out)
+        for name, path in sorted(files.items()):
+            zf.write(path, name)
+    tmp.replace(out)  # concurrent submissions never ship a half-written zip
     return out
 
 
@@ -79,16 +85,29 @@ def submit_command(
     cmd = [spark_submit, "--master", with_task_retries(master), "--name", f"imgest-{job}"]
     for key, value in spark_conf(conf).items():
         cmd += ["--conf", f"{key}={value}"]
-    if not master.startswith("local"):
+    if needs_shipping(master):
         cmd += ["--py-files", str(package_zip())]
     return [*cmd, str(job_path(job)), *job_args]
 
 
-def submit_env(master: str = LOCAL_MASTER) -> dict[str, str]:
-    """Environment for spark-submit: the venv's bin first on PATH (spark-submit finds Spark through it);
-    local masters bind to loopback only."""
-    env = dict(os.environ)
+def on_loopback(master: str) -> bool:
+    """True for local masters and for a standalone master on this machine's loopback address."""
     if master.startswith("local"):
+        return True
+    host = master.removeprefix("spark://").split(":", 1)[0]
+    return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
+
+
+def needs_shipping(master: str) -> bool:
+    """True when executors run in other processes that must get imgest's code with the submission."""
+    return not master.startswith("local")
+
+
+def submit_env(master: str = LOCAL_MASTER) -> dict[str, str]:
+    """Environment for spark-submit (the driver's): the venv's bin first on PATH (spark-submit finds Spark
+    through it); masters on loopback make the driver bind to loopback too."""
+    env = dict(os.environ)
+    if on_loopback(master):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYSPARK_PYTHON"] = sys.executable

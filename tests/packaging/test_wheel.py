@@ -72,3 +72,16 @@ def test_wheel_runs_cli_and_loads_schema_and_dags(venv: Path, tmp_path: Path) ->
     bag = json.loads(report.read_text())
     assert bag["import_errors"] == {}
     assert {"ingest_imagenet", "smoke_services"} <= set(bag["dags"])
+
+
+def test_wheel_ships_itself_to_spark_executors(venv: Path, tmp_path: Path) -> None:
+    probe = (
+        "import zipfile; from imgest.spark.submit import package_zip, submit_command; "
+        "cmd = submit_command('ingest_cassandra', ['--manifest-dir', 'x'], 'spark://127.0.0.1:7077'); "
+        "z = cmd[cmd.index('--py-files') + 1]; names = zipfile.ZipFile(z).namelist(); "
+        "print(len(names) == len(set(names)), 'imgest/sql/data_table.cql' in names, "
+        "'imgest/sinks/cassandra/client.py' in names, cmd[-3].endswith('imgest/jobs/ingest_cassandra.py'))"
+    )
+    env = {"IMGEST_HOME": str(tmp_path / "state"), "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = _run(venv / "bin" / "python", "-c", probe, cwd=tmp_path, env=env).stdout.split()
+    assert out[-4:] == ["True", "True", "True", "True"]

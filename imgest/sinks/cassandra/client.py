@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from imgest.core.errors import AuthenticationError, ImgestError
@@ -62,14 +64,17 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
     if settings.username:
         auth = PlainTextAuthProvider(settings.username, settings.password or "")
     ssl_context = None
-    if settings.ssl_ca_file:
+    if settings.ssl_ca_data or settings.ssl_ca_file:
         import ssl
 
-        ssl_context = ssl.create_default_context(cafile=settings.ssl_ca_file)
+        if settings.ssl_ca_data:
+            ssl_context = ssl.create_default_context(cadata=settings.ssl_ca_data)
+        else:
+            ssl_context = ssl.create_default_context(cafile=settings.ssl_ca_file)
     from cassandra.query import named_tuple_factory
 
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy()),
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
         request_timeout=overrides.pop("request_timeout", 30.0),
         row_factory=overrides.pop("row_factory", named_tuple_factory),
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
@@ -113,3 +118,34 @@ def cassandra_session(settings: CassandraSettings, keyspace: str | None = None) 
         yield session
     finally:
         cluster.shutdown()
+
+
+_SHARED: dict[CassandraSettings, tuple[Any, ExitStack]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_session(settings: CassandraSettings) -> Any:
+    """One connected Session per process and SETTINGS, reused by every Spark task the process runs.
+
+    Spark reuses its Python workers across tasks, so each executor process connects once instead of once
+    per partition. Sessions are shut down when the process exits (or by close_shared_sessions).
+    """
+    with _SHARED_LOCK:
+        entry = _SHARED.get(settings)
+        if entry is not None and not entry[0].is_shutdown:
+            return entry[0]
+        stack = ExitStack()
+        session = stack.enter_context(cassandra_session(settings))
+        if not _SHARED:
+            atexit.register(close_shared_sessions)
+        _SHARED[settings] = (session, stack)
+        log.info("connected to Cassandra at %s (session shared by this process's tasks)", settings.address)
+        return session
+
+
+def close_shared_sessions() -> None:
+    """Shut down every shared session of this process."""
+    with _SHARED_LOCK:
+        for _, stack in _SHARED.values():
+            stack.close()
+        _SHARED.clear()

@@ -13,7 +13,9 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as with_fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from imgest.core import defaults
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
-from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.client import shared_session
 from imgest.sinks.cassandra.schema import TableLayout, apply_schema
 from imgest.sinks.cassandra.versions import advance_status, claim_version
 from imgest.sinks.cassandra.writer import DEFAULT_MAX_BLOB_BYTES, ImageWriter, Row
@@ -55,7 +57,12 @@ def transform_key(spec: TransformSpec) -> str:
 
 @dataclass(frozen=True)
 class CassandraIngestConfig:
-    """Everything a partition needs; serialisable to ship to Spark executors (no secrets inside)."""
+    """Everything a partition needs; serialisable to ship to Spark executors.
+
+    CONNECTION (credentials, TLS CA text, protocol, local DC) is resolved once by the driver and travels
+    inside the pickled task, never in Spark conf, argv or the executors' environment; its repr hides the
+    password. Without it, executors read their own environment.
+    """
 
     root: str
     dataset: str
@@ -68,19 +75,13 @@ class CassandraIngestConfig:
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
     consistency: str = defaults.CONSISTENCY
     replace: bool = False  # replace another version of the dataset that lives in the same tables
+    connection: CassandraSettings | None = None
 
     def settings(self) -> CassandraSettings:
-        """Connection settings; user and password come from the executor's environment, never from here."""
-        env = CassandraSettings.from_env()
-        return CassandraSettings(
-            hosts=self.hosts,
-            port=self.port,
-            username=env.username,
-            password=env.password,
-            ssl_ca_file=env.ssl_ca_file,
-            protocol_version=env.protocol_version,
-            consistency=self.consistency,
-        )
+        """Connection settings: the driver's (shipped with the task), else the environment's; hosts, port and
+        consistency from this config."""
+        base = self.connection or CassandraSettings.from_env()
+        return with_fields(base, hosts=self.hosts, port=self.port, consistency=self.consistency)
 
 
 @dataclass
@@ -173,7 +174,7 @@ def ingest_partition(
     quarantine = QuarantineLog()
     key = transform_key(cfg.spec)
     root = Path(cfg.root)
-    with cassandra_session(cfg.settings()) as session:
+    with nullcontext(shared_session(cfg.settings())) as session:  # one session per executor process
         stmts = _Statements(session, cfg.tables)
 
         def written(row: Row) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from imgest.core import workdir
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.core.scratch import scratch_dir
+from imgest.core.settings import S3Settings
 from imgest.sinks.shards.plan import ShardSpec, shard_digest
 from imgest.sinks.shards.store import ShardStore
 from imgest.sinks.shards.tar_writer import ShardTarWriter
@@ -27,7 +28,8 @@ CANDIDATE_FIELDS = ("id", "split", "rel_path", "wnid", "label", "size", "mtime",
 
 @dataclass(frozen=True)
 class PackConfig:
-    """What every shard task needs (no secrets: S3 keys come from the executor's environment)."""
+    """What every shard task needs. S3 (endpoint, keys) is resolved once by the driver and travels inside the
+    pickled task, never in Spark conf, argv or the executors' environment (its repr hides the keys)."""
 
     root: str
     dataset: str
@@ -35,6 +37,7 @@ class PackConfig:
     spec: TransformSpec
     shards: ShardSpec
     published: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> entry of the live manifest.json
+    s3: S3Settings | None = None  # None: a local folder, or the executor's environment
 
 
 @dataclass

@@ -1,0 +1,70 @@
+"""Connection settings end to end against a real TLS-only Cassandra node whose CA is made at its start:
+TLS (CA file or shipped CA text), native protocol version, local DC and consistency, from the CLI flags
+through a Spark job on the standalone cluster to its executors and to verify's reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from imgest.cli import main
+from imgest.core.settings import CassandraSettings
+from imgest.services.cassandra import CassandraServer
+from imgest.services.spark_cluster import SparkCluster
+from imgest.sinks.cassandra.client import CassandraConnectError, cassandra_session
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def _settings(server: CassandraServer) -> CassandraSettings:
+    return CassandraSettings(port=server.native_port, ssl_ca_file=str(server.ca_file), connect_timeout=5)
+
+
+def test_tls_node_refuses_plain_and_untrusted(cassandra_tls_server: CassandraServer, tmp_path: Path) -> None:
+    from imgest.services.tls import make_server_tls
+
+    plain = CassandraSettings(port=cassandra_tls_server.native_port, connect_timeout=5)
+    with pytest.raises(CassandraConnectError), cassandra_session(plain):
+        pass
+    untrusted = make_server_tls(tmp_path / "other-ca", "127.0.0.1").ca_pem  # a CA that did not sign the node
+    with pytest.raises(CassandraConnectError), cassandra_session(replace(plain, ssl_ca_file=str(untrusted))):
+        pass
+    with cassandra_session(_settings(cassandra_tls_server)) as session:
+        assert session.execute("SELECT release_version FROM system.local").one()[0].startswith("5.")
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_ca_text_protocol_and_local_dc_reach_the_driver(cassandra_tls_server: CassandraServer, protocol: int) -> None:
+    shipped = replace(_settings(cassandra_tls_server), protocol_version=protocol, local_dc="datacenter1").shippable()
+    assert (shipped.ssl_ca_data or "").startswith("-----BEGIN CERTIFICATE-----")
+    executor_side = replace(shipped, ssl_ca_file="/nowhere/ca.pem")  # what an executor on another host holds
+    with cassandra_session(executor_side) as session:
+        row = session.execute("SELECT data_center FROM system.local").one()
+        assert session.cluster.protocol_version == protocol
+        assert session.cluster.profile_manager.default.load_balancing_policy._child_policy.local_dc == row.data_center
+    assert row.data_center == "datacenter1"
+
+
+def test_ingest_over_tls_on_the_cluster(
+    tmp_path: Path, cassandra_tls_server: CassandraServer, spark_cluster: SparkCluster
+) -> None:
+    ks = "imgest_test_tls"
+    with cassandra_session(_settings(cassandra_tls_server)) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=5, val_per_class=2, seed=3))
+    work = tmp_path / "work"
+    argv = ["ingest", "cassandra", str(tmp_path / "src"), "--work-dir", str(work), "--keyspace", ks]
+    argv += ["--master", spark_cluster.master_url, "--port", str(cassandra_tls_server.native_port)]
+    argv += ["--ssl-ca", str(cassandra_tls_server.ca_file), "--protocol-version", "5", "--local-dc", "datacenter1"]
+    argv += ["--consistency", "ONE", "--verify"]
+    assert main(argv) == 0
+    summary = json.loads((work / "ingest_cassandra.json").read_text())
+    assert summary["stored"] == 2 * 5 + 2 * 2
+    with cassandra_session(_settings(cassandra_tls_server)) as session:
+        assert session.execute(f"SELECT count(*) FROM {ks}.data").one()[0] == 14
+        status = session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status
+    assert status == "complete"  # verify read every row back over TLS and marked the version
