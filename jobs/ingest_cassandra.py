@@ -49,7 +49,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
-    spec = TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels)
+    spec = TransformSpec(
+        args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
+    )
     return CassandraIngestConfig(
         root=meta["root"],
         dataset=args.dataset or meta["dataset"],

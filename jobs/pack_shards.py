@@ -59,7 +59,9 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
         root=meta["root"],
         dataset=args.dataset or meta["dataset"],
         dest=args.dest,
-        spec=TransformSpec(args.mode, args.resize, args.crop, args.quality, args.max_pixels),
+        spec=TransformSpec(
+            args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
+        ),
         shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
         published=published,
         s3=S3Settings.from_env() if args.dest.startswith("s3://") else None,

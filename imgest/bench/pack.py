@@ -1,7 +1,10 @@
 """`imgest bench pack`: imgest's shard job against webdataset's ShardWriter and LitData's optimize.
 
-All three read the same generated dataset and produce the same images (shorter side 256, center crop 224,
-JPEG q90). The peers use the plain Pillow pipeline their users would write; imgest runs its real Spark
+All three read the same generated dataset and write the same members (.jpg, .cls, .json) in one seeded
+order, with as many processes as Spark has cores (local[*]): webdataset's ShardWriter in a process pool
+(one writer per process, each on a contiguous slice), LitData with that many workers. The peers run twice:
+with the plain Pillow pipeline their users would write ("natural") and with imgest's transform (the
+packing systems alone). imgest runs its real Spark
 job (spark-submit, local master), so its wall time includes starting the JVM and the Spark session, and
 its in-job time is reported beside it. UNCHANGED mode is compared with a plain ``tar`` of the same files.
 """
@@ -71,38 +74,81 @@ def run_imgest(manifest: Path, out: Path, mode: str, max_count: int) -> dict[str
     return {"wall_s": wall, "in_job_s": data["seconds"], "bytes": data["bytes"]}
 
 
-def run_shardwriter(manifest: Path, out: Path, max_count: int) -> dict[str, float]:
-    """webdataset.ShardWriter in one process with the plain Pillow transform."""
-    import webdataset as wds
+PEER_TRANSFORMS = ("natural", "imgest")  # what a user of the tool would write / imgest's transform
+
+
+def peer_items(manifest: Path, seed: int = 0) -> list[tuple[str, int, str]]:
+    """(path, label, key) of every row in one seeded order, the same for every peer."""
+    import random
 
     root, files = _files(manifest)
+    items = [(str(root / rel), label, f"s{i:08d}") for i, (rel, label) in enumerate(files)]
+    random.Random(seed).shuffle(items)
+    return items
+
+
+def peer_sample(item: tuple[str, int, str], transform: str) -> dict[str, Any]:
+    """The members imgest writes (.jpg, .cls, .json), made with the plain Pillow or imgest's transform."""
+    import hashlib
+
+    from imgest.transform.image import transform_image
+
+    path, label, key = item
+    data = Path(path).read_bytes()
+    jpg = baseline_transform(data, SPEC) if transform == "natural" else transform_image(data, SPEC).data
+    meta = {"label": label, "source": path, "sha256": hashlib.sha256(jpg).hexdigest()}
+    return {"__key__": key, "jpg": jpg, "cls": str(label).encode(), "json": json.dumps(meta, sort_keys=True).encode()}
+
+
+def _shardwriter_slice(out: str, part: int, items: list[tuple[str, int, str]], transform: str, max_count: int) -> int:
+    import webdataset as wds
+
+    with wds.ShardWriter(f"{out}/part{part:02d}-%06d.tar", maxcount=max_count, verbose=0) as sink:
+        for item in items:
+            sink.write(peer_sample(item, transform))
+    return len(items)
+
+
+def run_shardwriter(manifest: Path, out: Path, max_count: int, transform: str, workers: int) -> dict[str, float]:
+    """webdataset.ShardWriter in a pool of WORKERS processes, each writing its contiguous slice of the order."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    items = peer_items(manifest)
     (out / "wds").mkdir(parents=True, exist_ok=True)
+    step = -(-len(items) // workers)
     t0 = time.perf_counter()
-    with wds.ShardWriter(str(out / "wds" / "shard-%06d.tar"), maxcount=max_count, verbose=0) as sink:
-        for i, (rel, label) in enumerate(files):
-            jpg = baseline_transform((root / rel).read_bytes(), SPEC)
-            sink.write({"__key__": f"s{i:08d}", "jpg": jpg, "cls": str(label).encode()})
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        done = pool.map(
+            _shardwriter_slice,
+            [str(out / "wds")] * workers,
+            range(workers),
+            [items[i * step : (i + 1) * step] for i in range(workers)],
+            [transform] * workers,
+            [max_count] * workers,
+        )
+        assert sum(done) == len(items)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "in_job_s": wall, "bytes": sum(p.stat().st_size for p in (out / "wds").iterdir())}
 
 
-def _litdata_item(item: tuple[str, int]) -> dict[str, Any]:
-    path, label = item
-    return {"jpg": baseline_transform(Path(path).read_bytes(), SPEC), "cls": label}
+def _litdata_natural(item: tuple[str, int, str]) -> dict[str, Any]:
+    return peer_sample(item, "natural")
 
 
-def run_litdata(manifest: Path, out: Path, workers: int = 2) -> dict[str, float] | None:
+def _litdata_imgest(item: tuple[str, int, str]) -> dict[str, Any]:
+    return peer_sample(item, "imgest")
+
+
+def run_litdata(manifest: Path, out: Path, transform: str, workers: int) -> dict[str, float] | None:
     """litdata.optimize with WORKERS processes, or None when LitData is not installed (extra 'bench')."""
     try:
         from litdata import optimize
     except ImportError:
         return None
-    root, files = _files(manifest)
-    inputs = [(str(root / rel), label) for rel, label in files]
     t0 = time.perf_counter()
     optimize(
-        fn=_litdata_item,
-        inputs=inputs,
+        fn=_litdata_natural if transform == "natural" else _litdata_imgest,
+        inputs=peer_items(manifest),
         output_dir=str(out / "litdata"),
         chunk_bytes="64MB",
         num_workers=workers,
@@ -130,11 +176,17 @@ def run(images: int, max_count: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="imgest-bench-pack-") as tmp:
         work = Path(tmp)
+        cores = os.cpu_count() or 1  # local[*] runs one Spark task per core; each peer gets as many processes
         results: dict[str, dict[str, float] | None] = {
-            "imgest (Spark, local[*])": run_imgest(manifest, work / "imgest", "jpeg", max_count),
-            "webdataset ShardWriter (1 process)": run_shardwriter(manifest, work / "sw", max_count),
-            "LitData optimize (2 workers)": run_litdata(manifest, work / "ld"),
+            "imgest (Spark, local[*])": run_imgest(manifest, work / "imgest", "jpeg", max_count)
         }
+        for tf in PEER_TRANSFORMS:
+            results[f"webdataset ShardWriter ({cores} processes, {tf} transform)"] = run_shardwriter(
+                manifest, work / f"sw-{tf}", max_count, tf, cores
+            )
+            results[f"LitData optimize ({cores} workers, {tf} transform)"] = run_litdata(
+                manifest, work / f"ld-{tf}", tf, cores
+            )
         peers = [r["wall_s"] for name, r in results.items() if r is not None and not name.startswith("imgest")]
         fastest_peer = min(peers)
         for name, r in results.items():

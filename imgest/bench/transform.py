@@ -21,7 +21,7 @@ from imgest.bench.report import bar_chart, format_table, machine_info, write_jso
 from imgest.sources.devdata.images import jpeg_bytes
 from imgest.transform.image import RESAMPLE, TransformSpec, transform_image
 
-TARGETS = {"imagenet-size": 1.3, "large (>=2 MP)": 3.0}
+TARGETS = {"imagenet-size": 1.6, "large (>=2 MP)": 3.0}  # issue 18; PSNR at most 0.5 dB below Pillow
 
 
 def baseline_transform(data: bytes, spec: TransformSpec) -> bytes:

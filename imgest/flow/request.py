@@ -122,6 +122,14 @@ class IngestRequest:
     quality: int = _param(
         defaults.QUALITY, "JPEG quality", "Transform", "Required, 1 to 100 (jpeg mode).", minimum=1, maximum=100
     )
+    unchanged_check: str = _param(
+        defaults.UNCHANGED_CHECK,
+        "Check of unchanged images",
+        "Transform",
+        "unchanged mode: decode every file (1/8 scale; the default) or parse the header and find the JPEG/PNG end "
+        "marker without decoding pixels (several times faster; a file corrupt in the middle passes).",
+        enum=list(defaults.UNCHANGED_CHECKS),
+    )
     keyspace: str = _param(
         defaults.KEYSPACE,
         "Keyspace",
@@ -296,7 +304,9 @@ class IngestRequest:
         ]
 
     def transform(self) -> TransformSpec:
-        return TransformSpec(self.image_mode.lower(), self.resize, self.crop, self.quality)
+        return TransformSpec(
+            self.image_mode.lower(), self.resize, self.crop, self.quality, unchanged_check=self.unchanged_check
+        )
 
     def shards(self) -> ShardSpec:
         return ShardSpec(self.shard_max_count, self.shard_max_bytes, self.shuffle_seed)

@@ -53,7 +53,8 @@ def scan_step(conf: dict[str, Any]) -> dict[str, Any]:
 
 def _transform_args(request: IngestRequest) -> list[str]:
     spec = request.transform()
-    return ["--mode", spec.mode, "--resize", str(spec.resize), "--crop", str(spec.crop), "--quality", str(spec.quality)]
+    sizes = ["--resize", str(spec.resize), "--crop", str(spec.crop), "--quality", str(spec.quality)]
+    return ["--mode", spec.mode, *sizes, "--unchanged-check", spec.unchanged_check]
 
 
 def _common_args(request: IngestRequest, manifest_dir: Path, target: str) -> list[str]:

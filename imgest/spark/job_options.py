@@ -25,6 +25,15 @@ TRANSFORM_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--crop", {"type": int, "default": defaults.CROP, "help": f"center-crop size (default {defaults.CROP})"}),
     ("--quality", {"type": int, "default": defaults.QUALITY, "help": f"JPEG quality (default {defaults.QUALITY})"}),
     (
+        "--unchanged-check",
+        {
+            "default": defaults.UNCHANGED_CHECK,
+            "choices": list(defaults.UNCHANGED_CHECKS),
+            "help": "unchanged mode: decode (every file decoded at 1/8 scale, the default) or header (header "
+            "parsed and JPEG/PNG end marker present, no pixels decoded: faster, a corrupt middle passes)",
+        },
+    ),
+    (
         "--max-pixels",
         {
             "type": int,

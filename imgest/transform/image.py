@@ -1,7 +1,8 @@
 """The image transform the ingest jobs apply: a pure bytes -> bytes function.
 
 JPEG mode: decode -> RGB -> resize the shorter side to S -> center-crop C -> encode JPEG quality Q.
-UNCHANGED mode: the original bytes, after checking that they decode.
+UNCHANGED mode: the original bytes, after checking that they decode (or, with unchanged_check="header",
+that the header parses and the end marker is there: several times faster, but a corrupt middle passes).
 
 How it is fast without losing quality:
 - JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft mode) by the largest
@@ -35,6 +36,11 @@ from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage, Reason
 
 Mode = Literal["jpeg", "unchanged"]
+Check = Literal["decode", "header"]
+# A complete file's last marker and the bytes that must follow it (PNG: the IEND chunk's CRC); more bytes
+# after it (padding, appended data) are tolerated.
+END_MARKERS = {"JPEG": (b"\xff\xd9", 0), "PNG": (b"IEND", 4)}
+END_WINDOW = 4096
 EXIF_ORIENTATION = 0x0112
 # EXIF orientation -> the transpose that makes the pixels upright (as ImageOps.exif_transpose does).
 ORIENTATION_FIX = {
@@ -59,10 +65,15 @@ class TransformSpec:
     quality: int = defaults.QUALITY
     max_pixels: int = defaults.MAX_PIXELS
     dct_scaling: bool = True
+    # UNCHANGED mode only: "decode" decodes every file (1/8-scale for JPEG: all entropy data is read);
+    # "header" parses the header and checks the end marker (JPEG EOI, PNG IEND) without decoding pixels.
+    unchanged_check: Check = defaults.UNCHANGED_CHECK  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.mode not in ("jpeg", "unchanged"):
             raise ConfigError(f"image mode {self.mode!r} is not one of 'jpeg', 'unchanged'")
+        if self.unchanged_check not in ("decode", "header"):
+            raise ConfigError(f"unchanged check {self.unchanged_check!r} is not one of 'decode', 'header'")
         if not 1 <= self.crop <= self.resize:
             raise ConfigError(f"crop {self.crop} must be between 1 and resize {self.resize}")
         if not 1 <= self.quality <= 100:
@@ -156,6 +167,17 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+def check_end_marker(data: bytes, src_format: str) -> None:
+    """Refuse a JPEG or PNG whose end marker is missing from its last bytes (a truncated file)."""
+    if src_format not in END_MARKERS:
+        return
+    marker, after = END_MARKERS[src_format]
+    tail = data[-END_WINDOW:]
+    at = tail.rfind(marker)
+    if at < 0 or len(tail) - at - len(marker) < after:
+        raise BadImage(Reason.CORRUPT, f"{src_format} without its end marker {marker!r}: truncated")
+
+
 def center_crop_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float]:
     """Box in source pixels that 'resize shorter side to RESIZE, center-crop CROP' keeps (pure)."""
     scale = resize / min(width, height)
@@ -170,9 +192,12 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     src_format = img.format or "unknown"
     src_w, src_h = img.size
     if spec.mode == "unchanged":
-        if src_format == "JPEG":
-            img.draft(img.mode, (max(1, src_w // 8), max(1, src_h // 8)))  # all entropy data is still decoded
-        _load(img)
+        if spec.unchanged_check == "header":
+            check_end_marker(data, src_format)
+        else:
+            if src_format == "JPEG":
+                img.draft(img.mode, (max(1, src_w // 8), max(1, src_h // 8)))  # all entropy data is still decoded
+            _load(img)
         ext = "jpg" if src_format == "JPEG" else src_format.lower()
         return Transformed(data, src_w, src_h, src_w, src_h, src_format, ext)
 

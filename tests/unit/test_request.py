@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from imgest.core.errors import ConfigError
@@ -30,3 +32,18 @@ def test_validate_refuses_dot_segments_in_s3_dest(dest: str) -> None:
 def test_a_plain_request_is_valid() -> None:
     request = IngestRequest.from_conf({"sample": True, "target": "shards", "s3_dest": "s3://imgest/inet/v1"})
     assert request.shard_dest == "s3://imgest/inet/v1"
+
+
+def test_unchanged_check_travels_from_the_request_to_the_job_arguments(tmp_path: Path) -> None:
+    from imgest.flow.steps import shards_job_args
+    from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
+
+    request = IngestRequest(sample=True, image_mode="unchanged", unchanged_check="header")
+    assert request.transform().unchanged_check == "header"
+    argv = shards_job_args(request, tmp_path)
+    parser = job_parser("pack_shards", None, SHARD_OPTIONS, TRANSFORM_OPTIONS)
+    parser.add_argument("--dest")
+    args, _ = parser.parse_known_args(argv)
+    assert (args.mode, args.unchanged_check) == ("unchanged", "header")
+    with pytest.raises(ConfigError, match="unchanged check"):
+        IngestRequest(sample=True, image_mode="unchanged", unchanged_check="none").transform()

@@ -155,3 +155,24 @@ def test_pack_publish_and_read_back_both_ways(manifest: Path, tmp_path: Path) ->
         key = json.loads(meta)["id"]
         assert jpg == samples[key]["jpg"]
         assert cls == samples[key]["cls"]
+
+
+def test_unchanged_pack_records_the_digest_of_the_stored_bytes(manifest: Path, tmp_path: Path) -> None:
+    spec = TransformSpec(mode="unchanged")
+    cfg = PackConfig(
+        manifest_metadata(manifest / "manifest.parquet")["root"], "sample", str(tmp_path), spec, ShardSpec(max_count=50)
+    )
+    rows = plan_shards(manifest / "manifest.parquet", cfg.shards, spec).to_pylist()
+    plan = [r for r in rows if r["split"] == "train"]
+    shard = plan[0]["shard"]
+    record = pack_shard(shard, [r for r in plan if r["shard"] == shard], cfg, LocalStore(tmp_path))
+    staged = sorted((tmp_path / "_staging").rglob("*.tar"))
+    samples = read_webdataset(staged)
+    assert len(samples) == record.samples > 0
+    root = Path(cfg.root)
+    by_id = {r["id"]: r for r in plan}
+    for key, members in samples.items():
+        meta = json.loads(members["json"])
+        (image,) = (data for ext, data in members.items() if ext not in ("cls", "json"))  # jpg, png, ... as found
+        assert meta["sha256"] == hashlib.sha256(image).hexdigest()
+        assert image == (root / by_id[key]["rel_path"]).read_bytes()

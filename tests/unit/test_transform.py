@@ -154,3 +154,39 @@ def test_center_crop_box_matches_resize_then_crop() -> None:
 def test_bad_settings_are_config_errors(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         TransformSpec(**kwargs)
+
+
+HEADER_ONLY = TransformSpec(mode="unchanged", unchanged_check="header")
+
+
+@pytest.mark.parametrize("name", sorted(broken_images()))
+def test_header_only_check_refuses_every_broken_file(name: str) -> None:
+    data, reason = broken_images()[name]
+    with pytest.raises(BadImage) as err:
+        transform_image(data, HEADER_ONLY)
+    assert err.value.reason == reason
+
+
+@pytest.mark.parametrize("cut", [1, 2, 500, 5000])
+def test_header_only_check_refuses_a_truncated_jpeg_and_png(cut: int) -> None:
+    img = photo_like(np.random.default_rng(4), 300, 200, np.array([0.3, 0.2, 0.1]))
+    for fmt in ("JPEG", "PNG"):
+        out = io.BytesIO()
+        img.save(out, fmt)
+        whole = out.getvalue()
+        assert transform_image(whole, HEADER_ONLY).data is whole
+        with pytest.raises(BadImage, match="truncated") as err:
+            transform_image(whole[:-cut], HEADER_ONLY)
+        assert err.value.reason == "corrupt"
+
+
+def test_header_only_check_keeps_bytes_after_the_end_marker() -> None:
+    data = jpeg_bytes(np.random.default_rng(5), np.array([0.1, 0.2, 0.3]), large=False) + b"\x00" * 64
+    out = transform_image(data, HEADER_ONLY)
+    assert out.data is data
+    assert (out.width, out.height) == Image.open(io.BytesIO(data)).size
+
+
+def test_unknown_unchanged_check_is_refused() -> None:
+    with pytest.raises(ConfigError, match="unchanged check"):
+        TransformSpec(mode="unchanged", unchanged_check="none")  # type: ignore[arg-type]

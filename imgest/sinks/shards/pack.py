@@ -56,8 +56,14 @@ class ShardRecord:
     quarantine: list[dict[str, Any]] = field(default_factory=list)
 
 
-def sample_members(cand: Candidate, data: bytes, ext: str, width: int, height: int) -> list[tuple[str, bytes]]:
-    """The webdataset members of one sample: image, .cls (label), .json (deterministic)."""
+def sample_members(
+    cand: Candidate, data: bytes, ext: str, width: int, height: int, sha256: str | None = None
+) -> list[tuple[str, bytes]]:
+    """The webdataset members of one sample: image, .cls (label), .json (deterministic).
+
+    SHA256 is DATA's digest when the caller already has it (UNCHANGED mode stores the source bytes, whose
+    digest the pipeline computed on reading); otherwise it is computed here.
+    """
     meta = {
         "id": cand.id,
         "label": cand.label,
@@ -67,7 +73,7 @@ def sample_members(cand: Candidate, data: bytes, ext: str, width: int, height: i
         "width": width,
         "height": height,
         "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),  # read-back checks hash what they read against this
+        "sha256": sha256 or hashlib.sha256(data).hexdigest(),  # read-back checks hash what they read against this
     }
     return [(ext, data), ("cls", str(cand.label).encode()), ("json", json.dumps(meta, sort_keys=True).encode())]
 
@@ -138,14 +144,14 @@ def pack_shard(
     quarantine = QuarantineLog()
     labels: Counter[str] = Counter()
     candidates = [Candidate(**{k: r[k] for k in CANDIDATE_FIELDS}) for r in rows]
+    keeps_source = cfg.spec.mode == "unchanged"  # stored bytes are the source bytes: hash them once
     with scratch_dir() as tmp:
         path = Path(tmp) / name
         with ShardTarWriter(path) as writer:
             for item in process_candidates(candidates, Path(cfg.root), cfg.spec, quarantine):
-                img = item.image
-                writer.add(
-                    sample_key(item.candidate), sample_members(item.candidate, img.data, img.ext, img.width, img.height)
-                )
+                img, known = item.image, item.src_sha256 if keeps_source else None
+                members = sample_members(item.candidate, img.data, img.ext, img.width, img.height, known)
+                writer.add(sample_key(item.candidate), members)
                 labels[str(item.candidate.label)] += 1
                 if on_sample:
                     on_sample(len(img.data))
