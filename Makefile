@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test install install-dev install-bench lint lock services-down clean
+.PHONY: demo test test-browser install install-dev install-bench lint lock services-down clean
 
 install:
 	bash scripts/install.sh
@@ -17,6 +17,10 @@ demo: install
 test: install-dev
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest
+
+# The trigger form in Debian's Chromium against airflow standalone; screenshots in .imgest/artifacts/browser/.
+test-browser: install-dev
+	.venv/bin/python -m pytest -m browser
 
 lint: install-dev
 	.venv/bin/ruff check .

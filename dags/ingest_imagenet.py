@@ -30,27 +30,41 @@ FILES_DEST = "{{ ti.xcom_pull(task_ids='scan')['files_dest'] }}"
 DOC = """
 ### Ingest an ImageNet-style dataset
 
-Fill **Source dataset** (a folder or `ILSVRC2012_img_train.tar` the worker can read) or tick **Use the generated
-sample**, pick a **Target**, press *Trigger*.
+Press **Trigger**, open **Source** and either fill **Source dataset** (a folder or `ILSVRC2012_img_train.tar` the
+worker can read) or switch on **Use the generated sample**; every other field has a working default. Open
+**Target** to choose where the images go.
 
-- **cassandra**: `data` (`id uuid, label int, data blob`, the cassandra-dali-plugin layout) and `metadata`
-  tables plus a `dataset_versions` row, in the keyspace on `cassandra_default`. Read back with the
-  cassandra-dali-plugin or imgest's Cassandra reader, ids from `split-cassandra.npz`.
-- **shards**: `{split}-{index:06d}.tar` webdataset shards with DALI `.idx` files, `manifest.json` last, at the
-  *Shard destination* on `aws_default` (or a folder). Read back with `fn.readers.webdataset` or
-  `webdataset.WebDataset`.
+- **cassandra**: tables `data` (`id uuid, label int, data blob`, the cassandra-dali-plugin layout), `metadata`
+  (label, wnid, split, size, sha256), `quarantine` and a `dataset_versions` row (`complete` once verified), in
+  the *Keyspace* on connection `cassandra_default` (`data_<split>` with *Table layout* per-split, *Table suffix*
+  appended). Read back with the cassandra-dali-plugin reader and the row ids of `split-cassandra.npz` (or its
+  crs4 `split-cassandra.pckl`).
+- **shards**: webdataset shards `{split}-{index:06d}.tar` (`.jpg`, `.cls`, `.json` per sample), a DALI `.idx` per
+  shard and `manifest.json` (written last) at the *Shard destination* (`s3://imgest/<dataset>` when empty) on
+  connection `aws_default`, or in a folder. Read back from `manifest.json` with
+  `fn.readers.webdataset(paths=tars, index_paths=idxs, ext=["jpg", "cls"])` or `webdataset.WebDataset(urls)`.
 - **files**: `<split>/<wnid>/<id>.jpg` (the tree DALI `fn.readers.file` reads) with `samples.parquet` and
-  `manifest.json`, under *Files destination* (default `$IMGEST_HOME/files/<dataset>`).
+  `manifest.json` (written last), under *Files destination* (default `$IMGEST_HOME/files/<dataset>`). Read back with
+  `fn.readers.file` or plain file I/O.
 
 After the split file, `read_throughput` reads the stored train rows back through DALI with every reader of the
 target (raw bytes and a CPU training pipeline), hashing every sample against its ingest sha256; for the files
 target `validate_xnvme` then reads them with DALI's file reader, the Python file API and xNVMe's file and block
 APIs. Reports and plots land in the work folder and are referenced from the version record.
 
-Every run writes its work folder (manifest, quarantine list, job summary, `split-<target>.npz`) under
-`$IMGEST_HOME/work/<dataset>/`. Bad settings fail `validate` before any Spark work, every problem on its first
-log line.
+Every target writes the work folder `$IMGEST_HOME/work/<dataset>/` (`manifest.parquet`, `quarantine.json`, the
+Spark job's summary, `split-<target>.npz`) and announces the result as an Asset through the `imgest-datasets` alias
+(`cassandra://host:port/<keyspace>/<data table>`, the shard prefix or `file://` folder): see **Assets**. Load a
+split with `imgest.splits.load_split("split-<target>.npz").part(0)`.
+
+Values outside a field's bounds or pattern are refused when you press Trigger (the form shows why, no run starts).
+Settings that only fail together (a crop larger than the resize, a source *and* the sample) fail **validate**
+before any Spark work: its log's first line lists every problem.
 """
+
+VALIDATE_DOC = """Checks every setting together (source or sample, crop within resize, destination, ratios, ...).
+On a problem it fails at once, without retries: the first line of its log lists every problem, and no Spark
+work starts."""
 
 with DAG(
     dag_id="ingest_imagenet",
@@ -66,10 +80,12 @@ with DAG(
     params={name: Param(**spec) for name, spec in param_specs().items()},
 ) as dag:
 
-    @task(doc_md="Checks every setting together; fails at once (no retries) listing each problem.")
+    @task(doc_md=VALIDATE_DOC)
     def validate(params: dict[str, Any] | None = None) -> dict[str, Any]:
         """Reject bad conf with every problem listed, before any Spark work (AirflowFailException: no retries)."""
-        from airflow.exceptions import AirflowFailException
+        import logging
+
+        from airflow.sdk.exceptions import AirflowFailException
 
         from imgest.core.errors import ConfigError
         from imgest.flow.steps import validate_conf
@@ -77,38 +93,57 @@ with DAG(
         try:
             return validate_conf(dict(params or {}))
         except ConfigError as exc:
+            # The first line of this task's log, and the failure shown for the run: what to fix, nothing else.
+            logging.getLogger(__name__).error("%s", exc)
             raise AirflowFailException(str(exc)) from None
 
-    @task(doc_md="Lists images, labels and ids into `manifest.parquet` in the dataset's work folder.")
+    @task(doc_md="Lists images, labels and ids into `manifest.parquet` in `$IMGEST_HOME/work/<dataset>/`.")
     def scan(request: dict[str, Any]) -> dict[str, Any]:
+        """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
+        from imgest.operators.failures import fail_without_retry
+
         from imgest.flow.steps import scan_step
 
-        return scan_step(request)
+        with fail_without_retry():
+            return scan_step(request)
 
-    @task.branch
+    @task.branch(doc_md="Follows the Target: the other branch's tasks are skipped, not failed.")
     def choose_target(request: dict[str, Any]) -> str:
         return {"cassandra": "prepare_cassandra", "shards": "prepare_bucket", "files": "ingest_files"}[
             request["target"]
         ]
 
     prepare_cassandra = ApplyCqlSchemaOperator(
-        task_id="prepare_cassandra", request=REQUEST, manifest_dir=MANIFEST_DIR, doc_md="Keyspace and tables."
+        task_id="prepare_cassandra",
+        request=REQUEST,
+        manifest_dir=MANIFEST_DIR,
+        doc_md="Creates the keyspace (replication from the form) and the tables from `sql/*.cql`.",
     )
     ingest_cassandra = CassandraIngestSubmitOperator(
-        task_id="ingest_cassandra", application_args=CASSANDRA_ARGS, doc_md="Spark job: transform and write rows."
+        task_id="ingest_cassandra",
+        application_args=CASSANDRA_ARGS,
+        doc_md="Spark job `jobs/ingest_cassandra.py` on `spark_default`: transforms and writes the rows.",
     )
     verify_cassandra = VerifyCassandraOperator(
         task_id="verify_cassandra",
         request=REQUEST,
         manifest_dir=MANIFEST_DIR,
-        doc_md="Counts per split and label, byte-equal samples; marks the version complete.",
+        doc_md="Checks counts per split and label and byte-equal samples; marks the version `complete`.",
     )
-    prepare_bucket = EnsureBucketOperator(task_id="prepare_bucket", dest=SHARD_DEST, doc_md="Bucket exists, keys ok.")
+    prepare_bucket = EnsureBucketOperator(
+        task_id="prepare_bucket",
+        dest=SHARD_DEST,
+        doc_md="Checks the keys of `aws_default` and creates the bucket (skipped for a folder).",
+    )
     ingest_shards = PackShardsSubmitOperator(
-        task_id="ingest_shards", application_args=SHARDS_ARGS, doc_md="Spark job: pack, stage, publish shards."
+        task_id="ingest_shards",
+        application_args=SHARDS_ARGS,
+        doc_md="Spark job `jobs/pack_shards.py`: packs shards under `_staging/`, publishes them, then `manifest.json`.",
     )
     verify_shards = VerifyShardsOperator(
-        task_id="verify_shards", dest=SHARD_DEST, doc_md="Every shard of manifest.json present with its sha256."
+        task_id="verify_shards",
+        dest=SHARD_DEST,
+        doc_md="Checks every shard of `manifest.json` is there with its sha256.",
     )
     ingest_files = WriteFilesSubmitOperator(
         task_id="ingest_files", application_args=FILES_ARGS, doc_md="Spark job: write <split>/<wnid>/<id>.jpg files."

@@ -32,6 +32,7 @@ from imgest.sinks.cassandra.ingest import (
 )
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, manifest_frame, progress_log
 from imgest.transform.image import TransformSpec
@@ -116,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"counts do not reconcile: {rows} manifest rows but {accounted} stored, skipped or "
                 "quarantined; the version stays 'writing' and a re-run resumes"
             )
+        if total.stored + total.skipped == 0:
+            raise nothing_ingestible(args.manifest_dir, "cassandra", rows, total.quarantine)
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             finish_version(session, cfg, total, classes)
         report = {
@@ -128,9 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_summary(report, args.summary_json)
         spark.stop()
         return 0
-    except ImgestError as exc:
-        log.error("ingest failed: %s", exc)
-        return 2
+    except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
+        return report_failure(log, "ingest", exc)
 
 
 def record_scan_quarantine(session: Any, cfg: CassandraIngestConfig, scan_quarantine: QuarantineLog) -> None:

@@ -33,6 +33,7 @@ from imgest.sinks.shards.pack import (
 from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, write_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
+from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, progress_log
 from imgest.transform.image import TransformSpec
@@ -111,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"counts do not reconcile: {rows} planned samples, {packed} packed or quarantined; "
                 "nothing was published and a re-run resumes"
             )
+        if sum(r.samples for r in records) == 0:
+            quarantined = [q for r in records for q in r.quarantine]
+            raise nothing_ingestible(args.manifest_dir, "shards", rows, quarantined)
         samples = samples_table(pq.read_table(plan_path), records)
         changed = publish(store, records, manifest, samples)
         seconds = time.monotonic() - t0
@@ -132,9 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_summary(summary, args.summary_json)
         spark.stop()
         return 0
-    except ImgestError as exc:
-        log.error("packing failed: %s", exc)
-        return 2
+    except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
+        return report_failure(log, "packing", exc)
 
 
 if __name__ == "__main__":

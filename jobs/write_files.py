@@ -22,6 +22,7 @@ from imgest.core.quarantine import QuarantineLog
 from imgest.sinks.cassandra.ingest import transform_key
 from imgest.sinks.files.write import FilesConfig, FilesPartResult, build_manifest, publish, write_partition
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, manifest_frame, progress_log
 from imgest.transform.image import TransformSpec
@@ -79,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"counts do not reconcile: {rows} manifest rows, {len(total.files)} written and "
                 f"{len(total.quarantine)} quarantined; nothing was published and a re-run starts again"
             )
+        if not total.files:
+            raise nothing_ingestible(args.manifest_dir, "files", rows, total.quarantine)
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         version = f"t-{transform_key(cfg.spec)}"
         classes = read_classes(args.manifest_dir / workdir.CLASSES)
@@ -100,9 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_summary(summary, args.summary_json)
         spark.stop()
         return 0
-    except ImgestError as exc:
-        log.error("writing files failed: %s", exc)
-        return 2
+    except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
+        return report_failure(log, "writing files", exc)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,14 @@ class ApplyCqlSchemaOperator(BaseOperator):
         self.request, self.manifest_dir, self.cassandra_conn_id = request, manifest_dir, cassandra_conn_id
 
     def execute(self, context: Any) -> list[str]:
+        from imgest.operators.failures import fail_without_retry
         from imgest.operators.hooks import ImgestCassandraHook
 
         from imgest.flow.steps import prepare_cassandra
 
         settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
-        return prepare_cassandra(dict(self.request), Path(self.manifest_dir), settings)
+        with fail_without_retry():  # refused credentials: no retries
+            return prepare_cassandra(dict(self.request), Path(self.manifest_dir), settings)
 
 
 class VerifyCassandraOperator(BaseOperator):

@@ -18,11 +18,13 @@ class EnsureBucketOperator(BaseOperator):
         self.dest, self.aws_conn_id = dest, aws_conn_id
 
     def execute(self, context: Any) -> str:
+        from imgest.operators.failures import fail_without_retry
         from imgest.operators.hooks import store_settings
 
         from imgest.flow.steps import prepare_bucket
 
-        return prepare_bucket(self.dest, store_settings(self.dest, self.aws_conn_id))
+        with fail_without_retry():  # refused keys or a malformed destination: no retries
+            return prepare_bucket(self.dest, store_settings(self.dest, self.aws_conn_id))
 
 
 class VerifyShardsOperator(BaseOperator):

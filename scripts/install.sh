@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs imgest from the lock file (reproducible: every package pinned).
 #   scripts/install.sh          runtime lock (Airflow, Spark, Cassandra driver, boto3, DALI, SeaweedFS, ...)
-#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, toxiproxy-server)
+#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, Playwright, toxiproxy-server)
+#                               and Debian's chromium for the browser tests (installed with apt-get when run as root)
 # Both also build libxnvme into .imgest/xnvme/ when the system has none (scripts/build_xnvme.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,17 @@ lock=requirements/runtime.lock
 need() { command -v "$1" >/dev/null 2>&1 || { echo "imgest install: '$1' not found on PATH. $2" >&2; exit 1; }; }
 need java "Install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless); Cassandra and Spark run on it."
 need mvn "Install Apache Maven (Debian: apt-get install maven); it resolves the Cassandra server jars from Maven Central."
+
+# The browser tests drive the distribution's Chromium through Playwright; no browser is downloaded at run time.
+if [ "${1:-}" = "--dev" ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "imgest install: installing Debian's chromium for the browser tests (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "imgest install: the browser tests need Chromium: sudo apt-get install chromium (skipped without it; under CI they fail)" >&2
+  fi
+fi
 
 py=""
 for cand in "${PYTHON:-}" python3.11 python3.12 python3; do

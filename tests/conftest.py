@@ -10,7 +10,8 @@ from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.services.base import Service
 
 
-def _serve(service: Service) -> Iterator[Service]:
+def serve(service: Service) -> Iterator[Service]:
+    """Yield SERVICE, started if it was not answering; stopped afterwards only if this started it."""
     started = False
     if not service.answers():
         result = service.up()
@@ -24,19 +25,19 @@ def _serve(service: Service) -> Iterator[Service]:
 @pytest.fixture(scope="session")
 def cassandra_server() -> Iterator[CassandraServer]:
     """The embedded Cassandra node (AllowAllAuthenticator) on 127.0.0.1."""
-    yield from _serve(CassandraServer.default())  # type: ignore[misc]
+    yield from serve(CassandraServer.default())  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def cassandra_auth_server() -> Iterator[CassandraServer]:
     """A second node with PasswordAuthenticator (superuser cassandra/cassandra)."""
-    yield from _serve(CassandraServer.default(auth=True))  # type: ignore[misc]
+    yield from serve(CassandraServer.default(auth=True))  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """The embedded SeaweedFS S3 server with enforced keys."""
-    yield from _serve(S3Server.default())  # type: ignore[misc]
+    yield from serve(S3Server.default())  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")

@@ -149,9 +149,10 @@ def latency_sweep(
     rtts: list[float],
     depths: list[int],
     batch_size: int,
+    repeats: int = 3,
 ) -> list[dict[str, Any]]:
     """Raw-bytes throughput through a real TCP proxy adding RTT: prefetch depth (Cassandra) and shards in
-    flight (S3) against the readers that request nothing ahead."""
+    flight (S3) against the readers that request nothing ahead; the median of REPEATS runs per point."""
     from imgest.readback.check import cassandra_run, cassandra_simple_run, s3_stream_run, s3_webdataset_run
     from imgest.readback.pipelines import PipelineSpec
     from imgest.services.latency import LatencyProxy
@@ -168,23 +169,33 @@ def latency_sweep(
     spec, opts = PipelineSpec(batch_size, mode="raw"), ReadCheckOptions(batch_size=batch_size)
     rows: list[dict[str, Any]] = []
 
-    def row(rtt: float, depth: int | None, r: RunResult) -> None:
-        rows.append({"rtt_ms": rtt, "reader": r.reader, "depth": depth, "images_per_s": r.images_per_s, "ok": r.ok})
-        log.info("rtt %s ms %s depth %s: %.0f images/s", rtt, r.reader, depth, r.images_per_s)
+    def row(rtt: float, depth: int | None, run: Any) -> None:  # RUN() once per repeat; the median is kept
+        results = [run() for _ in range(repeats)]
+        ips = statistics.median(r.images_per_s for r in results)
+        rows.append(
+            {
+                "rtt_ms": rtt,
+                "reader": results[0].reader,
+                "depth": depth,
+                "images_per_s": ips,
+                "min": min(r.images_per_s for r in results),
+                "max": max(r.images_per_s for r in results),
+                "ok": all(r.ok for r in results),
+            }
+        )
+        log.info("rtt %s ms %s depth %s: %.0f images/s", rtt, results[0].reader, depth, ips)
 
+    cset, sset = sets["cassandra"], sets["s3"]
     for rtt in rtts:
         proxy.set_rtt("cassandra", rtt)
         proxy.set_rtt("s3", rtt)
-        row(rtt, None, cassandra_simple_run(c_proxied, sets["cassandra"], spec))
-        row(rtt, None, s3_webdataset_run(sets["s3"], s_proxied, bucket, prefix, spec))
+        row(rtt, None, lambda: cassandra_simple_run(c_proxied, cset, spec))
+        row(rtt, None, lambda: s3_webdataset_run(sset, s_proxied, bucket, prefix, spec))
         for depth in depths:
             copts = replace(opts.cassandra, prefetch_batches=depth)
-            row(rtt, depth, cassandra_run(c_proxied, sets["cassandra"], spec, copts))
-            row(
-                rtt,
-                depth,
-                s3_stream_run(sets["s3"], s_proxied, bucket, prefix, spec, replace(opts.s3, parallel_shards=depth)),
-            )
+            sopts = replace(opts.s3, parallel_shards=depth)
+            row(rtt, depth, lambda c=copts: cassandra_run(c_proxied, cset, spec, c))
+            row(rtt, depth, lambda s=sopts: s3_stream_run(sset, s_proxied, bucket, prefix, spec, s))
     return rows
 
 

@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("cassandra", "botocore", "urllib3", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not args.verbose:  # the driver's connection warnings carry tracebacks; imgest says what failed in one line
+        logging.getLogger("cassandra").setLevel(logging.CRITICAL)
     try:
         return int(args.func(args) or 0)
     except ImgestError as exc:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from imgest.core import workdir
+from imgest.core.defaults import LOCAL_MASTER
 
 
 def add_transform_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,17 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", type=Path, metavar="SRC", help="dataset folder or tar, or a folder holding manifest.parquet")
     p.add_argument("--layout", default="auto", help="dataset layout when SRC must be scanned (default: detected)")
     p.add_argument("--work-dir", type=Path, help="where the scan goes (default .imgest/work/<dataset>)")
-    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.add_argument("--master", default=LOCAL_MASTER, help=f"Spark master (default {LOCAL_MASTER})")
+    add_link_policy_arg(p)
+
+
+def add_link_policy_arg(p: argparse.ArgumentParser) -> None:
+    """--follow-external-links: the scan's policy for symbolic links whose target leaves the source tree."""
+    p.add_argument(
+        "--follow-external-links",
+        action="store_true",
+        help="follow symbolic links whose target is outside SRC (default: skip them and count them in the report)",
+    )
 
 
 def manifest_dir(args: argparse.Namespace) -> Path:
@@ -31,7 +42,7 @@ def manifest_dir(args: argparse.Namespace) -> Path:
     if (args.src / workdir.MANIFEST).is_file():
         return args.src
     out = args.work_dir or state_dir() / "work" / (args.dataset or args.src.resolve().name)
-    report = scan_to_dir(args.src, out, args.layout, args.dataset)
+    report = scan_to_dir(args.src, out, args.layout, args.dataset, follow_external_links=args.follow_external_links)
     print(f"scan: {report.summary_line()}", flush=True)
     return out
 

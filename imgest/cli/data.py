@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from imgest.cli.common import add_transform_args
+from imgest.cli.common import add_link_policy_arg, add_transform_args
 from imgest.core import workdir
 
 
@@ -28,7 +28,15 @@ def scan_cmd(args: argparse.Namespace) -> int:
     from imgest.sources.scan import scan_to_dir
 
     with progress_bar("scanning", None) as advance:
-        report = scan_to_dir(args.src, args.out, args.layout, args.name, args.split, on_candidate=lambda _: advance())
+        report = scan_to_dir(
+            args.src,
+            args.out,
+            args.layout,
+            args.name,
+            args.split,
+            on_candidate=lambda _: advance(),
+            follow_external_links=args.follow_external_links,
+        )
     print(report.summary_line())
     print(f"manifest, class map, quarantine list and report written to {args.out}")
     return 0
@@ -93,6 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     scan.add_argument("--name", help="dataset name used in ids (default: the source folder's name)")
     scan.add_argument("--split", default="train", help="split name for flat and tar layouts (default train)")
+    add_link_policy_arg(scan)
     scan.set_defaults(func=scan_cmd)
 
     check = sub.add_parser(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, s3_env
@@ -12,6 +13,7 @@ from imgest.core import workdir
 
 def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra: list[str], failed: str) -> int:
     """Scan if needed, spark-submit JOB with the forwarded option GROUPS; returns the exit code."""
+    from imgest.spark.failures import last_error_sentence
     from imgest.spark.job_options import TRANSFORM_OPTIONS, forward
     from imgest.spark.submit import run_submit, submit_command
 
@@ -20,9 +22,12 @@ def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra
     job_args = ["--manifest-dir", str(work), "--summary-json", str(summary), *extra]
     for group in (*groups, TRANSFORM_OPTIONS):
         job_args += forward(args, group)
-    rc = run_submit(submit_command(job, job_args, args.master))
+    log_file = work / f"spark-{target}.log"
+    rc = run_submit(submit_command(job, job_args, args.master), log_file)
     if rc != 0:
-        print(f"imgest: error: the Spark job failed (exit {rc}); {failed}", file=sys.stderr)
+        sentence = last_error_sentence(log_file) or f"the Spark job failed (exit {rc})"
+        print(f"imgest: error: {sentence}", file=sys.stderr)
+        print(f"imgest: the Spark job exited {rc}; {failed}; full log: {log_file}", file=sys.stderr)
         return rc
     print(f"summary written to {summary}")
     args.manifest_dir = work
@@ -35,6 +40,7 @@ def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
     from imgest.spark.job_options import CASSANDRA_OPTIONS
 
     credentials_env(args)
+    _preflight_cassandra(args)
     rc = _submit(args, "ingest_cassandra", "cassandra", [CASSANDRA_OPTIONS], [], "re-running resumes where it stopped")
     if rc != 0 or not args.verify:
         return rc
@@ -44,10 +50,23 @@ def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
     return verify_cassandra_cmd(args)
 
 
+def _preflight_cassandra(args: argparse.Namespace) -> None:
+    """Names, replication and credentials, checked before the scan and spark-submit (one clear line each)."""
+    from imgest.core.settings import CassandraSettings
+    from imgest.flow.preflight import check_cassandra, check_tables
+
+    check_tables(args.keyspace, args.table_layout, args.table_suffix or "", args.replication)
+    env = CassandraSettings.from_env()
+    hosts = tuple(h.strip() for h in args.hosts.split(",") if h.strip())
+    check_cassandra(replace(env, hosts=hosts, port=args.port))
+
+
 def ingest_shards_cmd(args: argparse.Namespace) -> int:
+    from imgest.flow.preflight import check_shard_dest
     from imgest.spark.job_options import SHARD_OPTIONS
 
     s3_env(args.dest)
+    check_shard_dest(args.dest)
     failed = "nothing was published and re-running resumes"
     return _submit(args, "pack_shards", "shards", [SHARD_OPTIONS], ["--dest", args.dest], failed)
 

@@ -34,12 +34,16 @@ SPLIT_RATIOS: Final = "8,2"
 SPLIT_BALANCE: Final = "original"
 SPLIT_SEED: Final = 0
 
+DATASET: Final = "imagenet-sample"
+TARGET: Final = "cassandra"
 LAYOUT: Final = "auto"
 LAYOUTS: Final = ("auto", "cls-loc", "imagefolder", "flat", "tar")
 TARGETS: Final = ("cassandra", "shards", "files")
 IMAGE_MODES: Final = ("jpeg", "unchanged")
 TABLE_LAYOUTS: Final = ("split-column", "per-split")
 SPARK_PARTITIONS: Final = 0  # automatic
+TASK_MAX_FAILURES: Final = 4  # Spark's own default on clusters; local masters get it as local[N,F]
+LOCAL_MASTER: Final = f"local[*,{TASK_MAX_FAILURES}]"
 
 
 def shard_dest(dataset: str) -> str:

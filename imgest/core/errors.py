@@ -11,3 +11,11 @@ class ServiceError(ImgestError):
 
 class ConfigError(ImgestError):
     """A setting, flag or Airflow conf value is invalid."""
+
+
+class AuthenticationError(ImgestError):
+    """A store refused the credentials: retrying cannot help, so callers fail at once (no retries)."""
+
+
+class NothingIngestibleError(ImgestError):
+    """Every candidate of a source was quarantined or skipped: there is nothing to store or publish."""

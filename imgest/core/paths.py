@@ -39,8 +39,20 @@ def state_dir() -> Path:
     else:
         root = repo_root()
         path = root / ".imgest" if root else Path.home() / ".imgest"
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private(path)
     return path.resolve()
+
+
+def private(path: Path) -> None:
+    """Make PATH readable by its owner only (0700 folders, 0600 files); left alone if someone else owns it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    mode = 0o700 if path.is_dir() else 0o600
+    if st.st_uid == os.getuid() and st.st_mode & 0o777 != mode:
+        path.chmod(mode)
 
 
 def conf_file(name: str) -> Path:

@@ -45,6 +45,11 @@ def job_summary(target: str) -> str:
     return {"cassandra": CASSANDRA_SUMMARY, "shards": SHARDS_SUMMARY, "files": FILES_SUMMARY}[target]
 
 
+def job_quarantine(target: str) -> str:
+    """The quarantine list the ingest job of TARGET writes when nothing was ingestible."""
+    return f"quarantine-{target}.json"
+
+
 def split_file(target: str) -> str:
     """The split file the DAG writes for TARGET."""
     return f"split-{target}.npz"

@@ -78,9 +78,12 @@ def run_demo() -> int:
             print(tail)
             return 1
         _report(target, work, cassandra, s3)
-        results = task_results(airflow, "ingest_imagenet", (f"verify_{target}", "build_split"))
+        results = task_results(airflow, "ingest_imagenet", (f"verify_{target}", "build_split", "read_throughput"))
         print(f"  verification: {json.dumps(results.get(f'verify_{target}'))}")
         print(f"  split file: {json.dumps(results.get('build_split'))}")
+        read = results.get("read_throughput") or {}
+        print(f"  DALI read-back (images/s, every byte verified): {json.dumps(read.get('readers'))}")
+        print(f"  read-back report: {read.get('report')} (plot {read.get('plot')})")
     print("\nStop the services with: .venv/bin/imgest services down")
     return 0
 

@@ -12,13 +12,20 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.errors import ConfigError
-from imgest.sinks.cassandra.schema import TableLayout, replication
+from imgest.sinks.cassandra.schema import IDENTIFIER, TableLayout, replication
 from imgest.sinks.shards.plan import ShardSpec
 from imgest.transform.image import TransformSpec
 
-S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+S3_URL_PATTERN = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"
+S3_URL = re.compile(f"^{S3_URL_PATTERN}$")
+SHARD_DEST_PATTERN = f"^({S3_URL_PATTERN}|/.*)$"
 DATASET_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DATASET = re.compile(DATASET_PATTERN)
+TABLE_SUFFIX_CHARS = "[A-Za-z0-9_]{0,20}"
+REPLICATION_PATTERN = r"^(SimpleStrategy:\d+|NetworkTopologyStrategy:[A-Za-z0-9_.-]+=\d+(,[A-Za-z0-9_.-]+=\d+)*)$"
+_NUMBERS = r"\s*\d+(\.\d+)?(\s*,\s*\d+(\.\d+)?)*\s*"
+RATIOS_PATTERN = f"^{_NUMBERS}$"
+BALANCE_PATTERN = f"^(original|random|{_NUMBERS})$"
 SECTIONS = ("Source", "Target", "Transform", "Cassandra", "Shards", "Files", "Splits", "Checks", "Spark")
 
 
@@ -40,122 +47,191 @@ class IngestRequest:
         None,
         "Source dataset",
         "Source",
-        "Folder (ImageNet CLS-LOC, ImageFolder train/val, class folders) or ILSVRC2012_img_train.tar, as seen by "
-        "the Airflow worker. Required unless 'Use the generated sample' is on.",
+        "Path the Airflow worker can read: a folder (ImageNet CLS-LOC, ImageFolder train/val, or class folders) or "
+        "ILSVRC2012_img_train.tar. Give this or switch on 'Use the generated sample', not both.",
         type=["null", "string"],
     )
     sample: bool = _param(
         False,
         "Use the generated sample",
         "Source",
-        "Ingest imgest's generated sample dataset (10 classes, with planted bad files) instead of a source. "
-        "Never chosen implicitly.",
+        "On: ingest imgest's generated sample (10 classes in the CLS-LOC layout, with planted bad files) and leave "
+        "Source dataset empty. Never chosen implicitly: with neither, validate fails.",
     )
-    layout: str = _param(defaults.LAYOUT, "Layout", "Source", "auto detects it", enum=list(defaults.LAYOUTS))
+    layout: str = _param(
+        defaults.LAYOUT,
+        "Layout",
+        "Source",
+        "How the source is organised; auto detects it from the folder or tar.",
+        enum=list(defaults.LAYOUTS),
+        values_display={
+            "auto": "auto (detect)",
+            "cls-loc": "cls-loc (ILSVRC/Data/CLS-LOC/train|val, Kaggle tree)",
+            "imagefolder": "imagefolder (train/ and val/ holding class folders)",
+            "flat": "flat (class folders only, one split)",
+            "tar": "tar (ILSVRC2012_img_train.tar, a tar of per-class tars)",
+        },
+    )
     dataset: str = _param(
-        "imagenet-sample",
+        defaults.DATASET,
         "Dataset name",
         "Source",
-        "Used in image ids, the work folder and version records: letters, digits, _ . - (at most 64)",
+        "Required. Names the work folder, the image ids and the version record (and the default shard prefix): "
+        "letters, digits, _ . - ; first a letter or digit; at most 64.",
         pattern=DATASET_PATTERN,
     )
     target: str = _param(
-        "cassandra",
+        defaults.TARGET,
         "Target",
         "Target",
-        "cassandra: data + metadata tables (cassandra-dali-plugin layout); shards: webdataset tars with DALI "
-        "indexes; files: <split>/<wnid>/<id>.jpg, the tree DALI fn.readers.file reads",
+        "Where the images go. cassandra: tables in the Keyspace below (connection cassandra_default); shards: "
+        "webdataset tars with DALI indexes at the Shard destination (connection aws_default, or a folder); files: "
+        "<split>/<wnid>/<id>.jpg under the Files destination, the tree DALI fn.readers.file reads.",
         enum=list(defaults.TARGETS),
+        values_display={
+            "cassandra": "cassandra (data + metadata tables, cassandra-dali-plugin layout)",
+            "shards": "shards (webdataset .tar + DALI .idx on S3 or a folder)",
+            "files": "files (<split>/<wnid>/<id>.jpg, the tree fn.readers.file reads)",
+        },
     )
     image_mode: str = _param(
         defaults.IMAGE_MODE,
         "Image mode",
         "Transform",
-        "jpeg: resize + center-crop + re-encode; unchanged: the original bytes (checked to decode)",
+        "jpeg: resize, center-crop and re-encode every image; unchanged: store the original bytes (checked to "
+        "decode), Resize, Crop and Quality are then ignored.",
         enum=list(defaults.IMAGE_MODES),
+        values_display={"jpeg": "jpeg (resize, crop, re-encode)", "unchanged": "unchanged (original bytes)"},
     )
     resize: int = _param(
-        defaults.RESIZE, "Resize shorter side to", "Transform", "8 to 4096 pixels", minimum=8, maximum=4096
+        defaults.RESIZE,
+        "Resize shorter side to",
+        "Transform",
+        "Required, pixels, 8 to 4096. The shorter side is scaled to this before the center crop.",
+        minimum=8,
+        maximum=4096,
     )
     crop: int = _param(
-        defaults.CROP, "Center-crop size", "Transform", "8 to 4096, at most the resize", minimum=8, maximum=4096
+        defaults.CROP,
+        "Center-crop size",
+        "Transform",
+        "Required, pixels, 8 to 4096 and at most the resize (a larger crop fails validate before any Spark work).",
+        minimum=8,
+        maximum=4096,
     )
-    quality: int = _param(defaults.QUALITY, "JPEG quality", "Transform", "1 to 100", minimum=1, maximum=100)
+    quality: int = _param(
+        defaults.QUALITY, "JPEG quality", "Transform", "Required, 1 to 100 (jpeg mode).", minimum=1, maximum=100
+    )
     keyspace: str = _param(
         defaults.KEYSPACE,
         "Keyspace",
         "Cassandra",
-        "Letter first, then letters, digits or _ (at most 48)",
-        pattern="^[A-Za-z][A-Za-z0-9_]{0,47}$",
+        "Required for the cassandra target: a letter first, then letters, digits or _ ; at most 48. Created if "
+        "missing.",
+        pattern=IDENTIFIER.pattern,
     )
     table_layout: str = _param(
         defaults.TABLE_LAYOUT,
         "Table layout",
         "Cassandra",
-        "split-column: one data/metadata pair with a split column; per-split: data_<split> tables",
+        "split-column: one data/metadata table pair with a split column; per-split: data_train, metadata_train, ...",
         enum=list(defaults.TABLE_LAYOUTS),
     )
     table_suffix: str | None = _param(
         None,
         "Table suffix",
         "Cassandra",
-        "Optional, appended to table names, e.g. _orig for UNCHANGED images (letters, digits, _; at most 20)",
+        "Optional: appended to the table names, e.g. _orig for unchanged images beside jpeg ones. Letters, digits "
+        "and _ ; at most 20.",
         type=["null", "string"],
-        pattern="^[A-Za-z0-9_]{0,20}$",
+        pattern=f"^{TABLE_SUFFIX_CHARS}$",
     )
     replication: str = _param(
         defaults.REPLICATION,
         "Keyspace replication",
         "Cassandra",
-        "SimpleStrategy:N or NetworkTopologyStrategy:dc1=N,dc2=M",
-        pattern=r"^(SimpleStrategy:\d+|NetworkTopologyStrategy:[A-Za-z0-9_.-]+=\d+(,[A-Za-z0-9_.-]+=\d+)*)$",
+        "Required: SimpleStrategy:N, or NetworkTopologyStrategy:dc1=N,dc2=M (used when the keyspace is created).",
+        pattern=REPLICATION_PATTERN,
     )
     s3_dest: str | None = _param(
         None,
         "Shard destination",
         "Shards",
-        "s3://bucket/prefix (connection aws_default) or an absolute folder; empty = s3://imgest/<dataset>",
+        "Optional: s3://bucket/prefix (connection aws_default) or an absolute folder. Empty: s3://imgest/<dataset>.",
         type=["null", "string"],
+        pattern=SHARD_DEST_PATTERN,
     )
-    shard_max_count: int = _param(defaults.SHARD_MAX_COUNT, "Samples per shard, at most", "Shards", minimum=1)
+    shard_max_count: int = _param(
+        defaults.SHARD_MAX_COUNT, "Samples per shard, at most", "Shards", "Required, at least 1.", minimum=1
+    )
     shard_max_bytes: int = _param(
-        defaults.SHARD_MAX_BYTES, "Bytes per shard, at most", "Shards", "at least 65536", minimum=65536
+        defaults.SHARD_MAX_BYTES,
+        "Bytes per shard, at most",
+        "Shards",
+        "Required, at least 65536 (64 KiB); 1073741824 is 1 GiB.",
+        minimum=65536,
     )
-    shuffle_seed: int = _param(defaults.SHUFFLE_SEED, "Shuffle seed", "Shards", "same input and seed, same shards")
+    shuffle_seed: int = _param(
+        defaults.SHUFFLE_SEED,
+        "Shuffle seed",
+        "Shards",
+        "Required, 0 or more: the same input and seed give byte-identical shards.",
+        minimum=0,
+    )
     files_dest: str | None = _param(
         None,
         "Files destination",
         "Files",
-        "Absolute folder for the files target, on storage every Spark node sees; empty = <IMGEST_HOME>/files/<dataset>",
+        "Optional: an absolute folder for the files target, on storage every Spark node sees; empty = "
+        "<IMGEST_HOME>/files/<dataset>.",
         type=["null", "string"],
+        pattern="^/.*$",
     )
     split_ratios: str = _param(
         defaults.SPLIT_RATIOS,
         "Split ratios",
         "Splits",
-        "Positive numbers separated by commas, e.g. 8,2 or 7,2,1",
-        pattern=r"^\s*\d+(\.\d+)?(\s*,\s*\d+(\.\d+)?)*\s*$",
+        "Required: positive numbers separated by commas, one per part of split-<target>.npz, e.g. 8,2 or 7,2,1.",
+        pattern=RATIOS_PATTERN,
     )
     split_balance: str = _param(
-        defaults.SPLIT_BALANCE, "Class balance", "Splits", "original, random, or one weight per class (comma separated)"
+        defaults.SPLIT_BALANCE,
+        "Class balance",
+        "Splits",
+        "Required: original (every image), random (seeded class weights), or one weight per class, comma separated.",
+        pattern=BALANCE_PATTERN,
+        examples=["original", "random"],
     )
-    split_seed: int = _param(defaults.SPLIT_SEED, "Split seed", "Splits")
+    split_seed: int = _param(
+        defaults.SPLIT_SEED,
+        "Split seed",
+        "Splits",
+        "Required, 0 or more: the same seed gives the same split.",
+        minimum=0,
+    )
     read_check: bool = _param(
         True,
         "Read-back check",
         "Checks",
-        "Read the stored version back through DALI with every reader that applies; verify every byte and label",
+        "On: after the split, read the stored train rows back through DALI with every reader of the target and "
+        "check every byte and label against the ingest record (read_throughput.json in the work folder).",
     )
     xnvme_loop_fs: str | None = _param(
         defaults.XNVME_LOOP_FS,
         "xNVMe check filesystem",
         "Checks",
-        "Files target only: copy it onto a loop-mounted ext4 or xfs image for xNVMe's block engine "
-        "(needs root; otherwise that engine is skipped with the reason); empty = read it where it is",
+        "Files target only: copy the files onto a fresh loop-mounted ext4 or xfs image so xNVMe's block engine can "
+        "read them by LBA (needs root; otherwise that engine is skipped with the reason); empty = read in place.",
         type=["null", "string"],
         enum=[None, "ext4", "xfs"],
     )
-    spark_partitions: int = _param(defaults.SPARK_PARTITIONS, "Spark partitions", "Spark", "0 = automatic", minimum=0)
+    spark_partitions: int = _param(
+        defaults.SPARK_PARTITIONS,
+        "Spark partitions",
+        "Spark",
+        "Required, 0 or more: 0 lets the job choose from the manifest size and the cores of spark_default.",
+        minimum=0,
+    )
 
     @classmethod
     def from_conf(cls, conf: dict[str, Any]) -> IngestRequest:
@@ -175,7 +251,10 @@ class IngestRequest:
         """Every reason this request cannot run (empty when it can)."""
         errors: list[str] = []
         checks = [
-            (bool(self.source) != self.sample, "give a source, or set sample to use the generated sample (not both)"),
+            (
+                bool(self.source) != self.sample,
+                "give a source (Source dataset) or set sample: true (Use the generated sample), not both",
+            ),
             (self.target in defaults.TARGETS, f"target {self.target!r} must be one of {', '.join(defaults.TARGETS)}"),
             (bool(DATASET.match(self.dataset)), f"dataset {self.dataset!r}: letters, digits, _ . - (<= 64)"),
             (self.layout in defaults.LAYOUTS, f"layout {self.layout!r} is unknown"),
@@ -187,9 +266,8 @@ class IngestRequest:
                 build()
             except ConfigError as exc:
                 errors.append(str(exc))
-        dest = self.shard_dest
-        if self.target == "shards" and not (S3_URL.match(dest) or dest.startswith("/")):
-            errors.append(f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder")
+        if self.target == "shards":
+            errors += _dest_problems(self.shard_dest)
         if self.files_dest and not self.files_dest.startswith("/"):
             errors.append(f"files_dest {self.files_dest!r} must be an absolute folder")
         try:
@@ -230,10 +308,20 @@ class IngestRequest:
         return asdict(self)
 
 
+def _dest_problems(dest: str) -> list[str]:
+    """Why the shard destination DEST cannot be used (s3://bucket/prefix or an absolute folder)."""
+    from imgest.sinks.shards.store import dest_problem
+
+    if not (S3_URL.match(dest) or dest.startswith("/")):
+        return [f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder"]
+    problem = dest_problem(dest)
+    return [f"s3_dest: {problem}"] if problem else []
+
+
 def _param_spec(f: Field) -> dict[str, Any]:
     meta = dict(f.metadata["param"])
     default = f.default if f.default is not MISSING else None
-    if "type" not in meta and "enum" not in meta:
+    if "type" not in meta:  # typed (enums too): the form then flags a cleared value instead of sending null
         meta["type"] = _schema_type(default)
     if not meta.get("description"):
         meta.pop("description")

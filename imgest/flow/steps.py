@@ -102,7 +102,7 @@ def prepare_cassandra(conf: dict[str, Any], manifest_dir: Path, settings: Cassan
     from imgest.sinks.cassandra.schema import apply_schema
 
     request = IngestRequest.from_conf(conf)
-    with cassandra_session(settings) as session:
+    with cassandra_session(settings) as session:  # refused credentials: CassandraAuthError, before any Spark work
         return apply_schema(session, request.tables(), scanned_splits(manifest_dir), request.replication)
 
 
@@ -123,11 +123,13 @@ def verify_cassandra(conf: dict[str, Any], manifest_dir: Path, settings: Cassand
 
 def prepare_bucket(dest: str, settings: S3Settings | None) -> str:
     """Create DEST's bucket when DEST is on S3 and the bucket is missing; clear error on refused keys."""
-    if settings is None:
-        return dest  # a local folder needs no preparation
-    from imgest.sinks.shards.s3_client import ensure_bucket
+    from imgest.flow.preflight import check_shard_dest
 
-    ensure_bucket(settings, settings.bucket)
+    if settings is not None:
+        from imgest.sinks.shards.s3_client import ensure_bucket
+
+        ensure_bucket(settings, settings.bucket)  # refused keys: S3AuthError, before any Spark work
+    check_shard_dest(dest, settings)
     return dest
 
 

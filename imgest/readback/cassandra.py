@@ -44,7 +44,7 @@ class CassandraReadOptions:
 
     batch_size: int = 64
     prefetch_batches: int = 8  # batches requested ahead of the consumer
-    requests_in_flight: int = 32  # requests on the wire, over all connections
+    requests_in_flight: int = 128  # cap on requests on the wire (the prefetch window usually binds first)
     rows_per_request: int = 16  # ids per request (1: single-partition, token-aware; more: an IN query)
     connections: int = 2  # driver Clusters, each with its own socket and I/O thread
     retries: int = 3  # per request, on timeouts and unavailable errors

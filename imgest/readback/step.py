@@ -95,7 +95,9 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
     if store:
         store.write_manifest(manifest)
     else:
-        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        from imgest.sinks.files.write import write_atomic
+
+        write_atomic(manifest_path, json.dumps(manifest, indent=1, sort_keys=True).encode())
 
 
 def read_throughput_step(

@@ -12,8 +12,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from imgest.core.defaults import LOCAL_MASTER
 from imgest.core.errors import ServiceError
-from imgest.core.paths import dags_dir, state_dir
+from imgest.core.paths import dags_dir, private, state_dir
 from imgest.core.settings import EMBEDDED_HOST, env_int
 from imgest.services.base import ServiceStatus, UpResult
 from imgest.services.cassandra import CassandraServer
@@ -21,11 +22,13 @@ from imgest.services.process import ManagedProcess, port_open, require_free_port
 from imgest.services.s3 import S3Server
 
 log = logging.getLogger(__name__)
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # written by `airflow standalone`
 
 AIRFLOW_CFG = """\
 # Written by imgest (imgest/services/airflow.py). Only AIRFLOW_HOME={home} is needed to use it.
 [core]
 dags_folder = {dags}
+fernet_key = {fernet_key}
 load_examples = False
 dags_are_paused_at_creation = False
 parallelism = 4
@@ -44,6 +47,8 @@ base_url = http://{host}:{port}
 
 [scheduler]
 dag_dir_list_interval = 30
+# Also how soon an Asset emitted through an AssetAlias is marked active and so listed in the Assets view.
+parsing_cleanup_interval = 10
 
 [api_auth]
 jwt_secret = {jwt_secret}
@@ -86,7 +91,7 @@ class AirflowServer:
     def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
         """Run the `airflow` CLI with this home; a failure raises ServiceError with its last output."""
         cmd = [str(Path(sys.executable).parent / "airflow"), *args]
-        proc = subprocess.run(cmd, env=self.env(), text=True, capture_output=capture, check=False)
+        proc = subprocess.run(cmd, env=self.env(), text=True, capture_output=capture, check=False, umask=0o077)
         if check and proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
             raise ServiceError(f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail))
@@ -94,7 +99,7 @@ class AirflowServer:
 
     def write_config(self) -> Path:
         """Write airflow.cfg pointing at the repo's dags/ and the SQLite DB in this home."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.home / "airflow.cfg"
         text = AIRFLOW_CFG.format(home=self.home, dags=dags_dir(), host=self.host, port=self.port, **self.secrets())
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -103,14 +108,29 @@ class AirflowServer:
         return path
 
     def secrets(self) -> dict[str, str]:
-        """Secrets every Airflow component must share (JWT signing, sessions), generated once per home."""
+        """Secrets every Airflow component must share (JWT signing, sessions, the Fernet key that encrypts
+        connection passwords in airflow.db), generated once per home; a missing one is added."""
+        from cryptography.fernet import Fernet
+
         path = self.home / "secrets.json"
-        if not path.is_file():
-            data = {"jwt_secret": secrets.token_urlsafe(32), "secret_key": secrets.token_urlsafe(32)}
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        wanted = {
+            "jwt_secret": lambda: secrets.token_urlsafe(32),
+            "secret_key": lambda: secrets.token_urlsafe(32),
+            "fernet_key": lambda: Fernet.generate_key().decode(),
+        }
+        if set(wanted) - set(data):
+            data = {name: data.get(name) or make() for name, make in wanted.items()}
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as fh:
                 json.dump(data, fh)
-        return json.loads(path.read_text())
+        return data
+
+    def tighten(self) -> None:
+        """This home and the files that hold secrets readable by their owner only (0700 / 0600)."""
+        private(self.home)
+        for name in ("airflow.db", "airflow.cfg", "secrets.json", "standalone.log", PASSWORDS_FILE):
+            private(self.home / name)
 
     def connections(self, cassandra: CassandraServer, s3: S3Server) -> dict[str, dict[str, object]]:
         """The connections imgest's DAGs use, pointing at the embedded services."""
@@ -130,7 +150,7 @@ class AirflowServer:
             },
             "spark_default": {
                 "conn_type": "spark",
-                "host": "local[*]",
+                "host": LOCAL_MASTER,
                 "extra": json.dumps({"deploy-mode": "client", "spark-binary": "spark-submit"}),
             },
         }
@@ -147,9 +167,10 @@ class AirflowServer:
         with os.fdopen(fd, "w") as fh:
             json.dump(self.connections(cassandra, s3), fh)
         try:
-            self.airflow("connections", "import", "--overwrite", str(conn_file))
+            self.airflow("connections", "import", "--overwrite", str(conn_file))  # encrypted with the Fernet key
         finally:
             conn_file.unlink(missing_ok=True)
+        self.tighten()
         return time.monotonic() - t0
 
     def answers(self) -> bool:
@@ -164,7 +185,7 @@ class AirflowServer:
 
     def login(self) -> str:
         """'admin / PASSWORD' from the file `airflow standalone` generates, when it exists."""
-        path = self.home / "simple_auth_manager_passwords.json.generated"
+        path = self.home / PASSWORDS_FILE
         try:
             users = json.loads(path.read_text())
         except (FileNotFoundError, ValueError):
@@ -183,6 +204,7 @@ class AirflowServer:
                 [str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(), cwd=self.home
             )
         waited = self.process.wait_ready(self.answers, timeout, f"HTTP on {self.url}")
+        self.tighten()
         return UpResult(
             self.name,
             True,

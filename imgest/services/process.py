@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imgest.core.errors import ServiceError
+from imgest.core.pids import pid_alive
 
 # Java/Python error lines, and glog's E/F lines (SeaweedFS): 'E1121 05:28:44.1 ...'.
 _ERROR_LINE = re.compile(r"\b(ERROR|FATAL|Exception|Error:)|^[EF]\d{4} ")
@@ -33,7 +34,7 @@ class ManagedProcess:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if _alive(pid):
+        if pid_alive(pid):
             return pid
         self.pid_file.unlink(missing_ok=True)
         return None
@@ -43,7 +44,9 @@ class ManagedProcess:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with open(self.log_file, "ab") as log:
+            fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.chmod(self.log_file, 0o600)  # logs may hold generated passwords (airflow standalone prints one)
+            with os.fdopen(fd, "ab") as log:
                 proc = subprocess.Popen(
                     list(argv),
                     stdout=log,
@@ -52,6 +55,7 @@ class ManagedProcess:
                     env=env,
                     cwd=cwd,
                     start_new_session=True,
+                    umask=0o077,  # what the service writes (DBs, generated passwords, logs) is private
                 )
         except FileNotFoundError as exc:
             raise ServiceError(f"{self.name}: cannot run {argv[0]!r}: {exc.strerror}") from exc
@@ -77,29 +81,12 @@ class ManagedProcess:
             return False
         _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        if pid_alive(pid):
             _signal_group(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as dead.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            return False
-    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

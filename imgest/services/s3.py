@@ -96,6 +96,7 @@ class S3Server:
         """The `weed mini` command line (pure): loopback only, telemetry off, extras off."""
         return [
             weed,
+            f"-logdir={self.home / 'logs'}",  # weed.* logs beside weed.log, never in the system temp folder
             "mini",
             f"-dir={self.home / 'data'}",
             f"-ip={self.host}",

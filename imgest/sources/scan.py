@@ -21,12 +21,14 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from imgest.core import workdir
-from imgest.core.errors import ConfigError
+from imgest.core.errors import ConfigError, NothingIngestibleError
 from imgest.core.quarantine import QuarantineEntry, QuarantineLog, Reason
 from imgest.sources.manifest import Candidate, ClassInfo, image_id
+from imgest.sources.tarsource import TarOfTars
+from imgest.sources.tree import Skips, TreeWalker
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class ScanReport:
     quarantine: QuarantineLog = field(default_factory=QuarantineLog)
     missing_files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    per_class: Counter[str] = field(default_factory=Counter)
+    skipped: Skips = field(default_factory=Skips)
+    broken_containers: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def accepted(self) -> int:
@@ -66,7 +71,13 @@ class ScanReport:
             f"{self.layout} dataset {self.dataset!r}: {self.candidates} candidates in {len(self.classes)} classes "
             f"({splits}); junk skipped {junk}; {self.quarantine.summary_line(self.candidates, self.accepted, 'kept')}"
             f"; label rows without a file {len(self.missing_files)}"
+            f"; skipped {sum(self.skipped.counts.values())} links/special entries"
+            f"; unreadable containers {len(self.broken_containers)}"
         )
+
+    def empty_classes(self) -> list[ClassInfo]:
+        """Classes that kept no image (their label is kept: labels are positions among all class folders)."""
+        return [c for c in self.classes if not self.per_class[c.wnid]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +93,9 @@ class ScanReport:
             "quarantined": self.quarantine.by_reason(),
             "label_rows_without_file": len(self.missing_files),
             "label_rows_without_file_sample": self.missing_files[:100],
+            "skipped": self.skipped.to_dict(),
+            "unreadable_containers": self.broken_containers,
+            "empty_classes": [{"wnid": c.wnid, "label": c.index} for c in self.empty_classes()],
             "warnings": self.warnings,
         }
 
@@ -112,15 +126,29 @@ def _junk_kind(name: str) -> str | None:
     return None
 
 
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a link loop (ELOOP): the walk reports it
+        return False
+
+
 def _sorted_dirs(path: Path) -> list[str]:
     with os.scandir(path) as it:
-        return sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+        return sorted(e.name for e in it if _is_dir(e) and not e.name.startswith("."))
 
 
 class Scanner:
     """Streams the candidates of one dataset; fills ``report`` as it goes."""
 
-    def __init__(self, src: Path, layout: str = "auto", dataset: str | None = None, flat_split: str = "train"):
+    def __init__(
+        self,
+        src: Path,
+        layout: str = "auto",
+        dataset: str | None = None,
+        flat_split: str = "train",
+        follow_external_links: bool = False,
+    ) -> None:
         self.src = src.resolve()
         self.layout = detect_layout(self.src) if layout == "auto" else layout
         if self.layout not in LAYOUTS:
@@ -128,6 +156,8 @@ class Scanner:
         self.dataset = dataset or self.src.name.split(".")[0]
         self.flat_split = flat_split
         self.report = ScanReport(self.dataset, self.layout, str(self.src))
+        self._walker = TreeWalker(self.src, self.report.skipped, follow_external_links, _junk_kind, self._junk)
+        self._tar = TarOfTars(self.src, self.report.skipped, _junk_kind, self._junk)
         self._root = self._data_root()
         self.report.classes = self._classes()
         self._label = {c.wnid: c.index for c in self.report.classes}
@@ -155,7 +185,7 @@ class Scanner:
 
     def _classes(self) -> list[ClassInfo]:
         if self.layout == "tar":
-            wnids = sorted({Path(m.name).stem for m in self._outer_members() if m.name.endswith(".tar")})
+            wnids = self._tar.class_names()
         else:
             per_split = {s: set(self._class_dirs(s)) for s in self.splits()}
             wnids = sorted(set().union(*per_split.values())) if per_split else []
@@ -202,10 +232,18 @@ class Scanner:
 
     # ---- candidates -------------------------------------------------------------------------------------
     def candidates(self) -> Iterator[Candidate]:
-        """Every candidate image with its label; junk and unlabelled files go to the report."""
-        if self.layout == "tar":
-            yield from self._tar_candidates()
-            return
+        """Every candidate image with its label; junk, skipped links and unlabelled files go to the report."""
+        yield from self._tar_candidates() if self.layout == "tar" else self._folder_candidates()
+        for cls in self.report.empty_classes():
+            self.report.warnings.append(
+                f"class {cls.wnid!r} has no image; its label {cls.index} is kept (labels are the sorted position "
+                "of every class folder, as DALI fn.readers.file assigns them)"
+            )
+
+    def _junk(self, kind: str) -> None:
+        self.report.junk[kind] += 1
+
+    def _folder_candidates(self) -> Iterator[Candidate]:
         for split in self.splits():
             split_root = self._root / split if self.layout in ("cls-loc", "imagefolder") else self._root
             if self.layout == "cls-loc" and split == "val":
@@ -215,6 +253,7 @@ class Scanner:
 
     def _emit(self, split: str, rel_path: str, wnid: str, st: os.stat_result, **where: Any) -> Candidate:
         self.report.per_split[split] += 1
+        self.report.per_class[wnid] += 1
         return Candidate(
             image_id(self.dataset, split, rel_path),
             split,
@@ -232,21 +271,8 @@ class Scanner:
         )
 
     def _walk_files(self, folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
-        """Files under FOLDER in sorted order, skipping (and counting) junk and hidden folders."""
-        with os.scandir(folder) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=True):
-                if entry.name.startswith("."):
-                    self.report.junk["hidden-folder"] += 1
-                    continue
-                yield from self._walk_files(Path(entry.path))
-                continue
-            kind = _junk_kind(entry.name)
-            if kind:
-                self.report.junk[kind] += 1
-                continue
-            yield Path(entry.path), entry.stat()
+        """Files under FOLDER in sorted order; junk, hidden folders and refused links are counted, not yielded."""
+        return self._walker.files(folder)
 
     def _folder_split(self, split: str, split_root: Path) -> Iterator[Candidate]:
         for path, st in self._walk_files(split_root):
@@ -274,66 +300,32 @@ class Scanner:
         self.report.missing_files = sorted(set(labels) - seen)
 
     # ---- tar of tars ------------------------------------------------------------------------------------
-    def _outer_members(self) -> Iterator[tarfile.TarInfo]:
-        with tarfile.open(self.src, mode="r:") as outer:
-            while (member := outer.next()) is not None:
-                outer.members.clear()  # keep memory flat on 1000+ members
-                if member.isfile():
-                    yield member
-
     def _tar_candidates(self) -> Iterator[Candidate]:
         split = self.flat_split
-        with open(self.src, "rb") as fh:
-            for member in self._outer_members():
-                if not member.name.endswith(".tar"):
-                    self.report.junk["non-tar-member"] += 1
-                    continue
-                wnid = Path(member.name).stem
-                view = _FileSlice(fh, member.offset_data, member.size)
-                with tarfile.open(fileobj=view, mode="r:") as inner:  # type: ignore[call-overload]
-                    while (item := inner.next()) is not None:
-                        inner.members.clear()
-                        if not item.isfile():
-                            continue
-                        kind = _junk_kind(Path(item.name).name)
-                        if kind:
-                            self.report.junk[kind] += 1
-                            continue
-                        rel = f"{member.name}/{item.name}"
-                        self.report.per_split[split] += 1
-                        yield Candidate(
-                            image_id(self.dataset, split, rel),
-                            split,
-                            rel,
-                            wnid,
-                            self._label[wnid],
-                            item.size,
-                            float(item.mtime),
-                            container=self.src.name,
-                            offset=member.offset_data + item.offset_data,
-                        )
-
-
-class _FileSlice:
-    """A read-only, seekable window [start, start+size) of an open binary file."""
-
-    def __init__(self, fh: IO[bytes], start: int, size: int) -> None:
-        self._fh, self._start, self._size, self._pos = fh, start, size, 0
-
-    def read(self, n: int = -1) -> bytes:
-        n = self._size - self._pos if n < 0 else min(n, self._size - self._pos)
-        self._fh.seek(self._start + self._pos)
-        data = self._fh.read(n)
-        self._pos += len(data)
-        return data
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = max(0, min(self._size, base + offset))
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
+        for entry in self._tar.entries():
+            self.report.per_split[split] += 1
+            self.report.per_class[entry.wnid] += 1
+            yield Candidate(
+                image_id(self.dataset, split, entry.rel_path),
+                split,
+                entry.rel_path,
+                entry.wnid,
+                self._label[entry.wnid],
+                entry.size,
+                entry.mtime,
+                container=self.src.name,
+                offset=entry.offset,
+            )
+        for rel, detail in self._tar.truncated:
+            self.report.quarantine.add(
+                QuarantineEntry(rel, split, Reason.CORRUPT, detail, image_id(self.dataset, split, rel))
+            )
+        self.report.broken_containers = self._tar.broken
+        for broken in self._tar.broken:
+            self.report.warnings.append(
+                f"class tar {broken['container']} is unreadable after {broken['members_read']} members "
+                f"({broken['error']}); its member count is unknown, the members read before the damage are kept"
+            )
 
 
 def scan_to_dir(
@@ -343,13 +335,17 @@ def scan_to_dir(
     dataset: str | None = None,
     flat_split: str = "train",
     on_candidate: Any = None,
+    follow_external_links: bool = False,
 ) -> ScanReport:
-    """Scan SRC and write OUT/manifest.parquet, classes.json, quarantine.json and scan_report.json."""
+    """Scan SRC and write OUT/manifest.parquet, classes.json, quarantine.json and scan_report.json.
+
+    Raises NothingIngestibleError (after writing those files) when no candidate was kept.
+    """
     import json
 
     from imgest.sources.manifest import write_classes, write_manifest
 
-    scanner = Scanner(src, layout, dataset, flat_split)
+    scanner = Scanner(src, layout, dataset, flat_split, follow_external_links)
     candidates = scanner.candidates()
     if on_candidate is not None:
         candidates = _tap(candidates, on_candidate)
@@ -362,6 +358,12 @@ def scan_to_dir(
     (out / workdir.SCAN_REPORT).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     for warning in report.warnings:
         log.warning("%s", warning)
+    if report.accepted == 0:
+        raise NothingIngestibleError(
+            f"nothing is ingestible in {scanner.src}: 0 of {report.candidates} candidates kept "
+            f"({report.quarantine.summary_line(report.candidates, 0, 'kept')}); quarantine list: "
+            f"{out / workdir.SCAN_QUARANTINE}, skipped entries: {out / workdir.SCAN_REPORT}"
+        )
     return report
 
 

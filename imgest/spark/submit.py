@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from imgest.core.defaults import LOCAL_MASTER, TASK_MAX_FAILURES
 from imgest.core.errors import ImgestError
 from imgest.core.paths import PACKAGE_DIR, conf_file, jobs_dir, sql_dir, state_dir
 
@@ -67,11 +69,11 @@ def spark_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def submit_command(
-    job: str, job_args: list[str], master: str = "local[*]", conf: dict[str, str] | None = None
+    job: str, job_args: list[str], master: str = LOCAL_MASTER, conf: dict[str, str] | None = None
 ) -> list[str]:
     """The spark-submit argv for jobs/JOB.py (pure apart from building the --py-files zip for clusters)."""
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
-    cmd = [spark_submit, "--master", master, "--name", f"imgest-{job}"]
+    cmd = [spark_submit, "--master", with_task_retries(master), "--name", f"imgest-{job}"]
     for key, value in spark_conf(conf).items():
         cmd += ["--conf", f"{key}={value}"]
     if not master.startswith("local"):
@@ -79,7 +81,7 @@ def submit_command(
     return [*cmd, str(job_path(job)), *job_args]
 
 
-def submit_env(master: str = "local[*]") -> dict[str, str]:
+def submit_env(master: str = LOCAL_MASTER) -> dict[str, str]:
     """Environment for spark-submit: the venv's bin first on PATH (spark-submit finds Spark through it);
     local masters bind to loopback only."""
     env = dict(os.environ)
@@ -91,11 +93,44 @@ def submit_env(master: str = "local[*]") -> dict[str, str]:
     return env
 
 
-def run_submit(cmd: list[str]) -> int:
-    """Run spark-submit, streaming its output; returns its exit code."""
+def run_submit(cmd: list[str], log_file: Path | None = None) -> int:
+    """Run spark-submit; returns its exit code.
+
+    Without LOG_FILE its output streams through. With LOG_FILE everything goes to that file and only the job's
+    own lines (stdout, imgest's log lines) reach the console: Spark's and Java's traces stay in the file.
+    """
     log.info("running %s", " ".join([*cmd[:4], "...", cmd[-1]]))
-    master = cmd[cmd.index("--master") + 1] if "--master" in cmd else "local[*]"
-    return subprocess.run(cmd, env=submit_env(master), check=False).returncode
+    master = cmd[cmd.index("--master") + 1] if "--master" in cmd else LOCAL_MASTER
+    if log_file is None:
+        return subprocess.run(cmd, env=submit_env(master), check=False).returncode
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w") as out:
+        proc = subprocess.Popen(
+            cmd, env=submit_env(master), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for line in proc.stdout or ():
+            out.write(line)
+            if _job_line(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        return proc.wait()
+
+
+def _job_line(line: str) -> bool:
+    """True for lines a user should see while a job runs: imgest's log lines and the job's JSON summary."""
+    return (" imgest." in line and " ERROR " not in line) or line.startswith(("{", "}", '  "'))
+
+
+LOCAL = re.compile(r"^local(?:\[(\*|\d+)\])?$")
+
+
+def with_task_retries(master: str) -> str:
+    """local, local[N] and local[*] become local[N,F]: a crashed task is retried up to F times, as on a cluster.
+
+    Any other master (local[N,F] included) is returned unchanged.
+    """
+    match = LOCAL.match(master)
+    return f"local[{match.group(1) or 1},{TASK_MAX_FAILURES}]" if match else master
 
 
 @contextmanager

@@ -11,9 +11,18 @@ from pathlib import Path
 from imgest.core.quarantine import BadImage, QuarantineEntry, QuarantineLog
 from imgest.sources.manifest import Candidate
 from imgest.sources.read import DEFAULT_MAX_FILE_BYTES, read_candidate
+from imgest.sources.tree import inside
 from imgest.transform.image import Transformed, TransformSpec, transform_image
 
 log = logging.getLogger(__name__)
+
+
+OUTSIDE_DETAIL = "a link to a file outside the dataset (followed on request); its content is not recorded"
+
+
+def inside_source(root: Path, cand: Candidate) -> bool:
+    """True if CAND's bytes live inside the dataset under ROOT (a tar member always does)."""
+    return bool(cand.container) or inside(root, root / cand.rel_path)
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,8 @@ def process_candidates(
                 continue
             image = transform_image(data, spec)
         except BadImage as bad:
-            log.debug("quarantined %s: %s", cand.rel_path, bad)
-            quarantine.add(QuarantineEntry(cand.rel_path, cand.split, bad.reason, bad.detail, cand.id))
+            log.debug("quarantined %s: %s", cand.rel_path, bad.reason)
+            detail = bad.detail if inside_source(root, cand) else OUTSIDE_DETAIL
+            quarantine.add(QuarantineEntry(cand.rel_path, cand.split, bad.reason, detail, cand.id))
             continue
         yield Processed(cand, image, src_sha256)

@@ -85,7 +85,13 @@ def test_publish_read_back_both_ways_and_rerun_identically(
     assert not [k for k in keys if "/_staging/" in k]
     doc = _download(client, bucket, "tests/pack-a", tmp_path / "a")
     assert sorted(k.rsplit("/", 1)[1] for k in keys) == sorted(
-        ["manifest.json", "samples.parquet", *(e["name"] for e in doc["shards"]), *(e["index"] for e in doc["shards"])]
+        [
+            "manifest.json",
+            "samples.parquet",
+            *(e["name"] for e in doc["shards"]),
+            *(e["index"] for e in doc["shards"]),
+            *(e["info"] for e in doc["shards"]),  # the sidecar with labels and quarantine (not S3 metadata)
+        ]
     )
     for entry in doc["shards"]:
         assert hashlib.sha256((tmp_path / "a" / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]

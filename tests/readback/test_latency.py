@@ -17,6 +17,7 @@ from imgest.services.latency import LatencyProxy
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.shards.store import open_store
+from tests.conftest import serve
 from tests.readback.conftest import DATASET, KEYSPACE
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -24,11 +25,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def proxy() -> Iterator[LatencyProxy]:
-    server = LatencyProxy.default()
-    started = server.up().started
-    yield server
-    if started:
-        server.down()
+    yield from serve(LatencyProxy.default())  # type: ignore[misc]
 
 
 def _through(proxy: LatencyProxy, stored: dict[str, Any]) -> tuple[Any, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from imgest.cli import build_parser, main
@@ -70,3 +72,24 @@ def test_split_from_cache_writes_parts(tmp_path, capsys: pytest.CaptureFixture[s
     split = load_split(out)
     assert [len(p) for p in split.parts] == [16, 4]  # each class of 10 cut 3:1 -> 7.5/2.5 -> 8/2
     assert "part 0: 0:8 1:8" in capsys.readouterr().out
+
+
+def test_ingest_refuses_bad_names_and_destinations_before_any_work(tmp_path: Path) -> None:
+    """Reserved, mixed-case and '..' inputs end with one line before the scan or spark-submit (no services)."""
+    import subprocess
+    import sys
+
+    cases = [
+        (["cassandra", str(tmp_path / "none"), "--keyspace", "select"], "keyspace 'select' is a reserved CQL word"),
+        (["cassandra", str(tmp_path / "none"), "--keyspace", "Adva"], "keyspace 'Adva' holds upper-case letters"),
+        (["shards", str(tmp_path / "none"), "--dest", "s3://imgest/../../etc"], "may not hold empty, '.' or '..'"),
+    ]
+    for argv, expected in cases:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "imgest"), "ingest", *argv], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 1
+        assert done.stderr.splitlines()[0].startswith("imgest: error: ")
+        assert expected in done.stderr.splitlines()[0]
+        assert "Traceback" not in done.stderr
+        assert not (tmp_path / "none").exists()

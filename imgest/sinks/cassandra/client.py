@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from imgest.core.errors import ImgestError
+from imgest.core.errors import AuthenticationError, ImgestError
 from imgest.core.settings import CassandraSettings
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ def explain_unavailable(session: Any) -> Iterator[None]:
         yield
     except Unavailable as exc:
         raise CassandraUnavailableError(describe_unavailable(exc, session)) from None
+
+
+class CassandraAuthError(CassandraConnectError, AuthenticationError):
+    """Cassandra refused the credentials (retrying cannot help)."""
 
 
 def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
@@ -97,7 +101,7 @@ def cassandra_session(settings: CassandraSettings, keyspace: str | None = None) 
             errors = list(exc.errors.values())
             user = settings.username or "(no user)"
             if any(isinstance(e, AuthenticationFailed) for e in errors):
-                raise CassandraConnectError(
+                raise CassandraAuthError(
                     f"Cassandra at {settings.address} refused the credentials of user {user!r}; "
                     "check the username/password in the Airflow connection or IMGEST_CASSANDRA_USER/_PASSWORD"
                 ) from None

@@ -11,16 +11,109 @@ from imgest.core import defaults
 from imgest.core.errors import ConfigError
 from imgest.core.paths import sql_dir
 
-IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+IDENTIFIER_MAX = 48
+SUFFIX = re.compile(r"^[a-z0-9_]*$")
+SUFFIX_MAX = 20
 DC_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 TABLE_LAYOUTS = defaults.TABLE_LAYOUTS
+# Cassandra 5.0's reserved words (org/apache/cassandra/cql3/reserved_keywords.txt): never valid unquoted names.
+RESERVED = frozenset(
+    [
+        "add",
+        "allow",
+        "alter",
+        "and",
+        "apply",
+        "asc",
+        "authorize",
+        "batch",
+        "begin",
+        "by",
+        "columnfamily",
+        "create",
+        "delete",
+        "desc",
+        "describe",
+        "drop",
+        "entries",
+        "execute",
+        "from",
+        "full",
+        "grant",
+        "if",
+        "in",
+        "index",
+        "infinity",
+        "insert",
+        "into",
+        "is",
+        "keyspace",
+        "limit",
+        "materialized",
+        "modify",
+        "nan",
+        "norecursive",
+        "not",
+        "null",
+        "of",
+        "on",
+        "or",
+        "order",
+        "primary",
+        "rename",
+        "revoke",
+        "schema",
+        "select",
+        "set",
+        "table",
+        "to",
+        "token",
+        "truncate",
+        "unlogged",
+        "update",
+        "use",
+        "using",
+        "view",
+        "where",
+        "with",
+    ]
+)
 
 
 def identifier(name: str, what: str) -> str:
-    """NAME if it is a safe unquoted CQL identifier, else a ConfigError naming WHAT."""
-    if not IDENTIFIER.match(name or ""):
-        raise ConfigError(f"{what} {name!r} is not a valid name: use letters, digits and _, start with a letter, <= 48")
+    """NAME if it is a safe unquoted CQL identifier, else a ConfigError naming WHAT and why.
+
+    imgest never quotes names, so it refuses what Cassandra would fold or reject: upper case (folded to lower
+    case unquoted), reserved words, names over 48 characters, and anything but letters, digits and _.
+    """
+    name = name or ""
+    if len(name) > IDENTIFIER_MAX:
+        raise ConfigError(f"{what} {name!r} is {len(name)} characters long; Cassandra allows at most {IDENTIFIER_MAX}")
+    if not IDENTIFIER.match(name.lower()):
+        raise ConfigError(f"{what} {name!r} is not a valid name: use letters, digits and _, start with a letter")
+    if name != name.lower():
+        raise ConfigError(
+            f"{what} {name!r} holds upper-case letters: Cassandra folds unquoted names to {name.lower()!r} and imgest "
+            f"does not quote names; use {name.lower()!r}"
+        )
+    if name in RESERVED:
+        raise ConfigError(f"{what} {name!r} is a reserved CQL word; choose another name, e.g. {name + '_ds'!r}")
     return name
+
+
+def table_suffix(suffix: str) -> str:
+    """SUFFIX if it can end a table name (at most 20 lower-case letters, digits or _), else a ConfigError."""
+    if len(suffix) > SUFFIX_MAX:
+        raise ConfigError(f"table suffix {suffix!r} is {len(suffix)} characters long; at most {SUFFIX_MAX}")
+    if not SUFFIX.match(suffix.lower()):
+        raise ConfigError(f"table suffix {suffix!r} may only hold letters, digits and _")
+    if suffix != suffix.lower():
+        raise ConfigError(
+            f"table suffix {suffix!r} holds upper-case letters: Cassandra folds unquoted names to lower case; "
+            f"use {suffix.lower()!r}"
+        )
+    return suffix
 
 
 def replication(spec: str) -> str:
@@ -58,8 +151,7 @@ class TableLayout:
         identifier(self.keyspace, "keyspace")
         if self.layout not in TABLE_LAYOUTS:
             raise ConfigError(f"table layout {self.layout!r} is not one of {', '.join(TABLE_LAYOUTS)}")
-        if self.suffix and not re.fullmatch(r"[A-Za-z0-9_]{1,20}", self.suffix):
-            raise ConfigError(f"table suffix {self.suffix!r} may only hold letters, digits and _")
+        table_suffix(self.suffix)
 
     def data_table(self, split: str) -> str:
         return identifier(self._name("data", split), "data table")

@@ -51,7 +51,8 @@ class FilesPartResult:
         self.quarantine += other.quarantine
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write PATH under a temporary name, then rename: readers see the old or the new file, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     tmp.write_bytes(data)
@@ -67,7 +68,7 @@ def write_partition(
     for item in process_candidates(candidates, Path(cfg.root), cfg.spec, quarantine):
         cand, data = item.candidate, item.image.data
         rel = file_path(cand.split, cand.wnid, cand.id, item.image.ext)
-        _write_atomic(staging / rel, data)
+        write_atomic(staging / rel, data)
         sha = hashlib.sha256(data).hexdigest()
         result.files.append(StoredFile(cand.id, rel, cand.label, cand.split, cand.wnid, len(data), sha))
         if on_image:
@@ -126,8 +127,8 @@ def publish(dest: Path, result: FilesPartResult, manifest: dict[str, Any]) -> di
     new = {f.path for f in result.files}
     for path in old - new:
         (dest / path).unlink(missing_ok=True)
-    _write_atomic(dest / workdir.PUBLISHED_SAMPLES, samples_parquet(result.files))
-    _write_atomic(dest / workdir.PUBLISHED_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    write_atomic(dest / workdir.PUBLISHED_SAMPLES, samples_parquet(result.files))
+    write_atomic(dest / workdir.PUBLISHED_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     _remove_empty_dirs(staging)
     return {"published": len(new), "removed": len(old - new)}
 

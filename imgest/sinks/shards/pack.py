@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -14,6 +13,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
+from imgest.core.scratch import scratch_dir
 from imgest.sinks.shards.plan import ShardSpec, shard_digest
 from imgest.sinks.shards.store import ShardStore
 from imgest.sinks.shards.tar_writer import ShardTarWriter
@@ -135,7 +135,7 @@ def pack_shard(
     quarantine = QuarantineLog()
     labels: Counter[str] = Counter()
     candidates = [Candidate(**{k: r[k] for k in CANDIDATE_FIELDS}) for r in rows]
-    with tempfile.TemporaryDirectory(prefix="imgest-shard-") as tmp:
+    with scratch_dir() as tmp:
         path = Path(tmp) / name
         with ShardTarWriter(path) as writer:
             for item in process_candidates(candidates, Path(cfg.root), cfg.spec, quarantine):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from imgest.core.errors import ImgestError
+from imgest.core.errors import AuthenticationError, ImgestError
 from imgest.core.settings import S3Settings
 
 AUTH_ERROR_CODES = frozenset({"SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403"})
@@ -12,6 +12,10 @@ AUTH_ERROR_CODES = frozenset({"SignatureDoesNotMatch", "InvalidAccessKeyId", "Ac
 
 class S3AccessError(ImgestError):
     """The S3 endpoint refused the credentials, or the bucket is missing or unreachable."""
+
+
+class S3AuthError(S3AccessError, AuthenticationError):
+    """The S3 endpoint refused the credentials (retrying cannot help)."""
 
 
 def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> S3AccessError:
@@ -22,7 +26,7 @@ def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> 
         code = str(response.get("Error", {}).get("Code", ""))
     where = f"S3 at {settings.endpoint_url or 'AWS'} (bucket {bucket!r}, access key id {settings.access_key!r})"
     if code in AUTH_ERROR_CODES:
-        return S3AccessError(
+        return S3AuthError(
             f"{where} refused the credentials ({code}); check the key pair in the Airflow "
             "connection aws_default or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,13 +272,32 @@ class S3Store:
         )
 
 
+S3_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def dest_problem(dest: str) -> str | None:
+    """Why DEST cannot hold shards (None when it can): s3://bucket/prefix with a plain prefix, or a folder."""
+    if not dest.startswith("s3://"):
+        return f"destination {dest!r}: only s3:// URLs and local folders are supported" if "://" in dest else None
+    bucket, _, prefix = dest[5:].partition("/")
+    if not S3_BUCKET_NAME.match(bucket):
+        return (
+            f"destination {dest!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -); use s3://bucket/prefix"
+        )
+    segments = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if any(seg in ("", ".", "..") for seg in segments):
+        return f"destination {dest!r}: the prefix may not hold empty, '.' or '..' segments"
+    if any(ch in prefix for ch in "\\\n\r\t "):
+        return f"destination {dest!r}: the prefix may not hold backslashes or white space"
+    return None
+
+
 def open_store(dest: str, settings: S3Settings | None = None) -> ShardStore:
     """LocalStore for a path, S3Store for s3://bucket/prefix (settings from the environment by default)."""
+    problem = dest_problem(dest)
+    if problem:
+        raise ConfigError(problem)
     if dest.startswith("s3://"):
         bucket, _, prefix = dest[5:].partition("/")
-        if not bucket:
-            raise ConfigError(f"destination {dest!r} names no bucket; use s3://bucket/prefix")
-        return S3Store(settings or S3Settings.from_env(), bucket, prefix)
-    if "://" in dest:
-        raise ConfigError(f"destination {dest!r}: only s3:// URLs and local folders are supported")
+        return S3Store(settings or S3Settings.from_env(), bucket, prefix.rstrip("/"))
     return LocalStore(Path(dest))

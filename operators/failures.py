@@ -1,0 +1,19 @@
+"""Failures that retrying cannot fix end the task at once: Airflow's AirflowFailException skips the retries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def fail_without_retry() -> Iterator[None]:
+    """Re-raise imgest's refused-credential and bad-setting errors as AirflowFailException (same message)."""
+    from airflow.exceptions import AirflowFailException
+
+    from imgest.core.errors import AuthenticationError, ConfigError, NothingIngestibleError
+
+    try:
+        yield
+    except (AuthenticationError, ConfigError, NothingIngestibleError) as exc:
+        raise AirflowFailException(str(exc)) from None
