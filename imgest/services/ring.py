@@ -32,9 +32,13 @@ STATUS_LINE = re.compile(r"^([UD][NLJM])\s+(\d+\.\d+\.\d+\.\d+)")
 
 
 def tool_jvm_options() -> list[str]:
-    """JVM flags nodetool needs on Java 17 (the server's module exports/opens) and quiet logging."""
+    """JVM flags nodetool needs on Java 17 (the server's module exports/opens) and logging to stderr only.
+
+    The server's logback.xml writes to ${cassandra.logdir}; a tool run with it and no logdir would create a
+    folder named ``cassandra.logdir_IS_UNDEFINED`` in the current directory.
+    """
     opens = [flag for flag in jvm_options() if flag.startswith("--add-")]
-    return [*opens, f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}", "-Xmx256m"]
+    return [*opens, f"-Dlogback.configurationFile={conf_file('logback-tools.xml').as_uri()}", "-Xmx256m"]
 
 
 @dataclass(frozen=True)

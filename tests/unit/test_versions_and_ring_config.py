@@ -75,3 +75,27 @@ def _fake_lib(tmp_path: Path) -> Path:
     lib.mkdir(exist_ok=True)
     (lib / "jamm-0.4.0.jar").touch()
     return lib
+
+
+def test_too_few_replicas_named_with_level_even_inside_no_host_available() -> None:
+    from cassandra import ConsistencyLevel, Unavailable, WriteTimeout
+    from cassandra.cluster import NoHostAvailable
+
+    from imgest.sinks.cassandra.client import CassandraUnavailableError, explain_unavailable
+
+    unavailable = Unavailable("x", consistency=ConsistencyLevel.QUORUM, required_replicas=2, alive_replicas=1)
+    with (
+        pytest.raises(CassandraUnavailableError, match="QUORUM needs 2 live replicas but only 1 is alive"),
+        explain_unavailable(None),
+    ):
+        raise NoHostAvailable("all failed", {"127.0.0.2": unavailable})
+    timeout = WriteTimeout(
+        "x", consistency=ConsistencyLevel.ALL, required_responses=3, received_responses=2, write_type=0
+    )
+    with (
+        pytest.raises(CassandraUnavailableError, match="ALL needs 3 replica answers but only 2 replicas answered"),
+        explain_unavailable(None),
+    ):
+        raise timeout
+    with pytest.raises(NoHostAvailable), explain_unavailable(None):  # anything else passes through unchanged
+        raise NoHostAvailable("refused", {"127.0.0.2": ConnectionRefusedError()})

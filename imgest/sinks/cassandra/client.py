@@ -19,38 +19,63 @@ class CassandraConnectError(ImgestError):
     """Cassandra could not be reached, or refused the credentials."""
 
 
-class CassandraAuthError(CassandraConnectError, AuthenticationError):
-    """Cassandra refused the credentials (retrying cannot help)."""
-
-
 class CassandraUnavailableError(ImgestError):
     """Too few replicas are alive for the consistency level asked for."""
 
 
 def describe_unavailable(exc: Any, session: Any) -> str:
-    """What an Unavailable error means: the consistency level, replicas needed and alive, nodes up and down."""
-    from cassandra import ConsistencyLevel
+    """What Unavailable or a read/write timeout means: the consistency level, replicas needed and alive or
+    answering, nodes up and down as the driver sees them."""
+    from cassandra import ConsistencyLevel, Unavailable
 
     hosts = list(session.cluster.metadata.all_hosts()) if session is not None else []
     live = ", ".join(sorted(str(h.address) for h in hosts if h.is_up)) or "none known"
     down = ", ".join(sorted(str(h.address) for h in hosts if not h.is_up)) or "none known"
     level = ConsistencyLevel.value_to_name.get(exc.consistency, str(exc.consistency))
+    if isinstance(exc, Unavailable):
+        got = exc.alive_replicas
+        need = f"needs {exc.required_replicas} live replicas but only {got} {'is' if got == 1 else 'are'} alive"
+    else:  # ReadTimeout / WriteTimeout: the coordinator still counted the replicas as alive
+        got = exc.received_responses
+        need = (
+            f"needs {exc.required_responses} replica answers but only {got} "
+            f"{'replica' if got == 1 else 'replicas'} answered in time"
+        )
     return (
-        f"consistency level {level} needs {exc.required_replicas} live replicas but only {exc.alive_replicas} "
-        f"{'is' if exc.alive_replicas == 1 else 'are'} alive (nodes up: {live}; down: {down}); bring the nodes "
+        f"consistency level {level} {need} (nodes up: {live}; down: {down}); bring the nodes "
         "back, or lower --consistency / IMGEST_CASSANDRA_CONSISTENCY"
     )
 
 
+def replica_shortfall(exc: BaseException) -> Any | None:
+    """The Unavailable / ReadTimeout / WriteTimeout behind EXC (also inside NoHostAvailable, which the driver
+    raises when its retry on the next host failed the same way), or None."""
+    from cassandra import ReadTimeout, Unavailable, WriteTimeout
+    from cassandra.cluster import NoHostAvailable
+
+    kinds = (Unavailable, ReadTimeout, WriteTimeout)
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, NoHostAvailable):
+        return next((e for e in (exc.errors or {}).values() if isinstance(e, kinds)), None)
+    return None
+
+
 @contextmanager
 def explain_unavailable(session: Any) -> Iterator[None]:
-    """Turn the driver's Unavailable into CassandraUnavailableError with a message naming level and replicas."""
-    from cassandra import Unavailable
-
+    """Turn too few replicas (Unavailable, a read/write timeout, or NoHostAvailable of those) into
+    CassandraUnavailableError naming the consistency level and the live replicas."""
     try:
         yield
-    except Unavailable as exc:
-        raise CassandraUnavailableError(describe_unavailable(exc, session)) from None
+    except Exception as exc:
+        cause = replica_shortfall(exc)
+        if cause is None:
+            raise
+        raise CassandraUnavailableError(describe_unavailable(cause, session)) from None
+
+
+class CassandraAuthError(CassandraConnectError, AuthenticationError):
+    """Cassandra refused the credentials (retrying cannot help)."""
 
 
 def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:

@@ -160,13 +160,12 @@ class ImageWriter:
             timer.daemon = True
             timer.start()
             return
-        from cassandra import Unavailable
+        from imgest.sinks.cassandra.client import describe_unavailable, replica_shortfall
 
         cause = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, Unavailable):
-            from imgest.sinks.cassandra.client import describe_unavailable
-
-            cause = f"Unavailable: {describe_unavailable(exc, self._session)}"
+        shortfall = replica_shortfall(exc)
+        if shortfall is not None:
+            cause = f"{type(shortfall).__name__}: {describe_unavailable(shortfall, self._session)}"
         with self._lock:
             self.stats.errors.append(f"row {row.id} ({row.rel_path}): {cause}")
         self._release(row)
