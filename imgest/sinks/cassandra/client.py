@@ -28,7 +28,8 @@ def describe_unavailable(exc: Any, session: Any) -> str:
     answering, nodes up and down as the driver sees them."""
     from cassandra import ConsistencyLevel, Unavailable
 
-    hosts = list(session.cluster.metadata.all_hosts()) if session is not None else []
+    cluster = getattr(session, "cluster", None)  # a wrapped session may not expose it: then no node list
+    hosts = list(cluster.metadata.all_hosts()) if cluster is not None else []
     live = ", ".join(sorted(str(h.address) for h in hosts if h.is_up)) or "none known"
     down = ", ".join(sorted(str(h.address) for h in hosts if not h.is_up)) or "none known"
     level = ConsistencyLevel.value_to_name.get(exc.consistency, str(exc.consistency))

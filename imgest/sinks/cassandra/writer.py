@@ -163,12 +163,14 @@ class ImageWriter:
         from imgest.sinks.cassandra.client import describe_unavailable, replica_shortfall
 
         cause = f"{type(exc).__name__}: {exc}"
-        shortfall = replica_shortfall(exc)
-        if shortfall is not None:
-            cause = f"{type(shortfall).__name__}: {describe_unavailable(shortfall, self._session)}"
-        with self._lock:
-            self.stats.errors.append(f"row {row.id} ({row.rel_path}): {cause}")
-        self._release(row)
+        try:
+            shortfall = replica_shortfall(exc)
+            if shortfall is not None:
+                cause = f"{type(shortfall).__name__}: {describe_unavailable(shortfall, self._session)}"
+        finally:  # whatever describing the error does, the row is recorded and its slot released
+            with self._lock:
+                self.stats.errors.append(f"row {row.id} ({row.rel_path}): {cause}")
+            self._release(row)
 
     def _release(self, row: Row) -> None:
         with self._room:
