@@ -72,12 +72,29 @@ def scheduler(
     if running:  # a standalone started without our datasets file: restart it with it
         server.down()
     print(server.up().message)
+    _pause_refresh_dags(server)
     yield server
     server.down()
     if old is None:
         os.environ.pop("IMGEST_DATASETS_FILE", None)
     else:
         os.environ["IMGEST_DATASETS_FILE"] = old
+
+
+def _pause_refresh_dags(server: AirflowServer, timeout: float = 180) -> None:
+    """The scheduler must not run the runs `airflow dags test` creates (both would execute their tasks): pause
+    the refresh DAGs once the DAG processor has listed them. `dags test` runs paused DAGs; check_datasets stays
+    unpaused, so the Assets still trigger it."""
+    names = {f"refresh_{n}" for n in ("rfx", "rfa", "rfb")}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = server.airflow("dags", "list", "-o", "json").stdout
+        listed = {d["dag_id"] for d in json.loads(next((x for x in out.splitlines() if x.startswith("[")), "[]"))}
+        if names <= listed:
+            break
+        time.sleep(3)
+    for name in sorted(names):
+        server.airflow("dags", "pause", name)
 
 
 def _refresh(airflow: AirflowServer, name: str = "rfx") -> dict[str, str | None]:
