@@ -32,6 +32,10 @@ def stored(
         ["ingest", "shards", *base, "--dest", s3_dest, "--max-count", "16"],
         ["ingest", "cassandra", *base, "--keyspace", KEYSPACE, "--port", str(cassandra_server.native_port), "--verify"],
     ]
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)  # a version left by an earlier run
     for argv in steps:
         assert cli(argv) == 0, argv
     return {
