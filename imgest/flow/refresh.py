@@ -82,9 +82,9 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
         "removed": removed,
         "planned_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    (rdir / PENDING).write_text(json.dumps(pending))
     log.info("%s/%s: version %s from %s: %s", request.dataset, request.target, version, pending["previous"], counts)
     args = (_cassandra_args if request.target == "cassandra" else _shards_args)(request, manifest_dir, changes, pending)
+    (rdir / PENDING).write_text(json.dumps(pending))  # what finish_refresh needs, after the shard plan added to it
     return {"changed": True, "version": version, "counts": counts, "target": request.target, "job_args": args}
 
 
@@ -131,7 +131,6 @@ def _shards_args(
     else:
         plan = plan_shards(manifest_dir / workdir.MANIFEST, request.shards(), request.transform())
     write_table(plan, rdir / NEXT_PLAN)
-    (rdir / PENDING).write_text(json.dumps(pending))
     info = {
         "name": pending["version"],
         "number": pending["number"],
