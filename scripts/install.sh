@@ -36,6 +36,18 @@ if [ "${1:-}" = "--dev" ] && ! command -v docker-compose >/dev/null 2>&1; then
   fi
 fi
 
+# imgest's JPEG region decoder (imgest/transform/_fastjpeg.c) is compiled against libjpeg-turbo's headers. It is
+# optional: without them the build skips it and the transform runs on Pillow alone (slower, same quarantine).
+if ! printf '#include <stdio.h>\n#include <jpeglib.h>\n' | cc -E -x c - >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "imgest install: installing Debian's libjpeg-dev for the JPEG region decoder (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libjpeg-dev >/dev/null
+  else
+    echo "imgest install: no libjpeg-turbo headers: the transform will use Pillow alone (sudo apt-get install libjpeg-dev for the faster region decoder)" >&2
+  fi
+fi
+
 py=""
 for cand in "${PYTHON:-}" python3.11 python3.12 python3; do
   if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 \
@@ -53,4 +65,5 @@ done
 bash scripts/build_xnvme.sh || echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2
 # The test tools' own programs: the TCP latency proxy for the read-back checks.
 [ "${1:-}" = "--dev" ] && bash scripts/build_toxiproxy.sh
-echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version))"
+decoder=$(.venv/bin/python -c 'from imgest.transform import fastjpeg; print(fastjpeg.default_decoder())')
+echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version), JPEG decoder: $decoder)"

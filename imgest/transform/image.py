@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import io
 import warnings
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -34,9 +34,11 @@ from PIL import Image, UnidentifiedImageError
 from imgest.core import defaults
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage, Reason
+from imgest.transform import fastjpeg
 
 Mode = Literal["jpeg", "unchanged"]
 Check = Literal["decode", "header"]
+Decoder = Literal["region", "pillow"]
 # A complete file's last marker and the bytes that must follow it (PNG: the IEND chunk's CRC); more bytes
 # after it (padding, appended data) are tolerated.
 END_MARKERS = {"JPEG": (b"\xff\xd9", 0), "PNG": (b"IEND", 4)}
@@ -68,6 +70,9 @@ class TransformSpec:
     # UNCHANGED mode only: "decode" decodes every file (1/8-scale for JPEG: all entropy data is read);
     # "header" parses the header and checks the end marker (JPEG EOI, PNG IEND) without decoding pixels.
     unchanged_check: Check = defaults.UNCHANGED_CHECK  # type: ignore[assignment]
+    # Which code decodes JPEG sources: "region" (imgest's compiled libjpeg-turbo region decode, the default where
+    # it is built) or "pillow". Recorded because the two produce different (equally good) output bytes.
+    jpeg_decoder: Decoder = field(default_factory=fastjpeg.default_decoder)
 
     def __post_init__(self) -> None:
         if self.mode not in ("jpeg", "unchanged"):
@@ -80,6 +85,15 @@ class TransformSpec:
             raise ConfigError(f"JPEG quality {self.quality} must be between 1 and 100")
         if self.max_pixels < 1:
             raise ConfigError(f"max_pixels {self.max_pixels} must be positive")
+        if self.jpeg_decoder not in ("region", "pillow"):
+            raise ConfigError(f"JPEG decoder {self.jpeg_decoder!r} is not one of 'region', 'pillow'")
+        if self.jpeg_decoder == "region" and not fastjpeg.available():
+            raise ConfigError(f"the JPEG decoder 'region' is not built in this installation: {fastjpeg.BUILD_HINT}")
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TransformSpec:
+        """The spec a dataset version recorded (records from before jpeg_decoder existed used Pillow)."""
+        return cls(**{"jpeg_decoder": "pillow", **record})
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -167,23 +181,58 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def check_end_marker(data: bytes, src_format: str) -> None:
-    """Refuse a JPEG or PNG whose end marker is missing from its last bytes (a truncated file)."""
+def has_end_marker(data: bytes, src_format: str) -> bool:
+    """Whether a JPEG or PNG has its end marker among its last bytes (True for other formats)."""
     if src_format not in END_MARKERS:
-        return
+        return True
     marker, after = END_MARKERS[src_format]
     tail = data[-END_WINDOW:]
     at = tail.rfind(marker)
-    if at < 0 or len(tail) - at - len(marker) < after:
+    return at >= 0 and len(tail) - at - len(marker) >= after
+
+
+def check_end_marker(data: bytes, src_format: str) -> None:
+    """Refuse a JPEG or PNG whose end marker is missing from its last bytes (a truncated file)."""
+    if not has_end_marker(data, src_format):
+        marker = END_MARKERS[src_format][0]
         raise BadImage(Reason.CORRUPT, f"{src_format} without its end marker {marker!r}: truncated")
 
 
 def center_crop_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float]:
-    """Box in source pixels that 'resize shorter side to RESIZE, center-crop CROP' keeps (pure)."""
+    """Box in source pixels that 'resize shorter side to RESIZE, center-crop CROP' keeps (pure).
+
+    The resize goes to whole pixels (the longer side rounded), so each axis has its own scale, exactly as
+    resizing to that size and cutting the crop out would: the output lines up with that reference pixel for pixel.
+    """
     scale = resize / min(width, height)
     rw, rh = max(resize, round(width * scale)), max(resize, round(height * scale))
+    sx, sy = width / rw, height / rh
     left, top = round((rw - crop) / 2), round((rh - crop) / 2)
-    return (left / scale, top / scale, (left + crop) / scale, (top + crop) / scale)
+    return (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy)
+
+
+def _encode(img: Image.Image, quality: int) -> bytes:
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def _fast_jpeg(data: bytes, img: Image.Image, orientation: int, spec: TransformSpec) -> bytes | None:
+    """The compiled region decode + resample, when it applies (plain YCbCr/grayscale JPEG, upright); else None.
+
+    Anything it refuses (a truncated or broken file) goes back to the Pillow path, which decides with its own
+    wording, so both paths quarantine exactly the same files.
+    """
+    if spec.jpeg_decoder != "region" or img.format != "JPEG" or img.mode not in ("RGB", "L") or orientation != 1:
+        return None
+    if not has_end_marker(data, "JPEG"):  # the fast path does not read the rows below the crop
+        return None
+    box = center_crop_box(*img.size, spec.resize, spec.crop)
+    try:
+        pixels = fastjpeg.crop_resize(data, img.size, box, spec.crop, spec.dct_scaling)
+    except ValueError:
+        return None
+    return _encode(Image.frombuffer("RGB", (spec.crop, spec.crop), pixels, "raw", "RGB", 0, 1), spec.quality)
 
 
 def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
@@ -194,7 +243,7 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     if spec.mode == "unchanged":
         if spec.unchanged_check == "header":
             check_end_marker(data, src_format)
-        else:
+        elif not (src_format == "JPEG" and spec.jpeg_decoder == "region" and fastjpeg.check(data)):
             if src_format == "JPEG":
                 img.draft(img.mode, (max(1, src_w // 8), max(1, src_h // 8)))  # all entropy data is still decoded
             _load(img)
@@ -202,6 +251,9 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
         return Transformed(data, src_w, src_h, src_w, src_h, src_format, ext)
 
     orientation = img.getexif().get(EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
+    fast = _fast_jpeg(data, img, orientation, spec)
+    if fast is not None:
+        return Transformed(fast, spec.crop, spec.crop, src_w, src_h, src_format, "jpg")
     if spec.dct_scaling and src_format == "JPEG":
         scale = spec.resize / min(src_w, src_h)
         img.draft("RGB" if img.mode == "RGB" else None, (int(src_w * scale) + 1, int(src_h * scale) + 1))
@@ -216,6 +268,4 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     k = img.size[0] / src_w  # DCT scaling factor actually applied
     box = tuple(v * k for v in center_crop_box(src_w, src_h, spec.resize, spec.crop))
     out_img = img.resize((spec.crop, spec.crop), RESAMPLE, box=box)
-    out = io.BytesIO()
-    out_img.save(out, "JPEG", quality=spec.quality)
-    return Transformed(out.getvalue(), spec.crop, spec.crop, src_w, src_h, src_format, "jpg")
+    return Transformed(_encode(out_img, spec.quality), spec.crop, spec.crop, src_w, src_h, src_format, "jpg")

@@ -94,7 +94,7 @@ def verify(
     meta = manifest_metadata(manifest_dir / workdir.MANIFEST)
     dataset = dataset or meta["dataset"]
     record = _version_row(session, tables, dataset, version)
-    spec = TransformSpec(**json.loads(record.transform))
+    spec = TransformSpec.from_record(json.loads(record.transform))
     splits = sorted(json.loads(record.tables))
     quarantined = {
         str(r.id)

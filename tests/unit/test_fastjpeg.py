@@ -1,0 +1,124 @@
+"""The JPEG region decoder: same picture as the Pillow path, same quarantine, recorded in the transform."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from imgest.bench.transform import psnr, reference_pixels
+from imgest.core.errors import ConfigError
+from imgest.core.quarantine import BadImage
+from imgest.sources.devdata.defects import broken_images
+from imgest.sources.devdata.images import photo_like
+from imgest.transform import fastjpeg
+from imgest.transform.image import TransformSpec, transform_image
+
+pytestmark = pytest.mark.skipif(not fastjpeg.available(), reason=f"region decoder not built: {fastjpeg.BUILD_HINT}")
+
+REGION = TransformSpec(jpeg_decoder="region")
+PILLOW = TransformSpec(jpeg_decoder="pillow")
+
+
+def _jpeg(width: int, height: int, seed: int = 3, mode: str = "RGB", **save: object) -> bytes:
+    img = photo_like(np.random.default_rng(seed), width, height, np.array([0.5, 0.3, 0.2])).convert(mode)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=92, **save)
+    return out.getvalue()
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64)
+
+
+@pytest.mark.parametrize(
+    ("size", "mode", "save"),
+    [
+        ((500, 375), "RGB", {}),  # ImageNet-size landscape: 8/8 scale
+        ((333, 500), "RGB", {}),  # portrait, odd width
+        ((2592, 1944), "RGB", {}),  # 2/8 scale
+        ((3264, 2448), "RGB", {}),  # 1/8 scale
+        ((240, 230), "RGB", {}),  # barely larger than the crop
+        ((120, 90), "RGB", {}),  # smaller than the output: upsampled
+        ((640, 480), "L", {}),  # grayscale JPEG
+        ((640, 480), "RGB", {"progressive": True}),
+        ((641, 479), "RGB", {"subsampling": 0}),  # 4:4:4
+    ],
+)
+def test_region_decoder_draws_the_same_crop_as_pillow(size: tuple[int, int], mode: str, save: dict) -> None:
+    data = _jpeg(*size, mode=mode, **save)
+    ours, theirs = transform_image(data, REGION), transform_image(data, PILLOW)
+    assert (ours.width, ours.height, ours.src_width, ours.src_height) == (224, 224, *size)
+    assert ours.data != theirs.data  # really the other code path
+    ref = reference_pixels(data, REGION)
+    # Same crop, same place: the two outputs agree closely, and ours is no further from the reference.
+    agreement = psnr(ours.data, _pixels(theirs.data))
+    assert agreement > 34, agreement
+    assert psnr(ours.data, ref) > psnr(theirs.data, ref) - 0.5
+
+
+def test_region_decoder_is_deterministic() -> None:
+    data = _jpeg(500, 375, seed=9)
+    assert transform_image(data, REGION).data == transform_image(data, REGION).data
+
+
+@pytest.mark.parametrize("name", sorted(broken_images()))
+def test_broken_files_get_the_same_reason_from_both_decoders(name: str) -> None:
+    data, reason = broken_images()[name]
+    for spec in (REGION, PILLOW, replace(REGION, mode="unchanged"), replace(PILLOW, mode="unchanged")):
+        with pytest.raises(BadImage) as err:
+            transform_image(data, spec)
+        assert err.value.reason == reason, spec
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, 0.97, 0.995])
+def test_a_truncated_jpeg_is_refused_wherever_it_is_cut(keep: float) -> None:
+    """Cut above, inside and below the crop region: the rows below it are never decoded, and still a file that
+    ends early is refused, with the Pillow path's wording."""
+    data = _jpeg(500, 375, seed=5)
+    cut = data[: int(len(data) * keep)]
+    refusals = [_refusal(cut, spec) for spec in (REGION, PILLOW, replace(REGION, mode="unchanged"))]
+    assert {r.reason for r in refusals} == {"corrupt"}
+    assert refusals[0].detail == refusals[1].detail
+
+
+def _refusal(data: bytes, spec: TransformSpec) -> BadImage:
+    try:
+        transform_image(data, spec)
+    except BadImage as bad:
+        return bad
+    raise AssertionError(f"accepted with {spec}")
+
+
+def test_the_check_reads_every_entropy_coded_byte() -> None:
+    data = _jpeg(500, 375, seed=6)
+    assert fastjpeg.check(data) is True
+    assert fastjpeg.check(data[: len(data) - 300]) is False  # no end marker, libjpeg runs out of data
+
+
+def test_scale_is_a_power_of_two_that_never_upsamples() -> None:
+    assert fastjpeg.scale_eighths(328.0, 224, True) == 8  # 6/8 would fit, but has no SIMD inverse DCT
+    assert fastjpeg.scale_eighths(1344.0, 224, True) == 2
+    assert fastjpeg.scale_eighths(1792.0, 224, True) == 1
+    assert fastjpeg.scale_eighths(1701.0, 224, True) == 2  # 1/8 would give 212 < 224
+    assert fastjpeg.scale_eighths(1792.0, 224, False) == 8
+
+
+def test_the_decoder_is_part_of_the_recorded_transform() -> None:
+    assert TransformSpec().jpeg_decoder == "region"
+    assert TransformSpec().as_dict()["jpeg_decoder"] == "region"
+    old = {k: v for k, v in REGION.as_dict().items() if k != "jpeg_decoder"}  # a record from before the field
+    assert TransformSpec.from_record(old).jpeg_decoder == "pillow"
+    assert TransformSpec.from_record(REGION.as_dict()) == REGION
+    with pytest.raises(ConfigError, match="JPEG decoder"):
+        TransformSpec(jpeg_decoder="turbo")  # type: ignore[arg-type]
+
+
+def test_a_spec_naming_an_unbuilt_decoder_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastjpeg, "_module", None)  # an installation without the compiled module
+    assert TransformSpec().jpeg_decoder == "pillow"
+    with pytest.raises(ConfigError, match="libjpeg-dev"):
+        TransformSpec(jpeg_decoder="region")
