@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.pack import dataset
-from imgest.bench.report import bar_chart, format_table, machine_info, write_json
+from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.core import workdir
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sources.manifest import iter_manifest
@@ -107,6 +107,7 @@ def main(json_out: Path, plot: Path | None, images: int, rounds: int, max_count:
     finally:
         if started:
             cluster.down()
+    print(describe_machine(report["machine"]))
     print(f"{report['images']} images, {rounds} rounds, shard job on the same total cores")
     print(format_table(report["rows"], COLUMNS))
     write_json(json_out, report)

@@ -1,26 +1,33 @@
-"""`imgest bench pack`: imgest's shard job against webdataset's ShardWriter and LitData's optimize.
+"""`imgest bench pack`: imgest's shard job against webdataset's ShardWriter and LitData's optimize, equal work.
 
-All three read the same generated dataset and write the same members (.jpg, .cls, .json) in one seeded
-order, with as many processes as Spark has cores (local[*]): webdataset's ShardWriter in a process pool
-(one writer per process, each on a contiguous slice), LitData with that many workers. The peers run twice:
-with the plain Pillow pipeline their users would write ("natural") and with imgest's transform (the
-packing systems alone). imgest runs its real Spark
-job (spark-submit, local master), so its wall time includes starting the JVM and the Spark session, and
-its in-job time is reported beside it. UNCHANGED mode is compared with a plain ``tar`` of the same files.
+All tools read the same generated dataset and write the same members (.jpg, .cls, .json) in one seeded order,
+with as many processes as Spark has cores (local[*]): webdataset's ShardWriter in a process pool (one writer per
+process, each on a contiguous slice of the order), LitData with that many workers. The peers run twice: with the
+plain Pillow pipeline their users would write ("natural") and with imgest's transform (the packing systems
+alone). imgest runs its real Spark job (spark-submit, local master), so its wall time includes starting the JVM
+and the Spark session; its in-job time is reported beside it. UNCHANGED packing (decode check, the default, and
+the header-only check) is compared with a plain ``tar`` of the same files.
+
+Every tool runs at each dataset size (2,000, 8,000 and 20,000 images by default) for several rounds, in a rotated
+order; a least-squares line through the median wall times splits each tool's cost into a fixed start-up part
+and a per-image part. The sizes above the first reuse its generated images through hard links under new names,
+so the work per image is the same at every size.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
+import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.report import bar_chart, format_table, machine_info, write_json
+from imgest.bench.report import describe_machine, format_table, machine_info, write_json
 from imgest.bench.transform import baseline_transform
 from imgest.core import workdir
 from imgest.core.paths import state_dir
@@ -31,17 +38,46 @@ from imgest.spark.submit import submit_command, submit_env
 from imgest.transform.image import TransformSpec
 
 SPEC = TransformSpec()
+log = logging.getLogger(__name__)
+
+
+BASE_IMAGES = 2000  # distinct generated images; larger datasets link to them under new names
+CLASSES = 10
 
 
 def dataset(images: int) -> Path:
-    """A generated ImageFolder dataset of about IMAGES train images, scanned; cached in the state folder."""
-    classes = 10
+    """A scanned ImageFolder dataset of IMAGES train images, cached in the state folder (see the module doc)."""
     root = state_dir() / "bench" / f"pack-{images}"
     manifest = root / "manifest"
-    if not (manifest / workdir.MANIFEST).is_file():
-        write_sample(root / "src", SampleSpec("imagefolder", classes, max(1, images // classes), 0, seed=1))
+    if (manifest / workdir.MANIFEST).is_file():
+        return manifest
+    base = min(images, BASE_IMAGES)
+    base_src = state_dir() / "bench" / f"pack-{base}" / "src"
+    if not (base_src / ".complete").is_file():
+        write_sample(base_src, SampleSpec("imagefolder", CLASSES, max(1, base // CLASSES), 0, seed=1))
+        (base_src / ".complete").touch()
+    if images > base:
+        _link_copies(base_src, root / "src", images)
         scan_to_dir(root / "src", manifest)
+    else:
+        scan_to_dir(base_src, manifest)
     return manifest
+
+
+def _link_copies(base: Path, out: Path, images: int) -> None:
+    """OUT as IMAGES train files: BASE's files, then hard links to them named <stem>_r<k><suffix> (k = 1, 2, ...)."""
+    originals = sorted(p for p in base.rglob("*") if p.is_file() and p.name != ".complete")
+    made = 0
+    for k in range(-(-images // len(originals))):
+        for src in originals:
+            if made == images:
+                return
+            dest = out / src.relative_to(base)
+            dest = dest.with_name(f"{dest.stem}_r{k}{dest.suffix}") if k else dest
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not dest.exists():
+                os.link(src, dest)
+            made += 1
 
 
 def _files(manifest: Path) -> tuple[Path, list[tuple[str, int]]]:
@@ -49,7 +85,8 @@ def _files(manifest: Path) -> tuple[Path, list[tuple[str, int]]]:
     return root, [(c.rel_path, c.label) for c in iter_manifest(manifest / workdir.MANIFEST)]
 
 
-def run_imgest(manifest: Path, out: Path, mode: str, max_count: int) -> dict[str, float]:
+def run_imgest(manifest: Path, out: Path, mode: str, max_count: int, check: str = "decode") -> dict[str, float]:
+    """The real shard job through spark-submit on local[*]: wall time, the job's own time, bytes written."""
     summary = out / "summary.json"
     args = [
         "--manifest-dir",
@@ -62,6 +99,8 @@ def run_imgest(manifest: Path, out: Path, mode: str, max_count: int) -> dict[str
         str(max_count),
         "--summary-json",
         str(summary),
+        "--unchanged-check",
+        check,
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -171,89 +210,258 @@ def run_tar(manifest: Path, out: Path) -> dict[str, float]:
     return {"wall_s": wall, "in_job_s": wall, "bytes": (out / "plain.tar").stat().st_size}
 
 
-def run(images: int, max_count: int) -> dict[str, Any]:
+def tools(cores: int) -> dict[str, Callable[[Path, Path, int], dict[str, float] | None]]:
+    """Every contender by name (tool, transform): what it runs on MANIFEST into a work folder."""
+    contenders: dict[str, Callable[[Path, Path, int], dict[str, float] | None]] = {
+        "imgest Spark job": lambda m, out, mc: run_imgest(m, out, "jpeg", mc),
+    }
+    for tf in PEER_TRANSFORMS:
+        contenders[f"webdataset ShardWriter, {tf} transform"] = (
+            lambda m, out, mc, tf=tf: run_shardwriter(m, out, mc, tf, cores)  # type: ignore[misc]
+        )
+        contenders[f"LitData optimize, {tf} transform"] = lambda m, out, mc, tf=tf: run_litdata(m, out, tf, cores)  # type: ignore[misc]
+    contenders["imgest unchanged, decode check"] = lambda m, out, mc: run_imgest(m, out, "unchanged", mc, "decode")
+    contenders["imgest unchanged, header check"] = lambda m, out, mc: run_imgest(m, out, "unchanged", mc, "header")
+    contenders["GNU tar of the files"] = lambda m, out, mc: run_tar(m, out)
+    return contenders
+
+
+def _warm(manifest: Path) -> None:
+    """Read every source file once so that no contender pays for a cold page cache."""
+    root, files = _files(manifest)
+    for rel, _ in files:
+        (root / rel).read_bytes()
+
+
+def measure_size(images: int, rounds: int, max_count: int, cores: int) -> dict[str, list[dict[str, float]]]:
+    """ROUNDS runs of every contender on the IMAGES dataset, the order rotated each round."""
     manifest = dataset(images)
+    _warm(manifest)
+    source_bytes = sum(c.size for c in iter_manifest(manifest / workdir.MANIFEST))
+    contenders = tools(cores)
+    names = list(contenders)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            with tempfile.TemporaryDirectory(prefix="imgest-bench-pack-") as tmp:
+                result = contenders[name](manifest, Path(tmp), max_count)
+            if result is not None:
+                runs[name].append({**result, "bytes_in": source_bytes})
+            log.info("pack bench: %d images, round %d, %s: %s", images, r + 1, name, result)
+    return {name: values for name, values in runs.items() if values}
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of YS over XS; with one point, no intercept."""
+    if len(xs) < 2:
+        return 0.0, ys[0] / xs[0]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def summarize(sizes: dict[int, dict[str, list[dict[str, float]]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows per (tool, size) with median/min/max, and per tool the fixed and per-image cost."""
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="imgest-bench-pack-") as tmp:
-        work = Path(tmp)
-        cores = os.cpu_count() or 1  # local[*] runs one Spark task per core; each peer gets as many processes
-        results: dict[str, dict[str, float] | None] = {
-            "imgest (Spark, local[*])": run_imgest(manifest, work / "imgest", "jpeg", max_count)
-        }
-        for tf in PEER_TRANSFORMS:
-            results[f"webdataset ShardWriter ({cores} processes, {tf} transform)"] = run_shardwriter(
-                manifest, work / f"sw-{tf}", max_count, tf, cores
+    for images, runs in sizes.items():
+        for name, values in runs.items():
+            wall = _stats([v["wall_s"] for v in values])
+            in_job = _stats([v["in_job_s"] for v in values])
+            mb = values[0]["bytes"] / 1e6
+            rows.append(
+                {
+                    "tool": name,
+                    "images": images,
+                    "rounds": len(values),
+                    "wall_s": wall,
+                    "in_job_s": in_job,
+                    "mb_out": round(mb, 1),
+                    "images_per_s": round(images / wall["median"], 1),
+                    "mb_per_s_wall": round(values[0]["bytes_in"] / 1e6 / wall["median"], 1),
+                    "mb_per_s_in_job": round(values[0]["bytes_in"] / 1e6 / in_job["median"], 1),
+                }
             )
-            results[f"LitData optimize ({cores} workers, {tf} transform)"] = run_litdata(
-                manifest, work / f"ld-{tf}", tf, cores
-            )
-        peers = [r["wall_s"] for name, r in results.items() if r is not None and not name.startswith("imgest")]
-        fastest_peer = min(peers)
-        for name, r in results.items():
-            if r is None:
-                rows.append({"tool": name, "mode": "jpeg", "note": "not installed: pip install 'imgest[bench]'"})
+    fits = []
+    for name in dict.fromkeys(r["tool"] for r in rows):
+        points = [(r["images"], r["wall_s"]["median"]) for r in rows if r["tool"] == name]
+        fixed, per_image = fit_line([float(x) for x, _ in points], [y for _, y in points])
+        fits.append({"tool": name, "fixed_s": round(fixed, 2), "per_image_ms": round(per_image * 1000, 3)})
+    return rows, fits
+
+
+def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """imgest's wall time over the fastest peer's, per size: natural transforms, and imgest's transform for all."""
+    out = []
+    for images in sorted({r["images"] for r in rows}):
+        at = {r["tool"]: r["wall_s"]["median"] for r in rows if r["images"] == images}
+        ours = at.get("imgest Spark job")
+        for tf, target in (("natural", TARGET_VS_NATURAL_PEER), ("imgest", None)):
+            peers = {k: v for k, v in at.items() if k.endswith(f", {tf} transform")}
+            if ours is None or not peers:
                 continue
-            rows.append(
+            best = min(peers, key=lambda k: peers[k])
+            ratio = ours / peers[best]
+            out.append(
                 {
-                    "tool": name,
-                    "mode": "jpeg",
-                    "wall_s": round(r["wall_s"], 2),
-                    "in_job_s": round(r["in_job_s"], 2),
-                    "vs_fastest_peer": round(r["wall_s"] / fastest_peer, 2),
-                    "mb": round(r["bytes"] / 1e6, 1),
+                    "images": images,
+                    "peers_transform": tf,
+                    "fastest_peer": best,
+                    "imgest_wall_s": ours,
+                    "peer_wall_s": peers[best],
+                    "imgest_vs_fastest_peer": round(ratio, 2),
+                    "target": target,
+                    "meets_target": None if target is None else ratio <= target,
                 }
             )
-        unchanged = run_imgest(manifest, work / "imgest-u", "unchanged", max_count)
-        plain = run_tar(manifest, work / "tar")
-        for name, r in (("imgest (Spark, unchanged)", unchanged), ("GNU tar of the files", plain)):
-            rows.append(
-                {
-                    "tool": name,
-                    "mode": "unchanged",
-                    "wall_s": round(r["wall_s"], 2),
-                    "in_job_s": round(r["in_job_s"], 2),
-                    "mb": round(r["bytes"] / 1e6, 1),
-                    "mb_per_s": round(r["bytes"] / 1e6 / r["wall_s"], 1),
-                }
-            )
-        shutil.rmtree(work, ignore_errors=True)
-    imgest_row = rows[0]
+    return out
+
+
+TARGET_VS_NATURAL_PEER = 0.5  # issue 5: at most half the wall time of the faster peer
+TARGET_UNCHANGED_MB_S = 120.0  # issue 18: UNCHANGED packing with the decode check, in-job, all cores
+
+
+def settings(cores: int, max_count: int) -> dict[str, str]:
+    """The contenders' settings, printed beside the figures."""
     return {
-        "benchmark": "pack",
-        "images": sum(1 for _ in iter_manifest(manifest / workdir.MANIFEST)),
-        "max_count": max_count,
-        "cores": os.cpu_count(),
-        "target_vs_fastest_peer": 0.5,
-        "meets_target": imgest_row.get("vs_fastest_peer", 99) <= 0.5,
-        "machine": machine_info(),
-        "rows": rows,
+        "imgest": f"spark-submit --master local[*] ({cores} task slots), pack_shards, max-count {max_count}, "
+        "seeded global shuffle, members .jpg/.cls/.json, output to a local folder",
+        "webdataset": f"ShardWriter(maxcount={max_count}) in a ProcessPoolExecutor of {cores} processes, each on "
+        "a contiguous slice of one seeded order, members .jpg/.cls/.json",
+        "litdata": f"optimize(num_workers={cores}, chunk_bytes='64MB', mode='overwrite') over the same seeded "
+        "order, members .jpg/.cls/.json as one dict per sample",
+        "natural transform": "Pillow: full decode, convert RGB, resize the shorter side to 256 (bilinear), "
+        "center-crop 224, JPEG q90",
+        "imgest transform": "imgest.transform.image.transform_image (the same function the Spark job runs)",
+        "tar": "GNU tar -cf of the same source files (UNCHANGED baseline)",
     }
 
 
+def run(sizes: list[int], rounds: int, max_count: int) -> dict[str, Any]:
+    """Measure every contender at every size; rows, per-tool fits, comparisons and the targets."""
+    cores = os.cpu_count() or 1  # local[*] runs one Spark task per core; each peer gets as many processes
+    measured = {images: measure_size(images, rounds, max_count, cores) for images in sizes}
+    rows, fits = summarize(measured)
+    comps = comparisons(rows)
+    largest = max(sizes)
+    unchanged = next(
+        (r for r in rows if r["tool"] == "imgest unchanged, decode check" and r["images"] == largest), None
+    )
+    natural = [c for c in comps if c["peers_transform"] == "natural" and c["images"] == largest]
+    return {
+        "benchmark": "pack",
+        "sizes": sizes,
+        "rounds": rounds,
+        "max_count": max_count,
+        "cores": cores,
+        "base_images": BASE_IMAGES,
+        "settings": settings(cores, max_count),
+        "machine": machine_info(),
+        "rows": rows,
+        "fits": fits,
+        "comparisons": comps,
+        "targets": {
+            "imgest_vs_fastest_natural_peer": {
+                "target": TARGET_VS_NATURAL_PEER,
+                "images": largest,
+                "measured": natural[0]["imgest_vs_fastest_peer"] if natural else None,
+                "met": bool(natural and natural[0]["meets_target"]),
+            },
+            "unchanged_decode_check_mb_per_s_in_job": {
+                "target": TARGET_UNCHANGED_MB_S,
+                "images": largest,
+                "measured": unchanged["mb_per_s_in_job"] if unchanged else None,
+                "met": bool(unchanged and unchanged["mb_per_s_in_job"] >= TARGET_UNCHANGED_MB_S),
+            },
+        },
+    }
+
+
+def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            **r,
+            "wall": f"{r['wall_s']['median']:.2f} ({r['wall_s']['min']:.2f}-{r['wall_s']['max']:.2f})",
+            "in_job": f"{r['in_job_s']['median']:.2f}",
+            "mb_s": f"{r['mb_per_s_in_job']:.0f} / {r['mb_per_s_wall']:.0f}" if r["tool"].startswith(UNCHANGED) else "",
+        }
+        for r in rows
+    ]
+
+
+UNCHANGED = ("imgest unchanged", "GNU tar")
 COLUMNS = [
     ("tool", "tool"),
-    ("mode", "mode"),
-    ("wall_s", "wall s"),
-    ("in_job_s", "in-job s"),
-    ("vs_fastest_peer", "x fastest peer"),
-    ("mb", "MB out"),
-    ("mb_per_s", "MB/s"),
-    ("note", ""),
+    ("images", "images"),
+    ("wall", "wall s median (min-max)"),
+    ("in_job", "in-job s"),
+    ("images_per_s", "img/s"),
+    ("mb_out", "MB out"),
+    ("mb_s", "MB/s in-job / wall"),
+]
+FIT_COLUMNS = [("tool", "tool"), ("fixed_s", "fixed s"), ("per_image_ms", "ms per image")]
+COMPARISON_COLUMNS = [
+    ("images", "images"),
+    ("peers_transform", "peers' transform"),
+    ("fastest_peer", "fastest peer"),
+    ("imgest_vs_fastest_peer", "imgest / peer"),
+    ("target", "target"),
 ]
 
 
-def main(json_out: Path, plot: Path | None, images: int, max_count: int) -> dict[str, Any]:
-    report = run(images, max_count)
-    print(f"{report['images']} images, {report['cores']} cores")
-    print(format_table(report["rows"], COLUMNS))
+def main(json_out: Path, plot: Path | None, sizes: list[int], rounds: int, max_count: int) -> dict[str, Any]:
+    """Run, print the machine, settings, tables and targets, write JSON (and the plot)."""
+    report = run(sizes, rounds, max_count)
+    print(describe_machine(report["machine"]))
+    for name, value in report["settings"].items():
+        print(f"  {name}: {value}")
+    print(format_table(_flat(report["rows"]), COLUMNS))
+    print(format_table(report["fits"], FIT_COLUMNS))
+    print(format_table(report["comparisons"], COMPARISON_COLUMNS))
+    for name, t in report["targets"].items():
+        verdict = "met" if t["met"] else "NOT met"
+        print(f"target {name}: {t['measured']} vs {t['target']} at {t['images']} images: {verdict}")
     write_json(json_out, report)
     if plot is not None:
-        shown = [r for r in report["rows"] if "wall_s" in r]
-        bar_chart(
-            plot,
-            f"Packing {report['images']} images into shards (wall time, lower is better)",
-            [r["tool"].replace(" (", "\n(") for r in shown],
-            {"wall s": [r["wall_s"] for r in shown]},
-            "seconds",
-        )
+        plot_sweep(plot, report)
     return report
+
+
+def plot_sweep(path: Path, report: dict[str, Any]) -> None:
+    """Wall time against images per tool (median, min-max bars), and the per-image cost of each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    for name in dict.fromkeys(r["tool"] for r in report["rows"]):
+        points = sorted((r["images"], r["wall_s"]) for r in report["rows"] if r["tool"] == name)
+        xs = [x for x, _ in points]
+        med = [w["median"] for _, w in points]
+        err = [[w["median"] - w["min"] for _, w in points], [w["max"] - w["median"] for _, w in points]]
+        style = "--" if name.startswith(UNCHANGED) else "-"
+        left.errorbar(xs, med, yerr=err, fmt=style + "o", capsize=3, label=name, linewidth=2 if "Spark" in name else 1)
+    left.set_xlabel("images")
+    left.set_ylabel("wall seconds (median of rounds; bars: min-max)")
+    left.set_title(f"Packing shards on {report['cores']} cores, {report['rounds']} rounds per point")
+    left.legend(fontsize=7)
+    left.grid(alpha=0.3)
+    fits = report["fits"]
+    names = [f["tool"] for f in fits]
+    right.barh(names, [f["per_image_ms"] for f in fits], color="tab:blue")
+    for i, f in enumerate(fits):
+        right.text(
+            f["per_image_ms"], i, f" {f['per_image_ms']:.2f} ms + {f['fixed_s']:.1f} s fixed", va="center", fontsize=7
+        )
+    right.set_xlabel("wall ms per image (slope of the fit)")
+    right.invert_yaxis()
+    right.tick_params(axis="y", labelsize=7)
+    right.set_title("Per-image cost and fixed start-up")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.report import format_table, machine_info, write_json
+from imgest.bench.report import describe_machine, format_table, machine_info, write_json
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings, S3Settings, env_int
 from imgest.readback.check import ReadCheckOptions
@@ -296,6 +296,7 @@ def main(
         ("cpu_cores", "cpu"),
         ("verified", "verified"),
     ]
+    print(describe_machine(report["machine"]))
     print(format_table(report["readers"], columns))
     print(f"pinning: {report['pinning']}")
     for name, value in {**report["ratios"], **report["latency_kept"]}.items():

@@ -8,17 +8,60 @@ import platform
 from pathlib import Path
 from typing import Any
 
+# The packages whose versions decide the figures (those installed are reported).
+VERSIONED = ("pillow", "numpy", "pyspark", "webdataset", "litdata", "torch", "cassandra-driver", "boto3")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
 
 def machine_info() -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on: cores, processor, memory, Python, the packages that matter, and
+    which JPEG decoder the transform uses."""
+    from importlib import metadata
+
     import PIL
 
+    from imgest.transform import fastjpeg
+
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     return {
         "python": platform.python_version(),
         "pillow": PIL.__version__,
         "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "processor": _cpu_model(),
+        "memory_gib": round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 1) if pages else None,
+        "jpeg_decoder": fastjpeg.default_decoder(),
+        "libjpeg_turbo": fastjpeg.library_version(),
+        "versions": versions,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def describe_machine(info: dict[str, Any]) -> str:
+    """One line a person reads before the figures: cores, processor, memory, versions, decoder."""
+    versions = ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items())
+    decoder = info.get("jpeg_decoder", "?")
+    if info.get("libjpeg_turbo"):
+        decoder += f" (libjpeg-turbo {info['libjpeg_turbo']})"
+    return (
+        f"machine: {info.get('usable_cores')} cores of {info.get('processor')}, {info.get('memory_gib')} GiB, "
+        f"Python {info.get('python')}, load {info.get('load_average')}; {versions}; JPEG decoder {decoder}"
+    )
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:

@@ -313,4 +313,13 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastjpeg", "Region decode + resample for JPEG.", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__fastjpeg(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fastjpeg(void) {
+  PyObject *m = PyModule_Create(&module);
+#ifdef LIBJPEG_TURBO_VERSION_NUMBER
+  if (m && PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER", LIBJPEG_TURBO_VERSION_NUMBER) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+#endif
+  return m;
+}

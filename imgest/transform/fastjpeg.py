@@ -66,6 +66,14 @@ def default_decoder() -> Literal["region", "pillow"]:
     return "region" if _module is not None else "pillow"
 
 
+def library_version() -> str | None:
+    """The libjpeg-turbo version the compiled module was built against (None without it)."""
+    number = getattr(_module, "LIBJPEG_TURBO_VERSION_NUMBER", None)
+    if number is None:
+        return None
+    return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
+
+
 def check(data: bytes) -> bool:
     """True if the JPEG DATA entropy-decodes to its end (no pixels rebuilt); False: unknown, ask Pillow.
 
