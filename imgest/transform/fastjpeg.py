@@ -26,14 +26,26 @@ MODULE = "imgest.transform._fastjpeg"
 BUILD_HINT = "install libjpeg-turbo's headers (Debian: apt-get install libjpeg-dev) and reinstall imgest"
 
 
+def _package_folders() -> list[Path]:
+    """Folders that hold an installed imgest package: sys.path entries, and the locations the import system's
+    finders know (an editable install maps the package through a finder, not through sys.path)."""
+    folders = [Path(entry or ".") / "imgest" for entry in sys.path]
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        try:
+            spec = find_spec("imgest", None) if find_spec else None
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            folders += [Path(location) for location in spec.submodule_search_locations]
+    return [folder for folder in dict.fromkeys(folders) if folder.is_dir()]
+
+
 def _from_installed() -> ModuleType | None:
-    """The compiled module from a sys.path entry that is a folder (this package may be running from a zip)."""
-    for entry in sys.path:
-        folder = Path(entry or ".") / "imgest" / "transform"
-        if not folder.is_dir():
-            continue
+    """The compiled module from an installed (unzipped) imgest, for when this package runs from a zip."""
+    for folder in _package_folders():
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = folder / f"_fastjpeg{suffix}"
+            path = folder / "transform" / f"_fastjpeg{suffix}"
             if path.is_file():
                 spec = importlib.util.spec_from_file_location(MODULE, path)
                 if spec is None or spec.loader is None:

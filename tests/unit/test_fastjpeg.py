@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -122,3 +125,20 @@ def test_a_spec_naming_an_unbuilt_decoder_is_refused(monkeypatch: pytest.MonkeyP
     assert TransformSpec().jpeg_decoder == "pillow"
     with pytest.raises(ConfigError, match="libjpeg-dev"):
         TransformSpec(jpeg_decoder="region")
+
+
+def test_the_compiled_module_loads_when_the_package_runs_from_a_py_files_zip(tmp_path: Path) -> None:
+    """Spark executors of a non-local master import imgest from the --py-files zip, from which no extension
+    module can load: the installed one is found instead."""
+    from imgest.spark.submit import package_zip
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import imgest; from imgest.transform import fastjpeg\n"
+        "print(imgest.__file__); print(fastjpeg.available())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(package_zip())], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0].startswith(str(package_zip()))
+    assert out[1] == "True"
