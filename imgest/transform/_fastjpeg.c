@@ -119,60 +119,56 @@ HOT static void taps_u8(const unsigned char *restrict in, float *restrict dst, s
   }
 }
 
-HOT static void taps_f(const float *restrict in, float *restrict dst, size_t len, const float *w, int count) {
-  for (size_t i = 0; i < len; i++) dst[i] = w[0] * in[i];
-  for (int t = 1; t < count; t++) {
-    const float *restrict s = in + (size_t)t * len;
-    float wt = w[t];
-    for (size_t i = 0; i < len; i++) dst[i] += wt * s[i];
+/* One output row from one row of vertical-pass floats ROW ([w][3], plus one float of padding): each output pixel
+ * is the weighted sum of its taps' RGB triples, computed four lanes wide (R, G, B and a lane that is ignored), then
+ * rounded to bytes. SSE2's separate multiply and add round exactly like the scalar code, so every CPU gives the
+ * same bytes. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static void horizontal(const float *row, const coeffs_t *k, int ow, unsigned char *dst) {
+  const __m128 half = _mm_set1_ps(0.5f), lo = _mm_setzero_ps(), hi = _mm_set1_ps(255.0f);
+  for (int x = 0; x < ow; x++) {
+    const float *w = k->w + (size_t)x * k->ksize;
+    const float *s = row + (size_t)k->start[x] * 3;
+    __m128 acc = _mm_mul_ps(_mm_set1_ps(w[0]), _mm_loadu_ps(s));
+    for (int t = 1; t < k->count[x]; t++) acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(w[t]), _mm_loadu_ps(s + 3 * t)));
+    acc = _mm_min_ps(_mm_max_ps(_mm_add_ps(acc, half), lo), hi);
+    int v[4];
+    _mm_storeu_si128((__m128i *)v, _mm_cvttps_epi32(acc));
+    dst[3 * x] = (unsigned char)v[0];
+    dst[3 * x + 1] = (unsigned char)v[1];
+    dst[3 * x + 2] = (unsigned char)v[2];
   }
 }
-
-/* [rows][cols][3] -> [cols][rows][3] */
-HOT static void transpose3(const float *restrict in, float *restrict out, int rows, int cols) {
-  for (int c = 0; c < cols; c++)
-    for (int r = 0; r < rows; r++) {
-      const float *s = in + ((size_t)r * cols + c) * 3;
-      float *d = out + ((size_t)c * rows + r) * 3;
-      d[0] = s[0];
-      d[1] = s[1];
-      d[2] = s[2];
+#else
+static void horizontal(const float *row, const coeffs_t *k, int ow, unsigned char *dst) {
+  for (int x = 0; x < ow; x++) {
+    const float *w = k->w + (size_t)x * k->ksize;
+    const float *s = row + (size_t)k->start[x] * 3;
+    for (int c = 0; c < 3; c++) {
+      float acc = w[0] * s[c];
+      for (int t = 1; t < k->count[x]; t++) acc = acc + w[t] * s[3 * t + c];
+      acc = acc + 0.5f;
+      acc = acc < 0.0f ? 0.0f : (acc > 255.0f ? 255.0f : acc);
+      dst[3 * x + c] = (unsigned char)(int)acc;
     }
-}
-
-HOT static void to_bytes(const float *restrict in, unsigned char *restrict out, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    float v = in[i] + 0.5f;
-    v = v < 0.0f ? 0.0f : v;
-    v = v > 255.0f ? 255.0f : v;
-    out[i] = (unsigned char)(int)v;
   }
 }
+#endif
 
-/* Separable resample of the w x h RGB region PX (box in its coordinates) to ow x oh, in strips of STRIP output
- * rows so the float intermediates stay in cache: vertical taps (contiguous rows), transpose, horizontal taps as
- * contiguous rows of the transposed strip, then back to row order as bytes. */
-#define STRIP 16
+/* Separable resample of the w x h RGB region PX (box in its coordinates) to ow x oh: per output row, the vertical
+ * taps over contiguous input rows (vectorised), then the horizontal taps per output pixel. */
 static int resample(const unsigned char *px, int w, int h, double bx0, double by0, double bx1, double by1, int ow,
                     int oh, unsigned char *dst) {
   coeffs_t kx = {0}, ky = {0};
   int rc = -1;
-  float *vert = scratch_buf(1, sizeof(float) * (size_t)(w > ow ? w : ow) * STRIP * 3);
-  float *tr = scratch_buf(2, sizeof(float) * (size_t)w * STRIP * 3);
-  float *horiz = scratch_buf(3, sizeof(float) * (size_t)ow * STRIP * 3);
-  if (!vert || !tr || !horiz) goto done;
+  float *row = scratch_buf(1, sizeof(float) * ((size_t)w * 3 + 1));
+  if (!row) goto done;
+  row[(size_t)w * 3] = 0.0f; /* the fourth lane of the last pixel's load */
   if (make_coeffs(&ky, h, by0, by1, oh) || make_coeffs(&kx, w, bx0, bx1, ow)) goto done;
-  for (int y0 = 0; y0 < oh; y0 += STRIP) {
-    int rows = oh - y0 < STRIP ? oh - y0 : STRIP;
-    for (int r = 0; r < rows; r++)
-      taps_u8(px + (size_t)ky.start[y0 + r] * w * 3, vert + (size_t)r * w * 3, (size_t)w * 3,
-              ky.w + (size_t)(y0 + r) * ky.ksize, ky.count[y0 + r]);
-    transpose3(vert, tr, rows, w); /* [w][rows][3] */
-    for (int x = 0; x < ow; x++)
-      taps_f(tr + (size_t)kx.start[x] * rows * 3, horiz + (size_t)x * rows * 3, (size_t)rows * 3,
-             kx.w + (size_t)x * kx.ksize, kx.count[x]); /* [ow][rows][3] */
-    transpose3(horiz, vert, ow, rows); /* [rows][ow][3] */
-    to_bytes(vert, dst + (size_t)y0 * ow * 3, (size_t)rows * ow * 3);
+  for (int y = 0; y < oh; y++) {
+    taps_u8(px + (size_t)ky.start[y] * w * 3, row, (size_t)w * 3, ky.w + (size_t)y * ky.ksize, ky.count[y]);
+    horizontal(row, &kx, ow, dst + (size_t)y * ow * 3);
   }
   rc = 0;
 done:
