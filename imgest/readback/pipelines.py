@@ -32,6 +32,16 @@ class PipelineSpec:
     seed: int = 0
 
 
+def cuda_devices() -> int:
+    """How many CUDA devices DALI sees (0 without a driver or CUDA runtime)."""
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+
+        return int(GetCUDADeviceCount())
+    except Exception:  # no driver / no CUDA runtime: no GPU
+        return 0
+
+
 def _train(jpegs: Any, spec: PipelineSpec) -> Any:
     from nvidia.dali import fn, types
 

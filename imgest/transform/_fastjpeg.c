@@ -1,7 +1,7 @@
 /* imgest's fast JPEG path: decode only the part of a JPEG that a center crop keeps, at libjpeg's DCT scale
  * M/8, and resample it to the output size with an antialiased triangle (bilinear) filter.
  *
- *   check(data) -> None: see check() below.
+ *   check(data, max_pixels=0) -> (width, height) | None: see check() below.
  *   crop_resize(data, scale_num, x0, y0, x1, y1, bx0, by0, bx1, by1, out_w, out_h) -> bytes (RGB, out_w*out_h*3)
  *
  * (x0, y0, x1, y1) is the pixel region to decode and (bx0 .. by1) the resample box, both in the coordinates of
@@ -42,6 +42,30 @@ static void on_message(j_common_ptr c, int level) {
     (*c->err->format_message)(c, e->msg);
     e->truncated = 1;
   }
+}
+
+/* libjpeg errors longjmp back with the message; the "premature end" warning is remembered as truncation. */
+static void init_errors(j_decompress_ptr cinfo, struct err_mgr *err) {
+  cinfo->err = jpeg_std_error(&err->pub);
+  err->pub.error_exit = on_error;
+  err->pub.emit_message = on_message;
+  err->truncated = 0;
+  err->msg[0] = 0;
+}
+
+/* Open DATA and read its header; then start decompressing at scale NUM/8 (into colour space CS unless
+ * JCS_UNKNOWN). Call both where a setjmp on the error manager catches libjpeg's errors. */
+static void open_jpeg(j_decompress_ptr cinfo, const Py_buffer *data) {
+  jpeg_create_decompress(cinfo);
+  jpeg_mem_src(cinfo, data->buf, (unsigned long)data->len);
+  jpeg_read_header(cinfo, TRUE);
+}
+
+static void start_scaled(j_decompress_ptr cinfo, int num, J_COLOR_SPACE cs) {
+  if (cs != JCS_UNKNOWN) cinfo->out_color_space = cs;
+  cinfo->scale_num = (unsigned int)num;
+  cinfo->scale_denom = 8;
+  jpeg_start_decompress(cinfo);
 }
 
 /* Pillow's precompute_coeffs for the triangle filter: per output index, first input index, tap count, weights. */
@@ -197,11 +221,7 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
   unsigned char *volatile region = NULL; /* per-thread scratch, never freed here */
   PyObject *out = NULL;
   int failed = 0, bad_args = 0, no_memory = 0;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_error;
-  err.pub.emit_message = on_message;
-  err.truncated = 0;
-  err.msg[0] = 0;
+  init_errors(&cinfo, &err);
   if (num < 1 || num > 16 || ow < 1 || oh < 1 || x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0) {
     PyBuffer_Release(&buf);
     PyErr_SetString(PyExc_ValueError, "crop_resize: invalid region or scale");
@@ -216,13 +236,8 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
   if (setjmp(err.jb)) {
     failed = 1;
   } else {
-    jpeg_create_decompress(&cinfo);
-    jpeg_mem_src(&cinfo, buf.buf, (unsigned long)buf.len);
-    jpeg_read_header(&cinfo, TRUE);
-    cinfo.out_color_space = JCS_RGB;
-    cinfo.scale_num = num;
-    cinfo.scale_denom = 8;
-    jpeg_start_decompress(&cinfo);
+    open_jpeg(&cinfo, &buf);
+    start_scaled(&cinfo, num, JCS_RGB);
     if ((JDIMENSION)x1 > cinfo.output_width || (JDIMENSION)y1 > cinfo.output_height || cinfo.output_components != 3) {
       bad_args = 1;
     } else {
@@ -259,35 +274,36 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
   return out;
 }
 
-/* check(data): entropy-decode every scanline without inverse DCT or colour conversion (jpeg_skip_scanlines at
- * scale 1/8), so a broken or truncated file raises ValueError; the cheapest check that reads all the data. */
+/* check(data, max_pixels) -> (width, height) | None: entropy-decode every scanline without inverse DCT or colour
+ * conversion (jpeg_skip_scanlines at scale 1/8), so a broken or truncated file raises ValueError; the cheapest
+ * check that reads all the data. None, decoding nothing, when the header says more than MAX_PIXELS (> 0). */
 static PyObject *check(PyObject *self, PyObject *args) {
   Py_buffer buf;
-  if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+  double max_pixels = 0;
+  if (!PyArg_ParseTuple(args, "y*|d", &buf, &max_pixels)) return NULL;
   struct jpeg_decompress_struct cinfo;
   struct err_mgr err;
-  int failed = 0;
-  cinfo.err = jpeg_std_error(&err.pub);
-  err.pub.error_exit = on_error;
-  err.pub.emit_message = on_message;
-  err.truncated = 0;
-  err.msg[0] = 0;
+  int failed = 0, too_large = 0;
+  JDIMENSION width = 0, height = 0;
+  init_errors(&cinfo, &err);
   Py_BEGIN_ALLOW_THREADS
   if (setjmp(err.jb)) {
     failed = 1;
   } else {
-    jpeg_create_decompress(&cinfo);
-    jpeg_mem_src(&cinfo, buf.buf, (unsigned long)buf.len);
-    jpeg_read_header(&cinfo, TRUE);
-    cinfo.scale_num = 1;
-    cinfo.scale_denom = 8;
-    jpeg_start_decompress(&cinfo);
-    unsigned char *volatile row = scratch_buf(0, (size_t)cinfo.output_width * cinfo.output_components);
-    if (row) {
-      skip_to_end(&cinfo, row);
-      jpeg_finish_decompress(&cinfo);
+    open_jpeg(&cinfo, &buf);
+    width = cinfo.image_width;
+    height = cinfo.image_height;
+    if (max_pixels > 0 && (double)width * (double)height > max_pixels) {
+      too_large = 1;
     } else {
-      failed = 2;
+      start_scaled(&cinfo, 1, JCS_UNKNOWN);
+      unsigned char *volatile row = scratch_buf(0, (size_t)cinfo.output_width * cinfo.output_components);
+      if (row) {
+        skip_to_end(&cinfo, row);
+        jpeg_finish_decompress(&cinfo);
+      } else {
+        failed = 2;
+      }
     }
   }
   jpeg_destroy_decompress(&cinfo);
@@ -298,11 +314,12 @@ static PyObject *check(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, err.msg);
     return NULL;
   }
-  Py_RETURN_NONE;
+  if (too_large) Py_RETURN_NONE;
+  return Py_BuildValue("(II)", (unsigned int)width, (unsigned int)height);
 }
 
 static PyMethodDef methods[] = {
-    {"check", check, METH_VARARGS, "Entropy-decode a whole JPEG without reconstructing pixels; ValueError if bad."},
+    {"check", check, METH_VARARGS, "Entropy-decode a whole JPEG without rebuilding pixels: (width, height)."},
     {"crop_resize", crop_resize, METH_VARARGS, "Decode a region of a JPEG at scale M/8 and resample it (RGB bytes)."},
     {NULL, NULL, 0, NULL}};
 

@@ -86,19 +86,20 @@ def library_version() -> str | None:
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
-def check(data: bytes) -> bool:
-    """True if the JPEG DATA entropy-decodes to its end (no pixels rebuilt); False: unknown, ask Pillow.
+def check(data: bytes, max_pixels: int = 0) -> tuple[int, int] | None:
+    """(width, height) if the JPEG DATA entropy-decodes to its end (no pixels rebuilt); None: unknown, ask Pillow.
 
-    False is returned both without the compiled module and for a file libjpeg refuses, so the Pillow decode
-    then decides and words the quarantine reason, exactly as it does without the fast path.
+    None is returned without the compiled module, for a file libjpeg refuses, and (decoding nothing) for one
+    whose header says more than MAX_PIXELS, so the Pillow path then decides and words the quarantine reason,
+    exactly as it does without the fast path.
     """
     if _module is None:
-        return False
+        return None
     try:
-        _module.check(data)
+        size: tuple[int, int] | None = _module.check(data, max_pixels)
     except ValueError:
-        return False
-    return True
+        return None
+    return size
 
 
 def scale_eighths(box_side: float, out_side: int, dct_scaling: bool) -> int:

@@ -235,15 +235,30 @@ def _fast_jpeg(data: bytes, img: Image.Image, orientation: int, spec: TransformS
     return _encode(Image.frombuffer("RGB", (spec.crop, spec.crop), pixels, "raw", "RGB", 0, 1), spec.quality)
 
 
+def _region_checked(data: bytes, max_pixels: int) -> Transformed | None:
+    """UNCHANGED with the decode check, for a JPEG the region decoder's library reads to its end within the pixel
+    limits; None (anything else, or any doubt) leaves the file to the Pillow path, which decides and words it."""
+    if image_signature(data) != "JPEG":
+        return None
+    size = fastjpeg.check(data, min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels))
+    if size is None or min(size) < 1:
+        return None
+    return Transformed(data, *size, *size, "JPEG", "jpg")
+
+
 def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     """Apply SPEC to one encoded image; raises BadImage with a quarantine reason."""
+    if spec.mode == "unchanged" and spec.unchanged_check == "decode" and spec.jpeg_decoder == "region":
+        checked = _region_checked(data, spec.max_pixels)
+        if checked is not None:
+            return checked
     img = open_checked(data, spec.max_pixels)
     src_format = img.format or "unknown"
     src_w, src_h = img.size
     if spec.mode == "unchanged":
         if spec.unchanged_check == "header":
             check_end_marker(data, src_format)
-        elif not (src_format == "JPEG" and spec.jpeg_decoder == "region" and fastjpeg.check(data)):
+        else:
             if src_format == "JPEG":
                 img.draft(img.mode, (max(1, src_w // 8), max(1, src_h // 8)))  # all entropy data is still decoded
             _load(img)

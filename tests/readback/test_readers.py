@@ -21,7 +21,7 @@ from imgest.readback.check import (
     s3_stream_run,
 )
 from imgest.readback.datasets import NotReadableError, cassandra_set, files_set, shards_set
-from imgest.readback.pipelines import PipelineSpec
+from imgest.readback.pipelines import PipelineSpec, cuda_devices
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions, ShardReadError
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.schema import TableLayout
@@ -187,17 +187,8 @@ def test_readme_example_reads_a_split_part(stored: dict[str, Any], tmp_path: Pat
     assert f"read {expected} images" in out
 
 
-def _gpu_count() -> int:
-    try:
-        from nvidia.dali.backend import GetCUDADeviceCount
-
-        return int(GetCUDADeviceCount())
-    except Exception:  # no driver / no CUDA runtime: no GPU
-        return 0
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU for DALI's mixed decoder")
+@pytest.mark.skipif(cuda_devices() == 0, reason="needs an NVIDIA GPU for DALI's mixed decoder")
 def test_mixed_decoding_on_gpu_reads_back_exactly(stored: dict[str, Any]) -> None:
     gpu = replace(OPTS, device_id=0, modes=("train",))
     _check_gpu = files_runs(files_set(stored["files"]), gpu) + cassandra_runs(

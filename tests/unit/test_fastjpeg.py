@@ -98,8 +98,21 @@ def _refusal(data: bytes, spec: TransformSpec) -> BadImage:
 
 def test_the_check_reads_every_entropy_coded_byte() -> None:
     data = _jpeg(500, 375, seed=6)
-    assert fastjpeg.check(data) is True
-    assert fastjpeg.check(data[: len(data) - 300]) is False  # no end marker, libjpeg runs out of data
+    assert fastjpeg.check(data) == (500, 375)
+    assert fastjpeg.check(data[: len(data) - 300]) is None  # libjpeg runs out of data: Pillow decides
+    assert fastjpeg.check(data, max_pixels=500 * 375 - 1) is None  # over the limit: nothing decoded
+
+
+def test_unchanged_decode_check_keeps_the_bytes_and_refuses_what_pillow_refuses() -> None:
+    data = _jpeg(640, 480, seed=7)
+    ours, theirs = (
+        transform_image(data, replace(REGION, mode="unchanged")),
+        transform_image(data, replace(PILLOW, mode="unchanged")),
+    )
+    assert ours == theirs
+    assert ours.data is data
+    small = replace(REGION, mode="unchanged", max_pixels=640 * 480 - 1)
+    assert _refusal(data, small).reason == _refusal(data, replace(small, jpeg_decoder="pillow")).reason == "too-large"
 
 
 def test_scale_is_a_power_of_two_that_never_upsamples() -> None:

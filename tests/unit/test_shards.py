@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from imgest.core.quarantine import QuarantineLog
 from imgest.sinks.shards.pack import PackConfig, build_manifest, pack_shard, publish
 from imgest.sinks.shards.plan import ShardSpec, plan_shards, sample_bound
 from imgest.sinks.shards.store import LocalStore
-from imgest.sinks.shards.tar_writer import ShardTarWriter
+from imgest.sinks.shards.tar_writer import ShardTarWriter, ustar_header
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.read import read_candidate
@@ -176,3 +177,11 @@ def test_unchanged_pack_records_the_digest_of_the_stored_bytes(manifest: Path, t
         (image,) = (data for ext, data in members.items() if ext not in ("cls", "json"))  # jpg, png, ... as found
         assert meta["sha256"] == hashlib.sha256(image).hexdigest()
         assert image == (root / by_id[key]["rel_path"]).read_bytes()
+
+
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 10**6, 8**11 - 1])
+@pytest.mark.parametrize("name", ["0f8e3c1e-2b8a-5d5e-9c1d-3f2a1b0c9d8e.jpg", "k.cls", "a" * 94 + ".json"])
+def test_headers_are_what_tarfile_writes(name: str, size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    assert ustar_header(name, size) == info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
