@@ -205,7 +205,9 @@ def run_tar(manifest: Path, out: Path) -> dict[str, float]:
     listing = out / "files.txt"
     listing.write_text("".join(rel + "\n" for rel, _ in files))
     t0 = time.perf_counter()
-    subprocess.run(["tar", "-cf", str(out / "plain.tar"), "-C", str(root), "-T", str(listing)], check=True)
+    # --hard-dereference: the larger bench datasets are hard links to the base images; archive their data
+    tar = ["tar", "--hard-dereference", "-cf", str(out / "plain.tar"), "-C", str(root), "-T", str(listing)]
+    subprocess.run(tar, check=True)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "in_job_s": wall, "bytes": (out / "plain.tar").stat().st_size}
 
@@ -280,17 +282,23 @@ def summarize(sizes: dict[int, dict[str, list[dict[str, float]]]]) -> tuple[list
                     "wall_s": wall,
                     "in_job_s": in_job,
                     "mb_out": round(mb, 1),
+                    "mb_in": round(values[0]["bytes_in"] / 1e6, 1),
                     "images_per_s": round(images / wall["median"], 1),
                     "mb_per_s_wall": round(values[0]["bytes_in"] / 1e6 / wall["median"], 1),
                     "mb_per_s_in_job": round(values[0]["bytes_in"] / 1e6 / in_job["median"], 1),
                 }
             )
+    return rows, fit_rows(rows)
+
+
+def fit_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per tool, the line through its median wall times: fixed seconds and wall milliseconds per image."""
     fits = []
     for name in dict.fromkeys(r["tool"] for r in rows):
         points = [(r["images"], r["wall_s"]["median"]) for r in rows if r["tool"] == name]
         fixed, per_image = fit_line([float(x) for x, _ in points], [y for _, y in points])
         fits.append({"tool": name, "fixed_s": round(fixed, 2), "per_image_ms": round(per_image * 1000, 3)})
-    return rows, fits
+    return fits
 
 
 def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -345,12 +353,6 @@ def run(sizes: list[int], rounds: int, max_count: int) -> dict[str, Any]:
     cores = os.cpu_count() or 1  # local[*] runs one Spark task per core; each peer gets as many processes
     measured = {images: measure_size(images, rounds, max_count, cores) for images in sizes}
     rows, fits = summarize(measured)
-    comps = comparisons(rows)
-    largest = max(sizes)
-    unchanged = next(
-        (r for r in rows if r["tool"] == "imgest unchanged, decode check" and r["images"] == largest), None
-    )
-    natural = [c for c in comps if c["peers_transform"] == "natural" and c["images"] == largest]
     return {
         "benchmark": "pack",
         "sizes": sizes,
@@ -362,22 +364,47 @@ def run(sizes: list[int], rounds: int, max_count: int) -> dict[str, Any]:
         "machine": machine_info(),
         "rows": rows,
         "fits": fits,
-        "comparisons": comps,
-        "targets": {
-            "imgest_vs_fastest_natural_peer": {
-                "target": TARGET_VS_NATURAL_PEER,
-                "images": largest,
-                "measured": natural[0]["imgest_vs_fastest_peer"] if natural else None,
-                "met": bool(natural and natural[0]["meets_target"]),
-            },
-            "unchanged_decode_check_mb_per_s_in_job": {
-                "target": TARGET_UNCHANGED_MB_S,
-                "images": largest,
-                "measured": unchanged["mb_per_s_in_job"] if unchanged else None,
-                "met": bool(unchanged and unchanged["mb_per_s_in_job"] >= TARGET_UNCHANGED_MB_S),
-            },
+        "comparisons": comparisons(rows),
+        "targets": evaluate(rows, fits),
+    }
+
+
+def evaluate(rows: list[dict[str, Any]], fits: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each target at the largest size (fixed start-up included) and per image (the fits' slopes: the rate a
+    dataset large enough to hide every start-up cost runs at)."""
+    largest = max(r["images"] for r in rows)
+    slope = {f["tool"]: f["per_image_ms"] for f in fits}
+    natural = [c for c in comparisons(rows) if c["peers_transform"] == "natural" and c["images"] == largest]
+    natural_slopes = [v for k, v in slope.items() if k.endswith(", natural transform")]
+    per_image = (
+        slope["imgest Spark job"] / min(natural_slopes) if natural_slopes and "imgest Spark job" in slope else None
+    )
+    unchanged = next((r for r in rows if r["tool"] == UNCHANGED_DECODE and r["images"] == largest), None)
+    marginal = None
+    if unchanged is not None and slope.get(UNCHANGED_DECODE):
+        marginal = unchanged["mb_in"] / unchanged["images"] / (slope[UNCHANGED_DECODE] / 1000)
+    at_largest = unchanged["mb_per_s_in_job"] if unchanged else None
+    return {
+        "imgest_vs_fastest_natural_peer": {
+            "target": TARGET_VS_NATURAL_PEER,
+            "images": largest,
+            "wall_ratio_at_largest": natural[0]["imgest_vs_fastest_peer"] if natural else None,
+            "per_image_ratio": round(per_image, 2) if per_image else None,
+            "met_at_largest": bool(natural and natural[0]["meets_target"]),
+            "met_per_image": bool(per_image and per_image <= TARGET_VS_NATURAL_PEER),
+        },
+        "unchanged_decode_check_mb_per_s": {
+            "target": TARGET_UNCHANGED_MB_S,
+            "images": largest,
+            "in_job_at_largest": at_largest,
+            "per_image": round(marginal, 1) if marginal else None,
+            "met_at_largest": bool(at_largest and at_largest >= TARGET_UNCHANGED_MB_S),
+            "met_per_image": bool(marginal and marginal >= TARGET_UNCHANGED_MB_S),
         },
     }
+
+
+UNCHANGED_DECODE = "imgest unchanged, decode check"
 
 
 def _flat(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -422,8 +449,8 @@ def main(json_out: Path, plot: Path | None, sizes: list[int], rounds: int, max_c
     print(format_table(report["fits"], FIT_COLUMNS))
     print(format_table(report["comparisons"], COMPARISON_COLUMNS))
     for name, t in report["targets"].items():
-        verdict = "met" if t["met"] else "NOT met"
-        print(f"target {name}: {t['measured']} vs {t['target']} at {t['images']} images: {verdict}")
+        figures = {k: v for k, v in t.items() if k not in ("target", "images")}
+        print(f"target {name} ({t['target']}; largest size {t['images']} images): {figures}")
     write_json(json_out, report)
     if plot is not None:
         plot_sweep(plot, report)

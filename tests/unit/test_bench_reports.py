@@ -100,3 +100,24 @@ def test_transform_report_has_rounds_min_max_and_quality(tmp_path: Path) -> None
         assert group["psnr_imgest_db"] > 25
         assert group["psnr_baseline_db"] > 25
     assert report["machine"]["cpu_count"] >= 1
+
+
+def test_targets_are_judged_at_the_largest_size_and_per_image() -> None:
+    measured = {
+        n: {
+            "imgest Spark job": [_run(12.0 + n * 0.0014)],
+            "webdataset ShardWriter, natural transform": [_run(5.0 + n * 0.003)],
+            "imgest unchanged, decode check": [_run(12.0 + n * 0.001, 2.0 + n * 0.001, mb_in=n * 0.125)],
+        }
+        for n in (2000, 20000)
+    }
+    rows, fits = pack.summarize(measured)
+    targets = pack.evaluate(rows, fits)
+    natural = targets["imgest_vs_fastest_natural_peer"]
+    assert natural["wall_ratio_at_largest"] == round(40.0 / 65.0, 2)
+    assert natural["per_image_ratio"] == round(1.4 / 3.0, 2)
+    assert (natural["met_at_largest"], natural["met_per_image"]) == (False, True)
+    unchanged = targets["unchanged_decode_check_mb_per_s"]
+    assert unchanged["in_job_at_largest"] == round(2500 / 22.0, 1)  # 2,500 MB in 22 s of job
+    assert unchanged["per_image"] == 125.0  # 0.125 MB per image every 1 ms
+    assert (unchanged["met_at_largest"], unchanged["met_per_image"]) == (False, True)
