@@ -198,15 +198,19 @@ def check_end_marker(data: bytes, src_format: str) -> None:
         raise BadImage(Reason.CORRUPT, f"{src_format} without its end marker {marker!r}: truncated")
 
 
-def center_crop_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float]:
+def center_crop_box(
+    width: int, height: int, resize: int, crop: int, exact: bool = False
+) -> tuple[float, float, float, float]:
     """Box in source pixels that 'resize shorter side to RESIZE, center-crop CROP' keeps (pure).
 
-    The resize goes to whole pixels (the longer side rounded), so each axis has its own scale, exactly as
-    resizing to that size and cutting the crop out would: the output lines up with that reference pixel for pixel.
+    EXACT: the resize goes to whole pixels (the longer side rounded), so each axis has its own scale, as resizing
+    to that size and cutting the crop out would; the output lines up with that reference pixel for pixel (the
+    region decoder uses it). Otherwise one scale for both axes: the box the Pillow path has always used, kept so
+    that versions it wrote re-transform byte for byte.
     """
     scale = resize / min(width, height)
     rw, rh = max(resize, round(width * scale)), max(resize, round(height * scale))
-    sx, sy = width / rw, height / rh
+    sx, sy = (width / rw, height / rh) if exact else (1 / scale, 1 / scale)
     left, top = round((rw - crop) / 2), round((rh - crop) / 2)
     return (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy)
 
@@ -227,7 +231,7 @@ def _fast_jpeg(data: bytes, img: Image.Image, orientation: int, spec: TransformS
         return None
     if not has_end_marker(data, "JPEG"):  # the fast path does not read the rows below the crop
         return None
-    box = center_crop_box(*img.size, spec.resize, spec.crop)
+    box = center_crop_box(*img.size, spec.resize, spec.crop, exact=True)
     try:
         pixels = fastjpeg.crop_resize(data, img.size, box, spec.crop, spec.dct_scaling)
     except ValueError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from imgest.bench.transform import psnr, reference_pixels
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage
 from imgest.sources.devdata.defects import broken_images
-from imgest.sources.devdata.images import photo_like
+from imgest.sources.devdata.images import jpeg_bytes, photo_like
 from imgest.transform import fastjpeg
 from imgest.transform.image import TransformSpec, transform_image
 
@@ -155,3 +156,17 @@ def test_the_compiled_module_loads_when_the_package_runs_from_a_py_files_zip(tmp
     ).stdout.split()
     assert out[0].startswith(str(package_zip()))
     assert out[1] == "True"
+
+
+@pytest.mark.parametrize(
+    ("large", "digest"),
+    [
+        (False, "77098e401859393e732a2f5cd1112658cdbee2405474cbad08e9ebf17df6cf5a"),
+        (True, "4930946ca2015fb641c7534778b542ead98949f31d141f2793aa97cb48ff0916"),
+    ],
+)
+def test_the_pillow_decoder_writes_what_versions_before_the_field_wrote(large: bool, digest: str) -> None:
+    """Records without jpeg_decoder read as 'pillow': its output must stay byte for byte what the transform wrote
+    before the region decoder existed (these digests came from that release, with the pinned Pillow)."""
+    data = jpeg_bytes(np.random.default_rng([7, int(large)]), np.array([0.2, 0.5, 0.3]), large)
+    assert hashlib.sha256(transform_image(data, PILLOW).data).hexdigest() == digest

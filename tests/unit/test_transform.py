@@ -141,11 +141,13 @@ def test_quality_matches_plain_pipeline(size: tuple[int, int], large: bool) -> N
 
 
 def test_center_crop_box_matches_resize_then_crop() -> None:
-    # 500x375 -> shorter side 256 gives 341x256 (each axis its own scale: 500/341 and 375/256); the centred 224
-    # crop of that starts at (58, 16): the box is those pixels mapped back to the source.
-    left, top, right, bottom = center_crop_box(500, 375, 256, 224)
-    sx, sy = 500 / 341, 375 / 256
+    # 500x375 -> shorter side 256 gives 341x256; the centred 224 crop of that starts at (58, 16).
+    left, top, right, bottom = center_crop_box(500, 375, 256, 224, exact=True)
+    sx, sy = 500 / 341, 375 / 256  # each axis its own scale: exactly that resize, then the crop
     assert (left, top, right, bottom) == pytest.approx((58 * sx, 16 * sy, 282 * sx, 240 * sy))
+    # The Pillow path's box (one scale for both axes) stays what it always was: old versions verify byte for byte.
+    scale = 256 / 375
+    assert center_crop_box(500, 375, 256, 224) == pytest.approx((58 / scale, 16 / scale, 282 / scale, 240 / scale))
 
 
 @pytest.mark.parametrize("kwargs", [{"crop": 300}, {"quality": 0}, {"mode": "png"}, {"max_pixels": 0}])
