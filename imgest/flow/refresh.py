@@ -54,6 +54,12 @@ def version_name(request: IngestRequest, number: int) -> str:
     return f"t-{transform_key(request.transform())}-r{number}"
 
 
+def _transform_changed(previous_version: str, request: IngestRequest) -> bool:
+    """Whether REQUEST's transform differs from the one PREVIOUS_VERSION (t-<transform key>-r<N>) was written with:
+    then no stored image can be kept (an upgrade that changes the JPEG decoder counts too)."""
+    return previous_version.rsplit("-r", 1)[0] != version_name(request, 0).rsplit("-r", 1)[0]
+
+
 def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     """Compare the scan in MANIFEST_DIR with the last complete version; write the delta and return the plan
     (``changed`` False: nothing to do, no Spark job, no new version)."""
@@ -66,6 +72,14 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     manifest = manifest_dir / workdir.MANIFEST
     root = Path(manifest_metadata(manifest)["root"])
     changes, baseline = diff_manifest(manifest, rdir / BASELINE if state else None, root)
+    if state and _transform_changed(state["version"], request):
+        log.warning(
+            "%s/%s: the transform differs from version %s's (settings or JPEG decoder): every image is re-transformed",
+            request.dataset,
+            request.target,
+            state["version"],
+        )
+        changes = changes.all_changed(baseline.column("id").to_pylist())
     counts = changes.counts()
     if state and not changes.any:
         log.info("%s/%s: no change since version %s (%s)", request.dataset, request.target, state["version"], counts)

@@ -39,6 +39,12 @@ class SourceChanges:
     def any(self) -> bool:
         return bool(self.added or self.changed or self.removed)
 
+    def all_changed(self, ids: list[str]) -> SourceChanges:
+        """These changes with every one of IDS (the current rows) that is not added counted as changed."""
+        added = set(self.added)
+        changed = [i for i in ids if i not in added]
+        return SourceChanges(self.added, changed, self.removed, 0, self.touched_same_bytes)
+
     def counts(self) -> dict[str, int]:
         return {
             "added": len(self.added),

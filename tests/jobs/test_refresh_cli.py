@@ -45,3 +45,12 @@ def test_cli_refresh_to_a_folder(tmp_path: Path) -> None:
     assert "no change since version" in third.stdout
     assert logs[0].stat().st_mtime == stamp  # no Spark job ran
     assert json.loads((dest / "manifest.json").read_text()) == manifest
+    # Another transform (here the quality; an upgrade that changes the JPEG decoder is the same case): no stored
+    # image can be kept, so every one is re-transformed, even though no source file changed.
+    datasets.write_text(datasets.read_text() + "quality = 80\n")
+    fourth = _refresh(datasets, home)
+    assert fourth.returncode == 0, fourth.stdout + fourth.stderr
+    redone = json.loads((dest / "manifest.json").read_text())
+    assert redone["version"]["changes"] == {"added": 0, "changed": 13, "removed": 0, "unchanged": 0}
+    assert redone["transform"]["quality"] == 80
+    assert redone["samples"] == manifest["samples"]
