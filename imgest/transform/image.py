@@ -5,9 +5,13 @@ UNCHANGED mode: the original bytes, after checking that they decode (or, with un
 that the header parses and the end marker is there: several times faster, but a corrupt middle passes).
 
 How it is fast without losing quality:
-- JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft mode) by the largest
-  power of two that still leaves the shorter side at least S, so the final resample never upsamples
-  what DCT scaling took away. Images of several megapixels decode 4-8x smaller.
+- With jpeg_decoder="region" (the default where it is built), plain upright JPEGs go through
+  imgest.transform.fastjpeg: only the crop's region is decoded (libjpeg-turbo, SIMD DCT scales) and resampled
+  straight to C x C; the UNCHANGED decode check runs its entropy decoder alone. Everything else, and any file
+  it doubts, takes the Pillow path below, which decides and words every quarantine reason.
+- On the Pillow path, JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft
+  mode) by the largest power of two that still leaves the shorter side at least S, so the final resample
+  never upsamples what DCT scaling took away. Images of several megapixels decode 4-8x smaller.
 - Resize and crop are one resample: only the source box that lands inside the C x C crop is resampled,
   straight to C x C, instead of resampling the whole image and then copying the crop out.
 
@@ -67,7 +71,7 @@ class TransformSpec:
     quality: int = defaults.QUALITY
     max_pixels: int = defaults.MAX_PIXELS
     dct_scaling: bool = True
-    # UNCHANGED mode only: "decode" decodes every file (1/8-scale for JPEG: all entropy data is read);
+    # UNCHANGED mode only: "decode" decodes every file (JPEG: all entropy-coded data is read);
     # "header" parses the header and checks the end marker (JPEG EOI, PNG IEND) without decoding pixels.
     unchanged_check: Check = defaults.UNCHANGED_CHECK  # type: ignore[assignment]
     # Which code decodes JPEG sources: "region" (imgest's compiled libjpeg-turbo region decode, the default where
