@@ -41,9 +41,13 @@ def bench_pack_cmd(args: argparse.Namespace) -> int:
 def bench_read_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.read import main as bench_main
 
+    if args.sample < 0:
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(f"--sample {args.sample}: give 0 (every row) or more images")
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
     depths = [int(x) for x in args.depths.split(",")]
-    report = bench_main(args.json, args.plot, args.images, args.rounds, rtts, depths, args.batch_size)
+    report = bench_main(args.json, args.plot, args.images, args.rounds, rtts, depths, args.batch_size, args.sample)
     unverified = [f"{r['reader']}/{r['mode']}" for r in report["readers"] if not r["verified"]]
     if unverified:
         print(f"imgest: error: read-back did not match the recorded bytes for {', '.join(unverified)}")
@@ -56,6 +60,40 @@ def bench_cluster_cmd(args: argparse.Namespace) -> int:
 
     bench_main(args.json, args.plot, args.images, args.rounds, args.max_count)
     return bench_done(args, [])
+
+
+def bench_scale_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.scale import main as bench_main
+
+    fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    report = bench_main(args.json, args.plot, args.dataset, fractions, targets)
+    missed = [
+        f"{s['target']}/{s['step']} ({'time' if not s['time_met'] else 'memory'})"
+        for s in report["summary"]
+        if s.get("time_met") is False or s.get("rss_met") is False
+    ]
+    return bench_done(args, missed)
+
+
+def register_scale(bench_parser: Any) -> None:
+    """`imgest bench scale`, added through BENCH_PARSER (which adds --json and --plot)."""
+    bs = bench_parser(
+        "scale",
+        help="every step of ingest_imagenet at 1 %%, 10 %% and 100 %% of ImageNet's count (or bytes): time, memory",
+        description="Runs the DAG's steps (scan, prepare, ingest, verify, split, read-back) for each target and size, "
+        "each step in its own process, calling the function the DAG's task calls; records wall time, peak RSS of "
+        "the step process, the Spark driver and the largest Spark Python worker, images/s and bytes written. "
+        "Targets: time(100 %) / time(10 %) <= 11 per step, peak RSS <= 2 GiB and RSS(100 %) / RSS(10 %) <= 1.5. "
+        "--dataset count: 1,281,167 + 50,000 small JPEGs in 1,000 classes (generated once into "
+        "$IMGEST_HOME/bench/count-scale, about 1.4 GB and 3 minutes on 2 cores); bytes: 100,000 ImageNet-size "
+        "images (2,000 distinct, hard-linked). Needs Cassandra and S3 (imgest services up cassandra s3). The full "
+        "count run takes hours on 2 cores: try --fractions 0.01,0.1 first.",
+    )
+    bs.add_argument("--dataset", choices=("count", "bytes"), default="count", help="which dataset (default count)")
+    bs.add_argument("--fractions", default="0.01,0.1,1", help="sizes as fractions of it (default 0.01,0.1,1)")
+    bs.add_argument("--targets", default="cassandra,shards", help="targets, comma-separated (default both)")
+    bs.set_defaults(func=bench_scale_cmd)
 
 
 def register_cluster(bench_parser: Any) -> None:
@@ -138,6 +176,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     br.add_argument("--batch-size", type=int, default=64, help="batch size of every pipeline (default 64)")
     br.add_argument("--rtt", default="0,10,50", help="added round trips in ms for the sweep ('' to skip)")
     br.add_argument("--depths", default="1,2,4,8,16", help="prefetch depths / shards in flight to sweep")
+    br.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="N",
+        help="read a seeded, class-balanced sample of N train images (shards: whole shards holding about N); "
+        "0 = every row (the default, so every reader reads the same images)",
+    )
     br.set_defaults(func=bench_read_cmd)
 
     register_cluster(bench_parser)
+    register_scale(bench_parser)

@@ -1,0 +1,384 @@
+"""`imgest bench scale`: the whole `ingest_imagenet` path at 1 %, 10 % and 100 % of a dataset, step by step.
+
+Every step (scan, prepare, ingest, verify, split, read-back) runs in a process of its own through
+`imgest.bench.scale_step`, calling the function the DAG's task calls. A sampler follows the step's process
+tree and the embedded servers and records, per step: wall time, peak RSS of the step process (the Airflow
+task or CLI), of the Spark driver JVM and of the largest Spark Python worker, their sum at any instant, and
+the servers'. Time and memory ratios between the two largest sizes show what grows faster than the data; a
+fixed start-up cost (from a straight-line fit over the sizes) is shown separately.
+
+Datasets: `count` is ImageNet's count in small JPEGs (`imgest.sources.devdata.countscale`); `bytes` is
+100,000 ImageNet-size images (2,000 distinct, hard-linked to 100,000 paths: the bytes are ImageNet's, the
+per-image work identical).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from imgest.bench.report import describe_machine, format_table, machine_info, write_json
+from imgest.core.paths import state_dir
+
+log = logging.getLogger(__name__)
+
+STEPS = {
+    "cassandra": (
+        "scan",
+        "prepare_cassandra",
+        "ingest_cassandra",
+        "verify_cassandra",
+        "build_split",
+        "read_throughput",
+    ),
+    "shards": ("scan", "prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput"),
+}
+# task: the step's own process (the Airflow task or CLI); spark_driver: spark-submit's JVM (in local mode the
+# executors are its threads); driver_python: the job's Python driver (jobs/*.py); spark_worker: a Python worker.
+ROLES = ("task", "spark_driver", "driver_python", "spark_worker", "cassandra_server", "s3_server")
+PIPELINE_ROLES = ("task", "spark_driver", "driver_python", "spark_worker")
+TARGET_TIME_RATIO = 11.0
+TARGET_RSS_RATIO = 1.5
+TARGET_RSS_BYTES = 2 << 30
+
+
+@dataclass
+class Peaks:
+    """Peak RSS per role of one step (bytes): largest single process, and the role's sum at one instant."""
+
+    single: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+
+    def add(self, samples: dict[str, list[int]]) -> None:
+        for role, values in samples.items():
+            self.single[role] = max(self.single.get(role, 0), max(values))
+            self.total[role] = max(self.total.get(role, 0), sum(values))
+
+
+def role_of(cmdline: list[str], root_pid: int, pid: int) -> str | None:
+    """Which part of the pipeline the process with CMDLINE is (None: not one we measure)."""
+    text = " ".join(cmdline)
+    if pid == root_pid:
+        return "task"
+    if "org.apache.spark.deploy.SparkSubmit" in text:
+        return "spark_driver"
+    if any(part.endswith(".py") and "/jobs/" in part for part in cmdline[1:2]):
+        return "driver_python"
+    if "pyspark.daemon" in text or "pyspark.worker" in text or "pyspark/daemon" in text:
+        return "spark_worker"
+    if "CassandraDaemon" in text:
+        return "cassandra_server"
+    if "weed" in text and " mini" in text:
+        return "s3_server"
+    return None
+
+
+class TreeSampler:
+    """Samples the RSS of a process tree and the embedded servers every INTERVAL seconds, in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.pid, self.interval, self.peaks = pid, interval, Peaks()
+        self._stop = threading.Event()
+        self._servers = self._find_servers()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _find_servers() -> list[Any]:
+        import psutil
+
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if role_of(proc.info["cmdline"] or [], -1, proc.pid) in ("cassandra_server", "s3_server"):
+                found.append(proc)
+        return found
+
+    def _sample(self) -> None:
+        import psutil
+
+        samples: dict[str, list[int]] = {}
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True), *self._servers]
+        except psutil.NoSuchProcess:
+            return
+        for proc in procs:
+            try:
+                role = role_of(proc.cmdline(), self.pid, proc.pid)
+                if role:
+                    samples.setdefault(role, []).append(proc.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if samples:
+            self.peaks.add(samples)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> TreeSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
+    """Run STEP in its own process; wall time, peak RSS per role (the step process's own from the kernel)."""
+    cmd = [sys.executable, "-m", "imgest.bench.scale_step", step, str(state_file)]
+    start = time.perf_counter()
+    with open(log_file, "a") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        with TreeSampler(proc.pid) as sampler:
+            _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"step {step} failed (exit {proc.returncode}); log: {log_file}")
+    if "spark_driver" not in sampler.peaks.single:  # the kernel's peak also counts reaped children (the JVM)
+        sampler.peaks.single["task"] = max(sampler.peaks.single.get("task", 0), usage.ru_maxrss * 1024)
+    result = json.loads((state_file.parent / f"step-{step}.json").read_text())
+    return {
+        "step": step,
+        "wall_s": round(wall, 2),
+        "rss": sampler.peaks.single,
+        "rss_sum": sampler.peaks.total,
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "result": result,
+    }
+
+
+def _reset(dataset: str, keyspace: str, dest: str) -> None:
+    """Drop what an earlier run of this benchmark stored for DATASET: every size starts from empty."""
+    from imgest.core.settings import CassandraSettings, S3Settings
+    from imgest.core.workdir import dataset_workdir
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    shutil.rmtree(dataset_workdir(dataset), ignore_errors=True)
+    with cassandra_session(CassandraSettings.from_env()) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=600)
+    settings = S3Settings.from_env()
+    client, prefix = settings.client(), dest.removeprefix(f"s3://{settings.bucket}/").rstrip("/") + "/"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=settings.bucket, Prefix=prefix):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=settings.bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+def _stored_bytes(result: dict[str, Any]) -> int | None:
+    """Bytes the ingest stored (image bytes, from the job's summary)."""
+    for key in ("stored_bytes", "bytes", "shard_bytes", "bytes_written"):
+        if isinstance(result.get(key), int):
+            return int(result[key])
+    return None
+
+
+def run_size(kind: str, label: str, source: Path, images: int, target: str, out: Path) -> list[dict[str, Any]]:
+    """Every step of TARGET over SOURCE (IMAGES images), each measured; returns one row per step."""
+    from imgest.core.settings import S3Settings
+
+    dataset = f"scale-{kind}-{label}-{target}"
+    keyspace = dataset.replace("-", "_")
+    dest = f"s3://{S3Settings.from_env().bucket}/{dataset}"
+    _reset(dataset, keyspace, dest)
+    conf = {
+        "source": str(source),
+        "layout": "cls-loc",
+        "dataset": dataset,
+        "target": target,
+        "keyspace": keyspace,
+        "s3_dest": dest,
+    }
+    from imgest.flow.steps import validate_conf
+
+    state = {"conf": validate_conf(conf), "dest": dest, "verify_sample": 32}
+    run_dir = out / dataset
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    state_file, log_file = run_dir / "state.json", run_dir / "steps.log"
+    rows = []
+    for step in STEPS[target]:
+        state_file.write_text(json.dumps(state, indent=1))
+        print(f"  {target} {label} ({images:,} images): {step} ...", end="", flush=True)
+        row = run_step(step, state_file, log_file)
+        if step == "scan":
+            state["work"] = row["result"]["manifest_dir"]
+            state["scan"] = row["result"]
+        if step.startswith("ingest_"):
+            row["bytes_written"] = _stored_bytes(row["result"])
+        row.update(target=target, size=label, images=images, rows_per_s=round(images / row["wall_s"], 1))
+        print(f" {row['wall_s']:.1f} s, peak RSS {_peak(row) / 2**20:.0f} MiB ({_peak_role(row)})", flush=True)
+        rows.append(row)
+    return rows
+
+
+def fixed_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed seconds, seconds per image) of a least-squares line through (images, seconds); fixed >= 0."""
+    import numpy as np
+
+    xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    if len(points) < 2:
+        return 0.0, float(ys[0] / xs[0]) if len(points) else 0.0
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return max(0.0, float(intercept)), float(slope)
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per target and step: times, RSS, the ratios of the two largest sizes, and whether each target is met."""
+    out = []
+    for target in dict.fromkeys(r["target"] for r in rows):
+        for step in STEPS[target]:
+            points = sorted((r for r in rows if r["target"] == target and r["step"] == step), key=lambda r: r["images"])
+            if len(points) < 1:
+                continue
+            fixed, per_image = fixed_cost([(p["images"], p["wall_s"]) for p in points])
+            big = points[-1]
+            entry: dict[str, Any] = {
+                "target": target,
+                "step": step,
+                "images": [p["images"] for p in points],
+                "wall_s": [p["wall_s"] for p in points],
+                "fixed_s": round(fixed, 2),
+                "per_image_ms": round(per_image * 1000, 4),
+                "peak_rss_mib": [round(_peak(p) / 2**20) for p in points],
+                "peak_rss_role": _peak_role(big),
+                "rows_per_s": big["rows_per_s"],
+            }
+            if len(points) >= 2:
+                small = points[-2]
+                entry["time_ratio"] = round(big["wall_s"] / small["wall_s"], 2)
+                excl = (big["wall_s"] - fixed) / max(small["wall_s"] - fixed, 1e-9)
+                entry["time_ratio_excl_fixed"] = round(excl, 2)
+                entry["rss_ratio"] = round(_peak(big) / max(_peak(small), 1), 2)
+                entry["time_met"] = min(entry["time_ratio"], entry["time_ratio_excl_fixed"]) <= TARGET_TIME_RATIO
+                entry["rss_met"] = entry["rss_ratio"] <= TARGET_RSS_RATIO and _peak(big) <= TARGET_RSS_BYTES
+            out.append(entry)
+    return out
+
+
+def _peak(row: dict[str, Any]) -> int:
+    return max(row["rss"].get(r, 0) for r in PIPELINE_ROLES)
+
+
+def _peak_role(row: dict[str, Any]) -> str:
+    return max(PIPELINE_ROLES, key=lambda r: row["rss"].get(r, 0))
+
+
+def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
+    """Log-log time and peak RSS against images, one line per step, a row of panels per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = list(dict.fromkeys(s["target"] for s in summary))
+    fig, axes = plt.subplots(len(targets), 2, figsize=(11, 4.2 * len(targets)), squeeze=False)
+    for row, target in enumerate(targets):
+        for entry in (s for s in summary if s["target"] == target):
+            axes[row][0].plot(entry["images"], entry["wall_s"], marker="o", label=entry["step"])
+            axes[row][1].plot(entry["images"], entry["peak_rss_mib"], marker="o", label=entry["step"])
+        xs = sorted({n for s in summary if s["target"] == target for n in s["images"]})
+        if len(xs) >= 2:  # the linear reference: time proportional to images
+            top = max(max(s["wall_s"]) for s in summary if s["target"] == target)
+            axes[row][0].plot(xs, [top * x / xs[-1] for x in xs], "k:", label="linear")
+        axes[row][1].axhline(TARGET_RSS_BYTES / 2**20, color="r", linestyle=":", label="2 GiB target")
+        for col, ylabel in enumerate(("wall time (s)", "peak RSS of the largest process (MiB)")):
+            ax = axes[row][col]
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("images")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{target}: {ylabel.split(' (')[0]}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[row][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def prepare_datasets(kind: str, fractions: list[float]) -> list[tuple[str, Path, int]]:
+    """(label, source folder, images) for each fraction of the KIND dataset, generated once and cached."""
+    from imgest.sources.devdata.countscale import (
+        BYTE_SCALE,
+        CountScaleSpec,
+        counts_of,
+        link_fraction,
+        write_count_scale,
+    )
+
+    spec = CountScaleSpec() if kind == "count" else BYTE_SCALE
+    root = state_dir() / "bench" / f"{kind}-scale"
+    full = write_count_scale(root / "full", spec)
+    made = [(f, link_fraction(full, root / f"f{f:g}", spec, f)) for f in fractions]
+    return [(f"{f * 100:g}pct", path, sum(counts_of(path).values())) for f, path in made]
+
+
+def main(
+    json_path: Path, plot_path: Path | None, kind: str, fractions: list[float], targets: list[str]
+) -> dict[str, Any]:
+    """Run every size and target; print the per-step table; write JSON (and the plot)."""
+    info = machine_info()
+    print(describe_machine(info))
+    datasets = prepare_datasets(kind, fractions)
+    out = state_dir() / "bench" / "scale-runs"
+    rows: list[dict[str, Any]] = []
+    for target in targets:
+        for label, source, images in datasets:
+            rows += run_size(kind, label, source, images, target, out)
+            _write(json_path, kind, info, rows, plot_path)
+    report = _write(json_path, kind, info, rows, plot_path)
+    columns = [
+        ("target", "target"),
+        ("step", "step"),
+        ("images", "images"),
+        ("wall_s", "wall s"),
+        ("fixed_s", "fixed s"),
+        ("time_ratio", "t ratio"),
+        ("time_ratio_excl_fixed", "t ratio-fixed"),
+        ("peak_rss_mib", "peak RSS MiB"),
+        ("peak_rss_role", "in"),
+        ("rss_ratio", "RSS ratio"),
+        ("rows_per_s", "img/s"),
+    ]
+    print(format_table(report["summary"], columns))
+    for target in targets:
+        total = sum(r["wall_s"] for r in rows if r["target"] == target and r["images"] == datasets[-1][2])
+        slowest = max(
+            (r for r in rows if r["target"] == target and r["images"] == datasets[-1][2]),
+            key=lambda r: r["wall_s"],
+            default=None,
+        )
+        if slowest:
+            print(
+                f"{target} at {datasets[-1][2]:,} images: {total:.0f} s in all; slowest step {slowest['step']} "
+                f"({slowest['wall_s']:.0f} s)"
+            )
+    return report
+
+
+def _write(path: Path, kind: str, info: dict[str, Any], rows: list[dict[str, Any]], plot_path: Path | None) -> dict:
+    summary = summarize(rows)
+    report = {
+        "benchmark": f"scale-{kind}",
+        "machine": info,
+        "targets": {"time_ratio": TARGET_TIME_RATIO, "rss_ratio": TARGET_RSS_RATIO, "rss_bytes": TARGET_RSS_BYTES},
+        "summary": summary,
+        "runs": rows,
+    }
+    write_json(path, report)
+    if plot_path and summary:
+        plot(plot_path, summary, f"imgest bench scale ({kind}): every step of ingest_imagenet")
+    return report
