@@ -74,9 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sample.add_argument("out", type=Path, metavar="OUT", help="folder to write")
     sample.add_argument(
         "--layout",
-        choices=["cls-loc", "imagefolder"],
+        choices=["cls-loc", "imagefolder", "tar"],
         default="cls-loc",
-        help="cls-loc: ImageNet CLS-LOC with LOC_val_solution.csv; imagefolder: imagenette2 style",
+        help="cls-loc: ImageNet CLS-LOC with LOC_val_solution.csv; imagefolder: imagenette2 style; tar: "
+        "ILSVRC2012_img_train.tar (a tar of per-class tars) + ILSVRC2012_img_val.tar + LOC_val_solution.csv",
     )
     sample.add_argument("--classes", type=int, default=10, help="number of classes (default 10)")
     sample.add_argument("--per-class", type=int, default=20, help="train images per class (default 20)")

@@ -1,9 +1,14 @@
-"""ImageNet's tar of per-class tars, read in place by offset: broken class tars and odd members are reported.
+"""ImageNet's archives read in place by offset: the train tar of per-class tars and the flat val tar.
+
+``TarOfTars`` reads ``ILSVRC2012_img_train.tar`` (one ``<wnid>.tar`` per class); ``FlatTar`` reads
+``ILSVRC2012_img_val.tar`` (the images themselves, labelled elsewhere). Both stream headers (tarfile's ``r:``
+mode, the member list cleared as it goes), so memory stays flat whatever the member count.
 
 A class tar that is empty, corrupt or truncated never ends the scan: the members read before the damage are
 kept, the container is listed in the report with how many members were read, and the scan goes on with the
 next class tar. Members that are links, devices or FIFOs are skipped and counted by kind; a class tar whose
-name holds a path separator or ``..`` is skipped (no class is derived from it).
+name holds a path separator or ``..`` is skipped (no class is derived from it). A damaged val tar is treated
+like a damaged class tar: its members read before the damage are kept and it is listed as broken.
 """
 
 from __future__ import annotations
@@ -14,13 +19,66 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from imgest.core.errors import ConfigError
 from imgest.sources.tree import Skips
+from imgest.sources.valsolution import DEVKIT_GROUND_TRUTH, VAL_SOLUTION
 
 TAR_SYMLINK = "tar-symlink"
 TAR_HARDLINK = "tar-hardlink"
 TAR_DEVICE = "tar-device-or-fifo"
 TAR_UNSAFE_NAME = "tar-unsafe-name"
 TAR_ERRORS = (tarfile.TarError, EOFError, OSError)
+TRAIN_TAR = "ILSVRC2012_img_train.tar"
+VAL_TAR = "ILSVRC2012_img_val.tar"
+
+
+@dataclass(frozen=True)
+class ImageNetTars:
+    """ImageNet's archives of one source: the train tar of class tars; the val tar and its labels when present."""
+
+    train: Path
+    val: Path | None
+    solution: Path | None
+
+    @property
+    def folder(self) -> Path:
+        """The folder holding the archives: manifest rows name their tar relative to it."""
+        return self.train.parent
+
+
+def imagenet_tars(src: Path) -> ImageNetTars:
+    """The archives of a tar source SRC: the train tar itself, or a folder holding ``ILSVRC2012_img_train.tar``.
+
+    Rule: the val split is ``ILSVRC2012_img_val.tar`` in the train tar's folder, labelled by the
+    ``LOC_val_solution.csv`` in that same folder, whichever of the two SRC names.
+    """
+    if src.is_dir():
+        train = src / TRAIN_TAR
+        if not train.is_file():
+            raise ConfigError(
+                f"{src} holds no {TRAIN_TAR}: the tar layout reads a folder holding ImageNet's train tar (and "
+                f"optionally {VAL_TAR} with {VAL_SOLUTION}), or a train tar given as the source"
+            )
+    elif src.name == VAL_TAR:
+        raise ConfigError(
+            f"{src} is ImageNet's val tar: its labels are positions among the train classes, so give the folder "
+            f"holding it with {TRAIN_TAR} and {VAL_SOLUTION} as the source"
+        )
+    else:
+        train = src
+    val, solution = train.parent / VAL_TAR, train.parent / VAL_SOLUTION
+    return ImageNetTars(
+        train, val if val.is_file() and val != train else None, solution if solution.is_file() else None
+    )
+
+
+def no_solution_hint(folder: Path) -> str:
+    """Which label file a val tar in FOLDER lacks (and, when the devkit's is there, why that one is not read)."""
+    if (folder / DEVKIT_GROUND_TRUTH).is_file():
+        return (
+            f"no {VAL_SOLUTION} in {folder} (its {DEVKIT_GROUND_TRUTH} is not read: its ids need the devkit's meta.mat)"
+        )
+    return f"no {VAL_SOLUTION} in {folder}"
 
 
 def member_kind(info: tarfile.TarInfo) -> str | None:
@@ -45,7 +103,7 @@ def class_tar_name(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class TarEntry:
-    """One image member: its class, path inside the outer tar, size, time and data offset in the outer tar."""
+    """One image member: its class ('' in a flat tar), path inside the outer tar, size, time and data offset."""
 
     wnid: str
     rel_path: str
@@ -55,8 +113,8 @@ class TarEntry:
 
 
 @dataclass
-class TarOfTars:
-    """Streams the image members of an outer tar of class tars; fills SKIPS, BROKEN and TRUNCATED."""
+class _ArchiveReader:
+    """What both readers share: the archive, the junk policy, and where skipped, broken and cut-off parts go."""
 
     path: Path
     skips: Skips
@@ -64,6 +122,28 @@ class TarOfTars:
     on_junk: Callable[[str], None] = lambda kind: None
     broken: list[dict[str, Any]] = field(default_factory=list)
     truncated: list[tuple[str, str]] = field(default_factory=list)  # (rel_path, detail) of cut-off members
+
+    def _keep(self, item: tarfile.TarInfo, rel: str, room: int, container: str) -> bool:
+        """Whether ITEM (REL in reports) holds image bytes to keep; ROOM: bytes its container has left at its data."""
+        kind = member_kind(item)
+        if kind:
+            self.skips.add(kind, rel, f"links to {item.linkname!r}" if item.linkname else "")
+            return False
+        if not item.isfile():
+            return False
+        kind = self.junk(Path(item.name).name)
+        if kind:
+            self.on_junk(kind)
+            return False
+        if item.size > room:
+            self.truncated.append((rel, f"{container} ends {item.size - room} bytes inside this member"))
+            return False
+        return True
+
+
+@dataclass
+class TarOfTars(_ArchiveReader):
+    """Streams the image members of an outer tar of class tars; fills SKIPS, BROKEN and TRUNCATED."""
 
     def class_names(self) -> list[str]:
         """Sorted classes: one per plainly named nested tar (damaged ones included, so labels stay put)."""
@@ -97,54 +177,57 @@ class TarOfTars:
                     yield member
         except TAR_ERRORS as exc:
             if record:
-                self._record_broken(self.path.name, exc, None)
+                self.broken.append(broken_record(self.path.name, exc, None))
 
     def _inner(self, fh: IO[bytes], member: tarfile.TarInfo, wnid: str) -> Iterator[TarEntry]:
-        view = _FileSlice(fh, member.offset_data, member.size)
         read = 0
         try:
-            with tarfile.open(fileobj=view, mode="r:") as inner:  # type: ignore[call-overload]
-                while (item := inner.next()) is not None:
-                    inner.members.clear()
-                    read += 1
-                    entry = self._entry(member, item, wnid)
-                    if entry is not None:
-                        yield entry
-                end = inner.offset
-            view.seek(end)
-            if view.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
-                # tarfile ends quietly on a cut or garbled header after the first member; the marker tells
-                raise tarfile.ReadError(f"no end-of-archive marker at byte {end}: truncated or garbled")
+            for item in stream_members(_FileSlice(fh, member.offset_data, member.size)):
+                read += 1
+                rel = f"{member.name}/{item.name}"
+                data_offset = member.offset_data + item.offset_data
+                room = member.size - item.offset_data
+                if self._keep(item, rel, room, f"class tar {member.name}"):
+                    yield TarEntry(wnid, rel, item.size, float(item.mtime), data_offset)
         except TAR_ERRORS as exc:
-            self._record_broken(member.name, exc, read)
+            self.broken.append(broken_record(member.name, exc, read))
 
-    def _entry(self, member: tarfile.TarInfo, item: tarfile.TarInfo, wnid: str) -> TarEntry | None:
-        rel = f"{member.name}/{item.name}"
-        kind = member_kind(item)
-        if kind:
-            self.skips.add(kind, rel, f"links to {item.linkname!r}" if item.linkname else "")
-            return None
-        if not item.isfile():
-            return None
-        junk = self.junk(Path(item.name).name)
-        if junk:
-            self.on_junk(junk)
-            return None
-        if item.offset_data + item.size > member.size:
-            missing = item.offset_data + item.size - member.size
-            self.truncated.append((rel, f"class tar {member.name} ends {missing} bytes inside this member"))
-            return None
-        return TarEntry(wnid, rel, item.size, float(item.mtime), member.offset_data + item.offset_data)
 
-    def _record_broken(self, name: str, exc: BaseException, read: int | None) -> None:
-        self.broken.append(
-            {
-                "container": name,
-                "error": f"{type(exc).__name__}: {exc}",
-                "members_read": read,
-                "member_count": "unknown",
-            }
-        )
+@dataclass
+class FlatTar(_ArchiveReader):
+    """Streams the image members of a flat tar of images (ImageNet's val tar); fills SKIPS, BROKEN, TRUNCATED."""
+
+    def entries(self) -> Iterator[TarEntry]:
+        """Every readable image member in archive order, with wnid '' (the tar carries no labels)."""
+        size = self.path.stat().st_size
+        read = 0
+        try:
+            with open(self.path, "rb") as fh:
+                for item in stream_members(_FileSlice(fh, 0, size)):
+                    read += 1
+                    room = size - item.offset_data
+                    if self._keep(item, item.name, room, f"val tar {self.path.name}"):
+                        yield TarEntry("", item.name, item.size, float(item.mtime), item.offset_data)
+        except TAR_ERRORS as exc:
+            self.broken.append(broken_record(self.path.name, exc, read))
+
+
+def stream_members(view: _FileSlice) -> Iterator[tarfile.TarInfo]:
+    """The members of the tar in VIEW, headers only, none kept; raises ReadError when the end marker is missing."""
+    with tarfile.open(fileobj=view, mode="r:") as tar:  # type: ignore[call-overload]
+        while (item := tar.next()) is not None:
+            tar.members.clear()  # keep memory flat on 1.3 M members
+            yield item
+        end = tar.offset
+    view.seek(end)
+    if view.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
+        # tarfile ends quietly on a cut or garbled header after the first member; the marker tells
+        raise tarfile.ReadError(f"no end-of-archive marker at byte {end}: truncated or garbled")
+
+
+def broken_record(name: str, exc: BaseException, read: int | None) -> dict[str, Any]:
+    """The scan report's entry for an unreadable container NAME after READ members (None: not counted)."""
+    return {"container": name, "error": f"{type(exc).__name__}: {exc}", "members_read": read, "member_count": "unknown"}
 
 
 class _FileSlice:

@@ -1,5 +1,9 @@
 """Deterministic photo-like sample datasets in ImageNet's layouts (no downloads possible or needed).
 
+Layouts: ``cls-loc`` (Kaggle's tree), ``imagefolder`` (imagenette2 style) and ``tar`` (ImageNet's archives:
+``ILSVRC2012_img_train.tar`` of per-class tars, the flat ``ILSVRC2012_img_val.tar`` and ``LOC_val_solution.csv``,
+holding the same images as ``cls-loc`` with the same seed).
+
 Images look like photographs to a codec: smooth colour fields, solid shapes, blur and sensor-like
 noise, so their JPEG sizes match ImageNet's (mostly about 500x375 and 50-150 KB; about 1 in 40 is a
 large photo of several megapixels). The same arguments always give byte-identical files.
@@ -8,8 +12,11 @@ large photo of several megapixels). The same arguments always give byte-identica
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
 import logging
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +25,7 @@ import numpy as np
 
 from imgest.sources.devdata.defects import plant_defects
 from imgest.sources.devdata.images import jpeg_bytes
+from imgest.sources.tarsource import TRAIN_TAR, VAL_TAR
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +42,7 @@ KNOWN_SYNSETS = [
     ("n01514859", "hen"),
     ("n01518878", "ostrich, Struthio camelus"),
 ]
-LAYOUTS = ("cls-loc", "imagefolder")
+LAYOUTS = ("cls-loc", "imagefolder", "tar")
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,8 @@ def write_sample(out: Path, spec: SampleSpec) -> dict[str, int]:
     if spec.layout not in LAYOUTS:
         raise ValueError(f"unknown layout {spec.layout!r}; choose from {', '.join(LAYOUTS)}")
     classes = synsets(spec.classes)
+    if spec.layout == "tar":
+        return _write_tars(out, spec, classes)
     counts = {"train": 0, "val": 0}
     root = out / "ILSVRC" / "Data" / "CLS-LOC" if spec.layout == "cls-loc" else out
     val_rows: list[tuple[str, str]] = []
@@ -93,13 +103,62 @@ def write_sample(out: Path, spec: SampleSpec) -> dict[str, int]:
     if spec.defects:
         _plant(out, root, spec, classes, val_rows)
     if spec.layout == "cls-loc":
-        with open(out / "LOC_val_solution.csv", "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(["ImageId", "PredictionString"])
-            writer.writerows(sorted(val_rows))
-        (out / "LOC_synset_mapping.txt").write_text("".join(f"{w} {name}\n" for w, name in classes))
+        _write_labels(out, classes, val_rows)
     log.info("sample dataset written to %s: %s", out, counts)
     return counts
+
+
+def _write_labels(out: Path, classes: list[tuple[str, str]], val_rows: list[tuple[str, str]]) -> None:
+    with open(out / "LOC_val_solution.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["ImageId", "PredictionString"])
+        writer.writerows(sorted(val_rows))
+    (out / "LOC_synset_mapping.txt").write_text("".join(f"{w} {name}\n" for w, name in classes))
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)  # mtime 0, no owner: the same images give the same archive bytes
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _write_tars(out: Path, spec: SampleSpec, classes: list[tuple[str, str]]) -> dict[str, int]:
+    """ImageNet's archives under OUT (images as in the cls-loc sample); defects: val label defects only."""
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {"train": 0, "val": 0}
+    with tarfile.open(out / TRAIN_TAR, "w") as outer:
+        for cls, images in itertools.groupby(_images(spec, "train"), key=lambda item: item[0]):
+            wnid, buf = classes[cls][0], io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as inner:
+                for _, n, data in images:
+                    _add(inner, f"{wnid}_{n + 1}.JPEG", data)
+                    counts["train"] += 1
+            _add(outer, f"{wnid}.tar", buf.getvalue())
+    val_rows: list[tuple[str, str]] = []
+    with tarfile.open(out / VAL_TAR, "w") as val:
+        for cls, n, data in _images(spec, "val"):
+            image_id = f"ILSVRC2012_val_{cls * spec.val_per_class + n + 1:08d}"
+            _add(val, f"{image_id}.JPEG", data)
+            val_rows.append((image_id, f"{classes[cls][0]} 10 10 100 100"))
+            counts["val"] += 1
+        if spec.defects:
+            _plant_val_label_defects(out, val, spec, classes, val_rows)
+    _write_labels(out, classes, val_rows)
+    log.info("sample archives written to %s: %s", out, counts)
+    return counts
+
+
+def _plant_val_label_defects(
+    out: Path, val: tarfile.TarFile, spec: SampleSpec, classes: list[tuple[str, str]], val_rows: list[tuple[str, str]]
+) -> None:
+    """A val image with no label row, one labelled with a class train lacks, and a label row with no image."""
+    hue = np.random.default_rng([spec.seed, 7, 0]).random(3)
+    _add(val, "ILSVRC2012_val_99999999.JPEG", jpeg_bytes(np.random.default_rng([spec.seed, 9, 0]), hue, False))
+    _add(val, "ILSVRC2012_val_99999997.JPEG", jpeg_bytes(np.random.default_rng([spec.seed, 9, 1]), hue, False))
+    val_rows.append(("ILSVRC2012_val_99999997", "n99999999 1 1 2 2"))  # not a train class
+    val_rows.append(("ILSVRC2012_val_99999998", f"{classes[0][0]} 1 1 2 2"))  # no such image
+    expected = {"ILSVRC2012_val_99999999.JPEG": "no-label", "ILSVRC2012_val_99999997.JPEG": "no-label"}
+    (out / EXPECTED_DEFECTS_FILE).write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
 
 
 EXPECTED_DEFECTS_FILE = "expected_defects.json"
