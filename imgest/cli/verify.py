@@ -19,13 +19,17 @@ def verify_cassandra_cmd(args: argparse.Namespace) -> int:
     settings = cassandra_settings(args)
     tables = TableLayout(args.keyspace, args.table_layout, args.table_suffix)
     with cassandra_session(settings) as session, explain_unavailable(session):
-        report = verify(session, args.manifest_dir, tables, args.dataset, args.version, args.sample)
+        count_rows = getattr(args, "count_rows", False)  # `ingest cassandra --verify` has no such flag
+        report = verify(
+            session, args.manifest_dir, tables, args.dataset, args.version, args.sample, count_rows=count_rows
+        )
     print(json.dumps(report.to_dict(), indent=2))
     if not report.ok:
         print("imgest: error: verification failed; the version is not marked complete", file=sys.stderr)
         return 1
     print(
-        f"verified: {sum(report.found.values())} rows match the manifest; {report.sampled} sampled rows are "
+        f"verified: {sum(report.found.values())} rows ({report.counts_from}) match the manifest; "
+        f"{report.sampled} sampled rows are "
         f"byte-equal to a fresh transform; version {report.version} marked complete"
     )
     return 0
@@ -66,8 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     vc = verify_sub.add_parser(
         "cassandra",
         help="counts per split and label, byte-equal samples, then mark the version complete",
-        description="Counts per split and label must equal the manifest minus the quarantine, and a random sample "
-        "of rows must be byte-equal to a fresh transform of its source.",
+        description="Counts per split and label (as the job recorded them, or counted in the table with "
+        "--count-rows) must equal the manifest minus the quarantine, and a seeded, class-balanced sample of rows "
+        "must be byte-equal to a fresh transform of its source.",
     )
     vc.add_argument("manifest_dir", type=Path, metavar="MANIFEST_DIR")
     vc.add_argument("--version", required=True, help="version printed by the ingest")
@@ -77,6 +82,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     vc.add_argument("--table-suffix", default="")
     add_cassandra_args(vc)
     vc.add_argument("--sample", type=int, default=32, help="rows to byte-compare (default 32)")
+    vc.add_argument(
+        "--count-rows",
+        action="store_true",
+        help="count the version's rows in the table (a token-range scan of two columns) instead of trusting the "
+        "counts the job recorded",
+    )
     vc.set_defaults(func=verify_cassandra_cmd)
 
     vf = verify_sub.add_parser(

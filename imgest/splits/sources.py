@@ -17,11 +17,13 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.sinks.cassandra.schema import identifier
 from imgest.sinks.shards.store import ShardStore
+from imgest.splits.split import id_strings
 
 
 @dataclass
 class LabelledRows:
-    """Row ids (UUID strings) and integer labels, with where they live."""
+    """Row ids and integer labels, with where they live. Ids are UUID strings, or 16-byte UUIDs ('S16') when read
+    from Cassandra (imgest.splits.split.id_strings formats them)."""
 
     ids: np.ndarray
     labels: np.ndarray
@@ -30,7 +32,7 @@ class LabelledRows:
 
     def save(self, path: Path) -> None:
         """The metadata cache (--metadata-ofn): Parquet with the source in its schema metadata."""
-        table = pa.table({"id": self.ids.astype(str), "label": self.labels.astype(np.int32)})
+        table = pa.table({"id": id_strings(self.ids).astype(str), "label": self.labels.astype(np.int32)})
         meta = {b"imgest_source": json.dumps(self.source).encode(), b"num_classes": str(self.num_classes).encode()}
         pq.write_table(table.replace_schema_metadata(meta), path)
 
@@ -55,6 +57,23 @@ def qualified(name: str, what: str) -> tuple[str, str]:
     return identifier(keyspace, f"{what} keyspace"), identifier(table, what)
 
 
+def _version_columns(
+    session: Any, metadata_table: str, dataset: str, version: str, only_split: str | None, **scan: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids as 16-byte UUIDs, int32 labels) of one version's rows, from a token-range scan in bounded batches."""
+    from imgest.sinks.cassandra.scan import scan_columns, uuid_column
+
+    ids, labels = [], []
+    for batch in scan_columns(session, metadata_table, ["id", "label", "split"], dataset, version, **scan):
+        if only_split is not None:
+            batch = batch.filter(pc.equal(batch.column("split"), only_split))
+        ids.append(uuid_column(batch.column("id")))
+        labels.append(batch.column("label").fill_null(-1).to_numpy().astype(np.int32))
+    if not ids:
+        return np.zeros(0, dtype="S16"), np.zeros(0, dtype=np.int32)
+    return np.concatenate(ids), np.concatenate(labels)
+
+
 def from_cassandra(
     session: Any,
     metadata_table: str,
@@ -62,25 +81,24 @@ def from_cassandra(
     only_split: str | None = None,
     dataset: str | None = None,
     version: str | None = None,
+    **scan: Any,
 ) -> LabelledRows:
     """Rows of one version in METADATA_TABLE ('ks.table'): DATASET / VERSION, or the only active version there
     (the complete one first); ONLY_SPLIT keeps the rows of one original split. Rows of other datasets or
-    versions in the same table are never read; the class count is that version's class map."""
-    from imgest.sinks.cassandra.versions import resolve, version_rows
+    versions in the same table are never read; the class count is that version's class map. Read by a
+    token-range scan (SCAN: its knobs) into numpy columns: ids are 16-byte UUIDs ('S16'), sorted, so the same
+    rows always give the same split whatever order the table returns them in."""
+    from imgest.sinks.cassandra.versions import resolve
 
     ks, meta = qualified(metadata_table, "metadata table")
     qualified(data_table, "data table")
     record = resolve(session, f"{ks}.{meta}", dataset, version)
-    ids, labels = [], []
-    for row in version_rows(session, f"{ks}.{meta}", record.dataset, record.version, "id, label, split"):
-        if only_split is None or row.split == only_split:
-            ids.append(str(row.id))
-            labels.append(row.label)
+    ids, labels = _version_columns(session, f"{ks}.{meta}", record.dataset, record.version, only_split, **scan)
     where = f"{metadata_table} for {record.dataset} version {record.version}"
-    if not ids:
+    if not len(ids):
         raise ImgestError(f"no rows in {where}" + (f" for split {only_split!r}" if only_split else ""))
-    classes = len(record.class_map) or max(labels) + 1
-    order = np.argsort(ids)  # a source-independent order: the same rows always give the same split
+    classes = len(record.class_map) or int(labels.max()) + 1
+    order = np.argsort(ids, kind="stable")  # byte order of the UUIDs = the order of their strings
     source = {
         "kind": "cassandra",
         "data_table": data_table,
@@ -88,7 +106,7 @@ def from_cassandra(
         "dataset": record.dataset,
         "version": record.version,
     }
-    return LabelledRows(np.asarray(ids)[order], np.asarray(labels)[order], classes, source)
+    return LabelledRows(ids[order], labels[order], classes, source)
 
 
 def from_shards(store: ShardStore, only_split: str | None = None) -> LabelledRows:

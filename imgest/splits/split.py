@@ -9,6 +9,9 @@ to rounding: only what the balance itself leaves out is unused.
 The default file is a NumPy ``.npz`` read with ``allow_pickle=False``: row ids (UUID strings), labels,
 one index array per part, the class count and where the data lives. ``--format crs4`` also writes the
 pickled dictionary the cassandra-dali-plugin training scripts load.
+
+Everything works on numpy columns: in memory, ids read from Cassandra stay 16-byte UUIDs ('S16', 16 bytes a
+row rather than 144 as UUID strings) and become strings only where a file or a reader needs them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,26 @@ import numpy as np
 from imgest.core.errors import ConfigError
 
 FORMAT_VERSION = 1
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_HEX_AT = np.r_[0:8, 9:13, 14:18, 19:23, 24:36]  # where the 32 hex digits go in a 36-character UUID string
+ID_CHUNK = 1 << 16
+
+
+def id_strings(ids: np.ndarray) -> np.ndarray:
+    """IDS as UUID strings ('U36'): 16-byte UUIDs ('S16') are formatted (vectorized, in chunks); any other
+    array of ids is returned as it is."""
+    ids = np.asarray(ids)
+    if ids.dtype != np.dtype("S16"):
+        return ids
+    out = np.empty(len(ids), dtype="U36")
+    for start in range(0, len(ids), ID_CHUNK):
+        raw = np.frombuffer(np.ascontiguousarray(ids[start : start + ID_CHUNK]).tobytes(), np.uint8).reshape(-1, 16)
+        digits = np.empty((len(raw), 32), dtype=np.uint8)
+        digits[:, 0::2], digits[:, 1::2] = raw >> 4, raw & 15
+        text = np.full((len(raw), 36), ord("-"), dtype=np.uint8)
+        text[:, _HEX_AT] = _HEX[digits]
+        out[start : start + len(raw)] = text.view("S36").ravel().astype("U36")
+    return out
 
 
 def parse_ratios(text: str | Sequence[float]) -> list[float]:
@@ -87,8 +110,11 @@ def make_split(
     """One sorted index array per part into LABELS' rows; parts are disjoint."""
     labels = np.asarray(labels)
     num_classes = num_classes or (int(labels.max()) + 1 if len(labels) else 0)
-    members = [np.flatnonzero(labels == c) for c in range(num_classes)]
-    counts = [len(m) for m in members]
+    valid = np.flatnonzero((labels >= 0) & (labels < num_classes))  # rows of other labels are never used
+    by_class = valid[np.argsort(labels[valid], kind="stable")]  # row indices grouped by class, ascending within
+    counts = np.bincount(labels[valid], minlength=num_classes).tolist()
+    ends = np.cumsum(counts)
+    members = [by_class[end - n : end] for n, end in zip(counts, ends, strict=True)]
     present = [c for c in range(num_classes) if counts[c] > 0]
     weights = class_weights(balance, counts, seed)
     use = np.zeros(num_classes, dtype=np.int64)
@@ -108,7 +134,7 @@ def make_split(
 class SplitFile:
     """A split: row ids and labels, the parts, and where the rows live."""
 
-    row_ids: np.ndarray  # UUID strings
+    row_ids: np.ndarray  # UUID strings, or 16-byte UUIDs ('S16') as read from Cassandra
     labels: np.ndarray
     parts: list[np.ndarray]
     num_classes: int
@@ -118,7 +144,7 @@ class SplitFile:
     def part(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, labels) of part K, for feeding a reader (Cassandra ids or shard sample keys)."""
         idx = self.parts[k]
-        return self.row_ids[idx], self.labels[idx]
+        return id_strings(self.row_ids[idx]), self.labels[idx]
 
     def summary(self) -> dict[str, Any]:
         per_part = [np.bincount(self.labels[p], minlength=self.num_classes).tolist() for p in self.parts]
@@ -142,7 +168,7 @@ class SplitFile:
         with open(path, "wb") as fh:
             np.savez_compressed(
                 fh,
-                row_ids=self.row_ids.astype("U36"),
+                row_ids=id_strings(self.row_ids).astype("U36"),
                 labels=self.labels.astype(np.int32),
                 meta=np.array(json.dumps(meta, sort_keys=True)),
                 **arrays,
@@ -160,7 +186,7 @@ class SplitFile:
             "metadata_label_col": "label",
             "data_col": "data",
             "label_type": "int",
-            "row_keys": np.array([uuid.UUID(r) for r in self.row_ids], dtype=object),
+            "row_keys": np.array([uuid.UUID(r) for r in id_strings(self.row_ids)], dtype=object),
             "split": [p.astype(np.int64) for p in self.parts],
             "num_classes": self.num_classes,
         }

@@ -19,6 +19,7 @@ from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest
 from imgest.sources.scan import scan_to_dir
 from imgest.splits.sources import from_cassandra
+from imgest.splits.split import id_strings
 from tests.jobs.conftest import read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -71,7 +72,7 @@ def test_two_datasets_ingest_verify_and_split_apart(tmp_path: Path, session: Any
         assert _status(session, name, versions[name]) == "complete"
         rows = from_cassandra(session, f"{KS}.metadata", f"{KS}.data", "train", dataset=name)
         train = {c.id for c in iter_manifest(manifest / "manifest.parquet") if c.split == "train"}
-        assert set(rows.ids) == train
+        assert set(id_strings(rows.ids).tolist()) == train
         assert rows.num_classes == specs[name].classes  # its own class map
         assert rows.source["version"] == versions[name]
     with pytest.raises(ImgestError, match="holds datasets alpha, beta"):

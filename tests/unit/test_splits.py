@@ -166,3 +166,54 @@ def test_metadata_cache_round_trip(tmp_path: Path) -> None:
     assert back.labels.tolist() == [1, 0]
     assert back.num_classes == 7
     assert back.source == {"kind": "shards", "location": "/x"}
+
+
+def _members_before(labels: np.ndarray, num_classes: int) -> list[np.ndarray]:
+    """How make_split grouped rows before it sorted once: one full comparison per class."""
+    return [np.flatnonzero(labels == c) for c in range(num_classes)]
+
+
+@given(labels=st.lists(st.integers(-1, 8), min_size=0, max_size=300), seed=st.integers(0, 5))
+@settings(max_examples=200, deadline=None)
+def test_split_by_sorting_once_equals_one_pass_per_class(labels: list[int], seed: int) -> None:
+    arr = np.asarray(labels, dtype=np.int32)
+    classes = 7  # labels -1, 7 and 8 lie outside: never used, as before
+    parts = make_split(arr, [3, 1], "original", seed, classes)
+    members = _members_before(arr, classes)
+    want: list[list[np.ndarray]] = [[], []]
+    for c, rows in enumerate(members):
+        shuffled = np.random.default_rng([seed, c]).permutation(rows)
+        first = cut(len(rows), [3, 1])[0]
+        want[0].append(shuffled[:first])
+        want[1].append(shuffled[first:])
+    for got, expect in zip(parts, want, strict=True):
+        assert np.array_equal(got, np.sort(np.concatenate(expect)) if expect else np.zeros(0, dtype=np.int64))
+
+
+def test_uuid_bytes_format_as_their_strings_and_sort_alike() -> None:
+    from imgest.splits.split import id_strings
+
+    ids = [uuid.UUID(int=0), uuid.UUID(bytes=b"\x00" * 15 + b"\x01"), *(uuid.uuid4() for _ in range(70_000))]
+    raw = np.frombuffer(b"".join(u.bytes for u in ids), dtype="S16")
+    assert id_strings(raw).tolist() == [str(u) for u in ids]
+    assert id_strings(raw[np.argsort(raw)]).tolist() == sorted(str(u) for u in ids)
+    strings = np.array(["b", "a"])
+    assert id_strings(strings) is strings  # ids that are not 16-byte UUIDs are left as they are
+
+
+def test_split_of_uuid_bytes_writes_the_same_files_as_strings(tmp_path: Path) -> None:
+    ids = sorted(uuid.uuid5(uuid.NAMESPACE_OID, str(n)).bytes for n in range(50))
+    raw = np.frombuffer(b"".join(ids), dtype="S16")
+    labels = np.arange(50) % 3
+    as_bytes = SplitFile(raw, labels, make_split(labels, [8, 2], "original", 1), 3, {"kind": "cassandra"})
+    strings = np.array([str(uuid.UUID(bytes=b)) for b in ids])
+    as_text = SplitFile(strings, labels, as_bytes.parts, 3, {"kind": "cassandra"})
+    for split, name in ((as_bytes, "b"), (as_text, "t")):
+        split.save(tmp_path / f"{name}.npz")
+        split.save_crs4(tmp_path / f"{name}.pckl")
+    assert np.array_equal(load_split(tmp_path / "b.npz").row_ids, load_split(tmp_path / "t.npz").row_ids)
+    assert np.array_equal(as_bytes.part(0)[0], as_text.part(0)[0])
+    crs4 = [pickle.loads((tmp_path / f"{n}.pckl").read_bytes())["row_keys"].tolist() for n in ("b", "t")]
+    assert crs4[0] == crs4[1] == [uuid.UUID(bytes=b) for b in ids]
+    LabelledRows(raw, labels, 3, {"kind": "cassandra"}).save(tmp_path / "meta.parquet")
+    assert LabelledRows.load(tmp_path / "meta.parquet").ids.tolist() == strings.tolist()

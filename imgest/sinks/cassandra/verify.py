@@ -1,25 +1,41 @@
-"""Verification of a Cassandra ingest: counts per split and label, byte-equal samples, then 'complete'."""
+"""Verification of a Cassandra ingest: counts per split and label, a byte-equal sample, then 'complete'.
+
+Counts are not rescanned by default: the job records what it wrote per split and label in the version record
+(``label_counts``, from rows the store acknowledged), and those are compared with the manifest minus the
+quarantine. The table is counted only when asked (``count_rows``; a refresh does, since its job wrote only the
+delta) or when the record has no final counts, and then by a token-range scan of two narrow columns
+(imgest.sinks.cassandra.scan), never ``ALLOW FILTERING``. A seeded, class-balanced sample of rows is read back
+and compared byte for byte with a fresh transform of its source, and its metadata row with the data's sha256.
+The manifest is read as Arrow batches: memory stays flat whatever the dataset's size.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import random
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.sinks.cassandra.scan import count_by
 from imgest.sinks.cassandra.schema import TableLayout
-from imgest.sinks.cassandra.versions import advance_status, version_rows
-from imgest.sources.manifest import Candidate, iter_manifest, manifest_metadata
+from imgest.sinks.cassandra.versions import advance_status
+from imgest.sources.manifest import BATCH_ROWS, Candidate, manifest_metadata
 from imgest.sources.read import read_candidate
 from imgest.transform.image import TransformSpec, transform_image
 
 log = logging.getLogger(__name__)
+FINAL = ("written", "complete")  # statuses whose recorded counts are the job's final ones
 
 
 class VerificationError(ImgestError):
@@ -31,11 +47,14 @@ class VerifyReport:
     dataset: str
     version: str
     ok: bool = True
-    expected: dict[str, int] = field(default_factory=dict)
-    found: dict[str, int] = field(default_factory=dict)
+    expected: dict[str, int] = field(default_factory=dict)  # "split/label" -> rows, from the manifest
+    found: dict[str, int] = field(default_factory=dict)  # "split/label" -> rows, recorded or counted
+    counts_from: str = "recorded"  # "recorded" (the version record) or "table" (a token-range scan)
+    job_rows: int | None = None  # rows the job reported (stored + skipped), when given
     count_mismatches: dict[str, tuple[int, int]] = field(default_factory=dict)
     sampled: int = 0
     byte_mismatches: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # sampled images without a data or metadata row
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,9 +63,12 @@ class VerifyReport:
             "ok": self.ok,
             "rows_expected": sum(self.expected.values()),
             "rows_found": sum(self.found.values()),
+            "counts_from": self.counts_from,
+            "job_rows": self.job_rows,
             "count_mismatches": {k: {"expected": e, "found": f} for k, (e, f) in self.count_mismatches.items()},
             "sampled": self.sampled,
             "byte_mismatches": self.byte_mismatches,
+            "missing_rows": self.missing,
         }
 
 
@@ -59,24 +81,72 @@ def _version_row(session: Any, tables: TableLayout, dataset: str, version: str) 
     return row
 
 
-def _expected_counts(
-    manifest_dir: Path, quarantined: set[str], sample: int, seed: int
+def _bottom_per_label(pool: pa.Table, keep: int) -> pa.Table:
+    """The KEEP rows of lowest 'key' of each label in POOL, with their 'rank' within the label."""
+    labels, keys = pool.column("label").to_numpy(), pool.column("key").to_numpy()
+    order = np.lexsort((keys, labels))
+    ranked = labels[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    chosen = order[rank < keep]
+    return pool.take(chosen).set_column(pool.schema.get_field_index("rank"), "rank", pa.array(rank[rank < keep]))
+
+
+def expected_counts(
+    manifest: Path, quarantined: set[str], sample: int, seed: int
 ) -> tuple[Counter[str], list[Candidate]]:
-    """Rows expected per split/label, and a uniform reservoir sample of SAMPLE of them (flat memory)."""
+    """Rows expected per 'split/label' (the manifest minus QUARANTINED) and a seeded, class-balanced sample of
+    SAMPLE of them: every label's lowest random keys, taken round-robin across labels. Reads Arrow batches."""
     expected: Counter[str] = Counter()
-    rng = random.Random(seed)
-    picked: list[Candidate] = []
-    seen = 0
-    for cand in iter_manifest(manifest_dir / workdir.MANIFEST):
-        if cand.id in quarantined:
+    rng = np.random.default_rng([seed, 11])
+    bad = pa.array(sorted(quarantined), pa.string())
+    pool: pa.Table | None = None
+    for batch in pq.ParquetFile(manifest).iter_batches(batch_size=BATCH_ROWS):
+        table = pa.Table.from_batches([batch])
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=bad)))
+        grouped = table.group_by(["split", "label"]).aggregate([([], "count_all")])
+        for row in grouped.to_pylist():
+            expected[f"{row['split']}/{row['label']}"] += row["count_all"]
+        if sample <= 0 or not table.num_rows:
             continue
-        expected[f"{cand.split}/{cand.label}"] += 1
-        seen += 1
-        if len(picked) < sample:
-            picked.append(cand)
-        elif (slot := rng.randrange(seen)) < sample:
-            picked[slot] = cand
-    return expected, picked
+        table = table.append_column("key", pa.array(rng.random(table.num_rows))).append_column(
+            "rank", pa.array(np.zeros(table.num_rows, dtype=np.int64))
+        )
+        pool = _bottom_per_label(table if pool is None else pa.concat_tables([pool, table]), sample)
+    if pool is None:
+        return expected, []
+    picked = pool.sort_by([("rank", "ascending"), ("key", "ascending")]).slice(0, sample)
+    return expected, [Candidate(**row) for row in picked.drop_columns(["key", "rank"]).to_pylist()]
+
+
+def table_counts(session: Any, tables: TableLayout, splits: list[str], dataset: str, version: str) -> Counter[str]:
+    """Rows of DATASET / VERSION per 'split/label' in its metadata tables, by token-range scans."""
+    found: Counter[str] = Counter()
+    for table in sorted({tables.metadata_table(split) for split in splits}):  # one table for all splits, or one each
+        found.update(count_by(session, f"{tables.keyspace}.{table}", ["split", "label"], dataset, version))
+    return found
+
+
+def _check_sample(
+    session: Any, tables: TableLayout, root: Path, spec: TransformSpec, version: str, picked: list[Candidate]
+) -> tuple[list[str], list[str]]:
+    """(missing, differing) relative paths of PICKED: no data or metadata row of VERSION, or bytes (or their
+    recorded sha256) unlike a fresh transform of the source."""
+    missing, differing = [], []
+    ks = tables.keyspace
+    for cand in picked:
+        key = (uuid.UUID(cand.id),)
+        data = session.execute(f"SELECT data FROM {ks}.{tables.data_table(cand.split)} WHERE id = %s", key).one()
+        meta = session.execute(
+            f"SELECT sha256, version FROM {ks}.{tables.metadata_table(cand.split)} WHERE id = %s", key
+        ).one()
+        if data is None or meta is None or meta.version != version:
+            missing.append(cand.rel_path)
+            continue
+        fresh = transform_image(read_candidate(root, cand), spec).data
+        if bytes(data.data) != fresh or meta.sha256 != hashlib.sha256(fresh).hexdigest():
+            differing.append(cand.rel_path)
+    return missing, differing
 
 
 def verify(
@@ -88,9 +158,13 @@ def verify(
     sample: int = 32,
     seed: int = 0,
     mark_complete: bool = True,
+    count_rows: bool = False,
+    job_rows: int | None = None,
 ) -> VerifyReport:
     """Compare the rows of VERSION (only those) with the manifest minus the quarantine; on success mark the
-    version complete (only from 'written')."""
+    version complete (only from 'written'). Counts are the version record's (the job's) unless COUNT_ROWS, or
+    the record has no final counts: then the table's, by token-range scan. JOB_ROWS (the job summary's stored +
+    skipped) must equal the recorded total when given."""
     meta = manifest_metadata(manifest_dir / workdir.MANIFEST)
     dataset = dataset or meta["dataset"]
     record = _version_row(session, tables, dataset, version)
@@ -102,30 +176,29 @@ def verify(
             f"SELECT id FROM {tables.keyspace}.quarantine WHERE dataset = %s AND version = %s", (dataset, version)
         )
     }
-    report = VerifyReport(dataset, version)
-    expected, picked = _expected_counts(manifest_dir, quarantined, sample, seed)
-    found: Counter[str] = Counter()
-    for table in sorted({tables.metadata_table(split) for split in splits}):  # one table for all splits, or one each
-        for row in version_rows(session, f"{tables.keyspace}.{table}", dataset, version, "split, label"):
-            found[f"{row.split}/{row.label}"] += 1
+    report = VerifyReport(dataset, version, job_rows=job_rows)
+    expected, picked = expected_counts(manifest_dir / workdir.MANIFEST, quarantined, sample, seed)
+    recorded = dict(record.label_counts or {})
+    if count_rows or not recorded or record.status not in FINAL:
+        report.counts_from = "table"
+        found: Counter[str] = table_counts(session, tables, splits, dataset, version)
+    else:
+        found = Counter(recorded)
     report.expected, report.found = dict(expected), dict(found)
     for key in sorted(set(expected) | set(found)):
         if expected[key] != found[key]:
             report.count_mismatches[key] = (expected[key], found[key])
-    root = Path(meta["root"])
-    for cand in picked:
-        stmt = f"SELECT data FROM {tables.keyspace}.{tables.data_table(cand.split)} WHERE id = %s"
-        row = session.execute(stmt, (uuid.UUID(cand.id),)).one()
-        fresh = transform_image(read_candidate(root, cand), spec).data
-        report.sampled += 1
-        if row is None or bytes(row.data) != fresh:
-            report.byte_mismatches.append(cand.rel_path)
-    report.ok = not report.count_mismatches and not report.byte_mismatches
-    done = ("written", "complete")
-    if report.ok and mark_complete and not advance_status(session, tables.keyspace, dataset, version, "complete", done):
+    if job_rows is not None and job_rows != sum(recorded.values()):
+        report.count_mismatches["job"] = (job_rows, sum(recorded.values()))
+    report.missing, report.byte_mismatches = _check_sample(session, tables, Path(meta["root"]), spec, version, picked)
+    report.sampled = len(picked)
+    report.ok = not report.count_mismatches and not report.byte_mismatches and not report.missing
+    ks = tables.keyspace
+    if report.ok and mark_complete and not advance_status(session, ks, dataset, version, "complete", FINAL):
         raise VerificationError(
             f"version {version!r} of {dataset!r} matches but its status is {record.status!r}, not 'written': "
             "finish (or re-run) its ingest first; replaced versions cannot be completed"
         )
-    log.info("verify %s/%s: %s", dataset, version, "ok" if report.ok else "MISMATCH")
+    outcome = "ok" if report.ok else "MISMATCH"
+    log.info("verify %s/%s: %s (counts from %s)", dataset, version, outcome, report.counts_from)
     return report

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
+from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -146,14 +148,25 @@ def advance_status(session: Any, keyspace: str, dataset: str, version: str, to: 
 
 
 def version_rows(session: Any, table: str, dataset: str, version: str, columns: str) -> Iterator[Any]:
-    """COLUMNS of the rows of TABLE ('ks.table') written by DATASET / VERSION (a filtered scan of the table)."""
-    keyspace, _, name = table.partition(".")
-    identifier(keyspace, "keyspace")
-    identifier(name, "metadata table")
-    yield from session.execute(
-        f"SELECT {columns} FROM {keyspace}.{name} WHERE dataset = %s AND version = %s ALLOW FILTERING",
-        (dataset, version),
-    )
+    """COLUMNS ('a, b') of the rows of TABLE ('ks.table') written by DATASET / VERSION, as named tuples (uuid
+    columns as uuid.UUID), read by a token-range scan (no ALLOW FILTERING). Only one page of rows is held at a
+    time; callers that keep columns should use scan.scan_columns, which yields Arrow batches."""
+    import pyarrow as pa
+
+    from imgest.sinks.cassandra.scan import scan_columns
+
+    names = [c.strip() for c in columns.split(",")]
+    row_type = namedtuple("Row", names)  # type: ignore[misc]
+    for batch in scan_columns(session, table, names, dataset, version):
+        values = []
+        for name in names:
+            col = batch.column(name)
+            if pa.types.is_fixed_size_binary(col.type):
+                values.append([None if b is None else uuid.UUID(bytes=b) for b in col.to_pylist()])
+            else:
+                values.append(col.to_pylist())
+        for row in zip(*values, strict=True):
+            yield row_type(*row)
 
 
 def resolve(session: Any, metadata_table: str, dataset: str | None = None, version: str | None = None) -> VersionRecord:

@@ -1,0 +1,193 @@
+"""Token-range scans of a Cassandra table as Arrow record batches: the one way imgest reads a whole table.
+
+The ring's full token range (Murmur3: ``[-2**63, 2**63 - 1]``) is cut into RANGES contiguous sub-ranges; each is
+read with ``SELECT cols FROM t WHERE token(pk) >= ? AND token(pk) <= ?`` (inclusive integer bounds, so the first
+sub-range starts at the minimum token and nothing falls between two), at most CONCURRENCY sub-ranges in flight
+through the driver's ``execute_concurrent_with_args``, each paged by PAGE_SIZE rows. Every sub-range is an
+ordinary partition-key range read, spread over the replicas that own it: no ``ALLOW FILTERING``, no single
+coordinator walking the whole table.
+
+Rows of one dataset version are kept by comparing the ``dataset`` / ``version`` columns in Arrow (vectorized),
+never row by row in Python. Memory is bounded by CONCURRENCY x PAGE_SIZE rows of the selected columns,
+whatever the table's size; the caller receives one record batch per page.
+
+    for batch in scan_columns(session, "ks.metadata", ["id", "label", "split"], dataset="imagenet", version="v1"):
+        ids = batch.column("id")  # fixed_size_binary(16): the UUID's 16 bytes
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from imgest.core.errors import ImgestError
+from imgest.sinks.cassandra.schema import identifier
+
+log = logging.getLogger(__name__)
+
+MIN_TOKEN = -(2**63)
+MAX_TOKEN = 2**63 - 1
+DEFAULT_RANGES = 256
+DEFAULT_PAGE_SIZE = 5000
+DEFAULT_CONCURRENCY = 16
+MURMUR3 = "org.apache.cassandra.dht.Murmur3Partitioner"
+
+# CQL type -> Arrow type of the column in the batches; uuids become their 16 bytes.
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "uuid": pa.binary(16),
+    "timeuuid": pa.binary(16),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "smallint": pa.int16(),
+    "tinyint": pa.int8(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "text": pa.string(),
+    "varchar": pa.string(),
+    "ascii": pa.string(),
+    "blob": pa.binary(),
+    "timestamp": pa.timestamp("ms", tz="UTC"),
+}
+
+
+class ScanError(ImgestError):
+    """A table cannot be scanned by token range (unknown table or column, unsupported type or partitioner)."""
+
+
+def token_ranges(count: int) -> list[tuple[int, int]]:
+    """COUNT contiguous inclusive (low, high) token ranges covering [MIN_TOKEN, MAX_TOKEN] exactly once."""
+    if count < 1:
+        raise ScanError(f"a token-range scan needs at least one range, not {count}")
+    span = MAX_TOKEN - MIN_TOKEN + 1
+    bounds = [MIN_TOKEN + span * i // count for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(count)]
+
+
+def _table_meta(session: Any, table: str) -> Any:
+    keyspace, _, name = table.partition(".")
+    identifier(keyspace, "keyspace")
+    identifier(name, "table")
+    metadata = session.cluster.metadata
+    if metadata.partitioner != MURMUR3:
+        raise ScanError(f"token-range scans of {table} need the Murmur3Partitioner, not {metadata.partitioner}")
+    ks = metadata.keyspaces.get(keyspace)
+    meta = ks.tables.get(name) if ks is not None else None
+    if meta is None:
+        raise ScanError(f"table {table} does not exist (create it with the ingest, or check --keyspace)")
+    return meta
+
+
+def arrow_schema(session: Any, table: str, columns: Sequence[str]) -> pa.Schema:
+    """The schema of the batches scan_columns yields for COLUMNS of TABLE ('ks.table')."""
+    meta = _table_meta(session, table)
+    fields = []
+    for name in columns:
+        col = meta.columns.get(name)
+        if col is None:
+            raise ScanError(f"table {table} has no column {name!r} (columns: {', '.join(meta.columns)})")
+        kind = ARROW_TYPES.get(col.cql_type)
+        if kind is None:
+            raise ScanError(f"column {table}.{name} has CQL type {col.cql_type}, which scans do not convert")
+        fields.append(pa.field(name, kind))
+    return pa.schema(fields)
+
+
+def _to_arrow(rows: list[Any], schema: pa.Schema) -> pa.RecordBatch:
+    """One page of driver rows (tuples in SCHEMA's column order) as a record batch."""
+    arrays = []
+    for i, field in enumerate(schema):
+        values = [row[i] for row in rows]
+        if field.type == pa.binary(16):
+            values = [None if v is None else v.bytes for v in values]
+        arrays.append(pa.array(values, type=field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def uuid_column(array: pa.Array) -> np.ndarray:
+    """A fixed_size_binary(16) column of a scan as a numpy array of 16-byte UUIDs ('S16', a copy); byte order
+    sorts like the UUIDs' strings. Ids are primary keys, so never null."""
+    if array.null_count:
+        raise ScanError(f"a uuid column of {len(array)} rows holds {array.null_count} nulls")
+    raw = np.frombuffer(array.buffers()[1], dtype="S16")
+    return raw[array.offset : array.offset + len(array)].copy()
+
+
+def _pages(result: Any) -> Iterator[list[Any]]:
+    """The pages of a paged result set, fetched one at a time."""
+    yield result.current_rows
+    while result.has_more_pages:
+        result.fetch_next_page()
+        yield result.current_rows
+
+
+def _matches(batch: pa.RecordBatch, filters: dict[str, str]) -> pa.Array:
+    """Boolean mask of the rows of BATCH whose columns equal FILTERS' values (nulls never match)."""
+    masks = [pc.equal(batch.column(k), v) for k, v in filters.items()]
+    keep = masks[0]
+    for mask in masks[1:]:
+        keep = pc.and_kleene(keep, mask)
+    return keep
+
+
+def scan_columns(
+    session: Any,
+    table: str,
+    columns: Sequence[str],
+    dataset: str | None = None,
+    version: str | None = None,
+    ranges: int = DEFAULT_RANGES,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> Iterator[pa.RecordBatch]:
+    """COLUMNS of every row of TABLE ('ks.table') as Arrow record batches of at most PAGE_SIZE rows; only the
+    rows whose ``dataset`` / ``version`` columns equal DATASET / VERSION when given. Each row comes exactly once;
+    the order is the token order of the sub-ranges, not a stable row order. uuid columns are fixed_size_binary(16)."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    columns = list(columns)
+    filters = {k: v for k, v in (("dataset", dataset), ("version", version)) if v is not None}
+    selected = columns + [k for k in filters if k not in columns]
+    schema = arrow_schema(session, table, selected)
+    pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
+    stmt = session.prepare(f"SELECT {', '.join(selected)} FROM {table} WHERE token({pk}) >= ? AND token({pk}) <= ?")
+    stmt.fetch_size = page_size
+    bounds = token_ranges(ranges)
+    for start in range(0, len(bounds), concurrency):
+        window = bounds[start : start + concurrency]
+        results = execute_concurrent_with_args(session, stmt, window, concurrency=concurrency)
+        for (ok, result), (low, high) in zip(results, window, strict=True):
+            if not ok:
+                raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {result}") from result
+            for page in _pages(result):
+                if not page:
+                    continue
+                batch = _to_arrow(page, schema)
+                if filters:
+                    batch = batch.filter(_matches(batch, filters)).select(columns)
+                if batch.num_rows:
+                    yield batch
+
+
+def count_by(
+    session: Any,
+    table: str,
+    keys: Sequence[str],
+    dataset: str | None = None,
+    version: str | None = None,
+    **scan: Any,
+) -> Counter[str]:
+    """Rows of TABLE per combination of the KEYS columns, as 'a/b' strings (e.g. 'train/3'), counted over a
+    token-range scan of those columns only (SCAN: scan_columns' knobs)."""
+    counts: Counter[str] = Counter()
+    for batch in scan_columns(session, table, keys, dataset, version, **scan):
+        grouped = pa.Table.from_batches([batch]).group_by(list(keys)).aggregate([([], "count_all")])
+        for row in grouped.to_pylist():
+            counts["/".join(str(row[k]) for k in keys)] += row["count_all"]
+    return counts
