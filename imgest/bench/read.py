@@ -60,19 +60,21 @@ def prepare(images: int) -> dict[str, Any]:
     return where
 
 
-def read_sets(where: dict[str, Any], cassandra: CassandraSettings, s3: S3Settings) -> dict[str, ReadSet]:
-    """The train rows of each stored copy."""
+def read_sets(
+    where: dict[str, Any], cassandra: CassandraSettings, s3: S3Settings, sample: int = 0
+) -> dict[str, ReadSet]:
+    """The train rows of each stored copy: every row, or a seeded class-balanced SAMPLE (whole shards for shards)."""
     from imgest.readback.datasets import cassandra_set, files_set, shards_set
     from imgest.sinks.cassandra.client import cassandra_session
     from imgest.sinks.cassandra.schema import TableLayout
     from imgest.sinks.shards.store import open_store
 
     with cassandra_session(cassandra) as session:
-        cset = cassandra_set(session, TableLayout(where["keyspace"]), where["dataset"])
+        cset = cassandra_set(session, TableLayout(where["keyspace"]), where["dataset"], sample=sample)
     return {
-        "files": files_set(Path(where["files"])),
-        "shards": shards_set(open_store(str(where["shards"]))),
-        "s3": shards_set(open_store(where["s3"], s3)),
+        "files": files_set(Path(where["files"]), sample=sample),
+        "shards": shards_set(open_store(str(where["shards"])), sample=sample),
+        "s3": shards_set(open_store(where["s3"], s3), sample=sample),
         "cassandra": cset,
     }
 
@@ -241,7 +243,9 @@ def server_pids() -> list[int]:
     return [p for p in pids if p]
 
 
-def measure_all(images: int, rounds: int, rtts: list[float], depths: list[int], batch_size: int) -> dict[str, Any]:
+def measure_all(
+    images: int, rounds: int, rtts: list[float], depths: list[int], batch_size: int, sample: int = 0
+) -> dict[str, Any]:
     """Prepare, then every reader ROUNDS times (after a warm-up round) and the latency sweep, pinned."""
     from imgest.readback.pinning import pinned
     from imgest.services import CassandraServer, S3Server
@@ -252,7 +256,7 @@ def measure_all(images: int, rounds: int, rtts: list[float], depths: list[int], 
         service.up()
     cassandra, s3 = CassandraSettings.from_env(), S3Settings.from_env()
     where = prepare(images)
-    sets = read_sets(where, cassandra, s3)
+    sets = read_sets(where, cassandra, s3, sample)
     opts = ReadCheckOptions(batch_size=batch_size)
     with pinned(server_pids()) as pinning:
         one_round(sets, where, cassandra, s3, opts)  # warm-up: page cache, JIT of the servers, connections
@@ -263,6 +267,7 @@ def measure_all(images: int, rounds: int, rtts: list[float], depths: list[int], 
         "machine": machine_info(),
         "pinning": pinning,
         "images": {k: len(v) for k, v in sets.items()},
+        "sample": sample,
         "batch_size": batch_size,
         "rounds": rounds,
         "readers": rows,
@@ -281,9 +286,10 @@ def main(
     rtts: list[float],
     depths: list[int],
     batch_size: int = 64,
+    sample: int = 0,
 ) -> dict[str, Any]:
     """Measure, print the table and the target ratios, write JSON (and the plot)."""
-    report = measure_all(images, rounds, rtts, depths, batch_size)
+    report = measure_all(images, rounds, rtts, depths, batch_size, sample)
     columns = [
         ("reader", "reader"),
         ("mode", "mode"),

@@ -13,10 +13,17 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 (every file) or a sample size")
+    return value
+
+
 def validate_xnvme_cmd(args: argparse.Namespace) -> int:
     from imgest.core.progress import progress_bar
     from imgest.validate.check import CheckConfig
-    from imgest.validate.dataset import load_splits
+    from imgest.validate.dataset import planned_images
     from imgest.validate.report import summary_text
     from imgest.validate.step import validate_xnvme_step
 
@@ -28,8 +35,10 @@ def validate_xnvme_cmd(args: argparse.Namespace) -> int:
         decode=args.decode,
         engines=tuple(args.engines.split(",")),
         splits=tuple(args.split) if args.split else None,
+        sample=args.sample,
+        seed=args.seed,
     )
-    images = sum(len(s.samples) for s in load_splits(args.dataset_dir, list(cfg.splits) if cfg.splits else None))
+    images = planned_images(args.dataset_dir, list(cfg.splits) if cfg.splits else None, cfg.sample)
     passes = len(cfg.engines) * (1 + cfg.rounds) + (2 * len(args.sweep) * max(1, cfg.rounds) if args.sweep else 0)
     out = args.out or args.dataset_dir.parent / f"{args.dataset_dir.name}-validate"
     with progress_bar("validate xnvme", images * (passes + 1)) as advance:
@@ -65,6 +74,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     vx.add_argument("--json", type=Path, help=f"report path (default OUT/{'validate_xnvme.json'})")
     vx.add_argument("--plot", type=Path, help="plot path (default OUT/validate_xnvme.png)")
     vx.add_argument("--split", action="append", help="only this split (repeatable; default all)")
+    vx.add_argument(
+        "--sample",
+        type=_count,
+        default=defaults.CHECK_SAMPLE,
+        metavar="N",
+        help=f"images read per split: a seeded, class-balanced sample (default {defaults.CHECK_SAMPLE}); "
+        "0 reads every file (at ImageNet's count: hours)",
+    )
+    vx.add_argument(
+        "--seed", type=int, default=defaults.CHECK_SAMPLE_SEED, help="the sample's seed (same seed, same images)"
+    )
     vx.add_argument("--engines", default=",".join(defaults.XNVME_ENGINES), help="comma-separated (default all four)")
     vx.add_argument("--batch-size", type=int, default=defaults.XNVME_BATCH_SIZE)
     vx.add_argument("--queue-depth", type=int, default=defaults.XNVME_QUEUE_DEPTH, help="block engine reads in flight")

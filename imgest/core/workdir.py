@@ -23,7 +23,7 @@ READ_REPORT = "read_throughput.json"  # DALI read-back report (imgest check read
 READ_PLOT = "read_throughput.png"
 XNVME_REPORT = "validate_xnvme.json"  # xNVMe validation report (imgest validate xnvme)
 XNVME_PLOT = "validate_xnvme.png"
-XNVME_BLOCK_MAP = "block_map.json"
+XNVME_BLOCK_MAP = "block_map.npz"  # numpy columns: paths, sizes, fallbacks, extents
 
 # Files of a published shard or files dataset (in its destination, not in the work folder).
 PUBLISHED_MANIFEST = "manifest.json"

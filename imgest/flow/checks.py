@@ -2,8 +2,9 @@
 
 Every target's publish task announces the version it made as an Asset event through the `imgest-datasets`
 alias, with the request and the version in the event's extra. `check_datasets` is scheduled on that alias;
-for each event not already checked by its producer it runs the DALI read-back throughput check (and the xNVMe
-validation for the files target) and records the reports with the version.
+for each event not already checked by its producer it runs the DALI read-back throughput check over a seeded,
+class-balanced sample of the train split (the request's check_sample; 0: every row), and the xNVMe validation
+for the files target, and records the reports with the version.
 """
 
 from __future__ import annotations
@@ -38,11 +39,21 @@ def check_out_dir(dataset: str, target: str, version: str) -> Path:
     return workdir.dataset_workdir(dataset) / "checks" / target / version
 
 
-def check_version(extra: dict[str, Any], cassandra: CassandraSettings | None, s3: S3Settings | None) -> dict[str, Any]:
-    """Read-back throughput (and xNVMe for files) of the version in EXTRA; reports land in its checks folder."""
+def check_version(
+    extra: dict[str, Any],
+    cassandra: CassandraSettings | None,
+    s3: S3Settings | None,
+    sample: int | None = None,
+) -> dict[str, Any]:
+    """Read-back throughput (and xNVMe for files) of the version in EXTRA; reports land in its checks folder.
+
+    The read-back reads a seeded, class-balanced sample of the train split: SAMPLE images when given, else the
+    request's check_sample (its default when the event's request predates it); 0 reads every row."""
     from imgest.flow.steps import read_throughput
 
     conf = {**extra["conf"], "read_check": True}
+    if sample is not None:
+        conf["check_sample"] = sample
     request = IngestRequest.from_conf(conf)
     version = str(extra.get("version") or "latest")
     out = check_out_dir(request.dataset, request.target, version)
@@ -50,10 +61,14 @@ def check_version(extra: dict[str, Any], cassandra: CassandraSettings | None, s3
     result: dict[str, Any] = {"dataset": request.dataset, "target": request.target, "version": version}
     result["read_throughput"] = read_throughput(conf, out, cassandra, s3)
     if request.target == "files":
+        from imgest.validate.check import CheckConfig
         from imgest.validate.step import validate_xnvme_step
 
         result["validate_xnvme"] = validate_xnvme_step(
-            Path(request.files_location), out, loop_fs=request.xnvme_loop_fs or None
+            Path(request.files_location),
+            out,
+            config=CheckConfig(sample=request.check_sample),
+            loop_fs=request.xnvme_loop_fs or None,
         )
     log.info("checked %s/%s version %s: %s", request.dataset, request.target, version, result)
     return result

@@ -81,7 +81,7 @@ class _Stream:
             group = self.order[self.next_index : self.next_index + opts.rows_per_request]
             self.next_index += len(group)
             self.in_flight += 1
-            self.reader._request([self.reader.ids[i] for i in group], self, opts.retries)
+            self.reader._request([self.reader.id_at(i) for i in group], self, opts.retries)
 
     def landed(self, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
         with self.lock:
@@ -123,12 +123,13 @@ class CassandraReader:
         self,
         settings: CassandraSettings,
         table: str,
-        ids: Sequence[str],
+        ids: Sequence[str] | np.ndarray,
         labels: Sequence[int],
         opts: CassandraReadOptions | None = None,
     ) -> None:
         self.settings, self.table = settings, table
-        self.ids, self.labels = list(ids), np.asarray(labels, dtype=np.int32)
+        self.ids = ids if isinstance(ids, np.ndarray) else list(ids)  # text, or a column of UTF-8 bytes
+        self.labels = np.asarray(labels, dtype=np.int32)
         self.opts = opts or CassandraReadOptions()
         self._clusters: list[Any] = []
         self._sessions: list[Any] = []
@@ -161,6 +162,11 @@ class CassandraReader:
         for cluster in self._clusters:
             cluster.shutdown()
         self._clusters, self._sessions, self._statements = [], [], []
+
+    def id_at(self, i: int) -> str:
+        """The id at position I as text."""
+        key = self.ids[i]
+        return key.decode() if isinstance(key, bytes) else key
 
     def __len__(self) -> int:
         """Batches per epoch for this shard (the last one may be short)."""
@@ -207,14 +213,14 @@ class CassandraReader:
 
 
 def simple_batches(
-    session: Any, table: str, ids: Sequence[str], batch_size: int, concurrency: int = 64
+    session: Any, table: str, ids: Sequence[str] | np.ndarray, batch_size: int, concurrency: int = 64
 ) -> Iterator[Batch]:
     """The straightforward reader: one execute_concurrent_with_args per batch, one row per request."""
     from cassandra.concurrent import execute_concurrent_with_args
 
     stmt = session.prepare(f"SELECT id, label, data FROM {table} WHERE id = ?")
     for start in range(0, len(ids), batch_size):
-        chunk = [(uuid.UUID(i),) for i in ids[start : start + batch_size]]
+        chunk = [(uuid.UUID(i.decode() if isinstance(i, bytes) else i),) for i in ids[start : start + batch_size]]
         results = execute_concurrent_with_args(session, stmt, chunk, concurrency=concurrency)
         rows = []
         for (ok, result), (key,) in zip(results, chunk, strict=True):

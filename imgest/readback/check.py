@@ -1,9 +1,9 @@
 """The read-throughput check: every reader that applies to a stored dataset, each mode, one report.
 
-``read_check`` runs the readers of one target (Cassandra tables, shards in a folder or on S3, files) over
-the same ReadSet and returns a report: per reader and mode images/s, MB/s, p50/p99 batch latency, CPU cores
-used, and whether every sample hashed to its recorded sha256 with its label, exactly once. The benchmark
-(``imgest bench read``) adds the latency sweep and the plots.
+The ``*_runs`` functions run the readers of one target (Cassandra tables, shards in a folder or on S3, files)
+over the same ReadSet (a sample of the split, or all of it) and return a report: per reader and mode images/s,
+MB/s, p50/p99 batch latency, CPU cores used, and whether every sample hashed to its recorded sha256 with its
+label, exactly once. The benchmark (``imgest bench read``) adds the latency sweep and the plots.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, simple_batches
 from imgest.readback.datasets import ReadSet
@@ -29,8 +30,11 @@ Progress = Callable[[int], None] | None
 
 @dataclass(frozen=True)
 class ReadCheckOptions:
-    """What every reader of one check shares."""
+    """What every reader of one check shares, and how much of the split it reads: a seeded class-balanced sample
+    of ``sample`` train images (whole shards for shards), every row when ``sample`` is 0."""
 
+    sample: int = defaults.CHECK_SAMPLE
+    sample_seed: int = defaults.CHECK_SAMPLE_SEED
     batch_size: int = 64
     modes: tuple[str, ...] = ("raw", "train")
     num_threads: int = 2

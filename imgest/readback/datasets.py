@@ -1,5 +1,9 @@
 """What a read-back check must read: the ids, labels and recorded sha256 of one dataset version (or split).
 
+By default a loader keeps every row of the split; given a sample size it keeps a seeded, class-balanced sample
+(whole shards for the shard target), choosing it from metadata streamed in chunks (``imgest.core.sampling``),
+and says what it kept in ``ReadSet.sample``. Everything per image is a numpy column, never a Python object.
+
 Each loader refuses a version that is not finished (Cassandra: status ``complete``; shards and files: a
 published ``manifest.json``) unless asked explicitly, and names what it looked for.
 """
@@ -7,17 +11,23 @@ published ``manifest.json``) unless asked explicitly, and names what it looked f
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from imgest.core import workdir
+from imgest.core import defaults, workdir
 from imgest.core.errors import ImgestError
-from imgest.readback.measure import Expected
+from imgest.core.sampling import BalancedSample, ClassCounts, Columns, SampleReport, balance, pick_shards
 from imgest.sinks.cassandra.versions import version_rows
+
+log = logging.getLogger(__name__)
+CHUNK = 65_536  # metadata rows converted to columns at a time
 
 
 class NotReadableError(ImgestError):
@@ -26,64 +36,121 @@ class NotReadableError(ImgestError):
 
 @dataclass
 class ReadSet:
-    """One dataset version (or split of it) to read back."""
+    """What one check reads of a dataset version (or split of it), as columns: ``rows`` holds ``id``
+    (fixed-width bytes), ``label`` (int32), ``sha256`` ((n, 32) uint8, recorded at ingest), ``recorded``
+    (bool: False where the sha256 comes with the sample, as in shards) and, for files, ``path``."""
 
     kind: str  # cassandra | shards | files
     location: str
-    ids: list[str]
-    labels: np.ndarray
-    expected: dict[str, Expected]
+    rows: Columns
     bytes: int = 0
-    paths: list[str] = field(default_factory=list)  # files: absolute paths, in ids order
-    shards: list[str] = field(default_factory=list)  # shards: names of the tars holding the split
+    root: str = ""  # files: the folder the paths are relative to
+    shards: list[str] = field(default_factory=list)  # shards: names of the tars to read (all of them hold rows)
     table: str = ""  # cassandra: keyspace.data table
     version: str = ""
+    sample: SampleReport | None = None  # which part of the split this is
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.rows["id"])
 
-    def subset(self, n: int | None) -> ReadSet:
-        """The first N items (all when N is None): for quick checks on big datasets."""
-        if n is None or n >= len(self.ids) or self.kind == "shards":
-            return self
-        ids = self.ids[:n]
-        return ReadSet(
-            self.kind,
-            self.location,
-            ids,
-            self.labels[:n],
-            {i: self.expected[i] for i in ids},
-            self.bytes,
-            self.paths[:n],
-            self.shards,
-            self.table,
-            self.version,
-        )
+    @property
+    def ids(self) -> np.ndarray:
+        return self.rows["id"]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.rows["label"]
+
+    def id_list(self) -> list[str]:
+        """The ids as text (a list the size of the set: for readers and tests, not for bookkeeping)."""
+        return [i.decode() for i in self.rows["id"].tolist()]
+
+    @property
+    def paths(self) -> list[str]:
+        """Files: absolute paths, in ids order (what fn.readers.file is given)."""
+        root = self.root.rstrip("/")
+        return [f"{root}/{p.decode()}" for p in self.rows.get("path", np.zeros(0, "S1")).tolist()]
 
 
-def files_set(root: Path, split: str | None = "train") -> ReadSet:
-    """A published files dataset (its manifest.json) or NotReadableError."""
-    from imgest.sinks.files.layout import FilesDatasetError, iter_files, read_manifest
+def _empty(**extra: np.ndarray) -> Columns:
+    return {
+        "id": np.zeros(0, "S1"),
+        "label": np.zeros(0, np.int32),
+        "sha256": np.zeros((0, 32), np.uint8),
+        "recorded": np.zeros(0, bool),
+        **extra,
+    }
+
+
+def _text_column(values: Iterable[Any]) -> np.ndarray:
+    """Fixed-width bytes (UTF-8) of VALUES as text."""
+    encoded = [str(v).encode() for v in values]
+    return np.array(encoded, dtype="S") if encoded else np.zeros(0, "S1")
+
+
+def sha_columns(hexes: list[str | None], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 32) uint8 digests and a recorded mask from hex strings (None or empty: not recorded)."""
+    recorded = np.array([bool(h) for h in hexes], bool)
+    try:
+        raw = bytes.fromhex("".join(h if h else "00" * 32 for h in hexes))
+    except ValueError:
+        raise NotReadableError(f"{where} holds a sha256 that is not 64 hex digits; re-verify the version") from None
+    if len(raw) != 32 * len(hexes):
+        raise NotReadableError(f"{where} holds a sha256 that is not 64 hex digits; re-verify the version")
+    return np.frombuffer(raw, np.uint8).reshape(len(hexes), 32).copy(), recorded
+
+
+def _batched(rows: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    it = iter(rows)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
+
+
+def files_set(
+    root: Path, split: str | None = "train", sample: int = 0, seed: int = defaults.CHECK_SAMPLE_SEED
+) -> ReadSet:
+    """A published files dataset (its manifest.json) or NotReadableError: a seeded class-balanced SAMPLE of the
+    split's files (every file when SAMPLE is 0), samples.parquet streamed in chunks."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from imgest.sinks.files.layout import FilesDatasetError, read_manifest
 
     try:
         version = read_manifest(root).get("version", "")
-        items = list(iter_files(root, split))
     except FilesDatasetError as exc:
         raise NotReadableError(str(exc)) from None
-    return ReadSet(
-        "files",
-        str(root),
-        [f.id for f in items],
-        np.array([f.label for f in items], dtype=np.int32),
-        {f.id: Expected(f.label, f.sha256) for f in items},
-        sum(f.bytes for f in items),
-        paths=[str(root / f.path) for f in items],
-        version=version,
-    )
+    where = root / workdir.PUBLISHED_SAMPLES
+    if not where.is_file():
+        raise NotReadableError(f"{root} has no {workdir.PUBLISHED_SAMPLES}; publish the files dataset again")
+    picker = BalancedSample(sample, seed, _empty(path=np.zeros(0, "S1"), nbytes=np.zeros(0, np.int64)))
+    columns = ["id", "path", "label", "split", "bytes", "sha256"]
+    for batch in pq.ParquetFile(where).iter_batches(batch_size=CHUNK, columns=columns):
+        if split is not None:
+            batch = batch.filter(pc.equal(batch.column("split"), split))
+        sha, recorded = sha_columns(batch.column("sha256").to_pylist(), str(where))
+        picker.add(
+            {
+                "id": _text_column(batch.column("id").to_pylist()),
+                "label": batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32),
+                "sha256": sha,
+                "recorded": recorded,
+                "path": _text_column(batch.column("path").to_pylist()),
+                "nbytes": batch.column("bytes").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64),
+            }
+        )
+    rows, report = picker.result()
+    nbytes = int(rows.pop("nbytes").sum())
+    return ReadSet("files", str(root), rows, nbytes, root=str(root), version=version, sample=report)
 
 
-def shards_set(store: Any, split: str | None = "train") -> ReadSet:
-    """A published shard dataset (manifest.json + samples.parquet); sha256 comes with each sample's .json."""
+def shards_set(
+    store: Any, split: str | None = "train", sample: int = 0, seed: int = defaults.CHECK_SAMPLE_SEED
+) -> ReadSet:
+    """A published shard dataset (manifest.json + samples.parquet): a seeded subset of whole shards holding about
+    SAMPLE samples (every shard when SAMPLE is 0), with every sample in them; sha256 comes with each .json."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     manifest = store.read_manifest()
@@ -92,17 +159,37 @@ def shards_set(store: Any, split: str | None = "train") -> ReadSet:
     chunks = store.read_chunks(workdir.PUBLISHED_SAMPLES)
     if chunks is None:
         raise NotReadableError(f"{store.location} has no {workdir.PUBLISHED_SAMPLES}")
-    table = pq.read_table(io.BytesIO(b"".join(chunks)), columns=["id", "label", "split"])
-    rows = [r for r in table.to_pylist() if split is None or r["split"] == split]
-    shards = [s["name"] for s in manifest["shards"] if split is None or s["split"] == split]
+    entries = [s for s in manifest["shards"] if split is None or s["split"] == split]
+    parquet = pq.ParquetFile(io.BytesIO(b"".join(chunks)))
+    if "shard" not in parquet.schema_arrow.names and sample:
+        log.warning("%s/%s has no shard column: reading every shard", store.location, workdir.PUBLISHED_SAMPLES)
+        sample = 0
+    chosen = pick_shards([e["name"] for e in entries], [e["samples"] for e in entries], sample, seed)
+    picked = [entries[i] for i in chosen]
+    names = pa.array([e["name"] for e in picked], pa.string())
+    seen, parts = ClassCounts(), [_empty()]
+    columns = [c for c in ("id", "label", "split", "shard") if c in parquet.schema_arrow.names]
+    for batch in parquet.iter_batches(batch_size=CHUNK, columns=columns):
+        if split is not None:
+            batch = batch.filter(pc.equal(batch.column("split"), split))
+        labels = batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32)
+        seen.add(labels)
+        if len(picked) < len(entries):
+            mask = pc.is_in(batch.column("shard"), value_set=names)
+            batch, labels = batch.filter(mask), labels[mask.to_numpy(zero_copy_only=False)]
+        n = batch.num_rows
+        ids = _text_column(batch.column("id").to_pylist())
+        parts.append({"id": ids, "label": labels, "sha256": np.zeros((n, 32), np.uint8), "recorded": np.zeros(n, bool)})
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    unit = f"whole shards ({len(picked)} of {len(entries)})"
+    report = SampleReport(sample, seed, seen.total, len(rows["id"]), unit, balance(rows["label"], seen.labels))
     return ReadSet(
         "shards",
         store.location,
-        [r["id"] for r in rows],
-        np.array([r["label"] for r in rows], dtype=np.int32),
-        {r["id"]: Expected(r["label"], None) for r in rows},
-        sum(s["bytes"] for s in manifest["shards"] if s["name"] in set(shards)),
-        shards=shards,
+        rows,
+        sum(int(e["bytes"]) for e in picked),
+        shards=[e["name"] for e in picked],
+        sample=report,
     )
 
 
@@ -113,8 +200,11 @@ def cassandra_set(
     version: str | None = None,
     split: str | None = "train",
     allow_incomplete: bool = False,
+    sample: int = 0,
+    seed: int = defaults.CHECK_SAMPLE_SEED,
 ) -> ReadSet:
-    """The rows of one version of DATASET in TABLES (a TableLayout); the newest complete version by default."""
+    """The rows of one version of DATASET in TABLES (a TableLayout); the newest complete version by default. A
+    seeded class-balanced SAMPLE of them (every row when SAMPLE is 0); the metadata is paged, in chunks."""
     ks = tables.keyspace
     records = list(session.execute(f"SELECT version, status FROM {ks}.dataset_versions WHERE dataset = %s", (dataset,)))
     if version is not None:
@@ -128,26 +218,25 @@ def cassandra_set(
             f"dataset {dataset!r} in {ks} has no complete version ({states}); verify it first, or allow incomplete"
         )
     chosen = ready[-1].version
-    meta = tables.metadata_table(split or "train")
-    ids, labels, expected, nbytes = [], [], {}, 0
-    rows = version_rows(session, f"{ks}.{meta}", dataset, chosen, "id, label, split, sha256, nbytes")
-    for row in rows:  # this version's rows only: other datasets and versions in the table are left out
-        if split is not None and row.split != split:
-            continue
-        ids.append(str(row.id))
-        labels.append(row.label)
-        expected[str(row.id)] = Expected(row.label, row.sha256)
-        nbytes += row.nbytes or 0
-    return ReadSet(
-        "cassandra",
-        f"{ks}.{tables.data_table(split or 'train')}",
-        ids,
-        np.array(labels, dtype=np.int32),
-        expected,
-        nbytes,
-        table=f"{ks}.{tables.data_table(split or 'train')}",
-        version=chosen,
-    )
+    meta = f"{ks}.{tables.metadata_table(split or 'train')}"
+    picker = BalancedSample(sample, seed, _empty(nbytes=np.zeros(0, np.int64)))
+    rows = version_rows(session, meta, dataset, chosen, "id, label, split, sha256, nbytes")
+    for page in _batched(rows, CHUNK):  # this version's rows only: other datasets and versions are left out
+        page = [r for r in page if split is None or r.split == split]
+        sha, recorded = sha_columns([r.sha256 for r in page], meta)
+        picker.add(
+            {
+                "id": _text_column(r.id for r in page),
+                "label": np.array([r.label for r in page], np.int32),
+                "sha256": sha,
+                "recorded": recorded,
+                "nbytes": np.array([r.nbytes or 0 for r in page], np.int64),
+            }
+        )
+    picked, report = picker.result()
+    nbytes = int(picked.pop("nbytes").sum())
+    table = f"{ks}.{tables.data_table(split or 'train')}"
+    return ReadSet("cassandra", table, picked, nbytes, table=table, version=chosen, sample=report)
 
 
 def json_meta(raw: np.ndarray) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Every sample a pipeline returns is identified (by id), its label compared with the one recorded at ingest and
 its encoded bytes hashed against the recorded sha256; each id must come exactly once per epoch and every
-expected id must come. The figures: images/s, MB/s, p50/p99 batch latency and CPU cores used by the process.
+id of the ReadSet (the checked sample, or every row) must come; the bookkeeping is numpy columns. The figures:
+images/s, MB/s, p50/p99 batch latency and CPU cores used by the process.
 """
 
 from __future__ import annotations
@@ -12,22 +13,18 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from imgest.core.sampling import IdIndex
 from imgest.readback.pipelines import READER
+
+if TYPE_CHECKING:
+    from imgest.readback.datasets import ReadSet
 
 # (id, label, expected sha256 or None when the expected value comes with the sample) for each output sample
 Identify = Callable[[tuple[Any, ...], int], tuple[str, int, str | None]]
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What one sample must be: its label and the sha256 of its stored bytes."""
-
-    label: int
-    sha256: str | None
 
 
 @dataclass
@@ -54,34 +51,47 @@ class RunResult:
 
 
 class Verifier:
-    """Checks ids, labels and hashes of every sample of one epoch."""
+    """Checks ids, labels and hashes of every sample of one epoch against a ReadSet's columns."""
 
-    def __init__(self, expected: dict[str, Expected]) -> None:
-        self.expected, self.seen = expected, set()
+    MAX_PROBLEMS = 100  # problems listed in full; the rest are counted
+
+    def __init__(self, rs: ReadSet) -> None:
+        self.rs, self.index = rs, IdIndex(rs.ids)
+        self.seen = np.zeros(len(rs), bool)
         self.problems: list[str] = []
+        self.more = 0
+
+    def _problem(self, text: str) -> None:
+        if len(self.problems) < self.MAX_PROBLEMS:
+            self.problems.append(text)
+        else:
+            self.more += 1
 
     def check(self, key: str, label: int, data: np.ndarray, sha256: str | None) -> None:
-        want = self.expected.get(key)
-        if want is None:
-            self.problems.append(f"{key}: not part of the dataset version")
+        i = self.index.find(key)
+        if i < 0:
+            self._problem(f"{key}: not part of the dataset version (or not in the checked sample)")
             return
-        if key in self.seen:
-            self.problems.append(f"{key}: read twice in one epoch")
-        self.seen.add(key)
-        if label != want.label:
-            self.problems.append(f"{key}: label {label}, recorded {want.label}")
-        recorded = want.sha256 or sha256
+        if self.seen[i]:
+            self._problem(f"{key}: read twice in one epoch")
+        self.seen[i] = True
+        want = int(self.rs.labels[i])
+        if label != want:
+            self._problem(f"{key}: label {label}, recorded {want}")
+        recorded = self.rs.rows["sha256"][i].tobytes().hex() if self.rs.rows["recorded"][i] else sha256
         actual = hashlib.sha256(data.tobytes()).hexdigest()
         if recorded is None:
-            self.problems.append(f"{key}: no sha256 recorded at ingest")
+            self._problem(f"{key}: no sha256 recorded at ingest")
         elif actual != recorded:
-            self.problems.append(f"{key}: sha256 {actual[:12]}..., recorded {recorded[:12]}...")
+            self._problem(f"{key}: sha256 {actual[:12]}..., recorded {recorded[:12]}...")
 
     def finish(self) -> list[str]:
-        missing = len(self.expected) - len(self.seen)
-        if missing:
-            some = [k for k in self.expected if k not in self.seen][:5]
-            self.problems.append(f"{missing} ids never read, e.g. {', '.join(some)}")
+        missing = np.flatnonzero(~self.seen)
+        if len(missing):
+            some = [self.rs.ids[j].decode() for j in missing[:5]]
+            self._problem(f"{len(missing)} ids never read, e.g. {', '.join(some)}")
+        if self.more:
+            self.problems.append(f"... and {self.more} more problems")
         return self.problems
 
 
@@ -106,15 +116,15 @@ def measure(
     name: str,
     pipe: Any,
     mode: str,
-    expected: dict[str, Expected],
+    rs: ReadSet,
     identify: Identify,
     total: int | None = None,
     settings: dict[str, Any] | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Run one epoch of PIPE, verifying every sample; figures include the verification (equal for all)."""
+    """Run one epoch of PIPE, verifying every sample against RS; figures include the verification (equal for all)."""
     jpeg_at = 0 if mode == "raw" else 2
-    verifier = Verifier(expected)
+    verifier = Verifier(rs)
     result = RunResult(name, mode, "cpu" if pipe.device_id is None else "gpu", settings=settings or {})
     latencies: list[float] = []
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

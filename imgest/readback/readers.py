@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from imgest.core.sampling import IdIndex
 from imgest.readback.datasets import ReadSet, json_meta
 from imgest.readback.measure import Identify, RunResult, measure
 from imgest.readback.pipelines import PipelineSpec, external_pipeline, file_pipeline, webdataset_pipeline
@@ -51,19 +52,21 @@ def run_external(
     """A reader that feeds fn.external_source."""
     feed = FeedQueue(batches)
     pipe = external_pipeline(spec, feed)
-    return measure(name, pipe, spec.mode, rs.expected, feed.identify, total=len(rs), settings=settings, **kw)
+    return measure(name, pipe, spec.mode, rs, feed.identify, total=len(rs), settings=settings, **kw)
 
 
 def run_files(rs: ReadSet, spec: PipelineSpec, **kw: Any) -> RunResult:
     """fn.readers.file over the files target, in ReadSet order."""
-    by_path = dict(zip(rs.paths, rs.ids, strict=True))
-    pipe = file_pipeline(spec, rs.paths, rs.labels)
+    paths = rs.paths
+    by_path = IdIndex(np.array([p.encode() for p in paths], dtype="S") if paths else np.zeros(0, "S1"))
+    pipe = file_pipeline(spec, paths, rs.labels)
     at = 0 if spec.mode == "raw" else 2
 
     def identify(out: tuple[Any, ...], i: int) -> tuple[str, int, str | None]:
-        return by_path[out[at][i].source_info()], int(out[1].at(i)[0]), None
+        j = by_path.find(out[at][i].source_info())
+        return (rs.ids[j].decode() if j >= 0 else out[at][i].source_info()), int(out[1].at(i)[0]), None
 
-    return measure("files", pipe, spec.mode, rs.expected, identify, settings={"reader": "fn.readers.file"}, **kw)
+    return measure("files", pipe, spec.mode, rs, identify, settings={"reader": "fn.readers.file"}, **kw)
 
 
 def _webdataset_identify(spec: PipelineSpec) -> Identify:
@@ -81,7 +84,7 @@ def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: 
     paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
     pipe = webdataset_pipeline(spec, paths, [p[:-4] + ".idx" for p in paths])
     settings = {"reader": "fn.readers.webdataset", "shards": len(paths)}
-    return measure(name, pipe, spec.mode, rs.expected, _webdataset_identify(spec), settings=settings, **kw)
+    return measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)
 
 
 def s3_stream_batches(stream: Any) -> Iterator[ExternalBatch]:

@@ -1,5 +1,10 @@
 """The DAG's ``read_throughput`` step: read the version just stored back with every reader that applies.
 
+It reads a seeded, class-balanced sample of the train split (``ReadCheckOptions.sample`` images, by default
+``defaults.CHECK_SAMPLE``; whole shards for the shard target), or every row when the sample is 0. The report
+says which: ``sample`` (requested), ``checked`` (images each reader read and verified), ``split_rows``,
+``full_read`` and ``balance`` (images per class: min, max and the counts).
+
 The report (JSON and a plot) goes to the work folder and is referenced from the version record: the
 ``checks`` column of ``dataset_versions`` for Cassandra, a ``checks`` entry of ``manifest.json`` for shards and
 files. Any sample that does not hash to its recorded sha256, carries a wrong label, is missing or comes twice
@@ -11,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imgest.bench.report import format_table, write_json
 from imgest.core import workdir
@@ -24,6 +29,9 @@ from imgest.readback.check import (
     s3_shard_runs,
 )
 from imgest.readback.measure import RunResult
+
+if TYPE_CHECKING:
+    from imgest.readback.datasets import ReadSet
 
 log = logging.getLogger(__name__)
 COLUMNS = [
@@ -49,29 +57,37 @@ def _progress(name: str) -> Any:
     return advance
 
 
+def _log_sample(rs: ReadSet) -> None:
+    log.info("read-back of %s: %s", rs.location, rs.sample.summary() if rs.sample else f"{len(rs)} images")
+
+
 def run_target(
     target: str, location: str, settings: dict[str, Any], opts: ReadCheckOptions, split: str = "train"
-) -> tuple[list[RunResult], list[str], str]:
-    """Readers of TARGET at LOCATION; returns (results, skipped, version)."""
+) -> tuple[list[RunResult], list[str], ReadSet]:
+    """Readers of TARGET at LOCATION over the sample OPTS asks for; returns (results, skipped, what was read)."""
     from imgest.readback import datasets
 
+    pick = {"sample": opts.sample, "seed": opts.sample_seed}
     if target == "cassandra":
         from imgest.sinks.cassandra.client import cassandra_session
 
         with cassandra_session(settings["cassandra"]) as session:
-            rs = datasets.cassandra_set(session, settings["tables"], settings["dataset"], split=split)
-        return cassandra_runs(settings["cassandra"], rs, opts), [], rs.version
+            rs = datasets.cassandra_set(session, settings["tables"], settings["dataset"], split=split, **pick)
+        _log_sample(rs)
+        return cassandra_runs(settings["cassandra"], rs, opts), [], rs
     if target == "files":
-        rs = datasets.files_set(Path(location), split)
-        return files_runs(rs, opts), [], rs.version
+        rs = datasets.files_set(Path(location), split, **pick)
+        _log_sample(rs)
+        return files_runs(rs, opts), [], rs
     from imgest.sinks.shards.store import open_store
 
-    rs = datasets.shards_set(open_store(location, settings.get("s3")), split)
+    rs = datasets.shards_set(open_store(location, settings.get("s3")), split, **pick)
+    _log_sample(rs)
     if not location.startswith("s3://"):
-        return folder_shard_runs(rs, location, opts), [], ""
+        return folder_shard_runs(rs, location, opts), [], rs
     bucket, _, prefix = location[5:].partition("/")
     results, skipped = s3_shard_runs(rs, settings["s3"], bucket, prefix, opts)
-    return results, skipped, ""
+    return results, skipped, rs
 
 
 def record_check(target: str, location: str, settings: dict[str, Any], version: str, report_path: Path) -> None:
@@ -103,11 +119,15 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
 def read_throughput_step(
     target: str, location: str, out_dir: Path, settings: dict[str, Any], opts: ReadCheckOptions | None = None
 ) -> dict[str, Any]:
-    """Read the stored version back with every reader of TARGET; write, record and summarise the report."""
+    """Read a sample of the stored version (every row when OPTS.sample is 0) back with every reader of TARGET;
+    write, record and summarise the report, which says how many images were checked and how balanced."""
     opts = opts or ReadCheckOptions()
-    results, skipped, version = run_target(target, location, settings, opts)
+    results, skipped, rs = run_target(target, location, settings, opts)
+    version = rs.version
     rows = [r.to_dict() for r in results]
-    report = {"target": target, "location": location, "version": version, "readers": rows, "skipped": skipped}
+    sample = rs.sample.to_dict() if rs.sample else {"sample": 0, "checked": len(rs), "full_read": True}
+    report = {"target": target, "location": location, "version": version, **sample}
+    report |= {"readers": rows, "skipped": skipped}
     json_path, plot_path = out_dir / workdir.READ_REPORT, out_dir / workdir.READ_PLOT
     write_json(json_path, report)
     _plot(plot_path, rows)
@@ -121,6 +141,9 @@ def read_throughput_step(
     return {
         "report": str(json_path),
         "plot": str(plot_path),
+        "sample": sample["sample"],
+        "checked": sample["checked"],
+        "full_read": sample["full_read"],
         "readers": {f"{r['reader']}/{r['mode']}": r["images_per_s"] for r in rows},
         "skipped": skipped,
     }

@@ -156,13 +156,14 @@ class XnvmeBlockEngine:
         plans: list[Plan | None] = []
         pos = 0
         for s in samples:
-            entry = self.map.files.get(s.path)
-            if entry is None or entry.fallback:
-                self.fallbacks[entry.fallback if entry else "unmapped"] += 1
+            i = self.map.find(s.path)
+            _, extents, fallback = self.map.entry(i) if i >= 0 else (0, [], "unmapped")
+            if fallback:
+                self.fallbacks[fallback] += 1
                 plans.append(None)
                 continue
             plan = Plan([], [])
-            for phys, length in device_ranges(entry.extents, s.offset, s.size):
+            for phys, length in device_ranges(extents, s.offset, s.size):
                 first, skip = divmod(phys, self.lba)
                 total = -(-(skip + length) // self.lba) * self.lba
                 for part in range(0, total, self.max_io):

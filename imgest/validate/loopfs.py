@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +45,12 @@ def _run(cmd: list[str], what: str) -> str:
     return proc.stdout.strip()
 
 
-def image_size_mb(dataset: Path, fstype: str) -> int:
-    """An image size that holds DATASET with room for the filesystem's own structures."""
-    used = sum(p.stat().st_size for p in dataset.rglob("*") if p.is_file())
+BLOCK = 4096
+
+
+def image_size_mb(nbytes: int, files: int, fstype: str) -> int:
+    """An image size that holds FILES files of NBYTES bytes in all, with room for the filesystem's own structures."""
+    used = nbytes + files * BLOCK  # each file's last block is partly empty
     return max(MIN_MB[fstype], int(used * 1.3 / 2**20) + 32)
 
 
@@ -82,9 +85,26 @@ def loop_mounted(work: Path, size_mb: int, fstype: str = "ext4") -> Iterator[Loo
         image.unlink(missing_ok=True)
 
 
-def copy_in(dataset: Path, mount: LoopMount) -> Path:
-    """Copy DATASET into the mounted filesystem and sync it to the device; returns the copy's root."""
+def copy_in(dataset: Path, mount: LoopMount, files: Iterable[str] | None = None) -> Path:
+    """Copy DATASET into the mounted filesystem and sync it to the device; returns the copy's root.
+
+    Given FILES (paths relative to DATASET), only those are copied, with the dataset's top-level files (manifest,
+    samples.parquet) and every ``<split>/<class>`` folder, empty or not, so DALI's file reader labels the copy the
+    way it labels the dataset.
+    """
     dest = mount.mountpoint / dataset.name
-    shutil.copytree(dataset, dest, dirs_exist_ok=True)
+    if files is None:
+        shutil.copytree(dataset, dest, dirs_exist_ok=True)
+    else:
+        dest.mkdir(parents=True, exist_ok=True)
+        for top in dataset.iterdir():
+            if top.is_file():
+                shutil.copy2(top, dest / top.name)
+            elif top.is_dir():
+                for sub in top.iterdir():
+                    if sub.is_dir():
+                        (dest / top.name / sub.name).mkdir(parents=True, exist_ok=True)
+        for rel in files:
+            shutil.copy2(dataset / rel, dest / rel)
     _run(["sync", "-f", str(dest)], f"syncing {dest}")
     return dest

@@ -42,15 +42,16 @@ def reference_pipeline(split_dir: Path, batch_size: int, num_threads: int, decod
     return pipe
 
 
-def external_pipeline(read: Reader, samples: Sequence[Sample], batch_size: int, num_threads: int, decode: bool) -> Any:
-    """``fn.external_source`` fed by READ over SAMPLES in batches (labels from the samples), built."""
+def external_pipeline(
+    read: Reader, batches: Callable[[], Iterator[Sequence[Sample]]], batch_size: int, num_threads: int, decode: bool
+) -> Any:
+    """``fn.external_source`` fed by READ over the sample batches BATCHES() yields (labels from the samples), built."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
 
-    def batches() -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
-        for i in range(0, len(samples), batch_size):
-            part = samples[i : i + batch_size]
+    def source() -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+        for part in batches():
             data = read(part)
             yield (
                 [np.frombuffer(d, dtype=np.uint8) for d in data],
@@ -60,7 +61,7 @@ def external_pipeline(read: Reader, samples: Sequence[Sample], batch_size: int, 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=None)
     def graph() -> tuple[Any, ...]:
         jpegs, labels = fn.external_source(
-            source=batches(), num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32], no_copy=False
+            source=source(), num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32], no_copy=False
         )
         return _tail(jpegs, labels, decode)
 

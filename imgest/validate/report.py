@@ -1,4 +1,4 @@
-"""The check's outputs: a JSON report, a table, a bar chart PNG and the block map JSON."""
+"""The check's outputs: a JSON report, a table, a bar chart PNG and the block map (numpy columns)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ BASELINE = "python_file"
 COLUMNS = [
     ("engine", "engine"),
     ("status", "status"),
-    ("images", "images"),
+    ("checked", "checked"),
     ("img_s", "img/s"),
     ("mb_s", "MB/s"),
     ("relative_to_python_file", "x python_file"),
@@ -32,6 +32,7 @@ def engine_row(result: EngineResult, base: float | None) -> dict[str, Any]:
         "status": result.status,
         "reason": result.reason,
         "images": result.images,
+        "checked": result.checked,
         "bytes": result.nbytes,
         "seconds": result.seconds,
         "img_s": rate,
@@ -40,8 +41,21 @@ def engine_row(result: EngineResult, base: float | None) -> dict[str, Any]:
         "queue_depth": result.info.get("queue_depth"),
         "backend": result.info.get("backend"),
         "info": result.info,
-        "mismatches": len(result.mismatches),
-        "label_mismatches": len(result.label_mismatches),
+        "mismatches": result.mismatched,
+        "label_mismatches": result.label_mismatched,
+    }
+
+
+def selection(report: CheckReport) -> dict[str, Any]:
+    """What part of the dataset was checked: the sample size asked for (0: every image), the images checked, whether
+    that is every image, and per split its rows, the images checked and their balance over the classes."""
+    splits = {s.split: s.sample.to_dict() for s in report.splits}
+    return {
+        "sample": report.config.sample,
+        "sample_seed": report.config.seed,
+        "checked": sum(len(s) for s in report.splits),
+        "full": all(s.full for s in report.splits),
+        "splits": splits,
     }
 
 
@@ -58,16 +72,18 @@ def report_dict(report: CheckReport) -> dict[str, Any]:
         "config": asdict(report.config),
         "machine": machine_info(),
         "timing": "seconds inside pipe.run() per pass, median of the timed passes; the verifying pass is untimed",
+        **selection(report),
         "engines": rows,
         "skipped": {r.engine: r.reason for r in report.results if r.status == "skipped"},
-        "mismatches": [m for r in report.results for m in r.mismatches],
+        "mismatches": [m for r in report.results for m in r.mismatches],  # the first LISTED per engine
         "label_mismatches": [m for r in report.results for m in r.label_mismatches],
+        "mismatch_count": sum(r.mismatched + r.label_mismatched for r in report.results),
         "best_xnvme_relative_to_python_file": max(xnvme) if xnvme else None,  # the sweep included
         "block_map": None
         if report.block_map is None
         else {
             "device": str(report.block_map.device),
-            "files": len(report.block_map.files),
+            "files": len(report.block_map),
             "fallbacks": report.block_map.fallback_counts(),
         },
         "queue_depth_sweep": report.sweep,
@@ -76,7 +92,8 @@ def report_dict(report: CheckReport) -> dict[str, Any]:
 
 def summary_text(doc: dict[str, Any]) -> str:
     """The engines table, the sweep table when there is one, skips and mismatches, as text."""
-    parts = [format_table(doc["engines"], COLUMNS)]
+    what = "every image" if doc["full"] else f"a seeded class-balanced sample of {doc['sample']} per split"
+    parts = [f"checked {doc['checked']} images ({what})", format_table(doc["engines"], COLUMNS)]
     if doc["queue_depth_sweep"]:
         parts.append(
             format_table(
@@ -96,7 +113,7 @@ def summary_text(doc: dict[str, Any]) -> str:
 
 
 def write_outputs(report: CheckReport, json_path: Path, plot_path: Path | None, map_path: Path | None) -> dict:
-    """Write the JSON report (and the plot, and the block map when there is one); returns the report data."""
+    """Write the JSON report (and the plot, and the block map columns when there is one); returns the report."""
     doc = report_dict(report)
     write_json(json_path, doc)
     ran = [r for r in doc["engines"] if r["img_s"]]

@@ -4,16 +4,20 @@ queue-depth sweep, and gathers the report."""
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from imgest.validate.blockdev import NoBlockDeviceError, check_readable
 from imgest.validate.blockmap import BlockMap, build_block_map
-from imgest.validate.check import CheckConfig, EngineResult, load, run_engine
+from imgest.validate.check import CheckConfig, EngineResult, external_pass, load, run_engine
 from imgest.validate.dataset import SplitView
 from imgest.validate.fiemap import FiemapUnsupportedError
 from imgest.validate.xnvme_lib import XnvmeIOError, XnvmeUnavailableError
@@ -35,6 +39,7 @@ class CheckReport:
     results: list[EngineResult]
     block_map: BlockMap | None
     sweep: list[dict[str, Any]] = field(default_factory=list)
+    splits: list[SplitView] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -49,7 +54,7 @@ class CheckReport:
 def block_map_or_reason(root: Path, splits: list[SplitView], advance: Advance) -> tuple[BlockMap | None, str | None]:
     """The dataset's block map, or why the block engine cannot run (DeviceAccessError is raised, not skipped)."""
     try:
-        block_map = build_block_map(root, (s.path for split in splits for s in split.samples), advance)
+        block_map = build_block_map(root, (p for split in splits for p in split.iter_paths()), advance)
     except (NoBlockDeviceError, FiemapUnsupportedError) as exc:
         return None, str(exc)
     check_readable(block_map.device)
@@ -90,21 +95,52 @@ def open_engines(
         yield readers, skipped
 
 
+@contextmanager
+def reader_views(splits: list[SplitView]) -> Iterator[list[SplitView]]:
+    """SPLITS, each sampled one that has no reader folder given one: a temporary folder of symlinks to exactly
+    its images under every class folder of the split (empty ones too, so fn.readers.file assigns the same labels).
+    Removed on exit."""
+    if all(s.full or s.reader_dir is not None for s in splits):
+        yield splits
+        return
+    with tempfile.TemporaryDirectory(prefix="imgest-xnvme-view-") as tmp:
+        views = []
+        for split in splits:
+            if split.full or split.reader_dir is not None:
+                views.append(split)
+                continue
+            view = Path(tmp) / split.split
+            for wnid in split.classes:
+                (view / wnid).mkdir(parents=True)
+            for rel in split.iter_paths():
+                os.symlink(split.root.absolute() / rel, view / rel.split("/", 1)[1])
+            views.append(replace(split, reader_dir=view))
+        yield views
+
+
 def run_check(
-    root: Path, cfg: CheckConfig, advance: Advance = _noop, skip: dict[str, str] | None = None
+    root: Path,
+    cfg: CheckConfig,
+    advance: Advance = _noop,
+    skip: dict[str, str] | None = None,
+    splits: list[SplitView] | None = None,
 ) -> CheckReport:
     """Run every engine of CFG over the files dataset at ROOT; the report says what matched and how fast.
 
-    SKIP names engines the caller already knows cannot run here, with the reason.
+    Reads CFG.sample images of each split (seeded, class-balanced; 0: every image), or the given SPLITS. SKIP names
+    engines the caller already knows cannot run here, with the reason.
     """
-    splits = load(root, cfg)
+    splits = splits if splits is not None else load(root, cfg)
     block_map, block_reason = (None, (skip or {}).get("xnvme_block", "not asked for"))
     if "xnvme_block" in cfg.engines and "xnvme_block" not in (skip or {}):
         block_map, block_reason = block_map_or_reason(root, splits, advance)
     results = []
-    ref_labels: dict[str, int] = {}
+    ref_labels: dict[str, np.ndarray] = {}
     engines = sorted(cfg.engines, key=lambda e: e != "dali_file")  # the reference first: it sets the labels
-    with open_engines(root, replace(cfg, engines=tuple(engines)), block_map, block_reason) as (readers, skipped):
+    with (
+        open_engines(root, replace(cfg, engines=tuple(engines)), block_map, block_reason) as (readers, skipped),
+        reader_views(splits) as views,
+    ):
         for name in engines:
             reason = (skip or {}).get(name) or skipped.get(name)
             if reason:
@@ -112,16 +148,16 @@ def run_check(
                 continue
             reader = readers[name]
             read = None if reader is None else reader.read_batch
-            result = run_engine(name, read, splits, cfg, ref_labels, advance)
+            result = run_engine(name, read, views, cfg, ref_labels, advance)
             result.info = {"backend": "DALI fn.readers.file", "queue_depth": None} if reader is None else reader.info()
             log.info("engine %s: %s, %.0f img/s", name, result.status, result.img_s or 0)
             results.append(result)
-    return CheckReport(root, cfg, results, block_map)
+    return CheckReport(root, cfg, results, block_map, splits=splits)
 
 
 def run_sweep(report: CheckReport, depths: list[int], advance: Advance = _noop) -> list[dict[str, Any]]:
     """img/s of the xNVMe engines at each queue depth in DEPTHS (timed passes only), relative to python_file."""
-    splits = load(report.root, report.config)
+    splits = report.splits or load(report.root, report.config)
     base = report.result("python_file")
     base_rate = base.img_s if base else None
     rows = []
@@ -137,7 +173,7 @@ def run_sweep(report: CheckReport, depths: list[int], advance: Advance = _noop) 
                     continue
                 seconds = time_engine(readers[engine].read_batch, splits, cfg, advance)
                 info = readers[engine].info()
-            images = sum(len(s.samples) for s in splits)
+            images = sum(len(s) for s in splits)
             rate = images / seconds if seconds else None
             rows.append(
                 {
@@ -154,9 +190,7 @@ def run_sweep(report: CheckReport, depths: list[int], advance: Advance = _noop) 
 
 def time_engine(read: Any, splits: list[SplitView], cfg: CheckConfig, advance: Advance) -> float:
     """Seconds inside pipe.run() to read every split once (median of CFG.rounds passes)."""
-    from imgest.validate.check import external_pass
-
     total = 0.0
     for split in splits:
-        total += statistics.median(external_pass(read, split, cfg, advance)[1] for _ in range(max(1, cfg.rounds)))
+        total += statistics.median(external_pass(read, split, cfg, advance) for _ in range(max(1, cfg.rounds)))
     return total

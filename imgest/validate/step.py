@@ -9,12 +9,26 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
-from imgest.validate.check import CheckConfig, ValidationError
-from imgest.validate.loopfs import LoopUnavailableError, copy_in, image_size_mb, loop_mounted
+from imgest.validate.check import CheckConfig, ValidationError, load
+from imgest.validate.dataset import SplitView
+from imgest.validate.loopfs import LoopMount, LoopUnavailableError, copy_in, image_size_mb, loop_mounted
 from imgest.validate.report import write_outputs
 from imgest.validate.runner import run_check, run_sweep
 
 log = logging.getLogger(__name__)
+
+
+def loop_size_mb(dataset_dir: Path, splits: list[SplitView], fstype: str) -> int:
+    """A loop filesystem image size that holds the images of SPLITS and DATASET_DIR's top-level files."""
+    top = [p for p in dataset_dir.iterdir() if p.is_file()]
+    nbytes = sum(s.nbytes for s in splits) + sum(p.stat().st_size for p in top)
+    return image_size_mb(nbytes, sum(len(s) for s in splits) + len(top), fstype)
+
+
+def copy_checked(dataset_dir: Path, mount: LoopMount, splits: list[SplitView]) -> list[SplitView]:
+    """Copy the images of SPLITS (only those) onto MOUNT; the same splits, read from the copy."""
+    root = copy_in(dataset_dir, mount, (p for split in splits for p in split.iter_paths()))
+    return [split.moved_to(root, root / split.split) for split in splits]  # the copy's folders hold just these
 
 
 def validate_xnvme_step(
@@ -30,28 +44,30 @@ def validate_xnvme_step(
 ) -> dict[str, Any]:
     """Check the files dataset at DATASET_DIR with every engine; write the report, plot and block map to OUT_DIR.
 
-    LOOP_FS (ext4 or xfs) first copies the dataset onto a fresh loop-mounted filesystem of that type and checks the
-    copy, so the block engine has a block device it may read; where that is not permitted the block engine is
-    skipped with the reason. SWEEP adds a queue-depth sweep of the xNVMe engines. Returns the report's summary;
-    raises ValidationError (after writing the report) when any engine read a wrong byte or label.
+    CONFIG.sample images of each split are read (a seeded, class-balanced sample; 0: every image). LOOP_FS (ext4
+    or xfs) first copies those images onto a fresh loop-mounted filesystem of that type and checks the copy, so the
+    block engine has a block device it may read; where that is not permitted the block engine is skipped with the
+    reason. SWEEP adds a queue-depth sweep of the xNVMe engines. Returns the report's summary; raises
+    ValidationError (after writing the report) when any engine read a wrong byte or label.
     """
     cfg = config or CheckConfig()
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = json_path or out_dir / workdir.XNVME_REPORT
     plot_path = plot_path or out_dir / workdir.XNVME_PLOT
     tick = advance or (lambda n=1: None)
+    splits = load(dataset_dir, cfg)
     with ExitStack() as stack:
         root, skip = dataset_dir, {}
         if loop_fs:
             try:
-                mount = stack.enter_context(
-                    loop_mounted(out_dir / "loopfs", image_size_mb(dataset_dir, loop_fs), loop_fs)
-                )
-                root = copy_in(dataset_dir, mount)
+                size = loop_size_mb(dataset_dir, splits, loop_fs)
+                mount = stack.enter_context(loop_mounted(out_dir / "loopfs", size, loop_fs))
+                splits = copy_checked(dataset_dir, mount, splits)
+                root = splits[0].root
             except LoopUnavailableError as exc:
                 log.warning("no loop-mounted %s filesystem: %s", loop_fs, exc)
                 skip["xnvme_block"] = f"no loop-mounted {loop_fs} filesystem: {exc}"
-        report = run_check(root, cfg, tick, skip)
+        report = run_check(root, cfg, tick, skip, splits)
         if sweep:
             run_sweep(report, sweep, tick)
         doc = write_outputs(report, json_path, plot_path, out_dir / workdir.XNVME_BLOCK_MAP)
@@ -64,7 +80,10 @@ def validate_xnvme_step(
             r["engine"]: {k: r[k] for k in ("status", "img_s", "relative_to_python_file")} for r in doc["engines"]
         },
         "skipped": doc["skipped"],
-        "mismatches": len(doc["mismatches"]) + len(doc["label_mismatches"]),
+        "sample": doc["sample"],
+        "checked": doc["checked"],
+        "full": doc["full"],
+        "mismatches": doc["mismatch_count"],
         "best_xnvme_relative_to_python_file": doc["best_xnvme_relative_to_python_file"],
     }
     if not doc["ok"]:

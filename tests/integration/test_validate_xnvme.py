@@ -11,21 +11,25 @@ import json
 import os
 import shutil
 import subprocess
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from imgest.sources.devdata.files_target import write_files_dataset
-from imgest.validate.check import CheckConfig, ValidationError
+from imgest.validate.blockmap import BlockMap
+from imgest.validate.check import BAD_BYTES, READ, CheckConfig, ValidationError
 from imgest.validate.dataset import load_splits
 from imgest.validate.loopfs import LoopMount, LoopUnavailableError, copy_in, loop_mounted
 from imgest.validate.runner import run_check
 from imgest.validate.step import validate_xnvme_step
 from imgest.validate.xnvme_lib import XnvmeUnavailableError, load
+from tests.validate_fixtures import write_random_files
 
 pytestmark = pytest.mark.slow
-CFG = CheckConfig(batch_size=8, rounds=1, queue_depth=8)
+CFG = CheckConfig(batch_size=8, rounds=1, queue_depth=8, sample=0)
 ALL = ("dali_file", "python_file", "xnvme_file", "xnvme_block")
 
 
@@ -60,7 +64,7 @@ def mounted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def test_all_four_engines_read_every_byte_and_label(dataset: Path, mounted: LoopMount, xnvme_loaded: None) -> None:
     root = copy_in(dataset, mounted)
     report = run_check(root, CFG)
-    expected = {s.path: s.sha256 for split in load_splits(root) for s in split.samples}
+    expected = [p for split in load_splits(root) for p in split.iter_paths()]
     assert [r.engine for r in report.results] == list(ALL)
     for result in report.results:
         assert (result.engine, result.status, result.mismatches, result.label_mismatches) == (
@@ -69,14 +73,16 @@ def test_all_four_engines_read_every_byte_and_label(dataset: Path, mounted: Loop
             [],
             [],
         )
-        assert result.images == len(expected)
+        assert result.images == result.checked == len(expected)
+        assert all(np.all(o == READ) for o in result.outcomes.values())
     block = report.result("xnvme_block")
     assert block is not None
     assert block.info["device"] == str(mounted.device)
     assert block.info["fallbacks"] == {}
     assert report.block_map is not None
-    assert sorted(report.block_map.files) == sorted(expected)
-    assert all(f.fallback is None and f.extents for f in report.block_map.files.values())
+    assert sorted(p.decode() for p in report.block_map.paths) == sorted(expected)
+    assert not report.block_map.fallback.any()
+    assert np.all(np.diff(report.block_map.offsets) > 0)  # every file has extents
 
 
 def test_labels_equal_what_fn_readers_file_assigns(dataset: Path) -> None:
@@ -84,21 +90,21 @@ def test_labels_equal_what_fn_readers_file_assigns(dataset: Path) -> None:
     from imgest.validate.pipeline import external_pipeline, reference_pipeline, run_batches, samples_of
 
     for split in load_splits(dataset):
-        n = len(split.samples)
+        n = len(split)
         ref = reference_pipeline(split.split_dir, 4, 1, False)
         dali = {}
         for _, out in run_batches(ref, -(-n // 4)):
             dali.update({f"{split.split}/{info}": label for _, label, info in samples_of(out)})
-        ext = external_pipeline(PythonFileEngine(dataset).read_batch, split.samples, 4, 1, False)
+        ext = external_pipeline(PythonFileEngine(dataset).read_batch, lambda s=split: s.batches(4), 4, 1, False)
         ours = [label for _, out in run_batches(ext, None) for _, label, _ in samples_of(out)]
         assert len(set(dali.values())) == 3
-        assert ours == [dali[s.path] for s in split.samples]
+        assert ours == [dali[p] for p in split.iter_paths()] == split.labels.tolist()
 
 
 def test_planted_corruption_is_caught_by_every_engine(dataset: Path, mounted: LoopMount, xnvme_loaded: None) -> None:
     root = mounted.mountpoint / "corrupt"
     shutil.copytree(dataset, root)
-    victim = [s for split in load_splits(root) for s in split.samples][3]
+    victim = load_splits(root)[0].batch(3, 4)[0]
     data = bytearray((root / victim.path).read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, same extents: only the bytes differ
     (root / victim.path).write_bytes(bytes(data))
@@ -125,9 +131,12 @@ def test_step_writes_report_plot_and_relative_block_map(dataset: Path, tmp_path:
         (e, q) for e in ("xnvme_file", "xnvme_block") for q in (1, 4)
     }
     assert (tmp_path / "validate_xnvme.png").read_bytes()[:4] == b"\x89PNG"
-    block_map = json.loads((tmp_path / "block_map.json").read_text())
-    assert block_map["device"].startswith("/dev/loop")
-    assert sorted(block_map["files"]) == sorted(s.path for split in load_splits(dataset) for s in split.samples)
+    block_map = BlockMap.load(tmp_path / "block_map.npz", dataset)
+    assert str(block_map.device).startswith("/dev/loop")
+    assert sorted(p.decode() for p in block_map.paths) == sorted(
+        p for split in load_splits(dataset) for p in split.iter_paths()
+    )
+    assert (doc["sample"], doc["checked"], doc["full"]) == (0, 24, True)
 
 
 def test_no_block_device_skips_the_block_engine_with_the_reason(dataset: Path) -> None:
@@ -137,7 +146,7 @@ def test_no_block_device_skips_the_block_engine_with_the_reason(dataset: Path) -
     root = shm / f"imgest-validate-{os.getpid()}"
     shutil.copytree(dataset, root)
     try:
-        report = run_check(root, CheckConfig(batch_size=8, rounds=0, engines=("python_file", "xnvme_block")))
+        report = run_check(root, CheckConfig(batch_size=8, rounds=0, engines=("python_file", "xnvme_block"), sample=0))
     finally:
         shutil.rmtree(root)
     block = report.result("xnvme_block")
@@ -150,10 +159,112 @@ def test_no_block_device_skips_the_block_engine_with_the_reason(dataset: Path) -
 def test_step_fails_naming_the_changed_file(dataset: Path, tmp_path: Path) -> None:
     root = tmp_path / "ds"
     shutil.copytree(dataset, root)
-    victim = load_splits(root)[0].samples[0]
+    victim = load_splits(root)[0].batch(0, 1)[0]
     (root / victim.path).write_bytes(b"not the ingested bytes")
-    cfg = CheckConfig(batch_size=8, rounds=0, engines=("dali_file", "python_file"))
+    cfg = CheckConfig(batch_size=8, rounds=0, engines=("dali_file", "python_file"), sample=0)
     with pytest.raises(ValidationError, match=victim.sha256):
         validate_xnvme_step(root, tmp_path / "out", config=cfg)
     doc = json.loads((tmp_path / "out" / "validate_xnvme.json").read_text())
     assert {(m["engine"], m["path"]) for m in doc["mismatches"]} == {(e, victim.path) for e in cfg.engines}
+
+
+REFERENCE_AND_FILE = ("dali_file", "python_file")
+
+
+def test_a_sample_checked_in_place_reads_only_the_sample_and_says_so(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_random_files(root, classes=4, per_class=5, nbytes=3000, val_per_class=2)  # train 5..8 per class: 26
+    cfg = CheckConfig(batch_size=4, rounds=1, engines=REFERENCE_AND_FILE, sample=6, seed=1)
+    summary = validate_xnvme_step(root, tmp_path / "out", config=cfg)
+    doc = json.loads((tmp_path / "out" / "validate_xnvme.json").read_text())
+    assert (summary["sample"], summary["checked"], summary["full"]) == (6, 12, False)  # 6 train + 6 of 8 val
+    assert (doc["sample"], doc["sample_seed"], doc["checked"], doc["full"]) == (6, 1, 12, False)
+    train = doc["splits"]["train"]
+    assert (train["split_rows"], train["checked"], train["full_read"]) == (26, 6, False)
+    assert (train["balance"]["per_class_min"], train["balance"]["per_class_max"]) == (1, 2)
+    chosen = {p for split in load_splits(root, sample=6, seed=1) for p in split.iter_paths()}
+    for row in doc["engines"]:
+        assert (row["engine"], row["status"], row["checked"], row["images"]) == (row["engine"], "ok", 12, 12)
+    assert not (tmp_path / "out" / "block_map.npz").exists()  # no block engine asked for
+    # DALI's own reader was pointed at the sample only: a changed file outside it goes unseen, one inside fails
+    outside = next(p for p in root.glob("train/*/*.jpg") if str(p.relative_to(root)) not in chosen)
+    outside.write_bytes(b"changed")
+    assert validate_xnvme_step(root, tmp_path / "out2", config=cfg)["ok"]
+    inside = root / sorted(chosen)[0]
+    inside.write_bytes(b"changed")
+    with pytest.raises(ValidationError, match=sorted(chosen)[0]):
+        validate_xnvme_step(root, tmp_path / "out3", config=cfg)
+
+
+def test_the_full_option_reads_every_file(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    counts = write_random_files(root, classes=3, per_class=4, nbytes=2000, val_per_class=3)
+    report = run_check(root, CheckConfig(batch_size=4, rounds=0, engines=REFERENCE_AND_FILE, sample=0))
+    on_disk = sorted(str(p.relative_to(root)) for p in root.glob("*/*/*.jpg"))
+    assert len(on_disk) == sum(counts.values())
+    assert sorted(p for split in report.splits for p in split.iter_paths()) == on_disk
+    for result in report.results:
+        assert result.checked == len(on_disk)
+        assert all(np.all(o == READ) for o in result.outcomes.values())
+    assert all(split.full for split in report.splits)
+
+
+def test_a_dataset_many_batches_large_is_checked_without_keeping_its_bytes(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    nbytes, batch = 64_000, 4
+    counts = write_random_files(root, classes=3, per_class=100, nbytes=nbytes)  # 303 files, 19 MB
+    victim = sorted(root.glob("train/n00000001/*.jpg"))[7]
+    victim.write_bytes(b"x" * nbytes)
+    cfg = CheckConfig(batch_size=batch, rounds=0, engines=REFERENCE_AND_FILE, sample=0)
+    run_check(root, cfg)  # imports and DALI's first pipeline out of the measurement
+    tracemalloc.start()
+    try:
+        report = run_check(root, cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    dataset_bytes = counts["train"] * nbytes
+    assert dataset_bytes > 60 * batch * nbytes
+    assert peak < 12 * batch * nbytes, f"peak {peak} bytes for a {dataset_bytes}-byte dataset"
+    bad = report.splits[0].index_of([str(victim.relative_to(root))])[0]
+    for result in report.results:
+        outcome = result.outcomes["train"]
+        assert (outcome.dtype, outcome.shape) == (np.uint8, (counts["train"],))
+        assert outcome[bad] == READ | BAD_BYTES
+        assert np.count_nonzero(outcome == READ) == counts["train"] - 1
+        assert (result.mismatched, result.checked) == (1, counts["train"])
+
+
+def test_the_loop_copy_holds_only_the_sample(tmp_path: Path, xnvme_loaded: None) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("loop devices and mount need root")
+    root = tmp_path / "ds"
+    write_random_files(root, classes=5, per_class=10, nbytes=20_000)  # 60 train files
+    cfg = CheckConfig(batch_size=8, rounds=0, queue_depth=8, sample=10)
+    summary = validate_xnvme_step(root, tmp_path / "out", config=cfg, loop_fs="ext4")
+    if "xnvme_block" in summary["skipped"]:
+        pytest.skip(summary["skipped"]["xnvme_block"])
+    assert {e: v["status"] for e, v in summary["engines"].items()} == dict.fromkeys(ALL, "ok")
+    assert (summary["checked"], summary["full"]) == (10, False)
+    block_map = BlockMap.load(tmp_path / "out" / "block_map.npz", root)
+    chosen = sorted(p for split in load_splits(root, sample=10) for p in split.iter_paths())
+    assert sorted(p.decode() for p in block_map.paths) == chosen  # only the sample was copied and mapped
+    doc = json.loads((tmp_path / "out" / "validate_xnvme.json").read_text())
+    assert {r["engine"]: r["checked"] for r in doc["engines"]} == dict.fromkeys(ALL, 10)
+
+
+def test_the_operator_reads_the_sample_the_request_asks_for(tmp_path: Path) -> None:
+    from imgest.operators.validate import ValidateXnvmeOperator
+
+    root = tmp_path / "ds"
+    write_random_files(root, classes=3, per_class=4, nbytes=1000)  # 15 train files
+    for sample, checked in (("5", 5), (0, 15)):  # a rendered template may be text; 0 reads every file
+        op = ValidateXnvmeOperator(
+            task_id="validate_xnvme",
+            dataset_dir=str(root),
+            out_dir=str(tmp_path / f"out{sample}"),
+            loop_fs="ext4",  # as the DAG asks; where no loop mount may be made the block engine is skipped
+            sample=sample,
+        )
+        summary = op.execute({})
+        assert (summary["ok"], summary["checked"], summary["full"]) == (True, checked, checked == 15)

@@ -78,9 +78,9 @@ def test_cassandra_shards_are_disjoint_cover_and_reshuffle_per_epoch(stored: dic
                 epoch.append([i for _, _, ids in reader.epoch_batches() for i in ids])
     for parts in epochs:  # every epoch: the shards' parts are disjoint and cover the version
         assert sum(len(p) for p in parts) == len(rs)
-        assert set().union(*map(set, parts)) == set(rs.ids)
+        assert set().union(*map(set, parts)) == set(rs.id_list())
     assert epochs[0] != epochs[1]  # a new seeded order each epoch
-    by_id = dict(zip(rs.ids, rs.labels.tolist(), strict=True))
+    by_id = dict(zip(rs.id_list(), rs.labels.tolist(), strict=True))
     with CassandraReader(stored["cassandra"], rs.table, rs.ids, rs.labels, CassandraReadOptions(batch_size=9)) as r:
         for images, labels, ids in r.epoch_batches():
             assert [by_id[i] for i in ids] == labels.tolist()
@@ -94,21 +94,21 @@ def test_corrupted_file_and_row_are_named(stored: dict[str, Any], copy_of: Any) 
     victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
     result = files_runs(rs, replace(OPTS, modes=("raw",)))[0]
     assert not result.ok
-    assert any(p.startswith(f"{rs.ids[3]}: sha256") for p in result.problems), result.problems
+    assert any(p.startswith(f"{rs.id_list()[3]}: sha256") for p in result.problems), result.problems
 
     crs = _cassandra(stored)
     table = "data_corrupt"
     with cassandra_session(stored["cassandra"]) as session:
         session.execute(f"CREATE TABLE IF NOT EXISTS {KEYSPACE}.{table} (id uuid PRIMARY KEY, label int, data blob)")
         for row in session.execute(f"SELECT id, label, data FROM {crs.table}"):
-            data = b"garbage" if str(row.id) == crs.ids[5] else row.data
+            data = b"garbage" if str(row.id) == crs.id_list()[5] else row.data
             session.execute(
                 f"INSERT INTO {KEYSPACE}.{table} (id, label, data) VALUES (%s, %s, %s)", (row.id, row.label, data)
             )
     bad = replace(crs, table=f"{KEYSPACE}.{table}")
     result = cassandra_runs(stored["cassandra"], bad, replace(OPTS, modes=("raw",)), baseline=False)[0]
     assert not result.ok
-    assert any(p.startswith(f"{crs.ids[5]}: sha256") for p in result.problems), result.problems
+    assert any(p.startswith(f"{crs.id_list()[5]}: sha256") for p in result.problems), result.problems
 
 
 def test_missing_row_and_object_are_errors_naming_them(stored: dict[str, Any]) -> None:
@@ -116,7 +116,7 @@ def test_missing_row_and_object_are_errors_naming_them(stored: dict[str, Any]) -
     ghost = str(uuid.uuid4())
     opts = CassandraReadOptions(batch_size=8, rows_per_request=4)
     with (
-        CassandraReader(stored["cassandra"], rs.table, [*rs.ids[:5], ghost], [*rs.labels[:5], 0], opts) as reader,
+        CassandraReader(stored["cassandra"], rs.table, [*rs.id_list()[:5], ghost], [*rs.labels[:5], 0], opts) as reader,
         pytest.raises(ReadError, match=ghost),
     ):
         list(reader.epoch_batches())

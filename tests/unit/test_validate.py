@@ -6,12 +6,16 @@ import hashlib
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from imgest.cli import build_parser
+from imgest.core import defaults
+from imgest.core.sampling import SampleReport
 from imgest.validate import blockdev
-from imgest.validate.blockmap import BlockMap, FileMap, build_block_map
-from imgest.validate.check import CheckConfig, EngineResult, verify_outputs
-from imgest.validate.dataset import Sample, SplitView
+from imgest.validate.blockmap import BlockMap, build_block_map
+from imgest.validate.check import BAD_BYTES, BAD_LABEL, LISTED, READ, CheckConfig, EngineResult, verify_batch
+from imgest.validate.dataset import Sample, SplitView, load_split, planned_images
 from imgest.validate.engines import PythonFileEngine
 from imgest.validate.fiemap import (
     EXTENT,
@@ -26,6 +30,7 @@ from imgest.validate.fiemap import (
 )
 from imgest.validate.report import report_dict, summary_text
 from imgest.validate.runner import CheckReport
+from tests.validate_fixtures import write_random_files
 
 
 def _answered(extents: list[tuple[int, int, int, int]]) -> bytearray:
@@ -83,10 +88,41 @@ def test_block_map_keys_are_relative_to_the_dataset_root(tmp_path: Path) -> None
         block_map = build_block_map(tmp_path, ["train/n1/a.jpg"])
     except (blockdev.NoBlockDeviceError, FiemapUnsupportedError) as exc:
         pytest.skip(str(exc))
-    doc = block_map.to_dict()
-    assert list(doc["files"]) == ["train/n1/a.jpg"]
-    assert str(tmp_path) not in str(doc["files"])
-    assert doc["files"]["train/n1/a.jpg"]["size"] == 5000
+    block_map.save(tmp_path / "map.npz")
+    with np.load(tmp_path / "map.npz") as z:
+        assert z["paths"].tolist() == [b"train/n1/a.jpg"]
+        assert z["sizes"].tolist() == [5000]
+        assert str(tmp_path).encode() not in z["paths"].tobytes()
+        assert z["extents"][:, 2].sum() >= 5000  # the length column covers the file
+
+
+def test_block_map_columns_round_trip_and_find_files() -> None:
+    entries = [
+        ("train/n2/b.jpg", 9000, [Extent(0, 1 << 20, 4096, 0), Extent(4096, 8 << 20, 8192, 1)], None),
+        ("train/n1/a.jpg", 10, [], "empty"),
+        ("val/n1/c.jpg", 70, [Extent(0, 0, 4096, 0x201)], "inline"),
+    ]
+    block_map = BlockMap.of(Path("/mnt/ds"), Path("/dev/loop3"), iter(entries))
+    assert len(block_map) == 3
+    assert block_map.find("train/n2/b.jpg") == 0
+    assert block_map.find("val/n1/c.jpg") == 2
+    assert block_map.find("val/n1/missing.jpg") == -1
+    assert block_map.entry(0) == (9000, entries[0][2], None)
+    assert block_map.entry(2) == (70, entries[2][2], "inline")
+    assert block_map.fallback_counts() == {"empty": 1, "inline": 1}
+    assert block_map.extents.shape == (3, 4)  # one array for every file's extents, not a structure per file
+
+
+def test_block_map_is_written_as_columns_and_read_back(tmp_path: Path) -> None:
+    entries = ((f"train/n1/{i:07d}.jpg", i, [Extent(0, i * 4096, 4096, 1)], None) for i in range(20_000))
+    block_map = BlockMap.of(Path("/mnt/ds"), Path("/dev/loop3"), entries)  # more than one build chunk
+    block_map.save(tmp_path / "block_map.npz")
+    back = BlockMap.load(tmp_path / "block_map.npz", Path("/other/mount"))
+    assert back.device == Path("/dev/loop3")
+    assert len(back) == 20_000
+    assert back.entry(12_345) == (12_345, [Extent(0, 12_345 * 4096, 4096, 1)], None)
+    assert back.find("train/n1/0019999.jpg") == 19_999
+    assert (tmp_path / "block_map.npz").stat().st_size < 20_000 * 40  # compact: far under the indented JSON
 
 
 def test_a_tmpfs_path_has_no_block_device() -> None:
@@ -118,16 +154,29 @@ def test_python_engine_reads_at_offsets(tmp_path: Path) -> None:
 
 
 def _split(data: dict[str, bytes]) -> SplitView:
-    samples = tuple(Sample(p, 0, len(d), 0, hashlib.sha256(d).hexdigest()) for p, d in data.items())
-    return SplitView(Path("/x"), "train", ("n1",), samples)
+    paths = np.array([p.encode() for p in sorted(data)], dtype="S")
+    digests = b"".join(hashlib.sha256(data[p]).digest() for p in sorted(data))
+    report = SampleReport(0, 0, len(data), len(data), "rows", {})
+    return SplitView(
+        Path("/x"),
+        "train",
+        ("n1",),
+        paths,
+        np.array([len(data[p]) for p in sorted(data)], np.int64),
+        np.zeros(len(data), np.int32),
+        np.frombuffer(digests, np.uint8).reshape(-1, 32),
+        np.ones(len(data), bool),
+        report,
+    )
 
 
 def test_a_changed_file_is_named_with_both_hashes() -> None:
     split = _split({"train/n1/a.jpg": b"good", "train/n1/b.jpg": b"fine"})
     result = EngineResult("xnvme_block")
-    verify_outputs(
-        result, [("train/n1/a.jpg", b"evil", 0), ("train/n1/b.jpg", b"fine", 1)], split, {"train/n1/b.jpg": 0}
-    )
+    outcome = np.zeros(2, np.uint8)
+    verify_batch(result, split, outcome, [0, 1], [b"evil", b"fine"], [0, 1], [-1, 0])
+    assert outcome.tolist() == [READ | BAD_BYTES, READ | BAD_LABEL]
+    assert (result.mismatched, result.label_mismatched) == (1, 1)
     assert result.mismatches == [
         {
             "engine": "xnvme_block",
@@ -141,6 +190,18 @@ def test_a_changed_file_is_named_with_both_hashes() -> None:
     ]
 
 
+def test_a_padded_repeat_is_checked_once_and_failures_are_counted_beyond_the_listing() -> None:
+    data = {f"train/n1/{i:04d}.jpg": bytes([i % 256]) * 3 for i in range(LISTED + 50)}
+    split = _split(data)
+    result = EngineResult("python_file")
+    outcome = np.zeros(len(split), np.uint8)
+    index = [*range(len(split)), len(split) - 1]  # DALI pads the last batch with the last image
+    verify_batch(result, split, outcome, index, [b"x"] * len(index), [0] * len(index), [-1] * len(index))
+    assert result.mismatched == len(split)  # every image once, the padded repeat not again
+    assert len(result.mismatches) == LISTED
+    assert np.all(outcome == READ | BAD_BYTES)
+
+
 def test_report_is_relative_to_the_python_file_api_and_lists_skips() -> None:
     results = [
         EngineResult("python_file", images=100, nbytes=10**7, seconds=1.0, info={"queue_depth": 1}),
@@ -151,7 +212,8 @@ def test_report_is_relative_to_the_python_file_api_and_lists_skips() -> None:
             mismatches=[{"engine": "dali_file", "path": "p", "expected": "e" * 64, "actual": "a" * 64}],
         ),
     ]  # fmt: skip
-    block_map = BlockMap(Path("/mnt/ds"), Path("/dev/loop3"), {"p": FileMap(1, (), "inline")})
+    results[-1].mismatched = 1
+    block_map = BlockMap.of(Path("/mnt/ds"), Path("/dev/loop3"), [("p", 1, [], "inline")])
     doc = report_dict(CheckReport(Path("/mnt/ds"), CheckConfig(), results, block_map))
     rows = {r["engine"]: r for r in doc["engines"]}
     assert rows["xnvme_block"]["relative_to_python_file"] == 2.0
@@ -162,3 +224,64 @@ def test_report_is_relative_to_the_python_file_api_and_lists_skips() -> None:
     assert doc["block_map"] == {"device": "/dev/loop3", "files": 1, "fallbacks": {"inline": 1}}
     text = summary_text(doc)
     assert f"MISMATCH dali_file p: expected {'e' * 64}, read {'a' * 64}" in text
+
+
+def _paths(split: SplitView) -> list[str]:
+    return list(split.iter_paths())
+
+
+def test_the_sample_is_bounded_class_balanced_and_seeded(tmp_path: Path) -> None:
+    counts = write_random_files(tmp_path, classes=5, per_class=4, nbytes=8)  # 4, 5, 6, 7, 8 rows per class
+    split = load_split(tmp_path, "train", sample=13, seed=3)
+    assert len(split) == 13
+    assert split.sample.total == counts["train"] == 30
+    assert not split.full
+    per_class = np.bincount(split.labels, minlength=5)
+    assert per_class.max() - per_class.min() <= 1  # 13 over 5 classes: 3, 3, 3, 2, 2
+    assert (split.sample.balance["per_class_min"], split.sample.balance["per_class_max"]) == (2, 3)
+    assert _paths(split) == sorted(_paths(split))
+    assert _paths(load_split(tmp_path, "train", sample=13, seed=3)) == _paths(split)  # same seed, same images
+    assert _paths(load_split(tmp_path, "train", sample=13, seed=4)) != _paths(split)
+
+
+def test_a_sample_where_a_class_is_short_gives_its_share_to_the_others(tmp_path: Path) -> None:
+    write_random_files(tmp_path, classes=3, per_class=1, nbytes=8)  # 1, 2, 3 rows per class
+    split = load_split(tmp_path, "train", sample=5, seed=0)
+    assert np.bincount(split.labels, minlength=3).tolist() == [1, 2, 2]
+
+
+def test_sample_zero_or_larger_than_the_split_reads_every_row(tmp_path: Path) -> None:
+    write_random_files(tmp_path, classes=3, per_class=2, nbytes=8, val_per_class=1)
+    for sample in (0, 1000):
+        split = load_split(tmp_path, "train", sample=sample)
+        assert (split.full, len(split)) == (True, 9)
+        assert _paths(split) == sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("train/*/*.jpg"))
+    assert planned_images(tmp_path, None, 0) == 12
+    assert planned_images(tmp_path, None, 2) == 4
+    assert planned_images(tmp_path, ["val"], 2) == 2
+
+
+def test_the_split_columns_carry_labels_sizes_and_digests(tmp_path: Path) -> None:
+    write_random_files(tmp_path, classes=2, per_class=3, nbytes=100)
+    split = load_split(tmp_path, "train", sample=4)
+    assert (split.paths.dtype.kind, split.sha256.shape, split.sha256.dtype) == ("S", (4, 32), np.uint8)
+    for i, sample in enumerate(split.batch(0, len(split))):
+        data = (tmp_path / sample.path).read_bytes()
+        assert split.sha256[i].tobytes() == hashlib.sha256(data).digest()
+        assert sample.size == split.sizes[i] == 100
+        assert sample.label == split.classes.index(sample.path.split("/")[1])
+    assert split.index_of([split.path(2), "train/nope/x.jpg"]).tolist() == [2, -1]
+
+
+def test_cli_sample_defaults_to_the_bounded_size_and_takes_zero_for_every_file(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["validate", "xnvme", "/d"]).sample == defaults.CHECK_SAMPLE
+    assert parser.parse_args(["validate", "xnvme", "/d", "--sample", "0"]).sample == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["validate", "xnvme", "/d", "--sample", "-1"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["validate", "xnvme", "--help"])
+    assert "0 reads every file" in " ".join(capsys.readouterr().out.split())
+    assert CheckConfig().sample == defaults.CHECK_SAMPLE
