@@ -48,8 +48,9 @@ worker can read) or switch on **Use the generated sample**; every other field ha
   `manifest.json` (written last), under *Files destination* (default `$IMGEST_HOME/files/<dataset>`). Read back with
   `fn.readers.file` or plain file I/O.
 
-After the split file, `read_throughput` reads the stored train rows back through DALI with every reader of the
-target (raw bytes and a CPU training pipeline), hashing every sample against its ingest sha256; for the files
+After the split file, `read_throughput` reads a seeded, class-balanced sample of the stored train rows (*Images
+checked*; 0: every row) back through DALI with every reader of the target (raw bytes and a CPU training
+pipeline), hashing every sample read against its ingest sha256; for the files
 target `validate_xnvme` then reads them with DALI's file reader, the Python file API and xNVMe's file and block
 APIs. Reports and plots land in the work folder and are referenced from the version record.
 
@@ -176,6 +177,7 @@ with DAG(
         dataset_dir=FILES_DEST,
         out_dir=MANIFEST_DIR,
         loop_fs="{{ ti.xcom_pull(task_ids='validate')['xnvme_loop_fs'] or '' }}",
+        sample="{{ ti.xcom_pull(task_ids='validate')['check_sample'] }}",
         doc_md="DALI file reader vs Python file API vs xNVMe file and block APIs, byte-exact.",
     )
 

@@ -36,6 +36,17 @@ if [ "${1:-}" = "--dev" ] && ! command -v docker-compose >/dev/null 2>&1; then
   fi
 fi
 
+# The xNVMe check's XFS loop filesystem (`--loop-fs xfs`) is made with mkfs.xfs from Debian's xfsprogs.
+if [ "${1:-}" = "--dev" ] && ! command -v mkfs.xfs >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "imgest install: installing Debian's xfsprogs for the xNVMe XFS check (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends xfsprogs >/dev/null
+  else
+    echo "imgest install: the xNVMe XFS tests need mkfs.xfs: sudo apt-get install xfsprogs (skipped without it)" >&2
+  fi
+fi
+
 # imgest's JPEG region decoder (imgest/transform/_fastjpeg.c) is compiled against libjpeg-turbo's headers. It is
 # optional: without them the build skips it and the transform runs on Pillow alone (slower, same quarantine).
 if ! printf '#include <stdio.h>\n#include <jpeglib.h>\n' | cc -E -x c - >/dev/null 2>&1; then

@@ -60,6 +60,11 @@ def files_dest(dataset: str) -> str:
     return str(state_dir() / "files" / dataset)
 
 
+# Checks after an ingest or refresh (read-back, xNVMe) read a seeded, class-balanced sample of this many images;
+# 0 reads every row (an explicit choice: at ImageNet's count that is hours, not seconds).
+CHECK_SAMPLE: Final = 10_000
+CHECK_SAMPLE_SEED: Final = 0
+
 XNVME_LOOP_FS: Final = "ext4"  # the DAG's xNVMe check copies the files target onto a loop-mounted filesystem
 
 

@@ -69,7 +69,8 @@ class IngestRequest:
             "cls-loc": "cls-loc (ILSVRC/Data/CLS-LOC/train|val, Kaggle tree)",
             "imagefolder": "imagefolder (train/ and val/ holding class folders)",
             "flat": "flat (class folders only, one split)",
-            "tar": "tar (ILSVRC2012_img_train.tar, a tar of per-class tars)",
+            "tar": "tar (ILSVRC2012_img_train.tar of per-class tars, + ILSVRC2012_img_val.tar and LOC_val_solution.csv "
+            "beside it; read in place)",
         },
     )
     dataset: str = _param(
@@ -221,8 +222,17 @@ class IngestRequest:
         True,
         "Read-back check",
         "Checks",
-        "On: after the split, read the stored train rows back through DALI with every reader of the target and "
-        "check every byte and label against the ingest record (read_throughput.json in the work folder).",
+        "On: after the split, read a sample of the stored train rows (Images checked) back through DALI with every "
+        "reader of the target and check every byte and label against the ingest record (read_throughput.json in "
+        "the work folder).",
+    )
+    check_sample: int = _param(
+        defaults.CHECK_SAMPLE,
+        "Images checked",
+        "Checks",
+        "Required, 0 or more: the read-back and xNVMe checks read a seeded, class-balanced sample of this many train "
+        "images (the report gives its size); 0 reads every row, which at ImageNet's count takes hours.",
+        minimum=0,
     )
     xnvme_loop_fs: str | None = _param(
         defaults.XNVME_LOOP_FS,
@@ -267,6 +277,7 @@ class IngestRequest:
             (bool(DATASET.match(self.dataset)), f"dataset {self.dataset!r}: letters, digits, _ . - (<= 64)"),
             (self.layout in defaults.LAYOUTS, f"layout {self.layout!r} is unknown"),
             (self.spark_partitions >= 0, "spark_partitions must be 0 (auto) or more"),
+            (self.check_sample >= 0, "check_sample must be 0 (every row) or more"),
         ]
         errors += [message for ok, message in checks if not ok]
         for build in (self.transform, self.shards, self.tables, lambda: replication(self.replication)):

@@ -108,14 +108,16 @@ def prepare_cassandra(conf: dict[str, Any], manifest_dir: Path, settings: Cassan
 
 
 def verify_cassandra(conf: dict[str, Any], manifest_dir: Path, settings: CassandraSettings, sample: int) -> dict:
-    """Counts and byte-equal samples of the version the job wrote; marks it complete or raises."""
+    """The counts the job recorded against the manifest and the job's summary, and a byte-equal sample of the
+    version the job wrote (no table scan); marks it complete or raises."""
     from imgest.sinks.cassandra.client import cassandra_session
     from imgest.sinks.cassandra.verify import VerificationError, verify
 
     request = IngestRequest.from_conf(conf)
-    version = json.loads((manifest_dir / workdir.CASSANDRA_SUMMARY).read_text())["version"]
+    job = json.loads((manifest_dir / workdir.CASSANDRA_SUMMARY).read_text())
+    written = job["stored"] + job["skipped_already_committed"]
     with cassandra_session(settings) as session:
-        report = verify(session, manifest_dir, request.tables(), None, version, sample)
+        report = verify(session, manifest_dir, request.tables(), None, job["version"], sample, job_rows=written)
     log.info("verification: %s", json.dumps(report.to_dict()))
     if not report.ok:
         raise VerificationError(f"Cassandra data does not match the manifest: {report.to_dict()}")
@@ -162,14 +164,17 @@ def verify_files(dest: str) -> dict[str, Any]:
 def read_throughput(
     conf: dict[str, Any], out_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
 ) -> dict[str, Any]:
-    """Read the stored train rows back through DALI with every reader of the target; report, record, verify."""
+    """Read a seeded, class-balanced sample of the stored train rows (request.check_sample images; 0: every row)
+    back through DALI with every reader of the target; report, record, verify."""
+    from imgest.readback.check import ReadCheckOptions
     from imgest.readback.step import read_throughput_step
 
     request = IngestRequest.from_conf(conf)
     if not request.read_check:
         return {"skipped": "read_check is off"}
     settings = {"cassandra": cassandra, "s3": s3, "tables": request.tables(), "dataset": request.dataset}
-    return read_throughput_step(request.target, request.location, out_dir, settings)
+    opts = ReadCheckOptions(sample=request.check_sample)
+    return read_throughput_step(request.target, request.location, out_dir, settings, opts)
 
 
 def build_split(

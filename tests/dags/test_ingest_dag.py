@@ -72,6 +72,7 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
         (reader, mode) for reader in ("cassandra", "cassandra-simple") for mode in ("raw", "train")
     }
     assert all(r["ok"] and r["images"] == 18 + 8 for r in report["readers"])  # every train row, verified
+    assert (report["sample"], report["checked"], report["full_read"]) == (10_000, 18 + 8, True)  # default sample
     split = load_split(state_dir() / "work" / "dagtest-c" / "split-cassandra.npz")
     # train rows: class 0 has 6 + the 8 planted images, classes 1 and 2 have 6; 8:2 cuts are [11,3], [5,1], [5,1]
     assert [len(p) for p in split.parts] == [21, 5]
