@@ -149,12 +149,14 @@ def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
     if "spark_driver" not in sampler.peaks.single:  # the kernel's peak also counts reaped children (the JVM)
         sampler.peaks.single["task"] = max(sampler.peaks.single.get("task", 0), usage.ru_maxrss * 1024)
     result = json.loads((state_file.parent / f"step-{step}.json").read_text())
+    load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine shows here (1, 5, 15 min)
     return {
         "step": step,
         "wall_s": round(wall, 2),
         "rss": sampler.peaks.single,
         "rss_sum": sampler.peaks.total,
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),  # the step's process tree (reaped children included)
+        "load_after": load,
         "result": result,
     }
 
