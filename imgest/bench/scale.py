@@ -289,6 +289,7 @@ def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     targets = list(dict.fromkeys(s["target"] for s in summary))
     fig, axes = plt.subplots(len(targets), 2, figsize=(11, 4.2 * len(targets)), squeeze=False)
@@ -305,6 +306,9 @@ def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
             ax = axes[row][col]
             ax.set_xscale("log")
             ax.set_yscale("log")
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
             ax.set_xlabel("images")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{target}: {ylabel.split(' (')[0]}")
