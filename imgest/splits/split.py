@@ -20,6 +20,7 @@ import json
 import math
 import pickle
 import uuid
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,15 +165,16 @@ class SplitFile:
             "source": self.source,
             "settings": self.settings,
         }
-        arrays = {f"part_{k}": p.astype(np.int64) for k, p in enumerate(self.parts)}
-        with open(path, "wb") as fh:
-            np.savez_compressed(
-                fh,
-                row_ids=id_strings(self.row_ids).astype("U36"),
-                labels=self.labels.astype(np.int32),
-                meta=np.array(json.dumps(meta, sort_keys=True)),
-                **arrays,
-            )
+        arrays = {
+            "labels": self.labels.astype(np.int32),
+            "meta": np.array(json.dumps(meta, sort_keys=True)),
+            **{f"part_{k}": p.astype(np.int64) for k, p in enumerate(self.parts)},
+        }
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+            _write_ids(zf, self.row_ids)
+            for name, array in arrays.items():
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, array, allow_pickle=False)
 
     def save_crs4(self, path: Path) -> None:
         """The dictionary cassandra-dali-plugin's training scripts load (their key spellings kept)."""
@@ -192,6 +194,16 @@ class SplitFile:
         }
         with open(path, "wb") as fh:
             pickle.dump(crs4, fh)
+
+
+def _write_ids(zf: zipfile.ZipFile, ids: np.ndarray) -> None:
+    """IDS as the .npz member row_ids.npy ('U36'), formatted and compressed a chunk at a time (flat memory)."""
+    ids, dtype = np.asarray(ids), np.dtype("<U36")
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (len(ids),)}
+    with zf.open("row_ids.npy", "w", force_zip64=True) as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        for start in range(0, len(ids), ID_CHUNK):
+            fh.write(id_strings(ids[start : start + ID_CHUNK]).astype(dtype).tobytes())
 
 
 def load_split(path: Path) -> SplitFile:
