@@ -4,9 +4,10 @@
 
 ``plan_refresh`` compares the new scan with the baseline of the last complete version of the target
 (``<work>/refresh/<target>/``) and writes what the job needs: the delta manifest (added + changed images) for
-Cassandra, the shard plan (untouched shards kept, the rest re-cut) for shards. ``finish_refresh`` applies the
-rest (Cassandra: re-stamp unchanged rows, delete removed ones), verifies the new version and only then moves
-the baseline forward. A failed refresh leaves the baseline where it was; the next run redoes the same version.
+Cassandra, the shard plan (untouched shards kept, the rest re-cut) for shards. ``finish_refresh`` applies the rest
+(Cassandra: record the version's lineage, delete removed rows; unchanged rows are not touched), verifies the new
+version and only then moves the baseline forward. A failed refresh leaves the baseline where it was; the next run
+redoes the same version.
 """
 
 from __future__ import annotations
@@ -197,14 +198,8 @@ def _finish_cassandra(
     from imgest.sinks.cassandra.refresh import RefreshRows, apply_refresh, record_changes
     from imgest.sinks.cassandra.verify import VerificationError, verify
 
-    baseline = pq.read_table(rdir / NEXT_BASELINE, columns=["id", "split"])
     touched = set(pq.read_table(rdir / DELTA / workdir.MANIFEST, columns=["id"]).column("id").to_pylist())
-    unchanged = [
-        (i, s)
-        for i, s in zip(baseline.column("id").to_pylist(), baseline.column("split").to_pylist(), strict=True)
-        if i not in touched
-    ]
-    rows = RefreshRows(unchanged, [tuple(r) for r in pending["removed"]])
+    rows = RefreshRows(touched, [tuple(r) for r in pending["removed"]])
     tables = request.tables()
     with cassandra_session(settings) as session:
         applied = apply_refresh(session, tables, request.dataset, pending["version"], pending["previous"], rows)

@@ -24,7 +24,7 @@ import numpy as np
 from imgest.core import defaults, workdir
 from imgest.core.errors import ImgestError
 from imgest.core.sampling import BalancedSample, ClassCounts, Columns, SampleReport, balance, pick_shards
-from imgest.sinks.cassandra.versions import version_rows
+from imgest.sinks.cassandra.versions import version_members, version_rows
 
 log = logging.getLogger(__name__)
 CHUNK = 65_536  # metadata rows converted to columns at a time
@@ -220,7 +220,8 @@ def cassandra_set(
     chosen = ready[-1].version
     meta = f"{ks}.{tables.metadata_table(split or 'train')}"
     picker = BalancedSample(sample, seed, _empty(nbytes=np.zeros(0, np.int64)))
-    rows = version_rows(session, meta, dataset, chosen, "id, label, split, sha256, nbytes")
+    members = version_members(session, ks, dataset, chosen)  # a refreshed version's lineage
+    rows = version_rows(session, meta, dataset, members, "id, label, split, sha256, nbytes")
     for page in _batched(rows, CHUNK):  # this version's rows only: other datasets and versions are left out
         page = [r for r in page if split is None or r.split == split]
         sha, recorded = sha_columns([r.sha256 for r in page], meta)

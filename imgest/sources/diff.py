@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -23,6 +24,8 @@ from imgest.sources.read import read_candidate
 
 HASH_COLUMN = "src_sha256"
 MISSING_HASH = ""  # a file that vanished or could not be read while hashing: ingest quarantines it
+COMPARED = ("size", "mtime", "label", "wnid")  # equal in the baseline: unchanged, the file is not read
+HASH_CHUNK = 4096  # suspects hashed (and held as Python rows) at a time
 
 
 @dataclass
@@ -67,58 +70,63 @@ def hash_candidates(root: Path, cands: list[Candidate], workers: int = 4) -> lis
         return list(pool.map(one, cands))
 
 
-def diff_manifest(manifest: Path, baseline: Path | None, root: Path) -> tuple[SourceChanges, pa.Table]:
+def diff_manifest(
+    manifest: Path, baseline: Path | None, root: Path, chunk: int = HASH_CHUNK
+) -> tuple[SourceChanges, pa.Table]:
     """Compare MANIFEST with BASELINE (None: everything is added); returns the changes and the new baseline
-    (the manifest's rows with their source sha256)."""
+    (the manifest's rows with their source sha256). Compared as Arrow columns (a vectorized lookup of each id in
+    the baseline), never one Python object per row; only the suspects (added, or size / mtime / label differ)
+    are read and hashed, CHUNK at a time."""
     table = pq.read_table(manifest)
-    rows = table.to_pylist()
-    old = _baseline_index(baseline)
-    changes = SourceChanges()
-    hashes: list[str] = [MISSING_HASH] * len(rows)
-    suspects: list[int] = []
-    for i, row in enumerate(rows):
-        before = old.get(row["id"])
-        if before is None:
-            changes.added.append(row["id"])
-            suspects.append(i)
-        elif (before["size"], before["mtime"], before["label"], before["wnid"]) == (
-            row["size"],
-            row["mtime"],
-            row["label"],
-            row["wnid"],
-        ):
-            hashes[i] = before[HASH_COLUMN]
-            changes.unchanged += 1
-        else:
-            suspects.append(i)
-    fresh = hash_candidates(root, [Candidate(**rows[i]) for i in suspects])
-    added = set(changes.added)
-    for i, digest in zip(suspects, fresh, strict=True):
-        hashes[i] = digest
-        row = rows[i]
-        if row["id"] in added:
-            continue
-        before = old[row["id"]]
-        same = (
-            digest
-            and digest == before[HASH_COLUMN]
-            and (row["label"], row["wnid"]) == (before["label"], before["wnid"])
-        )
-        if same:
-            changes.unchanged += 1
-            changes.touched_same_bytes += 1
-        else:
-            changes.changed.append(row["id"])
-    current = {row["id"] for row in rows}
-    changes.removed = sorted(i for i in old if i not in current)
+    old = _read_baseline(baseline)
+    pos = pc.index_in(table.column("id"), value_set=old.column("id"))
+    before = {c: old.column(c).take(pos) for c in (*COMPARED, HASH_COLUMN)}
+    same = pc.is_valid(pos)
+    for c in COMPARED:
+        same = pc.and_(same, pc.fill_null(pc.equal(table.column(c), before[c]), False))
+    hashes = pc.if_else(same, before[HASH_COLUMN], MISSING_HASH).to_numpy(zero_copy_only=False).astype(object)
+    changes = SourceChanges(unchanged=int(pc.sum(same).as_py() or 0))
+    suspects = np.flatnonzero(~same.to_numpy(zero_copy_only=False))
+    found = pc.is_valid(pos).to_numpy(zero_copy_only=False)
+    ids = table.column("id")
+    for start in range(0, len(suspects), chunk):
+        part = suspects[start : start + chunk]
+        rows = table.take(pa.array(part)).to_pylist()
+        fresh = hash_candidates(root, [Candidate(**row) for row in rows])
+        for i, row, digest in zip(part, rows, fresh, strict=True):
+            hashes[i] = digest
+            if not found[i]:
+                changes.added.append(row["id"])
+            elif (
+                digest
+                and digest == before[HASH_COLUMN][int(i)].as_py()
+                and all(row[c] == before[c][int(i)].as_py() for c in ("label", "wnid"))
+            ):
+                changes.unchanged += 1
+                changes.touched_same_bytes += 1
+            else:
+                changes.changed.append(row["id"])
+    gone = pc.invert(pc.is_in(old.column("id"), value_set=ids))
+    changes.removed = sorted(old.column("id").filter(gone).to_pylist())
     return changes, table.append_column(HASH_COLUMN, pa.array(hashes, pa.string()))
 
 
-def _baseline_index(baseline: Path | None) -> dict[str, dict[str, object]]:
+def _read_baseline(baseline: Path | None) -> pa.Table:
+    """The baseline's compared columns (an empty table when there is none)."""
+    columns = ["id", *COMPARED, HASH_COLUMN]
     if baseline is None or not baseline.is_file():
-        return {}
-    table = pq.read_table(baseline, columns=["id", "size", "mtime", "label", "wnid", HASH_COLUMN])
-    return {row["id"]: row for row in table.to_pylist()}
+        schema = pa.schema(
+            [
+                ("id", pa.string()),
+                ("size", pa.int64()),
+                ("mtime", pa.float64()),
+                ("label", pa.int32()),
+                ("wnid", pa.string()),
+                (HASH_COLUMN, pa.string()),
+            ]
+        )
+        return schema.empty_table()
+    return pq.read_table(baseline, columns=columns)
 
 
 def select_ids(table: pa.Table, ids: list[str]) -> pa.Table:

@@ -58,9 +58,10 @@ def qualified(name: str, what: str) -> tuple[str, str]:
 
 
 def _version_columns(
-    session: Any, metadata_table: str, dataset: str, version: str, only_split: str | None, **scan: Any
+    session: Any, metadata_table: str, dataset: str, version: str | list[str], only_split: str | None, **scan: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(ids as 16-byte UUIDs, int32 labels) of one version's rows, from a token-range scan in bounded batches."""
+    """(ids as 16-byte UUIDs, int32 labels) of one version's rows (VERSION: its members), from a token-range scan in
+    bounded batches."""
     from imgest.sinks.cassandra.scan import scan_columns, uuid_column
 
     ids, labels = [], []
@@ -93,7 +94,7 @@ def from_cassandra(
     ks, meta = qualified(metadata_table, "metadata table")
     qualified(data_table, "data table")
     record = resolve(session, f"{ks}.{meta}", dataset, version)
-    ids, labels = _version_columns(session, f"{ks}.{meta}", record.dataset, record.version, only_split, **scan)
+    ids, labels = _version_columns(session, f"{ks}.{meta}", record.dataset, record.members, only_split, **scan)
     where = f"{metadata_table} for {record.dataset} version {record.version}"
     if not len(ids):
         raise ImgestError(f"no rows in {where}" + (f" for split {only_split!r}" if only_split else ""))

@@ -172,6 +172,14 @@ def _versions(cassandra: CassandraServer) -> dict[str, tuple[str, dict | None]]:
         return {r.version: (r.status, dict(r.changes) if r.changes else None) for r in rows}
 
 
+def _lineage(cassandra: CassandraServer, version: str) -> list[str]:
+    with cassandra_session(CassandraSettings(port=cassandra.native_port)) as session:
+        row = session.execute(
+            f"SELECT lineage FROM {KEYSPACE}.dataset_versions WHERE dataset = 'rfx' AND version = %s", (version,)
+        ).one()
+        return list(row.lineage or [])
+
+
 def _shards(s3: S3Server) -> tuple[dict, dict[str, str]]:
     """The live manifest.json and id -> sha256 of the image member of every sample of its shards."""
     store = open_store(DEST, s3.settings())
@@ -224,12 +232,17 @@ def test_refresh_applies_exactly_the_changes(
     assert plans["cassandra.plan"]["counts"] == plans["shards.plan"]["counts"] == expected
     version = plans["cassandra.plan"]["version"]
     assert version.endswith("-r2")
-    # Cassandra: 24 + 10 - 2 rows, all of version r2; removed gone; changed rows hold the new source's bytes.
+    # Cassandra: 24 + 10 - 2 rows; removed gone; changed rows hold the new source's bytes. Only the added and
+    # changed rows were written (version r2); the unchanged ones were not touched (still r1), and belong to r2
+    # through its lineage: finish costs in proportion to the change.
     rows = _rows(cassandra_server)
     assert len(rows) == 32
     assert not set(ids["removed"]) & set(rows)
     assert set(ids["added"]) <= set(rows)
-    assert {v for v, _, _ in rows.values()} == {version}
+    written = set(ids["added"]) | set(ids["changed"])
+    assert {i for i, (v, _, _) in rows.items() if v == version} == written
+    assert {v for i, (v, _, _) in rows.items() if i not in written} == {v1}
+    assert _lineage(cassandra_server, version) == [v1, version]
     for i in ids["changed"]:
         assert rows[i][1] != first[i][1]
         assert rows[i][2] != first[i][2]

@@ -29,7 +29,7 @@ from imgest.sinks.cassandra.scan import (
     uuid_column,
 )
 from imgest.sinks.cassandra.schema import TableLayout, apply_schema
-from imgest.sinks.cassandra.versions import version_rows
+from imgest.sinks.cassandra.versions import set_lineage, version_members, version_rows
 from imgest.splits.sources import LabelledRows, from_cassandra
 from imgest.splits.split import id_strings, load_split, write_split_files
 
@@ -180,3 +180,38 @@ def test_split_builder_memory_grows_by_columns_not_objects(session: Any) -> None
     assert (small_rows, big_rows) == (ROWS // 5, ROWS * 4 // 5)
     per_row = (big_peak - small_peak) / (big_rows - small_rows)
     assert per_row < 120, f"peak {small_peak} bytes for {small_rows} rows, {big_peak} for {big_rows}"
+
+
+def test_a_refreshed_version_holds_its_lineages_rows(session: Any) -> None:
+    """A refresh writes only what changed: r2's lineage [r1, r2] makes r1's untouched rows r2's too, and rows of
+    versions outside the lineage (r0) stay out, in the scanner, the counts and the split builder alike."""
+    tables = TableLayout("imgest_test_lineage")
+    meta = f"{tables.keyspace}.metadata"
+    session.execute(f"DROP KEYSPACE IF EXISTS {tables.keyspace}", timeout=60)
+    apply_schema(session, tables, ["train"], "SimpleStrategy:1")
+    versions = {"r1": 5, "r2": 3, "r0": 2}  # r0: an older version's leftover, not in r2's lineage
+    insert = session.prepare(f"INSERT INTO {meta} (id, label, split, dataset, version) VALUES (?, ?, ?, ?, ?)")
+    want = set()
+    for version, count in versions.items():
+        for n in range(count):
+            rid = uuid.uuid5(uuid.NAMESPACE_OID, f"lineage-{version}-{n}")
+            session.execute(insert, (rid, n % 2, "train", "lin", version))
+            if version != "r0":
+                want.add(str(rid))
+    tables_json = json.dumps({"train": {"metadata": meta}})
+    for version, status in (("r1", "replaced"), ("r2", "complete")):
+        session.execute(
+            f"INSERT INTO {tables.keyspace}.dataset_versions (dataset, version, status, tables, class_map)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            ("lin", version, status, tables_json, ["n0", "n1"]),
+        )
+    assert set_lineage(session, tables.keyspace, "lin", "r2", "r1") == ["r1", "r2"]
+    assert set_lineage(session, tables.keyspace, "lin", "r2", "r1") == ["r1", "r2"]  # a re-run finish: same
+    members = version_members(session, tables.keyspace, "lin", "r2")
+    assert members == ["r1", "r2"]
+    assert set(_ids(scan_columns(session, meta, ["id"], "lin", members, ranges=4))) == want
+    assert sum(count_by(session, meta, ["split"], "lin", members).values()) == 8
+    assert set(_ids(scan_columns(session, meta, ["id"], "lin", "r2"))) != want  # r2 alone: only what it wrote
+    rows = from_cassandra(session, meta, f"{tables.keyspace}.data", "train", "lin")
+    assert set(id_strings(rows.ids)) == want
+    assert rows.source["version"] == "r2"

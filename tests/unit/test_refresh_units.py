@@ -69,6 +69,19 @@ def test_diff_finds_added_changed_removed_and_ignores_touched(tmp_path: Path) ->
     changes, _ = diff_manifest(_scan(src, tmp_path / "w2"), tmp_path / "baseline.parquet", src)
     assert changes.counts() == {"added": 1, "changed": 1, "removed": 1, "unchanged": 8}
     assert changes.touched_same_bytes == 1
+    # Suspects are hashed a chunk at a time: any chunk size gives the same changes and the same new baseline.
+    manifest = tmp_path / "w2" / "manifest.parquet"
+    small, new_small = diff_manifest(manifest, tmp_path / "baseline.parquet", src, chunk=1)
+    large, new_large = diff_manifest(manifest, tmp_path / "baseline.parquet", src)
+    assert (small.added, small.changed, small.removed, small.counts()) == (
+        large.added,
+        large.changed,
+        large.removed,
+        large.counts(),
+    )
+    assert new_small.equals(new_large)
+    hashes = dict(zip(new_large.column("id").to_pylist(), new_large.column("src_sha256").to_pylist(), strict=True))
+    assert all(len(h) == 64 for h in hashes.values())  # every current file's source sha256 is in the baseline
 
 
 def test_replan_keeps_untouched_shards_and_recuts_the_rest(tmp_path: Path) -> None:

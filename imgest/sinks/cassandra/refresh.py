@@ -1,8 +1,9 @@
 """Applying a refresh to Cassandra once the new version's rows are written.
 
 The Spark job has upserted the added and changed images under the new version (same deterministic ids, so a
-changed image overwrites its row in place). What is left happens here, in this order: the unchanged rows'
-metadata are re-stamped with the new version (metadata only: no image bytes move), the quarantine entries of
+changed image overwrites its row in place). What is left happens here, and costs in proportion to the change,
+not to the dataset: the new version's lineage is recorded (the previous version's plus its own, so the rows
+earlier versions wrote and nobody changed belong to it without being touched), the quarantine entries of
 unchanged bad files are carried over, and removed images are deleted (metadata row first, since a metadata row
 means "committed", then the data row). Every statement is idempotent, so a failed finish is simply re-run.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imgest.sinks.cassandra.schema import TableLayout
+from imgest.sinks.cassandra.versions import set_lineage
 
 log = logging.getLogger(__name__)
 CONCURRENCY = 64
@@ -23,9 +25,9 @@ CONCURRENCY = 64
 
 @dataclass(frozen=True)
 class RefreshRows:
-    """The rows a refresh touches after the job: (id, split) pairs."""
+    """The rows a refresh touched: ids the job rewrote (added or changed) and (id, split) pairs removed."""
 
-    unchanged: list[tuple[str, str]]
+    touched: set[str]
     removed: list[tuple[str, str]]
 
 
@@ -50,34 +52,33 @@ def quarantined_ids(session: Any, keyspace: str, dataset: str, version: str | No
     return {str(r.id) for r in rows}
 
 
+def _carry_quarantine(
+    session: Any, ks: str, dataset: str, version: str, previous: str | None, rows: RefreshRows
+) -> int:
+    """Copy PREVIOUS's quarantine entries of files the refresh did not touch (still bad, not re-read) to VERSION."""
+    if not previous:
+        return 0
+    gone = rows.touched | {i for i, _ in rows.removed}
+    old = session.execute(
+        f"SELECT id, split, rel_path, reason, detail FROM {ks}.quarantine WHERE dataset = %s AND version = %s",
+        (dataset, previous),
+    )
+    insert = session.prepare(
+        f"INSERT INTO {ks}.quarantine (dataset, version, id, split, rel_path, reason, detail)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)"
+    )
+    kept = ((dataset, version, r.id, r.split, r.rel_path, r.reason, r.detail) for r in old if str(r.id) not in gone)
+    return _run(session, insert, kept)
+
+
 def apply_refresh(
     session: Any, tables: TableLayout, dataset: str, version: str, previous: str | None, rows: RefreshRows
 ) -> dict[str, int]:
-    """Re-stamp unchanged rows with VERSION, carry their quarantine entries over from PREVIOUS, delete removed
-    rows; returns how many statements of each kind ran."""
+    """Record VERSION's lineage, carry the quarantine entries of untouched files over from PREVIOUS, delete
+    removed rows; returns the lineage's length and how many statements of each kind ran."""
     ks = tables.keyspace
-    bad = quarantined_ids(session, ks, dataset, previous)
-    stamped = 0
-    for split in sorted({s for _, s in rows.unchanged}):
-        stmt = session.prepare(f"UPDATE {ks}.{tables.metadata_table(split)} SET dataset = ?, version = ? WHERE id = ?")
-        ids = (uuid.UUID(i) for i, s in rows.unchanged if s == split and i not in bad)
-        stamped += _run(session, stmt, ((dataset, version, i) for i in ids))
-    carried = 0
-    if previous and bad:
-        keep = {i for i, _ in rows.unchanged} & bad
-        old = session.execute(
-            f"SELECT id, split, rel_path, reason, detail FROM {ks}.quarantine WHERE dataset = %s AND version = %s",
-            (dataset, previous),
-        )
-        insert = session.prepare(
-            f"INSERT INTO {ks}.quarantine (dataset, version, id, split, rel_path, reason, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)"
-        )
-        carried = _run(
-            session,
-            insert,
-            ((dataset, version, r.id, r.split, r.rel_path, r.reason, r.detail) for r in old if str(r.id) in keep),
-        )
+    lineage = set_lineage(session, ks, dataset, version, previous)
+    carried = _carry_quarantine(session, ks, dataset, version, previous, rows)
     deleted = 0
     for split in sorted({s for _, s in rows.removed}):
         ids = [uuid.UUID(i) for i, s in rows.removed if s == split]
@@ -86,14 +87,14 @@ def apply_refresh(
         _run(session, meta, ((i,) for i in ids))
         deleted += _run(session, data, ((i,) for i in ids))
     log.info(
-        "refresh %s/%s: %d rows re-stamped, %d quarantine entries carried, %d rows deleted",
+        "refresh %s/%s: lineage %s, %d quarantine entries carried, %d rows deleted (no unchanged row touched)",
         dataset,
         version,
-        stamped,
+        " <- ".join(reversed(lineage)),
         carried,
         deleted,
     )
-    return {"restamped": stamped, "quarantine_carried": carried, "deleted": deleted}
+    return {"lineage": len(lineage), "restamped": 0, "quarantine_carried": carried, "deleted": deleted}
 
 
 def record_changes(

@@ -8,8 +8,10 @@ ordinary partition-key range read, spread over the replicas that own it: no ``AL
 coordinator walking the whole table.
 
 Rows of one dataset version are kept by comparing the ``dataset`` / ``version`` columns in Arrow (vectorized),
-never row by row in Python. Memory is bounded by CONCURRENCY x PAGE_SIZE rows of the selected columns,
-whatever the table's size; the caller receives one record batch per page.
+never row by row in Python. A refreshed version's rows carry the version that last wrote them, so VERSION may be a
+sequence: the version's lineage (``versions.VersionRecord.members``), any of which counts. Memory is bounded by
+CONCURRENCY x PAGE_SIZE rows of the selected columns, whatever the table's size; the caller receives one record
+batch per page.
 
     for batch in scan_columns(session, "ks.metadata", ["id", "label", "split"], dataset="imagenet", version="v1"):
         ids = batch.column("id")  # fixed_size_binary(16): the UUID's 16 bytes
@@ -127,9 +129,18 @@ def _pages(result: Any) -> Iterator[list[Any]]:
         yield result.current_rows
 
 
-def _matches(batch: pa.RecordBatch, filters: dict[str, str]) -> pa.Array:
-    """Boolean mask of the rows of BATCH whose columns equal FILTERS' values (nulls never match)."""
-    masks = [pc.equal(batch.column(k), v) for k, v in filters.items()]
+Versions = str | Sequence[str] | None
+
+
+def _matches(batch: pa.RecordBatch, filters: dict[str, str | list[str]]) -> pa.Array:
+    """Boolean mask of the rows of BATCH whose columns equal FILTERS' values, or are among them when a value is a
+    list (nulls never match)."""
+    masks = [
+        pc.is_in(batch.column(k), value_set=pa.array(v, pa.string()))
+        if isinstance(v, list)
+        else pc.equal(batch.column(k), v)
+        for k, v in filters.items()
+    ]
     keep = masks[0]
     for mask in masks[1:]:
         keep = pc.and_kleene(keep, mask)
@@ -141,18 +152,20 @@ def scan_columns(
     table: str,
     columns: Sequence[str],
     dataset: str | None = None,
-    version: str | None = None,
+    version: Versions = None,
     ranges: int = DEFAULT_RANGES,
     page_size: int = DEFAULT_PAGE_SIZE,
     concurrency: int = DEFAULT_CONCURRENCY,
 ) -> Iterator[pa.RecordBatch]:
     """COLUMNS of every row of TABLE ('ks.table') as Arrow record batches of at most PAGE_SIZE rows; only the
-    rows whose ``dataset`` / ``version`` columns equal DATASET / VERSION when given. Each row comes exactly once;
+    rows whose ``dataset`` / ``version`` columns equal DATASET / VERSION when given (VERSION a sequence: any of
+    them, a refreshed version's lineage). Each row comes exactly once;
     the order is the token order of the sub-ranges, not a stable row order. uuid columns are fixed_size_binary(16)."""
     from cassandra.concurrent import execute_concurrent_with_args
 
     columns = list(columns)
-    filters = {k: v for k, v in (("dataset", dataset), ("version", version)) if v is not None}
+    versions = version if version is None or isinstance(version, str) else sorted(set(version))
+    filters = {k: v for k, v in (("dataset", dataset), ("version", versions)) if v is not None}
     selected = columns + [k for k in filters if k not in columns]
     schema = arrow_schema(session, table, selected)
     pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
@@ -180,7 +193,7 @@ def count_by(
     table: str,
     keys: Sequence[str],
     dataset: str | None = None,
-    version: str | None = None,
+    version: Versions = None,
     **scan: Any,
 ) -> Counter[str]:
     """Rows of TABLE per combination of the KEYS columns, as 'a/b' strings (e.g. 'train/3'), counted over a

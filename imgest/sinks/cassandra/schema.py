@@ -200,6 +200,7 @@ def apply_schema(session: Any, tables: TableLayout, splits: list[str], replicati
     ks = tables.keyspace
     _add_column(session, f"{ks}.dataset_versions", "checks", "map<text, text>")
     _add_column(session, f"{ks}.dataset_versions", "changes", "map<text, int>")  # a refresh's counts
+    _add_column(session, f"{ks}.dataset_versions", "lineage", "list<text>")  # a refreshed version's members
     for table in sorted({tables.metadata_table(s) for s in splits}):  # tables created before the columns existed
         _add_column(session, f"{ks}.{table}", "dataset", "text")
         _add_column(session, f"{ks}.{table}", "version", "text")

@@ -119,8 +119,11 @@ def expected_counts(
     return expected, [Candidate(**row) for row in picked.drop_columns(["key", "rank"]).to_pylist()]
 
 
-def table_counts(session: Any, tables: TableLayout, splits: list[str], dataset: str, version: str) -> Counter[str]:
-    """Rows of DATASET / VERSION per 'split/label' in its metadata tables, by token-range scans."""
+def table_counts(
+    session: Any, tables: TableLayout, splits: list[str], dataset: str, version: str | list[str]
+) -> Counter[str]:
+    """Rows of DATASET / VERSION (a version's members when a list) per 'split/label' in its metadata tables, by
+    token-range scans."""
     found: Counter[str] = Counter()
     for table in sorted({tables.metadata_table(split) for split in splits}):  # one table for all splits, or one each
         found.update(count_by(session, f"{tables.keyspace}.{table}", ["split", "label"], dataset, version))
@@ -128,9 +131,10 @@ def table_counts(session: Any, tables: TableLayout, splits: list[str], dataset: 
 
 
 def _check_sample(
-    session: Any, tables: TableLayout, root: Path, spec: TransformSpec, version: str, picked: list[Candidate]
+    session: Any, tables: TableLayout, root: Path, spec: TransformSpec, members: list[str], picked: list[Candidate]
 ) -> tuple[list[str], list[str]]:
-    """(missing, differing) relative paths of PICKED: no data or metadata row of VERSION, or bytes (or their
+    """(missing, differing) relative paths of PICKED: no data or metadata row of the version (written by one of
+    its MEMBERS), or bytes (or their
     recorded sha256) unlike a fresh transform of the source."""
     missing, differing = [], []
     ks = tables.keyspace
@@ -140,7 +144,7 @@ def _check_sample(
         meta = session.execute(
             f"SELECT sha256, version FROM {ks}.{tables.metadata_table(cand.split)} WHERE id = %s", key
         ).one()
-        if data is None or meta is None or meta.version != version:
+        if data is None or meta is None or meta.version not in members:
             missing.append(cand.rel_path)
             continue
         fresh = transform_image(read_candidate(root, cand), spec).data
@@ -170,6 +174,7 @@ def verify(
     record = _version_row(session, tables, dataset, version)
     spec = TransformSpec.from_record(json.loads(record.transform))
     splits = sorted(json.loads(record.tables))
+    members = list(getattr(record, "lineage", None) or [version])
     quarantined = {
         str(r.id)
         for r in session.execute(
@@ -181,7 +186,7 @@ def verify(
     recorded = dict(record.label_counts or {})
     if count_rows or not recorded or record.status not in FINAL:
         report.counts_from = "table"
-        found: Counter[str] = table_counts(session, tables, splits, dataset, version)
+        found: Counter[str] = table_counts(session, tables, splits, dataset, members)
     else:
         found = Counter(recorded)
     report.expected, report.found = dict(expected), dict(found)
@@ -190,7 +195,7 @@ def verify(
             report.count_mismatches[key] = (expected[key], found[key])
     if job_rows is not None and job_rows != sum(recorded.values()):
         report.count_mismatches["job"] = (job_rows, sum(recorded.values()))
-    report.missing, report.byte_mismatches = _check_sample(session, tables, Path(meta["root"]), spec, version, picked)
+    report.missing, report.byte_mismatches = _check_sample(session, tables, Path(meta["root"]), spec, members, picked)
     report.sampled = len(picked)
     report.ok = not report.count_mismatches and not report.byte_mismatches and not report.missing
     ks = tables.keyspace

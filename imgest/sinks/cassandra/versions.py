@@ -1,12 +1,15 @@
 """Dataset versions in Cassandra: the `dataset_versions` record and which rows belong to a version.
 
-Every metadata row carries the `dataset` and `version` that wrote it, so a version's rows are told apart
-from other datasets' rows in the same tables. Status only moves forward within one version number:
-``writing -> written -> complete``; ``replaced`` marks a version whose rows a later version overwrote.
-A version that is ``complete`` is never put back to ``writing``: re-running its ingest keeps it complete
-(rows are rewritten byte-identical or skipped). A second transform of the same dataset into the same
-tables would overwrite the rows of the first (ids derive from dataset, split and path, not from the
-transform), so it is refused unless the caller asks to replace that version.
+Every metadata row carries the `dataset` and `version` that wrote it, so a version's rows are told apart from other
+datasets' rows in the same tables. A refresh rewrites only the rows that changed: the version's ``lineage`` lists
+every version whose rows it still holds (the previous version's lineage plus its own), so a row written by an
+earlier version of the lineage and not changed since is a member without being re-stamped, and a refresh costs in
+proportion to its change. A version without a lineage holds only its own rows. Status only moves forward within one
+version number: ``writing -> written -> complete``; ``replaced`` marks a version whose rows a later version
+overwrote. A version that is ``complete`` is never put back to ``writing``: re-running its ingest keeps it complete
+(rows are rewritten byte-identical or skipped). A second transform of the same dataset into the same tables would
+overwrite the rows of the first (ids derive from dataset, split and path, not from the transform), so it is refused
+unless the caller asks to replace that version.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class VersionRecord:
     tables: dict[str, dict[str, str]]
     transform: str
     class_map: list[str]
+    lineage: tuple[str, ...] = ()
+
+    @property
+    def members(self) -> list[str]:
+        """The versions whose rows belong to this version: its lineage, or itself alone."""
+        return list(self.lineage) if self.lineage else [self.version]
 
     @property
     def metadata_tables(self) -> set[str]:
@@ -54,9 +63,18 @@ class VersionRecord:
 
 def records(session: Any, keyspace: str, dataset: str | None = None) -> list[VersionRecord]:
     """Version records of KEYSPACE (of DATASET only when given), in clustering order."""
+    from cassandra import InvalidRequest
+
     ks = identifier(keyspace, "keyspace")
-    query = f"SELECT dataset, version, status, tables, transform, class_map FROM {ks}.dataset_versions"
-    rows = session.execute(query + " WHERE dataset = %s", (dataset,)) if dataset else session.execute(query)
+    columns = "dataset, version, status, tables, transform, class_map, lineage"
+    where, args = (" WHERE dataset = %s", (dataset,)) if dataset else ("", ())
+    try:
+        rows = list(session.execute(f"SELECT {columns} FROM {ks}.dataset_versions{where}", args))
+    except InvalidRequest as exc:  # a keyspace prepared by an imgest before lineage: no version has one
+        if "lineage" not in str(exc):
+            raise
+        columns = columns.removesuffix(", lineage")
+        rows = list(session.execute(f"SELECT {columns} FROM {ks}.dataset_versions{where}", args))
     return [
         VersionRecord(
             r.dataset,
@@ -65,6 +83,7 @@ def records(session: Any, keyspace: str, dataset: str | None = None) -> list[Ver
             json.loads(r.tables or "{}"),
             r.transform or "",
             list(r.class_map or []),
+            tuple(getattr(r, "lineage", None) or ()),
         )
         for r in rows
     ]
@@ -147,8 +166,31 @@ def advance_status(session: Any, keyspace: str, dataset: str, version: str, to: 
     return bool(result.one()[0])
 
 
-def version_rows(session: Any, table: str, dataset: str, version: str, columns: str) -> Iterator[Any]:
-    """COLUMNS ('a, b') of the rows of TABLE ('ks.table') written by DATASET / VERSION, as named tuples (uuid
+def version_members(session: Any, keyspace: str, dataset: str, version: str) -> list[str]:
+    """The versions whose rows belong to VERSION of DATASET (its lineage, or itself alone)."""
+    ks = identifier(keyspace, "keyspace")
+    row = session.execute(
+        f"SELECT lineage FROM {ks}.dataset_versions WHERE dataset = %s AND version = %s", (dataset, version)
+    ).one()
+    return list(row.lineage) if row is not None and row.lineage else [version]
+
+
+def set_lineage(session: Any, keyspace: str, dataset: str, version: str, previous: str | None) -> list[str]:
+    """Record that VERSION holds PREVIOUS's rows it did not rewrite (PREVIOUS's lineage plus VERSION); returns
+    the lineage. Idempotent: a re-run finish records the same list."""
+    lineage = [v for v in version_members(session, keyspace, dataset, previous) if v != version] if previous else []
+    lineage.append(version)
+    ks = identifier(keyspace, "keyspace")
+    session.execute(
+        f"UPDATE {ks}.dataset_versions SET lineage = %s WHERE dataset = %s AND version = %s",
+        (lineage, dataset, version),
+    )
+    return lineage
+
+
+def version_rows(session: Any, table: str, dataset: str, version: str | list[str], columns: str) -> Iterator[Any]:
+    """COLUMNS ('a, b') of the rows of TABLE ('ks.table') written by DATASET / VERSION (a version's members when a
+    list), as named tuples (uuid
     columns as uuid.UUID), read by a token-range scan (no ALLOW FILTERING). Only one page of rows is held at a
     time; callers that keep columns should use scan.scan_columns, which yields Arrow batches."""
     import pyarrow as pa
