@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-browser install install-dev install-bench lint lock services-down clean
+.PHONY: demo test test-quick test-browser docs install install-dev install-bench lint lock services-down clean
 
 install:
 	bash scripts/install.sh
@@ -16,11 +16,20 @@ demo: install
 
 test: install-dev
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest --durations=30
+
+# The quick tier: every test that needs no server, no Spark job, no browser and no GPU (a few minutes).
+test-quick: install-dev
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest -m "not services and not slow and not browser and not gpu"
 
 # The trigger form in Debian's Chromium against airflow standalone; screenshots in .imgest/artifacts/browser/.
 test-browser: install-dev
 	.venv/bin/python -m pytest -m browser
+
+# The docs site (mkdocs-material, docs/ + mkdocs.yml), strict: any warning fails; open .imgest/site/index.html.
+docs: install-dev
+	.venv/bin/mkdocs build --strict -d .imgest/site
 
 lint: install-dev
 	.venv/bin/ruff check .

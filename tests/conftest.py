@@ -1,7 +1,18 @@
-"""Session fixtures for the real embedded services: reuse a running one, stop only what we started."""
+"""Session fixtures for the real embedded services: reuse a running one, stop only what we started.
+
+Also the suite's tiers and its skip policy:
+- every test that asks (directly or through another fixture) for a service fixture is marked ``services``, so
+  ``make test-quick`` (``-m "not services and not slow and not browser and not gpu"``) runs what needs no server;
+- under ``CI`` a skip fails the test unless its reason is one these machines cannot meet (CI_ALLOWED_SKIPS): a
+  check that names an engine or reader must run it;
+- tests marked ``peers`` need the benchmark peers (``make install-bench``); without them they are deselected,
+  and the summary says so.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +24,64 @@ from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.services.base import Service
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
+
+SERVICE_FIXTURES = frozenset(
+    {
+        "cassandra_server",
+        "cassandra_auth_server",
+        "cassandra_tls_server",
+        "cassandra_role",
+        "spark_cluster",
+        "s3_server",
+        "airflow_home",
+    }
+)
+# Skip reasons CI accepts: what no machine of this project has. Anything else skipped under CI fails.
+CI_ALLOWED_SKIPS = ("needs an NVIDIA GPU",)
+_PEERS_DROPPED = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark service tests; deselect the benchmark-peer tests when the peers are not installed."""
+    peers = importlib.util.find_spec("litdata") is not None
+    kept, dropped = [], []
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
+        (kept if peers or item.get_closest_marker("peers") is None else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+        config.stash[_PEERS_DROPPED] = len(dropped)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    dropped = config.stash.get(_PEERS_DROPPED, 0)
+    if dropped:
+        terminalreporter.write_line(
+            f"{dropped} test(s) of the benchmark peers deselected: LitData is not installed (make install-bench)"
+        )
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Under CI, a skip whose reason is not in CI_ALLOWED_SKIPS is a failure: it names what did not run."""
+    report = yield
+    if report.skipped and os.environ.get("CI") and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        if not any(allowed in reason for allowed in CI_ALLOWED_SKIPS):
+            report.outcome = "failed"
+            report.longrepr = (
+                f"skipped under CI, where it must run: {reason}\n(CI accepts only skips for: "
+                f"{', '.join(CI_ALLOWED_SKIPS)}; install what is missing or fix the machine)"
+            )
+    return report
 
 
 def serve(service: Service) -> Iterator[Service]:

@@ -49,8 +49,8 @@ def test_shardwriter_pool_writes_every_sample_with_all_members(manifest: Path, t
     assert result["bytes"] > 0
 
 
+@pytest.mark.peers
 def test_litdata_peer_writes_chunks(manifest: Path, tmp_path: Path) -> None:
-    pytest.importorskip("litdata")
     result = run_litdata(manifest, tmp_path, "imgest", workers=1)
     assert result is not None
     assert list((tmp_path / "litdata").glob("*.bin"))
