@@ -140,7 +140,7 @@ with DAG(
     ingest_shards = PackShardsSubmitOperator(
         task_id="ingest_shards",
         application_args=SHARDS_ARGS,
-        doc_md="Spark job `jobs/pack_shards.py`: packs shards under `_staging/`, publishes them, then `manifest.json`.",
+        doc_md="Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`.",
     )
     verify_shards = VerifyShardsOperator(
         task_id="verify_shards",

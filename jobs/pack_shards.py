@@ -4,13 +4,16 @@
 
 Usually started by `imgest ingest shards` or the `ingest_imagenet` DAG. S3 credentials come from the
 driver's environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), never from arguments;
-the driver ships them to executors inside the tasks. Executors read the shard plan from the work folder
-(manifest_dir), which must be on storage every node sees, like the source images.
+the driver ships them to executors inside the tasks. Shards are written once, to DEST/v/<key>/ (key: the
+digest of the plan and transform), and published by writing DEST/manifest.json last, the only switch.
+Executors read the shard plan from the work folder (manifest_dir), which must be on storage every node sees,
+like the source images.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -34,7 +37,7 @@ from imgest.sinks.shards.pack import (
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, write_plan
+from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, version_key, write_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.spark.failures import nothing_ingestible, report_failure
@@ -68,14 +71,15 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
     )
 
 
-def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int]:
-    """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows)."""
+def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int, str]:
+    """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows, key):
+    KEY is the plan's content key, the version prefix v/<key>/ of the shards this run writes."""
     if args.plan:
         plan = pq.read_table(args.plan)
     else:
         plan = plan_shards(args.manifest_dir / workdir.MANIFEST, cfg.shards, cfg.spec)
     plan_path = (args.manifest_dir / workdir.SHARD_PLAN).resolve()
-    return plan_path, write_plan(plan, plan_path), plan.num_rows
+    return plan_path, write_plan(plan, plan_path), plan.num_rows, version_key(plan, cfg.spec)
 
 
 def load(
@@ -113,8 +117,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         spark = build_session("imgest-pack-shards")
         t0 = time.monotonic()
-        plan_path, shards, rows = extract(args, cfg)
-        log.info("packing %d samples of %s into %d shards at %s", rows, cfg.dataset, len(shards), store.location)
+        plan_path, shards, rows, key = extract(args, cfg)
+        cfg = dataclasses.replace(cfg, key=key)
+        log.info(
+            "packing %d samples of %s into %d shards at %s/%s",
+            rows,
+            cfg.dataset,
+            len(shards),
+            store.location,
+            cfg.prefix(),
+        )
         records = load(spark, plan_path, shards, cfg, rows, args.partitions)
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / workdir.CLASSES), scan_quarantine)
@@ -130,13 +142,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             quarantined = [q for r in records for q in r.quarantine]
             raise nothing_ingestible(args.manifest_dir, "shards", rows, quarantined)
         samples = samples_table(pq.read_table(plan_path), records)
-        changed = publish(store, records, manifest, samples)
+        changed = publish(store, manifest, samples)
         seconds = time.monotonic() - t0
         summary = {
             "dataset": cfg.dataset,
             "dest": store.location,
             "shards": len(records),
-            "shards_reused_staged": sum(r.reused == "staged" for r in records),
+            "key": key,
+            "previous": manifest["previous"],
+            "shards_resumed": sum(r.reused == "resumed" for r in records),
             "shards_kept_published": sum(r.reused == "published" for r in records),
             "published": changed,
             "samples": manifest["samples"],

@@ -3,7 +3,9 @@
     spark-submit --master local[*] jobs/write_files.py --manifest-dir DIR --dest /data/inet-files [options]
 
 Usually started by `imgest ingest files` or the `ingest_imagenet` DAG (target: files). DEST must be on storage
-every Spark node sees. Files are staged under DEST/_staging/ and published together, manifest.json last.
+every Spark node sees. The version is staged under DEST/_staging/<key>/ (each partition also writes its part of
+samples.parquet, which the driver merges a batch at a time), renamed to DEST/v/<key>/ and published by replacing
+DEST/manifest.json, the only commit (layout: imgest.sinks.files.layout).
 """
 
 from __future__ import annotations
@@ -20,7 +22,19 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.sinks.cassandra.ingest import transform_key
-from imgest.sinks.files.write import FilesConfig, FilesPartResult, build_manifest, publish, write_partition
+from imgest.sinks.files.layout import parts_dir
+from imgest.sinks.files.write import (
+    FilesConfig,
+    FilesPartResult,
+    build_manifest,
+    manifest_bytes,
+    merge_parts,
+    publish,
+    staging,
+    version_key,
+    write_atomic,
+    write_partition,
+)
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
@@ -41,26 +55,42 @@ def build_config(args: argparse.Namespace) -> FilesConfig:
     spec = TransformSpec(
         args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
     )
-    return FilesConfig(meta["root"], args.dataset or meta["dataset"], str(args.dest.resolve()), spec)
+    dataset = args.dataset or meta["dataset"]
+    key = version_key(args.manifest_dir / workdir.MANIFEST, dataset, spec)
+    return FilesConfig(meta["root"], dataset, str(args.dest.resolve()), spec, key)
 
 
 def load(df: Any, cfg: FilesConfig, rows: int) -> FilesPartResult:
-    """Stage every image from the partitions; log images/s and MB/s while it runs."""
+    """Stage every image and each partition's part of samples.parquet; the driver gets one small summary per
+    partition. Logs images/s and MB/s while it runs."""
     sc = df.sparkSession.sparkContext
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
 
-    def partition(it: Any) -> list[FilesPartResult]:
+    def partition(index: int, it: Any) -> list[FilesPartResult]:
         def on_image(size: int) -> None:
             done.add(1)
             nbytes.add(size)
 
-        return [write_partition((Candidate(**r.asDict()) for r in it), cfg, on_image)]
+        return [write_partition(index, (Candidate(**r.asDict()) for r in it), cfg, on_image)]
 
     with progress_log(log, "write", done, nbytes, rows):
         total = FilesPartResult()
-        for part in df.rdd.mapPartitions(partition).collect():
+        for part in df.rdd.mapPartitionsWithIndex(partition).collect():
             total.merge(part)
         return total
+
+
+def merge_samples(total: FilesPartResult, cfg: FilesConfig, staged: Path) -> None:
+    """The partitions' parts merged into STAGED/samples.parquet, sorted by path; ImgestError when its rows are not
+    the rows the partitions reported."""
+    parts = [parts_dir(Path(cfg.dest), cfg.key) / name for name in sorted(total.parts)]
+    stats = merge_parts(parts, staged / workdir.PUBLISHED_SAMPLES)
+    log.info("samples.parquet: %d rows from %d parts in %d merge passes", stats.rows, len(parts), stats.passes)
+    if stats.rows != total.rows:
+        raise ImgestError(
+            f"counts do not reconcile: the partitions wrote {total.rows} images but their parts of "
+            f"{workdir.PUBLISHED_SAMPLES} hold {stats.rows} rows; nothing was published and a re-run starts again"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,20 +105,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark = build_session("imgest-write-files")
         t0 = time.monotonic()
         df, rows = manifest_frame(spark, args.manifest_dir, args.partitions)
-        log.info("writing %d images of %s as files under %s", rows, cfg.dataset, cfg.dest)
-        total = load(df, cfg, rows)
-        if len(total.files) + len(total.quarantine) != rows:
-            raise ImgestError(
-                f"counts do not reconcile: {rows} manifest rows, {len(total.files)} written and "
-                f"{len(total.quarantine)} quarantined; nothing was published and a re-run starts again"
-            )
-        if not total.files:
-            raise nothing_ingestible(args.manifest_dir, "files", rows, total.quarantine)
-        scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
-        version = f"t-{transform_key(cfg.spec)}"
-        classes = read_classes(args.manifest_dir / workdir.CLASSES)
-        manifest = build_manifest(total, cfg, version, classes, scan_quarantine)
-        changes = publish(Path(cfg.dest), total, manifest)
+        log.info("writing %d images of %s as files under %s (version folder %s)", rows, cfg.dataset, cfg.dest, cfg.key)
+        with staging(Path(cfg.dest), cfg.key) as staged:
+            total = load(df, cfg, rows)
+            if total.rows + len(total.quarantine) != rows:
+                raise ImgestError(
+                    f"counts do not reconcile: {rows} manifest rows, {total.rows} written and "
+                    f"{len(total.quarantine)} quarantined; nothing was published and a re-run starts again"
+                )
+            if not total.rows:
+                raise nothing_ingestible(args.manifest_dir, "files", rows, total.quarantine)
+            merge_samples(total, cfg, staged)
+            scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
+            version = f"t-{transform_key(cfg.spec)}"
+            classes = read_classes(args.manifest_dir / workdir.CLASSES)
+            manifest = build_manifest(total, cfg, version, classes, scan_quarantine)
+            write_atomic(staged / workdir.PUBLISHED_MANIFEST, manifest_bytes(manifest))
+            changes = publish(Path(cfg.dest), cfg.key, manifest)
         seconds = time.monotonic() - t0
         summary = {
             "dataset": cfg.dataset,
@@ -96,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "dest": cfg.dest,
             "samples": manifest["samples"],
             "bytes": manifest["bytes"],
+            "published": total.rows,
             **changes,
             "quarantined": manifest["quarantine"]["count"],
             "quarantined_by_reason": manifest["quarantine"]["by_reason"],

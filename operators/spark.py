@@ -45,7 +45,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
         env = {k: v for k, v in submit_env(master).items() if k in keep}
         self.env_vars = {**(self.env_vars or {}), **env, **self.job_env()}
-        self.conf = {**spark_conf(), **(self.conf or {})}
+        self.conf = {**spark_conf(master=master), **(self.conf or {})}
         if needs_shipping(master) and not self.py_files:
             self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
         super().execute(context)

@@ -89,13 +89,14 @@ def make_shards(files_root: Path, cfg: Config) -> Path:
     import pyarrow.parquet as pq
 
     from imgest.core import workdir
-    from imgest.sinks.files.layout import iter_files
+    from imgest.sinks.files.layout import data_root, iter_files
     from imgest.sinks.shards.store import LocalStore
     from imgest.sinks.shards.tar_writer import ShardTarWriter
 
     root = cfg.work / "shards"
     store = LocalStore(root)
     items = list(iter_files(files_root, SPLIT))
+    folder = data_root(files_root)  # the version folder the files dataset's manifest names
     entries: list[dict[str, Any]] = []
     samples: dict[str, list[Any]] = {"id": [], "label": [], "split": [], "shard": [], "position": []}
     scratch = cfg.work / "scratch"
@@ -105,16 +106,16 @@ def make_shards(files_root: Path, cfg: Config) -> Path:
         group = items[start : start + cfg.shard_count]
         with ShardTarWriter(scratch / name) as writer:
             for pos, item in enumerate(group):
-                writer.add(item.id, shard_members(item, (files_root / item.path).read_bytes()))
+                writer.add(item.id, shard_members(item, (folder / item.path).read_bytes()))
                 for column, value in zip(samples, (item.id, item.label, SPLIT, name, pos), strict=True):
                     samples[column].append(value)
         shard = writer.result
         assert shard is not None
         index = workdir.shard_index(name)
         (scratch / index).write_text(shard.index)
-        store.stage(scratch / index, index, {"bytes": str(len(shard.index.encode())), "samples": "0"})
+        store.put_file(scratch / index, index, {"bytes": str(len(shard.index.encode())), "samples": "0"})
         meta = {"sha256": shard.sha256, "bytes": str(shard.nbytes), "samples": str(shard.samples)}
-        store.stage(shard.path, name, meta)
+        store.put_file(shard.path, name, meta)
         entries.append(
             {
                 "name": name,
@@ -125,7 +126,6 @@ def make_shards(files_root: Path, cfg: Config) -> Path:
                 "index": index,
             }
         )
-    store.publish([n for e in entries for n in (e["index"], e["name"])])
     buf = io.BytesIO()
     pq.write_table(pa.table(samples), buf)
     store.put_bytes(workdir.PUBLISHED_SAMPLES, buf.getvalue())

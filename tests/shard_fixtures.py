@@ -37,3 +37,37 @@ def wide_shard_rows(root: Path, classes: int = 1000, bad: int = 400) -> list[dic
             }
         )
     return rows
+
+
+def pack_in_process(
+    manifest: Path,
+    store: Any,
+    spec: Any,
+    shards: Any,
+    only: int | None = None,
+    publish_it: bool = True,
+) -> tuple[Any, list[Any], dict[str, Any]]:
+    """What the pack job does, in one process: plan, version key, the first ONLY shards (all by default), manifest,
+    publish (with its samples table). Returns (PackConfig, records, manifest)."""
+    from imgest.core.quarantine import QuarantineLog
+    from imgest.sinks.shards.pack import (
+        PackConfig,
+        build_manifest,
+        pack_shard,
+        publish,
+        published_entries,
+        samples_table,
+    )
+    from imgest.sinks.shards.plan import plan_shards, version_key
+    from imgest.sources.manifest import manifest_metadata, read_classes
+
+    table = plan_shards(manifest / "manifest.parquet", shards, spec)
+    root = manifest_metadata(manifest / "manifest.parquet")["root"]
+    cfg = PackConfig(root, "vs", store.location, spec, shards, published_entries(store), key=version_key(table, spec))
+    plan = table.to_pylist()
+    names = sorted({r["shard"] for r in plan})[:only]
+    records = [pack_shard(n, [r for r in plan if r["shard"] == n], cfg, store) for n in names]
+    doc = build_manifest(records, cfg, read_classes(manifest / "classes.json"), QuarantineLog())
+    if publish_it:
+        publish(store, doc, samples_table(table, records))
+    return cfg, records, doc

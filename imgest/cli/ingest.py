@@ -112,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "shards",
         help="pack webdataset shards (+ DALI .idx) to s3://bucket/prefix or a folder",
         description="Global seeded shuffle, shards cut by --max-count and --max-bytes, named {split}-{index:06d}.tar, "
-        "each with a DALI index and a sha256. Shards are staged and published together, manifest.json last. "
+        "each with a DALI index and a sha256, written once under DEST/v/<key>/ and published by writing manifest.json. "
         "S3 endpoint and keys: IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the embedded server.",
     )
     add_source_args(ish)
@@ -128,9 +128,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "files",
         help="write transformed images as DEST/<split>/<wnid>/<id>.jpg (the tree fn.readers.file reads)",
         description="The baseline every reader is compared with, and the input of `imgest validate xnvme`. Files are "
-        "staged under DEST/_staging/ and published together; DEST/samples.parquet (id, path, label, split, wnid, "
-        "bytes, sha256) and DEST/manifest.json (written last) describe them. DEST must be on storage every Spark "
-        "node sees.",
+        "staged under DEST/_staging/<key>/, renamed to the version folder DEST/v/<key>/ (with its samples.parquet: "
+        "id, path, label, split, wnid, bytes, sha256) and published by replacing DEST/manifest.json, which names "
+        "it; the previous version stays until `imgest gc files`. DEST must be on storage every Spark node sees.",
     )
     add_source_args(ifl)
     add_wait_lock(ifl)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from imgest.cli.common import add_cassandra_args, cassandra_settings
+from imgest.core import defaults
 
 
 def verify_cassandra_cmd(args: argparse.Namespace) -> int:
@@ -47,10 +48,14 @@ def _report(report: dict, what: str, ok_line: str) -> int:
 
 
 def verify_files_cmd(args: argparse.Namespace) -> int:
+    from imgest.core import defaults
     from imgest.sinks.files.verify import verify_files
 
-    report = verify_files(args.dest).to_dict()
-    return _report(report, "files", f"verified: {report['files']} files match their sha256 and the manifest counts")
+    # `ingest files --verify` has none of these flags: the defaults apply
+    sample = 0 if getattr(args, "full", False) else getattr(args, "files_sample", defaults.CHECK_SAMPLE)
+    seed = getattr(args, "files_seed", defaults.CHECK_SAMPLE_SEED)
+    result = verify_files(args.dest, sample, seed, getattr(args, "files_threads", 8))
+    return _report(result.to_dict(), "files", f"verified: {result.summary()}; counts match the manifest")
 
 
 def verify_shards_cmd(args: argparse.Namespace) -> int:
@@ -59,7 +64,7 @@ def verify_shards_cmd(args: argparse.Namespace) -> int:
     from imgest.sinks.shards.verify import verify_shards
 
     s3_env(args.dest)
-    report = verify_shards(open_store(args.dest)).to_dict()
+    report = verify_shards(open_store(args.dest), workers=args.workers).to_dict()
     return _report(report, "shard", "verified: every shard of manifest.json is present with its sha256")
 
 
@@ -93,14 +98,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     vf = verify_sub.add_parser(
         "files",
         help="every file of a files dataset has its recorded sha256; counts match manifest.json",
-        description="Hashes every file listed in DEST/samples.parquet and compares counts per split with the manifest.",
+        description="Follows DEST/manifest.json to the published version folder. Counts per split of its "
+        "samples.parquet must equal the manifest's, every listed file must be there with its recorded size (a stat "
+        "each), and a seeded, class-balanced sample of each split must hash to its recorded sha256 (--full: every "
+        "file). The report says the sample size and whether every file was hashed.",
     )
     vf.add_argument("dest", type=Path, metavar="DEST", help="folder of the files dataset")
+    vf.add_argument(
+        "--sample",
+        dest="files_sample",
+        type=int,
+        metavar="N",
+        default=defaults.CHECK_SAMPLE,
+        help=f"files per split to hash (default {defaults.CHECK_SAMPLE}; 0: every file, like --full)",
+    )
+    vf.add_argument("--full", action="store_true", help="hash every file (reads every byte of the dataset)")
+    vf.add_argument(
+        "--seed",
+        dest="files_seed",
+        type=int,
+        metavar="SEED",
+        default=defaults.CHECK_SAMPLE_SEED,
+        help="seed of the sample (same seed, same files)",
+    )
+    vf.add_argument(
+        "--threads",
+        dest="files_threads",
+        type=int,
+        default=8,
+        metavar="N",
+        help="stat / read calls in flight (default 8)",
+    )
     vf.set_defaults(func=verify_files_cmd)
     vs = verify_sub.add_parser(
         "shards",
-        help="every shard listed in manifest.json is there with its sha256",
-        description="Reads DEST/manifest.json (s3://bucket/prefix or a folder) and checks each shard's sha256.",
+        help="every shard listed in manifest.json is there with its size and sha256",
+        description="Reads DEST/manifest.json (s3://bucket/prefix or a folder), streams and hashes every shard it "
+        "lists (--workers at a time, 1 MiB chunks) and checks each one's size, sha256 and sidecars.",
     )
     vs.add_argument("dest", metavar="DEST", help="s3://bucket/prefix or a folder")
+    vs.add_argument("--workers", type=int, default=8, help="shards hashed at once (default 8)")
     vs.set_defaults(func=verify_shards_cmd)

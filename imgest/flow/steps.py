@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from imgest.core import workdir
+from imgest.core import defaults, workdir
 from imgest.core.errors import ImgestError
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings, S3Settings
@@ -149,12 +149,13 @@ def verify_shards(dest: str, settings: S3Settings | None) -> dict[str, Any]:
     return report.to_dict()
 
 
-def verify_files(dest: str) -> dict[str, Any]:
-    """Every file of DEST's samples.parquet has its sha256; counts match manifest.json; or FilesVerificationError."""
+def verify_files(dest: str, sample: int = defaults.CHECK_SAMPLE) -> dict[str, Any]:
+    """Counts of DEST's samples.parquet match manifest.json, every listed file is there with its size, and a seeded,
+    class-balanced SAMPLE of each split (0: every file) has its sha256; or FilesVerificationError."""
     from imgest.sinks.files.verify import FilesVerificationError
     from imgest.sinks.files.verify import verify_files as verify_tree
 
-    report = verify_tree(Path(dest))
+    report = verify_tree(Path(dest), sample)
     log.info("verification: %s", json.dumps(report.to_dict()))
     if not report.ok:
         raise FilesVerificationError(f"files under {dest} do not match samples.parquet: {report.to_dict()}")
@@ -204,10 +205,12 @@ def _train_rows(request: IngestRequest, cassandra: CassandraSettings | None, s3:
     from imgest.splits.sources import from_cassandra, from_shards
 
     if request.target in ("shards", "files"):  # both publish samples.parquet (id, label, split)
+        from imgest.sinks.files.layout import data_root
         from imgest.sinks.shards.store import open_store
 
-        location = request.shard_dest if request.target == "shards" else request.files_location
-        return from_shards(open_store(location, s3), only_split="train")
+        if request.target == "shards":
+            return from_shards(open_store(request.shard_dest, s3), only_split="train")
+        return from_shards(open_store(str(data_root(Path(request.files_location)))), only_split="train")
     if cassandra is None:
         raise ImgestError("the Cassandra target needs Cassandra settings to read its rows")
     from imgest.sinks.cassandra.client import cassandra_session

@@ -45,7 +45,7 @@ class ReadSet:
     rows: Columns
     bytes: int = 0
     root: str = ""  # files: the folder the paths are relative to
-    shards: list[str] = field(default_factory=list)  # shards: names of the tars to read (all of them hold rows)
+    shards: list[str] = field(default_factory=list)  # shards: the tars to read, relative to location (all hold rows)
     table: str = ""  # cassandra: keyspace.data table
     version: str = ""
     sample: SampleReport | None = None  # which part of the split this is
@@ -114,15 +114,17 @@ def files_set(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from imgest.sinks.files.layout import FilesDatasetError, read_manifest
+    from imgest.sinks.files.layout import FilesDatasetError, data_root, read_manifest
 
     try:
-        version = read_manifest(root).get("version", "")
+        manifest = read_manifest(root)
+        folder = data_root(root, manifest)  # the version folder the manifest names
     except FilesDatasetError as exc:
         raise NotReadableError(str(exc)) from None
-    where = root / workdir.PUBLISHED_SAMPLES
+    version = manifest.get("version", "")
+    where = folder / workdir.PUBLISHED_SAMPLES
     if not where.is_file():
-        raise NotReadableError(f"{root} has no {workdir.PUBLISHED_SAMPLES}; publish the files dataset again")
+        raise NotReadableError(f"{folder} has no {workdir.PUBLISHED_SAMPLES}; publish the files dataset again")
     picker = BalancedSample(sample, seed, _empty(path=np.zeros(0, "S1"), nbytes=np.zeros(0, np.int64)))
     columns = ["id", "path", "label", "split", "bytes", "sha256"]
     for batch in pq.ParquetFile(where).iter_batches(batch_size=CHUNK, columns=columns):
@@ -141,28 +143,31 @@ def files_set(
         )
     rows, report = picker.result()
     nbytes = int(rows.pop("nbytes").sum())
-    return ReadSet("files", str(root), rows, nbytes, root=str(root), version=version, sample=report)
+    return ReadSet("files", str(root), rows, nbytes, root=str(folder), version=version, sample=report)
 
 
 def shards_set(
     store: Any, split: str | None = "train", sample: int = 0, seed: int = defaults.CHECK_SAMPLE_SEED
 ) -> ReadSet:
-    """A published shard dataset (manifest.json + samples.parquet): a seeded subset of whole shards holding about
-    SAMPLE samples (every shard when SAMPLE is 0), with every sample in them; sha256 comes with each .json."""
+    """A published shard dataset (manifest.json + the samples table it names): a seeded subset of whole shards
+    holding about SAMPLE samples (every shard when SAMPLE is 0), with every sample in them; sha256 comes with each
+    .json. ``ReadSet.shards`` holds the tars' objects relative to the destination (``v/<key>/<name>``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from imgest.sinks.shards.store import samples_object, shard_object
+
     manifest = store.read_manifest()
     if manifest is None:
         raise NotReadableError(f"{store.location} holds no published shard dataset (no manifest.json)")
-    chunks = store.read_chunks(workdir.PUBLISHED_SAMPLES)
+    chunks = store.read_chunks(samples_object(manifest))
     if chunks is None:
-        raise NotReadableError(f"{store.location} has no {workdir.PUBLISHED_SAMPLES}")
+        raise NotReadableError(f"{store.location} has no {samples_object(manifest)}")
     entries = [s for s in manifest["shards"] if split is None or s["split"] == split]
     parquet = pq.ParquetFile(io.BytesIO(b"".join(chunks)))
     if "shard" not in parquet.schema_arrow.names and sample:
-        log.warning("%s/%s has no shard column: reading every shard", store.location, workdir.PUBLISHED_SAMPLES)
+        log.warning("%s/%s has no shard column: reading every shard", store.location, samples_object(manifest))
         sample = 0
     chosen = pick_shards([e["name"] for e in entries], [e["samples"] for e in entries], sample, seed)
     picked = [entries[i] for i in chosen]
@@ -188,7 +193,7 @@ def shards_set(
         store.location,
         rows,
         sum(int(e["bytes"]) for e in picked),
-        shards=[e["name"] for e in picked],
+        shards=[shard_object(e) for e in picked],
         sample=report,
     )
 

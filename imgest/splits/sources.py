@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.sinks.cassandra.schema import identifier
-from imgest.sinks.shards.store import ShardStore
+from imgest.sinks.shards.store import ShardStore, samples_object
 from imgest.splits.split import id_strings
 
 
@@ -110,19 +108,36 @@ def from_cassandra(
     return LabelledRows(ids[order], labels[order], classes, source)
 
 
+def uuid_bytes(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """UUID strings (36 characters, any case) as 16-byte UUIDs ('S16'), vectorized over the string buffer: no
+    Python object per id. Byte order sorts like the lowercase strings."""
+    text = pc.utf8_lower(ids).combine_chunks() if isinstance(ids, pa.ChunkedArray) else pc.utf8_lower(ids)
+    if len(text) == 0:
+        return np.zeros(0, dtype="S16")
+    if text.null_count or not pc.all(pc.equal(pc.utf8_length(text), 36)).as_py():
+        raise ImgestError("sample ids must be UUID strings of 36 characters")
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)[text.offset : text.offset + len(text) + 1]
+    raw = np.frombuffer(text.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(len(text), 36)
+    hexdigits = np.delete(raw, [8, 13, 18, 23], axis=1)
+    nibbles = np.where(hexdigits >= ord("a"), hexdigits - ord("a") + 10, hexdigits - ord("0")).astype(np.uint8)
+    packed = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    return np.ascontiguousarray(packed).view("S16").ravel()
+
+
 def from_shards(store: ShardStore, only_split: str | None = None) -> LabelledRows:
-    """Rows of a published shard dataset (its samples.parquet and manifest.json)."""
+    """Rows of a published shard dataset (its samples.parquet and manifest.json): only the id, label and split
+    columns are read, ids become 16-byte UUIDs ('S16', sorted), never one Python object per row."""
     manifest = store.read_manifest()
-    chunks = store.read_chunks(workdir.PUBLISHED_SAMPLES)
+    samples = samples_object(manifest or {})
+    chunks = store.read_chunks(samples) if manifest is not None else None
     if manifest is None or chunks is None:
-        raise ImgestError(
-            f"{store.location} holds no published shard dataset (manifest.json and {workdir.PUBLISHED_SAMPLES})"
-        )
-    table = pq.read_table(io.BytesIO(b"".join(chunks)))
+        raise ImgestError(f"{store.location} holds no published shard dataset (manifest.json and {samples})")
+    table = pq.read_table(pa.BufferReader(b"".join(chunks)), columns=["id", "label", "split"])
     if only_split is not None:
         table = table.filter(pc.equal(table.column("split"), only_split))
-    table = table.sort_by("id")
-    source = {"kind": "shards", "location": store.location, "samples": workdir.PUBLISHED_SAMPLES}
-    return LabelledRows(
-        np.asarray(table.column("id").to_pylist()), table.column("label").to_numpy(), len(manifest["classes"]), source
-    )
+    ids = uuid_bytes(table.column("id"))
+    labels = table.column("label").to_numpy().astype(np.int32)
+    del table
+    order = np.argsort(ids, kind="stable")
+    source = {"kind": "shards", "location": store.location, "samples": samples}
+    return LabelledRows(ids[order], labels[order], len(manifest["classes"]), source)

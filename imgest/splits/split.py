@@ -8,7 +8,7 @@ to rounding: only what the balance itself leaves out is unused.
 
 The default file is a NumPy ``.npz`` read with ``allow_pickle=False``: row ids (UUID strings), labels,
 one index array per part, the class count and where the data lives. ``--format crs4`` also writes the
-pickled dictionary the cassandra-dali-plugin training scripts load.
+pickled dictionary the cassandra-dali-plugin training scripts load (streamed: imgest.splits.crs4).
 
 Everything works on numpy columns: in memory, ids read from Cassandra stay 16-byte UUIDs ('S16', 16 bytes a
 row rather than 144 as UUID strings) and become strings only where a file or a reader needs them.
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
-import uuid
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from imgest.core.errors import ConfigError
+from imgest.splits.crs4 import write_crs4
 
 FORMAT_VERSION = 1
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -177,23 +176,9 @@ class SplitFile:
                     np.lib.format.write_array(fh, array, allow_pickle=False)
 
     def save_crs4(self, path: Path) -> None:
-        """The dictionary cassandra-dali-plugin's training scripts load (their key spellings kept)."""
-        src = self.source
-        crs4 = {
-            "data_table": src.get("data_table", ""),
-            "data_id_col": "id",
-            "data_label_col": "label",
-            "metadata_table": src.get("metadata_table", ""),
-            "medadata_id_col": "id",
-            "metadata_label_col": "label",
-            "data_col": "data",
-            "label_type": "int",
-            "row_keys": np.array([uuid.UUID(r) for r in id_strings(self.row_ids)], dtype=object),
-            "split": [p.astype(np.int64) for p in self.parts],
-            "num_classes": self.num_classes,
-        }
-        with open(path, "wb") as fh:
-            pickle.dump(crs4, fh)
+        """The dictionary cassandra-dali-plugin's training scripts load (their key spellings kept), streamed a chunk
+        of ids at a time: the same bytes as pickle.dump of it (see imgest.splits.crs4)."""
+        write_crs4(path, self.row_ids, self.parts, self.num_classes, self.source)
 
 
 def _write_ids(zf: zipfile.ZipFile, ids: np.ndarray) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from imgest.core import defaults, workdir
 from imgest.core.sampling import BalancedSample, Columns, SampleReport
-from imgest.sinks.files.layout import read_manifest
+from imgest.sinks.files.layout import data_root, read_manifest
 
 log = logging.getLogger(__name__)
 CHUNK = 65_536  # samples.parquet rows converted to columns at a time
@@ -211,8 +211,10 @@ def load_split(root: Path, split: str, sample: int = 0, seed: int = defaults.CHE
     """A seeded, class-balanced SAMPLE of SPLIT's images (every image when SAMPLE is 0), samples.parquet streamed.
 
     The size of each image is the file's size now, so a file changed after ingest is still read whole and shows up
-    as a hash mismatch.
+    as a hash mismatch. ROOT may be the dataset's folder or its version folder: the view's root is the version
+    folder (``imgest.sinks.files.layout.data_root``).
     """
+    root = data_root(root)
     picker = BalancedSample(sample, seed, _empty())
     for chunk in _chunks(root, split):
         picker.add(chunk)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from imgest.sinks.files.layout import data_root
 from imgest.validate.blockdev import NoBlockDeviceError, check_readable
 from imgest.validate.blockmap import BlockMap, build_block_map
 from imgest.validate.check import CheckConfig, EngineResult, external_pass, load, run_engine
@@ -130,7 +131,9 @@ def run_check(
     Reads CFG.sample images of each split (seeded, class-balanced; 0: every image), or the given SPLITS. SKIP names
     engines the caller already knows cannot run here, with the reason.
     """
-    splits = splits if splits is not None else load(root, cfg)
+    if splits is None:
+        root = data_root(root)  # the version folder ROOT/manifest.json names; the engines read under it
+        splits = load(root, cfg)
     block_map, block_reason = (None, (skip or {}).get("xnvme_block", "not asked for"))
     if "xnvme_block" in cfg.engines and "xnvme_block" not in (skip or {}):
         block_map, block_reason = block_map_or_reason(root, splits, advance)

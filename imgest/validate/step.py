@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
+from imgest.sinks.files.layout import data_root
 from imgest.validate.check import CheckConfig, ValidationError, load
 from imgest.validate.dataset import SplitView
 from imgest.validate.loopfs import LoopMount, LoopUnavailableError, copy_in, image_size_mb, loop_mounted
@@ -55,6 +56,7 @@ def validate_xnvme_step(
     json_path = json_path or out_dir / workdir.XNVME_REPORT
     plot_path = plot_path or out_dir / workdir.XNVME_PLOT
     tick = advance or (lambda n=1: None)
+    dataset_dir = data_root(dataset_dir)  # the version folder DATASET_DIR/manifest.json names
     splits = load(dataset_dir, cfg)
     with ExitStack() as stack:
         root, skip = dataset_dir, {}

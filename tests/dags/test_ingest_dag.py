@@ -113,7 +113,8 @@ def test_files_target_with_read_back_and_xnvme(airflow_home: AirflowServer, sour
         assert states[task] == "success", (task, states)
     manifest = json.loads((dest / "manifest.json").read_text())
     assert sum(manifest["samples"].values()) == 18 + 6 + 8
-    assert len(list(dest.glob("train/*/*.jpg"))) == 18 + 8
+    assert manifest["root"].startswith("v/")  # the version folder the manifest names
+    assert len(list((dest / manifest["root"]).glob("train/*/*.jpg"))) == 18 + 8
     work = state_dir() / "work" / "dagtest-f"
     xnvme = json.loads((work / "validate_xnvme.json").read_text())
     assert xnvme["ok"] is True

@@ -28,7 +28,7 @@ from imgest.flow.demo import task_durations, task_results
 from imgest.flow.registry import load_registry
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.sinks.cassandra.client import cassandra_session
-from imgest.sinks.shards.store import open_store
+from imgest.sinks.shards.store import open_store, samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import image_id
 
@@ -187,7 +187,7 @@ def _shards(s3: S3Server) -> tuple[dict, dict[str, str]]:
     assert manifest is not None
     images: dict[str, str] = {}
     for shard in manifest["shards"]:
-        chunks = store.read_chunks(shard["name"])
+        chunks = store.read_chunks(shard["path"])
         assert chunks is not None
         body = b"".join(chunks)
         assert hashlib.sha256(body).hexdigest() == shard["sha256"]
@@ -261,7 +261,11 @@ def test_refresh_applies_exactly_the_changes(
     kept = [s for s in manifest2["shards"] if s["name"] in old]
     assert kept
     assert all(old[s["name"]] == s["sha256"] for s in kept)
-    samples = pq.read_table(io.BytesIO(b"".join(open_store(DEST, s3_server.settings()).read_chunks("samples.parquet"))))
+    paths = {s["name"]: s["path"] for s in manifest1["shards"]}
+    assert all(s["path"] == paths[s["name"]] for s in kept)  # kept shards are named where they are, not copied
+    assert {s["path"].split("/")[1] for s in manifest2["shards"] if s["name"] not in old} == {manifest2["key"]}
+    table_name = samples_object(manifest2)
+    samples = pq.read_table(io.BytesIO(b"".join(open_store(DEST, s3_server.settings()).read_chunks(table_name))))
     assert sorted(samples.column("id").to_pylist()) == sorted(rows)
     # The Asset events of r2 triggered check_datasets, which read the new version back (every byte checked).
     runs = _wait_checks(scheduler, version)

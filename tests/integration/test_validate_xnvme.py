@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from imgest.sinks.files.layout import data_root
 from imgest.sources.devdata.files_target import write_files_dataset
 from imgest.validate.blockmap import BlockMap
 from imgest.validate.check import BAD_BYTES, READ, CheckConfig, ValidationError
@@ -95,7 +96,7 @@ def test_labels_equal_what_fn_readers_file_assigns(dataset: Path) -> None:
         dali = {}
         for _, out in run_batches(ref, -(-n // 4)):
             dali.update({f"{split.split}/{info}": label for _, label, info in samples_of(out)})
-        ext = external_pipeline(PythonFileEngine(dataset).read_batch, lambda s=split: s.batches(4), 4, 1, False)
+        ext = external_pipeline(PythonFileEngine(split.root).read_batch, lambda s=split: s.batches(4), 4, 1, False)
         ours = [label for _, out in run_batches(ext, None) for _, label, _ in samples_of(out)]
         assert len(set(dali.values())) == 3
         assert ours == [dali[p] for p in split.iter_paths()] == split.labels.tolist()
@@ -105,9 +106,10 @@ def test_planted_corruption_is_caught_by_every_engine(dataset: Path, mounted: Lo
     root = mounted.mountpoint / "corrupt"
     shutil.copytree(dataset, root)
     victim = load_splits(root)[0].batch(3, 4)[0]
-    data = bytearray((root / victim.path).read_bytes())
+    target = data_root(root) / victim.path  # the version folder the manifest names
+    data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, same extents: only the bytes differ
-    (root / victim.path).write_bytes(bytes(data))
+    target.write_bytes(bytes(data))
     subprocess.run(["sync", "-f", str(root)], check=True)
     report = run_check(root, CFG)
     actual = hashlib.sha256(data).hexdigest()
@@ -160,7 +162,7 @@ def test_step_fails_naming_the_changed_file(dataset: Path, tmp_path: Path) -> No
     root = tmp_path / "ds"
     shutil.copytree(dataset, root)
     victim = load_splits(root)[0].batch(0, 1)[0]
-    (root / victim.path).write_bytes(b"not the ingested bytes")
+    (data_root(root) / victim.path).write_bytes(b"not the ingested bytes")
     cfg = CheckConfig(batch_size=8, rounds=0, engines=("dali_file", "python_file"), sample=0)
     with pytest.raises(ValidationError, match=victim.sha256):
         validate_xnvme_step(root, tmp_path / "out", config=cfg)

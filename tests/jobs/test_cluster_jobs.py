@@ -87,7 +87,7 @@ def test_shard_pack_on_the_cluster(
     assert doc["quarantine"]["count"] == QUARANTINED + 1  # the manifest also lists the scan's no-label file
     assert all(s["samples"] <= 10 for s in doc["shards"])
     listed = {o["Key"] for o in client.list_objects_v2(Bucket="imgest", Prefix="tests/cluster-shards/")["Contents"]}
-    assert all(f"tests/cluster-shards/{s['name']}" in listed for s in doc["shards"])
+    assert all(f"tests/cluster-shards/{s['path']}" in listed for s in doc["shards"])
     assert main(["verify", "shards", dest]) == 0
     assert_clean(watch, spark_cluster, [key, secret], [work, event_log])
     assert list(event_log.iterdir()), "the Spark event log was not written"

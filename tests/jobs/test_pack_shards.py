@@ -45,12 +45,19 @@ def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
 
 
 def _download(client: Any, bucket: str, prefix: str, dest: Path) -> dict[str, Any]:
+    """The live manifest; each shard and .idx it names downloaded to DEST/<its base name>."""
     dest.mkdir(parents=True, exist_ok=True)
     doc = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
     for entry in doc["shards"]:
-        for name in (entry["name"], entry["index"]):
-            client.download_file(bucket, f"{prefix}/{name}", str(dest / name))
+        for name in (entry["path"], entry["index"]):
+            client.download_file(bucket, f"{prefix}/{name}", str(dest / name.rsplit("/", 1)[1]))
     return doc
+
+
+def _modified(client: Any, bucket: str, prefix: str) -> dict[str, tuple[Any, str]]:
+    """Key -> (LastModified, ETag) of every object under PREFIX (a rewritten object changes both or one)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return {obj["Key"]: (obj["LastModified"], obj["ETag"]) for page in pages for obj in page.get("Contents", [])}
 
 
 def _pack(manifest: Path, s3: S3Server, prefix: str, out: Path, *extra: str) -> dict[str, Any]:
@@ -79,21 +86,27 @@ def test_publish_read_back_both_ways_and_rerun_identically(
     for prefix in ("tests/pack-a", "tests/pack-b"):
         for key in _keys(client, bucket, prefix):
             client.delete_object(Bucket=bucket, Key=key)
+    assert _keys(client, bucket, "tests/pack-a") == []
     first = _pack(manifest, s3_server, "tests/pack-a", tmp_path / "a.json")
     assert first["published"] is True
     keys = _keys(client, bucket, "tests/pack-a")
-    assert not [k for k in keys if "/_staging/" in k]
     doc = _download(client, bucket, "tests/pack-a", tmp_path / "a")
-    assert sorted(k.rsplit("/", 1)[1] for k in keys) == sorted(
+    version = f"v/{first['key']}"
+    assert doc["key"] == first["key"]
+    assert doc["previous"] is None
+    # Everything the job wrote is under v/<key>/ but the manifest files: no staging area, no copy.
+    assert sorted(k.removeprefix("tests/pack-a/") for k in keys) == sorted(
         [
             "manifest.json",
-            "samples.parquet",
-            *(e["name"] for e in doc["shards"]),
+            f"manifests/{first['key']}.json",
+            f"{version}/samples.parquet",
+            *(e["path"] for e in doc["shards"]),
             *(e["index"] for e in doc["shards"]),
             *(e["info"] for e in doc["shards"]),  # the sidecar with labels and quarantine (not S3 metadata)
         ]
     )
     for entry in doc["shards"]:
+        assert entry["path"] == f"{version}/{entry['name']}"
         assert hashlib.sha256((tmp_path / "a" / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
         assert entry["samples"] <= 12
     assert doc["quarantine"]["by_reason"] == {
@@ -130,9 +143,12 @@ def test_publish_read_back_both_ways_and_rerun_identically(
     doc_b = _download(client, bucket, "tests/pack-b", tmp_path / "b")
     assert [e["sha256"] for e in doc_b["shards"]] == [e["sha256"] for e in doc["shards"]]
     assert second["shards"] == first["shards"]
+    assert second["key"] == first["key"]  # the key derives from the plan and transform, not from the destination
+    before = _modified(client, bucket, "tests/pack-a")
     again = _pack(manifest, s3_server, "tests/pack-a", tmp_path / "a2.json")
     assert again["shards_kept_published"] == first["shards"]
     assert again["published"] is False
+    assert _modified(client, bucket, "tests/pack-a") == before  # a repeated run writes nothing
 
 
 def test_resume_after_interrupted_upload_with_nothing_visible(
@@ -160,20 +176,22 @@ def test_resume_after_interrupted_upload_with_nothing_visible(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    staged = kill_when(
+    written = kill_when(
         proc, lambda: [k for k in _keys(client, bucket, prefix) if k.endswith(".tar")], lambda tars: len(tars) >= 2
     )
     keys = _keys(client, bucket, prefix)
-    assert len(staged) >= 2, "the kill did not land mid-way"
-    assert all("/_staging/" in k for k in keys), keys  # nothing published: no manifest, no live shard
-    assert f"{prefix}/manifest.json" not in keys
+    assert len(written) >= 2, "the kill did not land mid-way"
+    assert all(k.startswith(f"{prefix}/v/") for k in keys), keys  # nothing published: no manifest, no samples
+    finished = {k: v for k, v in _modified(client, bucket, prefix).items() if k.endswith(".tar")}
 
     out = tmp_path / "resumed.json"
     rc, log = run_job("pack_shards", [*args, "--summary-json", str(out)], env=_env(s3_server))
     assert rc == 0, log[-3000:]
     resumed = read_summary(out)
-    assert resumed["shards_reused_staged"] >= 2
-    assert not [k for k in _keys(client, bucket, prefix) if "/_staging/" in k]
+    assert resumed["shards_resumed"] >= len(finished) >= 2
+    after = _modified(client, bucket, prefix)
+    assert {k: after[k] for k in finished} == finished  # the finished shards were not uploaded again
+    assert all(k.startswith(f"{prefix}/v/{resumed['key']}/") for k in finished)
     doc = _download(client, bucket, prefix, tmp_path / "r")
     assert sum(doc["samples"].values()) == sum(1 for _ in iter_manifest(manifest / "manifest.parquet")) - 5
     for entry in doc["shards"]:
@@ -188,3 +206,64 @@ def test_wrong_credentials_give_a_clear_error(manifest: Path, s3_server: S3Serve
     assert "refused the credentials" in log
     assert s3_server.endpoint in log
     assert secret not in log
+
+
+def test_changed_transform_switches_prefix_at_the_manifest_write_and_gc_collects_the_old(
+    manifest: Path, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, bucket, prefix = s3_server.settings().client(), s3_server.bucket, "tests/pack-switch"
+    dest = f"s3://{bucket}/{prefix}"
+    for key in _keys(client, bucket, prefix):
+        client.delete_object(Bucket=bucket, Key=key)
+    for key, value in _env(s3_server).items():  # the CLI reads S3 keys from the environment
+        monkeypatch.setenv(key, value)
+    old = _pack(manifest, s3_server, prefix, tmp_path / "old.json")
+    old_objects = _modified(client, bucket, prefix)
+    assert _download(client, bucket, prefix, tmp_path / "old")["key"] == old["key"]
+
+    # A run with another transform, killed mid-way: it wrote under a new prefix; the old version is live and whole.
+    args = ["--manifest-dir", str(manifest), "--dest", dest, "--max-count", "12", "--seed", "5", "--quality", "70"]
+    proc = subprocess.Popen(  # the plan _pack below makes too (same count, seed, transform): the same key
+        submit_command("pack_shards", [*args, "--partitions", "20"], "local[1]"),
+        env={**submit_env(MASTER), **_env(s3_server)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    new_tars = kill_when(
+        proc,
+        lambda: [k for k in _keys(client, bucket, prefix) if k.endswith(".tar") and f"/v/{old['key']}/" not in k],
+        lambda tars: len(tars) >= 1,
+    )
+    assert new_tars, "the kill did not land mid-way"
+    now = _modified(client, bucket, prefix)
+    assert {k: now[k] for k in old_objects} == old_objects  # nothing of the live version was touched
+    assert all("/v/" in k and f"/v/{old['key']}/" not in k for k in set(now) - set(old_objects))
+    assert main(["verify", "shards", dest]) == 0  # the old manifest's shards are all readable, sha256-equal
+
+    new = _pack(manifest, s3_server, prefix, tmp_path / "new.json", "--quality", "70")
+    assert new["key"] != old["key"]
+    assert new["previous"] == old["key"]
+    assert new["shards_resumed"] >= 1
+    after = _modified(client, bucket, prefix)
+    assert all(k in after for k in old_objects)  # publishing deleted nothing
+    written = set(after) - set(old_objects)
+    top = {f"{prefix}/manifest.json", f"{prefix}/manifests/{new['key']}.json"}
+    assert {k for k in written if not k.startswith(f"{prefix}/v/{new['key']}/")} <= top
+    new_doc = _download(client, bucket, prefix, tmp_path / "new")
+    assert {e["path"].split("/")[1] for e in new_doc["shards"]} == {new["key"]}
+    assert main(["verify", "shards", dest]) == 0
+
+    # gc: a dry run deletes nothing; --keep 1 keeps the old version; --keep 0 collects it, never the live one.
+    listed = _keys(client, bucket, prefix)
+    assert main(["gc", "shards", dest, "--keep", "0", "--min-age", "0", "--dry-run"]) == 0
+    assert _keys(client, bucket, prefix) == listed
+    assert main(["gc", "shards", dest, "--min-age", "0"]) == 0
+    assert all(k in _keys(client, bucket, prefix) for k in old_objects)
+    assert main(["gc", "shards", dest, "--keep", "0", "--min-age", "0"]) == 0
+    remaining = _keys(client, bucket, prefix)
+    assert not [k for k in remaining if f"/v/{old['key']}/" in k or k.endswith(f"manifests/{old['key']}.json")]
+    needed = {f"{prefix}/{e[f]}" for e in new_doc["shards"] for f in ("path", "index", "info")}
+    assert needed <= set(remaining)
+    assert f"{prefix}/{new_doc['samples_table']}" in remaining
+    assert main(["verify", "shards", dest]) == 0

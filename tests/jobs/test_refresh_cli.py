@@ -32,12 +32,20 @@ def test_cli_refresh_to_a_folder(tmp_path: Path) -> None:
     first = _refresh(datasets, home)
     assert first.returncode == 0, first.stdout + first.stderr
     assert '"added": 14' in first.stdout
+    original = json.loads((dest / "manifest.json").read_text())
     (src / "train" / "n01440764" / "n01440764_1.JPEG").unlink()
     second = _refresh(datasets, home)
     assert second.returncode == 0, second.stdout + second.stderr
     manifest = json.loads((dest / "manifest.json").read_text())
     assert manifest["version"]["changes"] == {"added": 0, "changed": 0, "removed": 1, "unchanged": 13}
     assert manifest["samples"] == {"train": 11, "val": 2}
+    # Untouched shards stay where the first version wrote them (named, not copied); new ones go under a new key.
+    before = {e["name"]: e["path"] for e in original["shards"]}
+    kept = [e for e in manifest["shards"] if before.get(e["name"]) == e["path"]]
+    assert kept
+    assert all(e["path"].startswith(f"v/{original['key']}/") for e in kept)
+    assert all(e["path"].startswith(f"v/{manifest['key']}/") for e in manifest["shards"] if e not in kept)
+    assert manifest["previous"] == original["key"]
     logs = sorted(home.rglob("spark-refresh-shards.log"))
     stamp = logs[0].stat().st_mtime
     third = _refresh(datasets, home)
@@ -54,3 +62,5 @@ def test_cli_refresh_to_a_folder(tmp_path: Path) -> None:
     assert redone["version"]["changes"] == {"added": 0, "changed": 13, "removed": 0, "unchanged": 0}
     assert redone["transform"]["quality"] == 80
     assert redone["samples"] == manifest["samples"]
+    assert {e["path"].split("/")[1] for e in redone["shards"]} == {redone["key"]}
+    assert all((dest / e["path"]).is_file() for e in manifest["shards"])  # the previous version is still readable

@@ -30,25 +30,27 @@ def test_limits_are_enforced_before_a_request() -> None:
 
 def test_thousand_classes_and_many_quarantined_files_keep_metadata_small(tmp_path: Path) -> None:
     rows = wide_shard_rows(tmp_path / "src", classes=1000, bad=400)
-    cfg = PackConfig(str(tmp_path / "src"), "wide", str(tmp_path / "out"), TransformSpec(), ShardSpec(max_count=5000))
+    out = tmp_path / "out"
+    cfg = PackConfig(str(tmp_path / "src"), "wide", str(out), TransformSpec(), ShardSpec(max_count=5000), key="k1")
     store = LocalStore(tmp_path / "out")
     record = pack_shard("train-000000.tar", rows, cfg, store)
     assert record.samples == 1000
     assert len(record.labels) == 1000
     assert len(record.quarantine) == 400
-    staging = tmp_path / "out" / "_staging"
-    for meta_file in staging.glob("*.meta.json"):
+    written = out / "v" / "k1"
+    assert sorted(written.glob("*.meta.json"))
+    for meta_file in written.glob("*.meta.json"):
         assert _meta_bytes(json.loads(meta_file.read_text())) < 256  # fixed-size fields only
-    info = json.loads((staging / workdir.shard_info("train-000000.tar")).read_text())
+    info = json.loads((written / workdir.shard_info("train-000000.tar")).read_text())
     assert info["labels"] == record.labels
     assert info["quarantine"] == record.quarantine
 
-    again = pack_shard("train-000000.tar", rows, cfg, store)  # resumed from staging: sidecar restores the rest
-    assert again.reused == "staged"
+    again = pack_shard("train-000000.tar", rows, cfg, store)  # resumed: the sidecar restores the rest
+    assert again.reused == "resumed"
     assert (again.labels, again.quarantine) == (record.labels, record.quarantine)
 
     doc = build_manifest([again], cfg, [], QuarantineLog())
-    assert publish(store, [again], doc)
+    assert publish(store, doc)
     entry = json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"][0]
     assert len(entry["labels"]) == 1000
     assert len(entry["quarantine"]) == 400

@@ -16,7 +16,7 @@ import pytest
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog
 from imgest.sinks.shards.pack import PackConfig, build_manifest, pack_shard, publish
-from imgest.sinks.shards.plan import ShardSpec, plan_shards, sample_bound
+from imgest.sinks.shards.plan import ShardSpec, plan_shards, sample_bound, version_key
 from imgest.sinks.shards.store import LocalStore
 from imgest.sinks.shards.tar_writer import ShardTarWriter, ustar_header
 from imgest.sources.devdata.sample import SampleSpec, write_sample
@@ -112,30 +112,36 @@ def test_bad_shard_settings() -> None:
 
 def test_pack_publish_and_read_back_both_ways(manifest: Path, tmp_path: Path) -> None:
     spec = TransformSpec()
-    cfg = PackConfig(
-        manifest_metadata(manifest / "manifest.parquet")["root"], "sample", str(tmp_path), spec, ShardSpec(max_count=10)
-    )
-    plan = plan_shards(manifest / "manifest.parquet", cfg.shards, spec).to_pylist()
+    shards = ShardSpec(max_count=10)
+    table = plan_shards(manifest / "manifest.parquet", shards, spec)
+    root = manifest_metadata(manifest / "manifest.parquet")["root"]
+    cfg = PackConfig(root, "sample", str(tmp_path), spec, shards, key=version_key(table, spec))
+    plan = table.to_pylist()
     store = LocalStore(tmp_path)
     records = []
     for shard in sorted({r["shard"] for r in plan}):
         rows = [r for r in plan if r["shard"] == shard]
         records.append(pack_shard(shard, rows, cfg, store))
     assert not (tmp_path / "manifest.json").exists()  # nothing visible before publish
-    assert not list(tmp_path.glob("*.tar"))
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert all(name.startswith(f"v/{cfg.key}/") for name in written), written  # only the version prefix
     classes = read_classes(manifest / "classes.json")
     doc = build_manifest(records, cfg, classes, QuarantineLog.read(manifest / "quarantine.json"))
-    assert publish(store, records, doc)
-    assert not (tmp_path / "_staging").exists()
+    assert publish(store, doc)
+    published = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    # publish wrote the manifest and its kept copy, nothing else (no samples table given here), and moved nothing
+    assert sorted(set(published) - set(written)) == ["manifest.json", f"manifests/{cfg.key}.json"]
+    assert set(written) <= set(published)
     assert json.loads((tmp_path / "manifest.json").read_text())["quarantine"]["by_reason"] == {
         "corrupt": 2,
         "empty": 1,
         "not-an-image": 1,
         "too-large": 1,
     }
-    tars = sorted(tmp_path.glob("*.tar"))
+    tars = sorted((tmp_path / "v" / cfg.key).glob("*.tar"))
     for entry in doc["shards"]:
-        assert hashlib.sha256((tmp_path / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
+        assert entry["path"] == f"v/{cfg.key}/{entry['name']}"
+        assert hashlib.sha256((tmp_path / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
 
     by_id = {r["id"]: r for r in plan}
     root = Path(cfg.root)
@@ -160,14 +166,14 @@ def test_pack_publish_and_read_back_both_ways(manifest: Path, tmp_path: Path) ->
 
 def test_unchanged_pack_records_the_digest_of_the_stored_bytes(manifest: Path, tmp_path: Path) -> None:
     spec = TransformSpec(mode="unchanged")
-    cfg = PackConfig(
-        manifest_metadata(manifest / "manifest.parquet")["root"], "sample", str(tmp_path), spec, ShardSpec(max_count=50)
-    )
-    rows = plan_shards(manifest / "manifest.parquet", cfg.shards, spec).to_pylist()
+    table = plan_shards(manifest / "manifest.parquet", ShardSpec(max_count=50), spec)
+    root = manifest_metadata(manifest / "manifest.parquet")["root"]
+    cfg = PackConfig(root, "sample", str(tmp_path), spec, ShardSpec(max_count=50), key=version_key(table, spec))
+    rows = table.to_pylist()
     plan = [r for r in rows if r["split"] == "train"]
     shard = plan[0]["shard"]
     record = pack_shard(shard, [r for r in plan if r["shard"] == shard], cfg, LocalStore(tmp_path))
-    staged = sorted((tmp_path / "_staging").rglob("*.tar"))
+    staged = sorted((tmp_path / "v").rglob("*.tar"))
     samples = read_webdataset(staged)
     assert len(samples) == record.samples > 0
     root = Path(cfg.root)

@@ -217,3 +217,22 @@ def test_split_of_uuid_bytes_writes_the_same_files_as_strings(tmp_path: Path) ->
     assert crs4[0] == crs4[1] == [uuid.UUID(bytes=b) for b in ids]
     LabelledRows(raw, labels, 3, {"kind": "cassandra"}).save(tmp_path / "meta.parquet")
     assert LabelledRows.load(tmp_path / "meta.parquet").ids.tolist() == strings.tolist()
+
+
+def test_uuid_strings_become_sorted_16_byte_ids_without_python_objects() -> None:
+    import pyarrow as pa
+
+    from imgest.core.errors import ImgestError
+    from imgest.splits.sources import uuid_bytes
+    from imgest.splits.split import id_strings
+
+    ids = [str(uuid.uuid5(uuid.NAMESPACE_OID, f"s-{n}")) for n in range(2000)]
+    chunks = pa.chunked_array([pa.array(ids[:700]), pa.array([i.upper() for i in ids[700:]])])
+    raw = uuid_bytes(chunks)
+    assert raw.dtype == np.dtype("S16")
+    assert list(id_strings(raw)) == ids  # upper-case input comes back as the canonical lowercase string
+    assert np.array_equal(np.argsort(raw, kind="stable"), np.argsort(np.array(ids), kind="stable"))
+    assert list(id_strings(uuid_bytes(pa.array(ids).slice(5, 3)))) == ids[5:8]  # a slice's offset is honoured
+    assert len(uuid_bytes(pa.array([], pa.string()))) == 0
+    with pytest.raises(ImgestError, match="UUID strings"):
+        uuid_bytes(pa.array(["not-a-uuid"]))

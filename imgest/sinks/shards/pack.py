@@ -1,4 +1,5 @@
-"""Packing shards: build one shard from its planned rows, stage it, and publish the dataset at the end."""
+"""Packing shards: build one shard from its planned rows, write it under the run's versioned prefix, and publish
+the dataset at the end by writing its manifest."""
 
 from __future__ import annotations
 
@@ -12,11 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
+from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
 from imgest.sinks.shards.plan import ShardSpec, shard_digest
-from imgest.sinks.shards.store import ShardStore
+from imgest.sinks.shards.store import (
+    ShardStore,
+    history_name,
+    manifest_bytes,
+    samples_object,
+    shard_object,
+    version_prefix,
+)
 from imgest.sinks.shards.tar_writer import ShardTarWriter
 from imgest.sources.manifest import Candidate, ClassInfo
 from imgest.transform.image import TransformSpec
@@ -38,11 +47,22 @@ class PackConfig:
     shards: ShardSpec
     published: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> entry of the live manifest.json
     s3: S3Settings | None = None  # None: a local folder, or the executor's environment
+    key: str = ""  # plan.version_key of the run's plan: new shards go under v/<key>/
+
+    def prefix(self) -> str:
+        """Where this run's new objects go, relative to the destination: ``v/<key>``."""
+        if not self.key:
+            raise ConfigError(
+                f"no version key for the shards of {self.dataset} at {self.dest}: "
+                "set PackConfig.key to plan.version_key(plan, spec)"
+            )
+        return version_prefix(self.key)
 
 
 @dataclass
 class ShardRecord:
-    """One shard as it appears in manifest.json, plus what happened while building it."""
+    """One shard as it appears in manifest.json, plus what happened while building it. NAME is the shard's name
+    in the plan and samples.parquet; PATH, INDEX and INFO are its objects, relative to the destination."""
 
     name: str
     split: str
@@ -50,8 +70,10 @@ class ShardRecord:
     bytes: int
     sha256: str
     digest: str
+    path: str
     index: str
-    reused: str = ""  # "", "staged" (interrupted run) or "published" (already live)
+    info: str
+    reused: str = ""  # "", "resumed" (written by an interrupted run) or "published" (already live)
     labels: dict[str, int] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
 
@@ -84,44 +106,53 @@ def sample_key(cand: Candidate) -> str:
 
 
 def reused_shard(name: str, digest: str, split: str, cfg: PackConfig, store: ShardStore) -> ShardRecord | None:
-    """The record of shard NAME when it is already published or staged with the same inputs, else None."""
+    """The record of shard NAME when it is already published (its object still there, same size) or written
+    under this run's prefix with the same inputs, else None."""
     live = cfg.published.get(name)
     if live is not None and live.get("digest") == digest:
-        log.info("shard %s is already published with the same inputs; kept", name)
+        path = shard_object(live)
+        if store.size(path) == live["bytes"]:
+            log.info("shard %s is already published as %s with the same inputs; kept", name, path)
+            return ShardRecord(
+                name,
+                split,
+                live["samples"],
+                live["bytes"],
+                live["sha256"],
+                digest,
+                path,
+                live["index"],
+                live.get("info") or workdir.shard_info(path),
+                reused="published",
+                labels=live.get("labels", {}),
+                quarantine=live.get("quarantine", []),
+            )
+        log.warning("shard %s: the live manifest lists %s but it is missing or truncated; writing it again", name, path)
+    path = f"{cfg.prefix()}/{name}"
+    meta = store.written(path)
+    info = written_info(path, digest, store) if meta is not None and meta.get("digest") == digest else None
+    if meta is not None and info is not None:
+        log.info("shard %s is already written as %s with the same inputs; skipped", name, path)
         return ShardRecord(
             name,
             split,
-            live["samples"],
-            live["bytes"],
-            live["sha256"],
+            int(meta["samples"]),
+            int(meta["bytes"]),
+            meta["sha256"],
             digest,
-            live["index"],
-            reused="published",
-            labels=live.get("labels", {}),
-            quarantine=live.get("quarantine", []),
-        )
-    staged = store.staged(name)
-    info = staged_info(name, digest, store) if staged is not None and staged.get("digest") == digest else None
-    if staged is not None and info is not None:
-        log.info("shard %s is already staged with the same inputs; skipped", name)
-        return ShardRecord(
-            name,
-            split,
-            int(staged["samples"]),
-            int(staged["bytes"]),
-            staged["sha256"],
-            digest,
-            index=workdir.shard_index(name),
-            reused="staged",
+            path,
+            workdir.shard_index(path),
+            workdir.shard_info(path),
+            reused="resumed",
             labels=info["labels"],
             quarantine=info["quarantine"],
         )
     return None
 
 
-def staged_info(name: str, digest: str, store: ShardStore) -> dict[str, Any] | None:
-    """The staged sidecar of shard NAME (labels, quarantine) when it was written for DIGEST, else None."""
-    raw = store.read_staged(workdir.shard_info(name))
+def written_info(path: str, digest: str, store: ShardStore) -> dict[str, Any] | None:
+    """The sidecar of the shard at PATH (labels, quarantine) when it was written for DIGEST, else None."""
+    raw = store.read_bytes(workdir.shard_info(path))
     if raw is None:
         return None
     info = json.loads(raw)
@@ -135,19 +166,21 @@ def pack_shard(
     store: ShardStore,
     on_sample: Callable[[int], None] | None = None,
 ) -> ShardRecord:
-    """Build shard NAME from ROWS (in planned order) unless it is already staged with the same inputs."""
+    """Build shard NAME from ROWS (in planned order) and write it to ``v/<key>/NAME`` unless it is already
+    published or written there with the same inputs."""
     digest = shard_digest(rows, cfg.spec)
     split = rows[0]["split"]
     reused = reused_shard(name, digest, split, cfg, store)
     if reused is not None:
         return reused
+    path = f"{cfg.prefix()}/{name}"
     quarantine = QuarantineLog()
     labels: Counter[str] = Counter()
     candidates = [Candidate(**{k: r[k] for k in CANDIDATE_FIELDS}) for r in rows]
     keeps_source = cfg.spec.mode == "unchanged"  # stored bytes are the source bytes: hash them once
     with scratch_dir() as tmp:
-        path = Path(tmp) / name
-        with ShardTarWriter(path) as writer:
+        local = Path(tmp) / name
+        with ShardTarWriter(local) as writer:
             for item in process_candidates(candidates, Path(cfg.root), cfg.spec, quarantine):
                 img, known = item.image, item.src_sha256 if keeps_source else None
                 members = sample_members(item.candidate, img.data, img.ext, img.width, img.height, known)
@@ -159,16 +192,16 @@ def pack_shard(
         assert shard is not None
         bad = [{**asdict(e), "reason": str(e.reason)} for e in quarantine.entries]
         for side, body in (
-            (workdir.shard_index(name), shard.index.encode()),
-            (workdir.shard_info(name), info_bytes(digest, labels, bad)),
+            (workdir.shard_index(path), shard.index.encode()),
+            (workdir.shard_info(path), info_bytes(digest, labels, bad)),
         ):
-            (Path(tmp) / side).write_bytes(body)
+            (Path(tmp) / "side").write_bytes(body)
             side_meta = {"digest": digest, "bytes": str(len(body)), "samples": "0", "sha256": ""}
-            store.stage(Path(tmp) / side, side, side_meta)
+            store.put_file(Path(tmp) / "side", side, side_meta)
         # Object metadata stays small and bounded (S3 allows 2 KB): fixed-size fields only; labels and quarantine
         # are in the sidecar above and in manifest.json. The shard last: its presence means the sidecars are there.
         meta = {"digest": digest, "sha256": shard.sha256, "bytes": str(shard.nbytes), "samples": str(shard.samples)}
-        store.stage(shard.path, name, meta)
+        store.put_file(shard.path, path, meta)
     return ShardRecord(
         name,
         split,
@@ -176,7 +209,9 @@ def pack_shard(
         shard.nbytes,
         shard.sha256,
         digest,
-        workdir.shard_index(name),
+        path,
+        workdir.shard_index(path),
+        workdir.shard_info(path),
         labels=dict(labels),
         quarantine=bad,
     )
@@ -202,7 +237,8 @@ def pack_shards(
 def build_manifest(
     records: list[ShardRecord], cfg: PackConfig, classes: list[ClassInfo], scan_quarantine: QuarantineLog
 ) -> dict[str, Any]:
-    """manifest.json: shards, counts, class map, quarantine summary, settings (no timestamps: re-runs match)."""
+    """manifest.json: shards (each named by its objects relative to the destination), counts, class map, quarantine
+    summary, settings, the plan's key and its samples table (no timestamps: re-runs match)."""
     records = sorted(records, key=lambda r: r.name)
     quarantine = [q for r in records for q in r.quarantine] + [
         {**asdict(e), "reason": str(e.reason)} for e in scan_quarantine.entries
@@ -217,12 +253,13 @@ def build_manifest(
         "shards": [
             {
                 "name": r.name,
+                "path": r.path,
                 "split": r.split,
                 "samples": r.samples,
                 "bytes": r.bytes,
                 "sha256": r.sha256,
                 "index": r.index,
-                "info": workdir.shard_info(r.name),
+                "info": r.info,
                 "digest": r.digest,
                 "labels": r.labels,
                 "quarantine": r.quarantine,
@@ -235,6 +272,8 @@ def build_manifest(
         "quarantine": quarantine_summary(quarantine),
         "transform": cfg.spec.as_dict(),
         "sharding": asdict(cfg.shards),
+        "key": cfg.key,
+        "samples_table": f"{cfg.prefix()}/{workdir.PUBLISHED_SAMPLES}",
     }
 
 
@@ -261,26 +300,27 @@ def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
     return buf.getvalue()
 
 
-def publish(
-    store: ShardStore, records: list[ShardRecord], manifest: dict[str, Any], samples: bytes | None = None
-) -> bool:
-    """Move new shards out of staging, write samples.parquet, the manifest last. The old manifest is withdrawn
-    first only when a new shard replaces an object it lists (a refresh's new shards have new names, so the old
-    manifest stays readable until the new one replaces it).
+def publish(store: ShardStore, manifest: dict[str, Any], samples: bytes | None = None) -> bool:
+    """Make MANIFEST the live dataset: write its samples table (under its version prefix), keep a copy of it as
+    ``manifests/<key>.json``, then write ``manifest.json``: that one write is the switch. Nothing is copied or
+    deleted; the previous manifest and its objects stay readable until the switch (and after it, until
+    ``imgest gc shards`` collects them). Sets MANIFEST's ``previous`` to the key of the manifest it replaces.
 
-    Returns False, touching nothing, when every shard was already live and the manifest is unchanged.
+    Returns False, writing nothing, when the live manifest is already MANIFEST.
     """
     live = store.read_manifest()
-    fresh = [r for r in sorted(records, key=lambda r: r.name) if r.reused != "published"]
-    if live == manifest and not fresh:
+    key = manifest["key"]
+    if live is None:
+        manifest["previous"] = None
+    else:
+        manifest["previous"] = live.get("previous") if live.get("key") == key else live.get("key")
+    if live == manifest:
         return False
-    listed = {entry["name"] for entry in (live or {}).get("shards", [])}
-    if live is not None and listed & {r.name for r in fresh}:
-        store.withdraw_manifest()
-    store.publish([n for r in fresh for n in (r.index, workdir.shard_info(r.name), r.name)])
     if samples is not None:
-        store.put_bytes(workdir.PUBLISHED_SAMPLES, samples)
+        store.put_bytes(samples_object(manifest), samples)
+    store.put_bytes(history_name(key), manifest_bytes(manifest))
     store.write_manifest(manifest)
+    log.info("published %s: %d shards under %s", store.location, len(manifest["shards"]), version_prefix(key))
     return True
 
 

@@ -57,33 +57,74 @@ def shard_name(split: str, index: int) -> str:
 
 
 def plan_shards(manifest: Path, shards: ShardSpec, spec: TransformSpec) -> pa.Table:
-    """The manifest rows with their shard name and position, in shard order (deterministic)."""
+    """The manifest rows with their shard name and position, in shard order (deterministic). The order of every
+    split is computed as indices from the id and size columns, then the rows are taken from the manifest once:
+    the only copies of the whole table are the manifest and the plan."""
     table = pq.read_table(manifest)
-    parts = []
-    for split in sorted(set(table.column("split").to_pylist())):
-        rows = table.filter(pc.equal(table.column("split"), split))
-        parts.append(cut_shards(rows, split, shards, spec, [shards.seed, zlib.crc32(split.encode())], 0))
-    return pa.concat_tables(parts) if parts else table
+    takes, names, positions = [], [], []
+    for split in sorted(pc.unique(table.column("split")).to_pylist()):
+        where = pc.indices_nonzero(pc.equal(table.column("split"), split))
+        keys = table.select(["id", "size"]).take(where)
+        order = shuffled_order(keys.select(["id"]), [shards.seed, zlib.crc32(split.encode())])
+        shard, pos = _assign(keys.column("size").take(order), split, shards, spec, 0)
+        takes.append(where.take(order))
+        names.append(shard)
+        positions.append(pos)
+    if not takes:
+        return table
+    plan = table.take(pa.chunked_array(takes).combine_chunks())
+    del table
+    return plan.append_column("shard", pa.chunked_array(names)).append_column("pos", pa.chunked_array(positions))
+
+
+def shuffled_order(rows: pa.Table, seed: list[int]) -> pa.Array:
+    """Positions of ROWS sorted by id (independent of manifest order), then in a SEED-shuffled order."""
+    by_id = pc.sort_indices(rows, sort_keys=[("id", "ascending")])
+    return by_id.take(pa.array(np.random.default_rng(seed).permutation(rows.num_rows)))
 
 
 def cut_shards(
     rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, seed: list[int], first: int
 ) -> pa.Table:
     """ROWS (one split) in a SEED-shuffled order, cut into shards named from index FIRST, with positions."""
-    rows = rows.sort_by("id")  # independent of manifest order
-    order = np.random.default_rng(seed).permutation(rows.num_rows)
-    rows = rows.take(pa.array(order))
-    need = _sample_bounds(rows.column("size").to_numpy(zero_copy_only=False), spec)
-    shard = np.empty(rows.num_rows, dtype=np.int64)
-    pos = np.empty(rows.num_rows, dtype=np.int32)
+    return _cut(rows.take(shuffled_order(rows, seed)), split, shards, spec, first)
+
+
+def _cut(rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, first: int) -> pa.Table:
+    """ROWS, already in their shuffled order, cut into shards named from index FIRST, with positions."""
+    shard, pos = _assign(rows.column("size"), split, shards, spec, first)
+    return rows.append_column("shard", shard).append_column("pos", pos)
+
+
+def _assign(
+    sizes: pa.Array | pa.ChunkedArray, split: str, shards: ShardSpec, spec: TransformSpec, first: int
+) -> tuple[pa.Array, pa.Array]:
+    """(shard name, position) columns for samples of source SIZES in their shuffled order."""
+    need = _sample_bounds(sizes.to_numpy(zero_copy_only=False), spec)
+    shard, pos = _greedy_cut(need, shards)
+    count = int(shard[-1]) + 1 if len(need) else 0
+    names = pa.array([shard_name(split, first + k) for k in range(count)], pa.string())
+    return names.take(pa.array(shard)), pa.array(pos)
+
+
+def _greedy_cut(need: np.ndarray, shards: ShardSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(shard index, position) of each sample of byte bound NEED: a shard closes when the next sample would pass
+    max_count or max_bytes. Equal bounds (JPEG mode) are cut arithmetically; others in a loop over chunks."""
+    n = len(need)
+    if n and int(need.min()) == int(need.max()):
+        per = max(1, min(shards.max_count, shards.max_bytes // int(need[0])))
+        idx = np.arange(n, dtype=np.int64)
+        return idx // per, (idx % per).astype(np.int32)
+    shard = np.empty(n, dtype=np.int64)
+    pos = np.empty(n, dtype=np.int32)
     index, count, used = 0, 0, 0
-    for i, size in enumerate(need.tolist()):  # a greedy cut: each shard closes when the next sample does not fit
-        if count and (count >= shards.max_count or used + size > shards.max_bytes):
-            index, count, used = index + 1, 0, 0
-        shard[i], pos[i] = index, count
-        count, used = count + 1, used + size
-    names = pa.array([shard_name(split, first + k) for k in range(index + 1 if rows.num_rows else 0)], pa.string())
-    return rows.append_column("shard", names.take(pa.array(shard))).append_column("pos", pa.array(pos))
+    for start in range(0, n, 65_536):
+        for i, size in enumerate(need[start : start + 65_536].tolist(), start):
+            if count and (count >= shards.max_count or used + size > shards.max_bytes):
+                index, count, used = index + 1, 0, 0
+            shard[i], pos[i] = index, count
+            count, used = count + 1, used + size
+    return shard, pos
 
 
 def _sample_bounds(sizes: np.ndarray, spec: TransformSpec) -> np.ndarray:
@@ -109,6 +150,18 @@ def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
     for row in rows:
         h.update(f"{row['id']}|{row['size']}|{row['mtime']}|{row['label']}\n".encode())
     return h.hexdigest()
+
+
+def version_key(plan: pa.Table, spec: TransformSpec) -> str:
+    """The content key of a shard plan: a digest of the transform and every row's shard, id, size, mtime and
+    label in plan order (never of time or attempt). Its shards go under ``v/<key>/``: the same plan always
+    writes the same names, so a re-run finds what an interrupted one wrote."""
+    h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
+    columns = ["shard", "id", "size", "mtime", "label"]
+    for batch in plan.select(columns).to_batches(max_chunksize=65_536):  # bounded: one chunk of text at a time
+        values = [batch.column(c).to_pylist() for c in columns]
+        h.update("".join(f"{s}|{i}|{z}|{m}|{lab}\n" for s, i, z, m, lab in zip(*values, strict=True)).encode())
+    return h.hexdigest()[:16]
 
 
 def write_plan(plan: pa.Table, path: Path) -> list[tuple[str, int]]:

@@ -1,9 +1,14 @@
-"""Where shards go: a local folder or an S3 prefix, both with a staging area and a publish step.
+"""Where shards go: a local folder or an S3 prefix, written once under a versioned prefix, published by one write.
 
-Shards (and their .idx files) are first written under ``<dest>/_staging/``. Publishing moves them to
-``<dest>/`` and then writes ``<dest>/manifest.json`` last: a reader that starts from the manifest never
-sees a half-written dataset. Staged shards carry their sha256 and input digest, so an interrupted run
-resumes by skipping what is already staged.
+Each run of the pack job writes its shards (and their .idx and .info.json sidecars) straight to their final,
+immutable names under ``<dest>/v/<key>/``, where ``<key>`` is the digest of the run's shard plan and transform
+(``plan.version_key``): a re-run writes the same names, and an interrupted run resumes by skipping objects that
+are already there with a matching input digest. Publishing is one write of ``<dest>/manifest.json`` (a rename in
+a folder, one PUT on S3) whose entries name each object by its path relative to ``<dest>``; nothing is copied or
+deleted, and the previous manifest's objects stay readable. Every published manifest is also kept as
+``<dest>/manifests/<key>.json`` and names the key it replaced (``previous``), so ``imgest gc shards`` can tell
+which superseded objects it may collect. Manifests written before this layout name their shards at the top of
+``<dest>`` (no ``path``); ``shard_object`` reads both.
 
 S3 limits (AWS's documented ones) are checked before a request leaves: user metadata of one object at most
 2 KB (names and values, UTF-8), object keys at most 1,024 bytes. Object metadata therefore only holds small
@@ -19,21 +24,75 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from imgest.core import workdir
-from imgest.core.errors import ConfigError
+from imgest.core.errors import ConfigError, ImgestError
 from imgest.core.settings import S3Settings
 
 log = logging.getLogger(__name__)
-STAGING = "_staging"
+STAGING = "_staging"  # the staging area of the layout before versioned prefixes (collected by gc)
+VERSIONS = "v"  # <dest>/v/<key>/: the immutable objects of one plan
+HISTORY = "manifests"  # <dest>/manifests/<key>.json: every manifest published, for gc's --keep
+LOCAL_META = ".meta.json"  # a folder keeps an object's metadata in this file beside it (S3: object metadata)
 S3_MAX_METADATA_BYTES = 2048  # AWS: user-defined metadata of one object, names + values, UTF-8
 S3_MAX_KEY_BYTES = 1024  # AWS: object key name, UTF-8
+S3_DELETE_BATCH = 1000  # AWS: keys per DeleteObjects request
 
 
 class ObjectLimitError(ConfigError):
     """An object name or its metadata would break an S3 limit."""
+
+
+class StoreWriteError(ImgestError):
+    """A store refused to delete or write some objects."""
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object under a store's destination: NAME relative to it, its size and last-modified time (epoch s)."""
+
+    name: str
+    size: int
+    modified: float
+
+
+def version_prefix(key: str) -> str:
+    """The folder, relative to the destination, of the objects of plan KEY: ``v/<key>``."""
+    return f"{VERSIONS}/{key}"
+
+
+def history_name(key: str) -> str:
+    """Where the manifest published for plan KEY is kept: ``manifests/<key>.json``."""
+    return f"{HISTORY}/{key}.json"
+
+
+def shard_object(entry: dict[str, Any]) -> str:
+    """The tar of manifest ENTRY, relative to the destination (``path``; old manifests: its ``name``)."""
+    return str(entry.get("path") or entry["name"])
+
+
+def shard_objects(entry: dict[str, Any]) -> list[str]:
+    """Every object of manifest ENTRY relative to the destination: tar, .idx and .info.json (when listed)."""
+    tar = shard_object(entry)
+    return [
+        tar,
+        str(entry.get("index") or workdir.shard_index(tar)),
+        *([str(entry["info"])] if "info" in entry else []),
+    ]
+
+
+def samples_object(manifest: dict[str, Any]) -> str:
+    """The samples.parquet that MANIFEST describes, relative to the destination."""
+    return str(manifest.get("samples_table") or workdir.PUBLISHED_SAMPLES)
+
+
+def manifest_objects(manifest: dict[str, Any]) -> set[str]:
+    """Every object MANIFEST refers to (shards, indexes, sidecars, samples table), relative to the destination."""
+    names = {name for entry in manifest.get("shards", []) for name in shard_objects(entry)}
+    return names | {samples_object(manifest)}
 
 
 def check_metadata(key: str, meta: dict[str, str]) -> None:
@@ -56,27 +115,29 @@ def check_key(key: str) -> str:
 
 
 class ShardStore(Protocol):
-    """A destination for shards."""
+    """A destination for shards. Every NAME is relative to the destination (``v/<key>/train-000000.tar``)."""
 
     location: str
 
-    def stage(self, local: Path, name: str, meta: dict[str, str]) -> None: ...
+    def put_file(self, local: Path, name: str, meta: dict[str, str]) -> None: ...
 
-    def staged(self, name: str) -> dict[str, str] | None: ...
+    def written(self, name: str) -> dict[str, str] | None: ...
 
-    def read_staged(self, name: str) -> bytes | None: ...
+    def size(self, name: str) -> int | None: ...
 
-    def publish(self, names: list[str]) -> None: ...
+    def read_bytes(self, name: str) -> bytes | None: ...
+
+    def read_chunks(self, name: str) -> Iterator[bytes] | None: ...
+
+    def put_bytes(self, name: str, data: bytes) -> None: ...
 
     def read_manifest(self) -> dict[str, Any] | None: ...
 
     def write_manifest(self, manifest: dict[str, Any]) -> None: ...
 
-    def withdraw_manifest(self) -> None: ...
+    def list_objects(self, under: str) -> Iterator[StoredObject]: ...
 
-    def read_chunks(self, name: str) -> Iterator[bytes] | None: ...
-
-    def put_bytes(self, name: str, data: bytes) -> None: ...
+    def delete(self, names: list[str]) -> None: ...
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
@@ -84,62 +145,61 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
 
 
 class LocalStore:
-    """A folder; publishing is an atomic rename per file."""
+    """A folder; every file appears by an atomic rename, its metadata in ``<name>.meta.json`` beside it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.location = str(root)
-        self._staging = root / STAGING
 
-    def stage(self, local: Path, name: str, meta: dict[str, str]) -> None:
-        check_metadata(str(self._staging / name), meta)  # the same contract as S3, so tests here catch it
-        self._staging.mkdir(parents=True, exist_ok=True)
-        partial = self._staging / (name + ".partial")
+    def put_file(self, local: Path, name: str, meta: dict[str, str]) -> None:
+        """Move the finished file LOCAL to NAME (atomically), then record META beside it."""
+        path = self.root / name
+        check_metadata(str(path), meta)  # the same contract as S3, so tests here catch it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
         try:
             os.replace(local, partial)  # the finished local file is ours to move
         except OSError:  # another filesystem
             shutil.copyfile(local, partial)
-        os.replace(partial, self._staging / name)
-        (self._staging / f"{name}.meta.json").write_text(json.dumps(meta, sort_keys=True))
+        os.replace(partial, path)
+        self.put_bytes(name + LOCAL_META, json.dumps(meta, sort_keys=True).encode())
 
-    def staged(self, name: str) -> dict[str, str] | None:
-        meta_path, data_path = self._staging / f"{name}.meta.json", self._staging / name
+    def written(self, name: str) -> dict[str, str] | None:
+        """The metadata of NAME when it is completely written (its size is the recorded one), else None."""
+        meta_path, data_path = self.root / (name + LOCAL_META), self.root / name
         if not (meta_path.is_file() and data_path.is_file()):
             return None
         meta = json.loads(meta_path.read_text())
         return meta if int(meta.get("bytes", -1)) == data_path.stat().st_size else None
 
-    def read_staged(self, name: str) -> bytes | None:
-        """The bytes of staged object NAME, or None when it is not staged."""
-        path = self._staging / name
-        return path.read_bytes() if path.is_file() else None
+    def size(self, name: str) -> int | None:
+        """The size of NAME in bytes, or None when it is not there."""
+        path = self.root / name
+        return path.stat().st_size if path.is_file() else None
 
-    def publish(self, names: list[str]) -> None:
-        for name in names:
-            if (self._staging / name).is_file():
-                os.replace(self._staging / name, self.root / name)
-            (self._staging / f"{name}.meta.json").unlink(missing_ok=True)
-        if self._staging.is_dir() and not any(self._staging.iterdir()):
-            self._staging.rmdir()
+    def read_bytes(self, name: str) -> bytes | None:
+        """The bytes of NAME (a small file), or None when it is not there."""
+        path = self.root / name
+        return path.read_bytes() if path.is_file() else None
 
     def read_manifest(self) -> dict[str, Any] | None:
         path = self.root / workdir.PUBLISHED_MANIFEST
         return json.loads(path.read_text()) if path.is_file() else None
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Publish MANIFEST: one atomic rename of ``manifest.json``."""
         self.put_bytes(workdir.PUBLISHED_MANIFEST, manifest_bytes(manifest))
 
-    def withdraw_manifest(self) -> None:
-        (self.root / workdir.PUBLISHED_MANIFEST).unlink(missing_ok=True)
-
     def put_bytes(self, name: str, data: bytes) -> None:
-        """Write a small published file atomically (temporary name, then rename)."""
-        tmp = self.root / (name + ".partial")
+        """Write a small file atomically (temporary name, then rename)."""
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".partial")
         tmp.write_bytes(data)
-        os.replace(tmp, self.root / name)
+        os.replace(tmp, path)
 
     def read_chunks(self, name: str) -> Iterator[bytes] | None:
-        """A published file as a stream of 1 MiB chunks, or None if it is not there."""
+        """A file as a stream of 1 MiB chunks, or None if it is not there."""
         path = self.root / name
         if not path.is_file():
             return None
@@ -150,6 +210,35 @@ class LocalStore:
                     yield chunk
 
         return chunks()
+
+    def list_objects(self, under: str) -> Iterator[StoredObject]:
+        """Every file below the folder UNDER (relative names, '/' separated), in no particular order."""
+        top = self.root / under
+        for folder, _, files in os.walk(top):
+            for file in files:
+                path = Path(folder) / file
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # removed while we walked
+                    continue
+                yield StoredObject(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
+
+    def delete(self, names: list[str]) -> None:
+        """Remove the files NAMES (missing ones are fine), then the folders they leave empty."""
+        folders = set()
+        for name in names:
+            (self.root / name).unlink(missing_ok=True)
+            folders.add((self.root / name).parent)
+        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+            while folder != self.root and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+                folder = folder.parent
+
+
+def _missing(exc: Exception) -> bool:
+    """True when the botocore ClientError EXC says the object is not there."""
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+    return code in ("404", "NoSuchKey", "NotFound")
 
 
 class S3Store:
@@ -163,9 +252,8 @@ class S3Store:
         self._client = settings.client()
         self._transfer = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=4)
 
-    def _key(self, name: str, staging: bool = False) -> str:
-        parts = [p for p in (self.prefix, STAGING if staging else "", name) if p]
-        return check_key("/".join(parts))
+    def _key(self, name: str) -> str:
+        return check_key("/".join(p for p in (self.prefix, name) if p))
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -182,8 +270,9 @@ class S3Store:
         """Fail fast, with endpoint, bucket and key id, if the credentials or bucket are wrong."""
         self._call(f"checking {self.location}", self._client.head_bucket, Bucket=self.bucket)
 
-    def stage(self, local: Path, name: str, meta: dict[str, str]) -> None:
-        key = self._key(name, staging=True)
+    def put_file(self, local: Path, name: str, meta: dict[str, str]) -> None:
+        """Upload the finished file LOCAL as NAME with user metadata META (the object appears when complete)."""
+        key = self._key(name)
         check_metadata(key, meta)
         self._call(
             f"uploading {key}",
@@ -195,49 +284,46 @@ class S3Store:
             Config=self._transfer,
         )
 
-    def staged(self, name: str) -> dict[str, str] | None:
+    def _head(self, name: str) -> dict[str, Any] | None:
         from botocore.exceptions import ClientError
 
         try:
-            head = self._client.head_object(Bucket=self.bucket, Key=self._key(name, staging=True))
+            return self._client.head_object(Bucket=self.bucket, Key=self._key(name))
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _missing(exc):
                 return None
             raise
+
+    def written(self, name: str) -> dict[str, str] | None:
+        """The metadata of NAME when it is completely written (its size is the recorded one), else None."""
+        head = self._head(name)
+        if head is None:
+            return None
         meta = head.get("Metadata", {})
         return meta if int(meta.get("bytes", -1)) == head["ContentLength"] else None
 
-    def read_staged(self, name: str) -> bytes | None:
-        """The bytes of staged object NAME (a small sidecar), or None when it is not staged."""
+    def size(self, name: str) -> int | None:
+        """The size of NAME in bytes, or None when it is not there."""
+        head = self._head(name)
+        return None if head is None else int(head["ContentLength"])
+
+    def read_bytes(self, name: str) -> bytes | None:
+        """The bytes of NAME (a small object), or None when it is not there."""
         from botocore.exceptions import ClientError
 
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=self._key(name, staging=True))["Body"].read()
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read()
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _missing(exc):
                 return None
             raise
-
-    def publish(self, names: list[str]) -> None:
-        for name in names:
-            src = {"Bucket": self.bucket, "Key": self._key(name, staging=True)}
-            self._call(
-                f"publishing {name}", self._client.copy, src, self.bucket, self._key(name), Config=self._transfer
-            )
-            self._call(f"cleaning {src['Key']}", self._client.delete_object, **src)
 
     def read_manifest(self) -> dict[str, Any] | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            body = self._client.get_object(Bucket=self.bucket, Key=self._key(workdir.PUBLISHED_MANIFEST))["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-        return json.loads(body)
+        body = self.read_bytes(workdir.PUBLISHED_MANIFEST)
+        return None if body is None else json.loads(body)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Publish MANIFEST: one PUT of ``manifest.json``."""
         self._call(
             "writing manifest.json",
             self._client.put_object,
@@ -248,28 +334,56 @@ class S3Store:
         )
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        """Write a small published object."""
+        """Write a small object."""
         self._call(f"writing {name}", self._client.put_object, Bucket=self.bucket, Key=self._key(name), Body=data)
 
     def read_chunks(self, name: str) -> Iterator[bytes] | None:
-        """A published object as a stream of 1 MiB chunks, or None if it is not there."""
+        """An object as a stream of 1 MiB chunks, or None if it is not there."""
         from botocore.exceptions import ClientError
 
         try:
             body = self._client.get_object(Bucket=self.bucket, Key=self._key(name))["Body"]
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if _missing(exc):
                 return None
             raise
         return iter(lambda: body.read(1 << 20), b"")
 
-    def withdraw_manifest(self) -> None:
-        self._call(
-            "withdrawing manifest.json",
-            self._client.delete_object,
-            Bucket=self.bucket,
-            Key=self._key(workdir.PUBLISHED_MANIFEST),
+    def list_objects(self, under: str) -> Iterator[StoredObject]:
+        """Every object below UNDER/ (relative names), a page of up to 1,000 keys at a time."""
+        start = len(self.prefix) + 1 if self.prefix else 0
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._key(under) + "/"
         )
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from imgest.sinks.shards.s3_client import describe_client_error
+
+        try:
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield StoredObject(obj["Key"][start:], int(obj["Size"]), obj["LastModified"].timestamp())
+        except (ClientError, BotoCoreError) as exc:
+            err = describe_client_error(self.settings, self.bucket, exc)
+            raise type(err)(f"listing {self.location}/{under}/: {err}") from None
+
+    def delete(self, names: list[str]) -> None:
+        """Delete NAMES with DeleteObjects, 1,000 keys a request; StoreWriteError names the keys it refused."""
+        for at in range(0, len(names), S3_DELETE_BATCH):
+            batch = [{"Key": self._key(n)} for n in names[at : at + S3_DELETE_BATCH]]
+            reply = self._call(
+                f"deleting {len(batch)} objects under {self.location}",
+                self._client.delete_objects,
+                Bucket=self.bucket,
+                Delete={"Objects": batch, "Quiet": True},
+            )
+            errors = reply.get("Errors", [])
+            if errors:
+                shown = ", ".join(f"{e.get('Key')} ({e.get('Code')})" for e in errors[:5])
+                raise StoreWriteError(
+                    f"S3 at {self.settings.endpoint_url or 'AWS'} refused to delete {len(errors)} objects of "
+                    f"s3://{self.bucket}: {shown}; check the key's delete permission and run gc again"
+                )
 
 
 S3_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

@@ -7,14 +7,13 @@ ingested dataset: the same arguments always give byte-identical images.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from imgest.core import workdir
-from imgest.sinks.files.layout import SAMPLES_COLUMNS, file_path
+from imgest.sinks.files.layout import SAMPLES_COLUMNS, file_path, staging_dir
 from imgest.sources.devdata.images import jpeg_bytes
 from imgest.sources.devdata.sample import synsets
 
@@ -24,10 +23,17 @@ log = logging.getLogger(__name__)
 def write_files_dataset(
     out: Path, classes: int = 10, per_class: int = 20, val_per_class: int = 5, seed: int = 0, large_every: int = 40
 ) -> dict[str, int]:
-    """Write ``OUT/<split>/<wnid>/<id>.jpg``, ``samples.parquet`` and, last, ``manifest.json``; returns counts."""
+    """Write the version folder ``OUT/v/<key>/`` (``<split>/<wnid>/<id>.jpg``, ``samples.parquet``, its
+    ``manifest.json``) and, last, ``OUT/manifest.json`` naming it; returns counts. The key derives from the
+    arguments, so the same arguments publish the same folder again."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from imgest.sinks.files.write import manifest_bytes, publish
+
+    args = f"{classes}/{per_class}/{val_per_class}/{seed}/{large_every}"
+    key = f"devdata-{hashlib.sha256(args.encode()).hexdigest()[:12]}"
+    folder = staging_dir(out, key)
     rows: list[dict[str, object]] = []
     wnids = [wnid for wnid, _ in synsets(classes)]
     for split, count in (("train", per_class), ("val", val_per_class)):
@@ -39,8 +45,8 @@ def write_files_dataset(
                 data = jpeg_bytes(rng, hue, large)
                 image_id = hashlib.sha1(f"{seed}/{split}/{wnid}/{n}".encode()).hexdigest()[:16]
                 rel = file_path(split, wnid, image_id, "jpg")
-                (out / rel).parent.mkdir(parents=True, exist_ok=True)
-                (out / rel).write_bytes(data)
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (folder / rel).write_bytes(data)
                 sha = hashlib.sha256(data).hexdigest()
                 rows.append(
                     {
@@ -53,8 +59,8 @@ def write_files_dataset(
                         "sha256": sha,
                     }
                 )
-    table = pa.Table.from_pylist(rows).select(list(SAMPLES_COLUMNS))
-    pq.write_table(table, out / workdir.PUBLISHED_SAMPLES)
+    table = pa.Table.from_pylist(rows).select(list(SAMPLES_COLUMNS)).sort_by("path")
+    pq.write_table(table, folder / workdir.PUBLISHED_SAMPLES)
     counts = {split: sum(1 for r in rows if r["split"] == split) for split in ("train", "val")}
     manifest = {
         "format": "files",
@@ -64,6 +70,7 @@ def write_files_dataset(
         "classes": wnids,
         "bytes": sum(int(r["bytes"]) for r in rows),  # type: ignore[call-overload]
     }
-    (out / workdir.PUBLISHED_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    (folder / workdir.PUBLISHED_MANIFEST).write_bytes(manifest_bytes(manifest))
+    publish(out, key, manifest)
     log.info("files dataset written to %s: %s", out, counts)
     return counts
