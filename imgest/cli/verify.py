@@ -97,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     vf = verify_sub.add_parser(
         "files",
-        help="every file of a files dataset has its recorded sha256; counts match manifest.json",
+        help="counts match manifest.json, every file is there with its size, a seeded sample (--full: every file) "
+        "has its recorded sha256",
         description="Follows DEST/manifest.json to the published version folder. Counts per split of its "
         "samples.parquet must equal the manifest's, every listed file must be there with its recorded size (a stat "
         "each), and a seeded, class-balanced sample of each split must hash to its recorded sha256 (--full: every "
