@@ -21,14 +21,22 @@ from PIL import Image
 from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.sources.devdata.images import jpeg_bytes
 from imgest.transform import fastjpeg
-from imgest.transform.image import RESAMPLE, TransformSpec, transform_image
+from imgest.transform.image import EXIF_ORIENTATION, ORIENTATION_FIX, RESAMPLE, TransformSpec, transform_image
 
 TARGETS = {"imagenet-size": 1.6, "large (>=2 MP)": 3.0}  # issue 18; PSNR at most 0.5 dB below Pillow
 
 
+def upright_rgb(data: bytes) -> Image.Image:
+    """DATA fully decoded, as RGB, turned upright by its EXIF orientation (as every pipeline here outputs it)."""
+    img = Image.open(io.BytesIO(data))
+    fix = ORIENTATION_FIX.get(img.getexif().get(EXIF_ORIENTATION, 1))
+    img = img.convert("RGB")
+    return img if fix is None else img.transpose(fix)
+
+
 def baseline_transform(data: bytes, spec: TransformSpec) -> bytes:
-    """The straightforward pipeline: full decode, convert, resize all, crop, encode."""
-    img = Image.open(io.BytesIO(data)).convert("RGB")
+    """The straightforward pipeline: full decode, convert, upright, resize all, crop, encode."""
+    img = upright_rgb(data)
     w, h = img.size
     scale = spec.resize / min(w, h)
     rw, rh = max(spec.resize, round(w * scale)), max(spec.resize, round(h * scale))
@@ -41,8 +49,8 @@ def baseline_transform(data: bytes, spec: TransformSpec) -> bytes:
 
 
 def reference_pixels(data: bytes, spec: TransformSpec) -> np.ndarray:
-    """Full-precision reference output: full decode, Lanczos resize, crop, no re-encoding."""
-    img = Image.open(io.BytesIO(data)).convert("RGB")
+    """Full-precision reference output: full decode, upright, Lanczos resize, crop, no re-encoding."""
+    img = upright_rgb(data)
     w, h = img.size
     scale = spec.resize / min(w, h)
     rw, rh = max(spec.resize, round(w * scale)), max(spec.resize, round(h * scale))
@@ -155,13 +163,51 @@ COLUMNS = [
 ]
 
 
-def main(json_out: Path, plot: Path | None, images: int, large_images: int, rounds: int) -> dict[str, Any]:
-    """Run, print the table, write JSON (and the plot)."""
-    report = run(images, large_images, rounds)
+def main(
+    json_out: Path,
+    plot: Path | None,
+    images: int,
+    large_images: int,
+    rounds: int,
+    sources: list[Path] | None = None,
+    generated: bool = True,
+) -> dict[str, Any]:
+    """Run, print the table, write JSON (and the plot). SOURCES: folders of real files, judged per image
+    (imgest.bench.transform_real); None: the real-photo set when it is present. GENERATED: the generated groups."""
+    from imgest.bench import transform_real
+
+    if sources is None:
+        real = transform_real.default_real_set()
+        sources = [real] if real.is_dir() else []
+    report = (
+        run(images, large_images, rounds)
+        if generated
+        else {
+            "benchmark": "transform",
+            "per_core": True,
+            "transform": TransformSpec().as_dict(),
+            "rounds": rounds,
+            "machine": machine_info(),
+            "groups": [],
+        }
+    )
+    if sources:
+        real_report = transform_real.run_sources(sources, TransformSpec(), rounds)
+        report["real"] = real_report
+        report["groups"] += real_report["groups"]
     print(describe_machine(report["machine"]))
     print(format_table(report["groups"], COLUMNS))
+    if sources:
+        print(format_table(report["real"]["groups"], REAL_COLUMNS))
+        q = report["real"]["quarantine"]
+        print(
+            f"quarantine: {q['files']} files, Pillow decodes {q['pillow_decodes']}, imgest transformed "
+            f"{q['imgest_transformed']}; decodable but quarantined: {q['decodable_but_quarantined'] or 'none'}"
+        )
     write_json(json_out, report)
-    if plot is not None:
+    if plot is not None and sources:  # the per-image distribution, with the real groups' speed-ups
+        transform_real.distribution_plot(plot, report["real"] | {"decoder": report["transform"]["jpeg_decoder"]})
+    elif plot is not None:
         names = [g["group"] for g in report["groups"]]
         bar_chart(
             plot,
@@ -174,3 +220,15 @@ def main(json_out: Path, plot: Path | None, images: int, large_images: int, roun
             "images / s",
         )
     return report
+
+
+REAL_COLUMNS = [
+    ("group", "real photos"),
+    ("images", "n"),
+    ("speedup", "speed-up"),
+    ("target_speedup", "target"),
+    ("delta_mean_db", "dPSNR mean"),
+    ("delta_p5_db", "p5"),
+    ("delta_worst_db", "worst"),
+    ("below_minus_0_5_db", "< -0.5 dB"),
+]

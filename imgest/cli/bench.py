@@ -17,8 +17,12 @@ def bench_done(args: argparse.Namespace, missed: list[str]) -> int:
 def bench_transform_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.transform import main as bench_main
 
-    report = bench_main(args.json, args.plot, args.images, args.large_images, args.rounds)
-    return bench_done(args, [g["group"] for g in report["groups"] if g["meets_target"] is False])
+    report = bench_main(
+        args.json, args.plot, args.images, args.large_images, args.rounds, args.source or None, args.generated
+    )
+    missed = [g["group"] for g in report["groups"] if g.get("meets_target") is False]
+    missed += [f"{g['group']} (quality)" for g in report["groups"] if g.get("meets_quality_target") is False]
+    return bench_done(args, missed)
 
 
 def bench_ingest_cassandra_cmd(args: argparse.Namespace) -> int:
@@ -135,6 +139,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--images", type=int, default=150, help="ImageNet-size sources (default 150)")
     bt.add_argument("--large-images", type=int, default=12, help="sources of 3-8 megapixels (default 12)")
     bt.add_argument("--rounds", type=int, default=3, help="timed passes; the median is reported (default 3)")
+    bt.add_argument(
+        "--source",
+        type=Path,
+        action="append",
+        help="a folder of real files to time and judge image by image (repeatable; default: the real-photo set "
+        "scripts/real_photos.py builds in .imgest/bench/real-photos, when present)",
+    )
+    bt.add_argument(
+        "--generated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the generated photo-like images (default: yes)",
+    )
     bt.set_defaults(func=bench_transform_cmd)
     bc = bench_parser(
         "ingest-cassandra",

@@ -2,7 +2,11 @@
  * M/8, and resample it to the output size with an antialiased triangle (bilinear) filter.
  *
  *   check(data, max_pixels=0) -> (width, height) | None: see check() below.
- *   crop_resize(data, scale_num, x0, y0, x1, y1, bx0, by0, bx1, by1, out_w, out_h) -> bytes (RGB, out_w*out_h*3)
+ *   crop_resize(data, scale_num, x0, y0, x1, y1, bx0, by0, bx1, by1, out_w, out_h, flags=0, narrow=0.0)
+ *       -> bytes (RGB, out_w*out_h*3). flags: 1 = libjpeg's box chroma upsampling (no "fancy" triangle), 2 = the
+ *       fast integer inverse DCT. narrow > 0: the filter's width is that fraction of the downscale factor (kept
+ *       above 1 pixel), for pixels the DCT scaling has already low-passed. CMYK / YCCK sources come out RGB as
+ *       Pillow converts them (see cmyk_to_rgb).
  *
  * (x0, y0, x1, y1) is the pixel region to decode and (bx0 .. by1) the resample box, both in the coordinates of
  * the image scaled by scale_num/8. libjpeg widens the region to whole iMCU columns; the box follows it. Rows
@@ -76,9 +80,10 @@ typedef struct {
   int ksize;
 } coeffs_t;
 
-static int make_coeffs(coeffs_t *k, int in_size, double in0, double in1, int out_size) {
+static int make_coeffs(coeffs_t *k, int in_size, double in0, double in1, int out_size, double narrow) {
   double scale = (in1 - in0) / out_size;
   double filterscale = scale < 1.0 ? 1.0 : scale;
+  if (narrow > 0.0 && filterscale * narrow > 1.0) filterscale *= narrow;
   double support = 1.0 * filterscale;
   int ksize = (int)ceil(support) * 2 + 1;
   k->ksize = ksize;
@@ -183,13 +188,13 @@ static void horizontal(const float *row, const coeffs_t *k, int ow, unsigned cha
 /* Separable resample of the w x h RGB region PX (box in its coordinates) to ow x oh: per output row, the vertical
  * taps over contiguous input rows (vectorised), then the horizontal taps per output pixel. */
 static int resample(const unsigned char *px, int w, int h, double bx0, double by0, double bx1, double by1, int ow,
-                    int oh, unsigned char *dst) {
+                    int oh, double narrow, unsigned char *dst) {
   coeffs_t kx = {0}, ky = {0};
   int rc = -1;
   float *row = scratch_buf(1, sizeof(float) * ((size_t)w * 3 + 1));
   if (!row) goto done;
   row[(size_t)w * 3] = 0.0f; /* the fourth lane of the last pixel's load */
-  if (make_coeffs(&ky, h, by0, by1, oh) || make_coeffs(&kx, w, bx0, bx1, ow)) goto done;
+  if (make_coeffs(&ky, h, by0, by1, oh, narrow) || make_coeffs(&kx, w, bx0, bx1, ow, narrow)) goto done;
   for (int y = 0; y < oh; y++) {
     taps_u8(px + (size_t)ky.start[y] * w * 3, row, (size_t)w * 3, ky.w + (size_t)y * ky.ksize, ky.count[y]);
     horizontal(row, &kx, ow, dst + (size_t)y * ow * 3);
@@ -199,6 +204,19 @@ done:
   free_coeffs(&kx);
   free_coeffs(&ky);
   return rc;
+}
+
+/* CMYK (YCCK arrives converted to CMYK) to RGB, as Pillow converts it: the samples are Adobe's inverted ones (what
+ * Photoshop writes and Pillow assumes for every CMYK JPEG), so with s the stored values, R = s_C * s_K / 255, with
+ * Pillow's exact rounding (255 - K) - MULDIV255(C, 255 - K) on the uninverted C = 255 - s_C, K = 255 - s_K. */
+static void cmyk_to_rgb(const unsigned char *in, unsigned char *out, JDIMENSION w) {
+  for (JDIMENSION x = 0; x < w; x++, in += 4, out += 3) {
+    int nk = in[3];
+    for (int c = 0; c < 3; c++) {
+      int ink = 255 - in[c], tmp = ink * nk + 128;
+      out[c] = (unsigned char)(nk - (((tmp >> 8) + tmp) >> 8));
+    }
+  }
 }
 
 /* Entropy-decode the rows after the current one without reconstructing them, then read the last one into ROW
@@ -212,9 +230,10 @@ static void skip_to_end(j_decompress_ptr cinfo, unsigned char *row) {
 
 static PyObject *crop_resize(PyObject *self, PyObject *args) {
   Py_buffer buf;
-  int num, x0, y0, x1, y1, ow, oh;
-  double bx0, by0, bx1, by1;
-  if (!PyArg_ParseTuple(args, "y*iiiiiddddii", &buf, &num, &x0, &y0, &x1, &y1, &bx0, &by0, &bx1, &by1, &ow, &oh))
+  int num, x0, y0, x1, y1, ow, oh, flags = 0;
+  double bx0, by0, bx1, by1, narrow = 0.0;
+  if (!PyArg_ParseTuple(args, "y*iiiiiddddii|id", &buf, &num, &x0, &y0, &x1, &y1, &bx0, &by0, &bx1, &by1, &ow, &oh,
+                        &flags, &narrow))
     return NULL;
   struct jpeg_decompress_struct cinfo;
   struct err_mgr err;
@@ -237,25 +256,36 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     failed = 1;
   } else {
     open_jpeg(&cinfo, &buf);
-    start_scaled(&cinfo, num, JCS_RGB);
-    if ((JDIMENSION)x1 > cinfo.output_width || (JDIMENSION)y1 > cinfo.output_height || cinfo.output_components != 3) {
+    int cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    if (flags & 1) cinfo.do_fancy_upsampling = FALSE;
+    if (flags & 2) cinfo.dct_method = JDCT_IFAST;
+    start_scaled(&cinfo, num, cmyk ? JCS_CMYK : JCS_RGB);
+    if ((JDIMENSION)x1 > cinfo.output_width || (JDIMENSION)y1 > cinfo.output_height ||
+        cinfo.output_components != (cmyk ? 4 : 3)) {
       bad_args = 1;
     } else {
       JDIMENSION xoff = (JDIMENSION)x0, w = (JDIMENSION)(x1 - x0);
       if (x0 > 0 || (JDIMENSION)x1 < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &w);
       int h = y1 - y0;
       region = scratch_buf(0, (size_t)w * h * 3);
-      if (!region) {
+      unsigned char *volatile inks = cmyk ? scratch_buf(2, (size_t)w * 4) : NULL;
+      if (!region || (cmyk && !inks)) {
         no_memory = 1;
       } else {
         if (y0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
         while (cinfo.output_scanline < (JDIMENSION)y1) {
           JSAMPROW row = region + (size_t)(cinfo.output_scanline - y0) * w * 3;
-          jpeg_read_scanlines(&cinfo, &row, 1);
+          if (cmyk) {
+            JSAMPROW ink_row = inks;
+            jpeg_read_scanlines(&cinfo, &ink_row, 1);
+            cmyk_to_rgb(inks, row, w);
+          } else {
+            jpeg_read_scanlines(&cinfo, &row, 1);
+          }
         }
         /* Rows below the region are not read: the caller has checked the end marker (a truncated file). */
         if (!err.truncated &&
-            resample(region, (int)w, h, bx0 - xoff, by0 - y0, bx1 - xoff, by1 - y0, ow, oh,
+            resample(region, (int)w, h, bx0 - xoff, by0 - y0, bx1 - xoff, by1 - y0, ow, oh, narrow,
                      (unsigned char *)PyBytes_AS_STRING(out)))
           no_memory = 1;
       }

@@ -2,8 +2,9 @@
 
 For a center crop it decodes only the region the crop keeps, at libjpeg's DCT scale M/8, and resamples that
 region straight to the output size with Pillow's BILINEAR filter in float. M is the smallest of 1, 2, 4, 8 that
-keeps the crop at least as large as the output (nothing is upsampled); those are the scales libjpeg-turbo has
-SIMD inverse DCTs for: 6/8 in plain C measured slower than 8/8 with SIMD, and blurrier. Rows above the region
+keeps the crop at least RegionSettings.min_ratio times the output (1 in the first revision, which aliased at 1/8;
+2 since: issue 27); those are the scales libjpeg-turbo has SIMD inverse DCTs for: 6/8 in plain C measured slower
+than 8/8 with SIMD, and blurrier. Each revision's RegionSettings fix its output bytes. Rows above the region
 are entropy-decoded and skipped; rows below it are not read at all, so the caller checks that the file ends with
 its end marker (a truncated file is refused either way).
 
@@ -18,6 +19,7 @@ import importlib.machinery
 import importlib.util
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Literal
@@ -73,9 +75,10 @@ def available() -> bool:
     return _module is not None
 
 
-def default_decoder() -> Literal["region", "pillow"]:
-    """The JPEG decoder a TransformSpec uses unless told: "region" where the compiled module is built."""
-    return "region" if _module is not None else "pillow"
+def default_decoder() -> Literal["region", "region2", "pillow"]:
+    """The JPEG decoder a TransformSpec uses unless told: the latest region decoder where the compiled module is
+    built."""
+    return "region2" if _module is not None else "pillow"
 
 
 def library_version() -> str | None:
@@ -102,27 +105,59 @@ def check(data: bytes, max_pixels: int = 0) -> tuple[int, int] | None:
     return size
 
 
-def scale_eighths(box_side: float, out_side: int, dct_scaling: bool) -> int:
+NO_FANCY_UPSAMPLING = 1  # crop_resize flag: libjpeg's box chroma upsampling (merged with the colour conversion)
+
+
+@dataclass(frozen=True)
+class RegionSettings:
+    """What one revision of the region decoder decides (its output bytes follow from these)."""
+
+    # The decoded crop stays at least this many times the output side (see scale_eighths).
+    min_ratio: float = 1.0
+    # When the DCT scale reduced (M < 8), the bilinear filter's width is this fraction of the downscale factor
+    # (0: not narrowed): the DCT scaling has already low-passed the pixels, and the full width blurs twice.
+    narrow_when_reduced: float = 0.0
+    # libjpeg's triangle ("fancy") chroma upsampling; off: box, merged with the colour conversion, where the
+    # crop is downscaled (a picture smaller than the output keeps the triangle: box chroma would show).
+    fancy_upsampling: bool = True
+
+
+FIRST = RegionSettings()
+
+
+def scale_eighths(box_side: float, out_side: int, dct_scaling: bool, min_ratio: float = 1.0) -> int:
     """The DCT scale M (of M/8) to decode at: the smallest of 1, 2, 4, 8 that keeps BOX_SIDE source pixels
-    at least OUT_SIDE (8 without DCT scaling)."""
+    at least MIN_RATIO x OUT_SIDE (8 without DCT scaling)."""
     if not dct_scaling:
         return 8
-    return next((m for m in (1, 2, 4) if box_side * m / 8 >= out_side - 1e-9), 8)
+    return next((m for m in (1, 2, 4) if box_side * m / 8 >= min_ratio * out_side - 1e-9), 8)
 
 
 def crop_resize(
-    data: bytes, size: tuple[int, int], box: tuple[float, float, float, float], out: int, dct_scaling: bool = True
+    data: bytes,
+    size: tuple[int, int],
+    box: tuple[float, float, float, float],
+    out: int,
+    dct_scaling: bool = True,
+    settings: RegionSettings | None = None,
 ) -> bytes:
-    """RGB bytes (OUT x OUT) of the source BOX of the JPEG DATA (SIZE = its width, height); ValueError if bad."""
+    """RGB bytes (OUT x OUT) of the source BOX of the JPEG DATA (SIZE = its width, height); ValueError if bad.
+
+    SETTINGS: the decoder revision's choices (default: the first revision's). CMYK and YCCK sources are
+    converted as Pillow converts them (Adobe's inverted samples)."""
     if _module is None:
         raise RuntimeError(f"the compiled JPEG fast path is not built: {BUILD_HINT}")
+    settings = settings or FIRST
     width, height = size
-    m = scale_eighths(min(box[2] - box[0], box[3] - box[1]), out, dct_scaling)
+    m = scale_eighths(min(box[2] - box[0], box[3] - box[1]), out, dct_scaling, settings.min_ratio)
     k = m / 8
     scaled_w, scaled_h = math.ceil(width * k), math.ceil(height * k)
     bx0, by0, bx1, by1 = (v * k for v in box)
     margin = math.ceil(max(bx1 - bx0, by1 - by0) / out) + 1  # the filter's reach beyond the box, in pixels
     x0, y0 = max(0, math.floor(bx0) - margin), max(0, math.floor(by0) - margin)
     x1, y1 = min(scaled_w, math.ceil(bx1) + margin), min(scaled_h, math.ceil(by1) + margin)
-    result: bytes = _module.crop_resize(data, m, x0, y0, x1, y1, bx0, by0, bx1, by1, out, out)
+    downscaled = min(bx1 - bx0, by1 - by0) >= out
+    flags = 0 if settings.fancy_upsampling or not downscaled else NO_FANCY_UPSAMPLING
+    narrow = settings.narrow_when_reduced if m < 8 else 0.0
+    result: bytes = _module.crop_resize(data, m, x0, y0, x1, y1, bx0, by0, bx1, by1, out, out, flags, narrow)
     return result

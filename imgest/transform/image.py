@@ -5,10 +5,14 @@ UNCHANGED mode: the original bytes, after checking that they decode (or, with un
 that the header parses and the end marker is there: several times faster, but a corrupt middle passes).
 
 How it is fast without losing quality:
-- With jpeg_decoder="region" (the default where it is built), plain upright JPEGs go through
-  imgest.transform.fastjpeg: only the crop's region is decoded (libjpeg-turbo, SIMD DCT scales) and resampled
-  straight to C x C; the UNCHANGED decode check runs its entropy decoder alone. Everything else, and any file
-  it doubts, takes the Pillow path below, which decides and words every quarantine reason.
+- With jpeg_decoder="region2" (the default where it is built), JPEGs (and MPO's first frame) go through
+  imgest.transform.fastjpeg: only the crop's region is decoded (libjpeg-turbo, SIMD DCT scales, the decoded
+  crop kept at least 2x the output; see REGION_SETTINGS) and resampled straight to C x C; EXIF orientation
+  turns the crop box into stored coordinates and the small output afterwards; CMYK / YCCK convert as Pillow
+  converts them. The UNCHANGED decode check runs its entropy decoder alone. Any file it doubts takes the Pillow
+  path below, which decides and words every quarantine reason. jpeg_decoder="region" is the first revision
+  (RGB / grey upright JPEGs only, scaled as far as the output allowed), kept so that versions it wrote
+  re-transform byte for byte.
 - On the Pillow path, JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft
   mode) by the largest power of two that still leaves the shorter side at least S, so the final resample
   never upsamples what DCT scaling took away. Images of several megapixels decode 4-8x smaller.
@@ -42,7 +46,16 @@ from imgest.transform import fastjpeg
 
 Mode = Literal["jpeg", "unchanged"]
 Check = Literal["decode", "header"]
-Decoder = Literal["region", "pillow"]
+Decoder = Literal["region", "region2", "pillow"]
+REGION_DECODERS = ("region", "region2")
+# Each revision of the region decoder (issue 27 measured them on the real-photo set, docs/bench/transform-real.json):
+# "region" reduced by DCT scaling as far as the output allowed: 1/8 aliases, up to 2.6 dB below Pillow.
+# "region2" keeps the decoded crop >= 2x the output, narrows the bilinear filter to 0.8 of the factor when it
+# reduced (the DCT scaling already low-passed), and upsamples chroma as a box (sharper after the downscale).
+REGION_SETTINGS = {
+    "region": fastjpeg.FIRST,
+    "region2": fastjpeg.RegionSettings(min_ratio=2.0, narrow_when_reduced=0.8, fancy_upsampling=False),
+}
 # A complete file's last marker and the bytes that must follow it (PNG: the IEND chunk's CRC); more bytes
 # after it (padding, appended data) are tolerated.
 END_MARKERS = {"JPEG": (b"\xff\xd9", 0), "PNG": (b"IEND", 4)}
@@ -74,8 +87,9 @@ class TransformSpec:
     # UNCHANGED mode only: "decode" decodes every file (JPEG: all entropy-coded data is read);
     # "header" parses the header and checks the end marker (JPEG EOI, PNG IEND) without decoding pixels.
     unchanged_check: Check = defaults.UNCHANGED_CHECK  # type: ignore[assignment]
-    # Which code decodes JPEG sources: "region" (imgest's compiled libjpeg-turbo region decode, the default where
-    # it is built) or "pillow". Recorded because the two produce different (equally good) output bytes.
+    # Which code decodes JPEG sources: "region2" (imgest's compiled libjpeg-turbo region decode, the default where
+    # it is built), "region" (its first revision, for versions it wrote) or "pillow". Recorded because each
+    # produces different output bytes.
     jpeg_decoder: Decoder = field(default_factory=fastjpeg.default_decoder)
 
     def __post_init__(self) -> None:
@@ -89,10 +103,12 @@ class TransformSpec:
             raise ConfigError(f"JPEG quality {self.quality} must be between 1 and 100")
         if self.max_pixels < 1:
             raise ConfigError(f"max_pixels {self.max_pixels} must be positive")
-        if self.jpeg_decoder not in ("region", "pillow"):
-            raise ConfigError(f"JPEG decoder {self.jpeg_decoder!r} is not one of 'region', 'pillow'")
-        if self.jpeg_decoder == "region" and not fastjpeg.available():
-            raise ConfigError(f"the JPEG decoder 'region' is not built in this installation: {fastjpeg.BUILD_HINT}")
+        if self.jpeg_decoder not in (*REGION_DECODERS, "pillow"):
+            raise ConfigError(f"JPEG decoder {self.jpeg_decoder!r} is not one of 'region2', 'region', 'pillow'")
+        if self.jpeg_decoder in REGION_DECODERS and not fastjpeg.available():
+            raise ConfigError(
+                f"the JPEG decoder {self.jpeg_decoder!r} is not built in this installation: {fastjpeg.BUILD_HINT}"
+            )
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TransformSpec:
@@ -225,22 +241,49 @@ def _encode(img: Image.Image, quality: int) -> bytes:
     return out.getvalue()
 
 
+def stored_box(box: tuple[float, float, float, float], size: tuple[int, int], orientation: int) -> tuple[float, ...]:
+    """BOX, given in the upright picture, in the coordinates of the pixels as stored (SIZE = stored width, height)
+    under EXIF ORIENTATION: resampling that to C x C and applying ORIENTATION_FIX gives the upright crop (pure)."""
+    left, top, right, bottom = box
+    w, h = size
+    return {
+        2: (w - right, top, w - left, bottom),
+        3: (w - right, h - bottom, w - left, h - top),
+        4: (left, h - bottom, right, h - top),
+        5: (top, left, bottom, right),
+        6: (top, h - right, bottom, h - left),
+        7: (w - bottom, h - right, w - top, h - left),
+        8: (w - bottom, left, w - top, right),
+    }.get(orientation, box)
+
+
 def _fast_jpeg(data: bytes, img: Image.Image, orientation: int, spec: TransformSpec) -> bytes | None:
-    """The compiled region decode + resample, when it applies (plain YCbCr/grayscale JPEG, upright); else None.
+    """The compiled region decode + resample, when it applies; else None. "region" (the first revision) takes
+    upright YCbCr / grey JPEGs only; "region2" also oriented, CMYK / YCCK and MPO (its first frame).
 
     Anything it refuses (a truncated or broken file) goes back to the Pillow path, which decides with its own
     wording, so both paths quarantine exactly the same files.
     """
-    if spec.jpeg_decoder != "region" or img.format != "JPEG" or img.mode not in ("RGB", "L") or orientation != 1:
+    if spec.jpeg_decoder == "region":
+        if img.format != "JPEG" or img.mode not in ("RGB", "L") or orientation != 1:
+            return None
+    elif spec.jpeg_decoder != "region2" or img.format not in ("JPEG", "MPO") or img.mode not in ("RGB", "L", "CMYK"):
         return None
     if not has_end_marker(data, "JPEG"):  # the fast path does not read the rows below the crop
         return None
-    box = center_crop_box(*img.size, spec.resize, spec.crop, exact=True)
+    fix = ORIENTATION_FIX.get(orientation)
+    upright = img.size[::-1] if orientation in (5, 6, 7, 8) else img.size
+    box = center_crop_box(*upright, spec.resize, spec.crop, exact=True)
+    if fix is not None:
+        box = stored_box(box, img.size, orientation)  # type: ignore[assignment]
     try:
-        pixels = fastjpeg.crop_resize(data, img.size, box, spec.crop, spec.dct_scaling)
+        pixels = fastjpeg.crop_resize(
+            data, img.size, box, spec.crop, spec.dct_scaling, REGION_SETTINGS[spec.jpeg_decoder]
+        )
     except ValueError:
         return None
-    return _encode(Image.frombuffer("RGB", (spec.crop, spec.crop), pixels, "raw", "RGB", 0, 1), spec.quality)
+    out = Image.frombuffer("RGB", (spec.crop, spec.crop), pixels, "raw", "RGB", 0, 1)
+    return _encode(out if fix is None else out.transpose(fix), spec.quality)
 
 
 def _region_checked(data: bytes, max_pixels: int) -> Transformed | None:
@@ -256,7 +299,7 @@ def _region_checked(data: bytes, max_pixels: int) -> Transformed | None:
 
 def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     """Apply SPEC to one encoded image; raises BadImage with a quarantine reason."""
-    if spec.mode == "unchanged" and spec.unchanged_check == "decode" and spec.jpeg_decoder == "region":
+    if spec.mode == "unchanged" and spec.unchanged_check == "decode" and spec.jpeg_decoder in REGION_DECODERS:
         checked = _region_checked(data, spec.max_pixels)
         if checked is not None:
             return checked
@@ -276,7 +319,8 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     orientation = img.getexif().get(EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
     fast = _fast_jpeg(data, img, orientation, spec)
     if fast is not None:
-        return Transformed(fast, spec.crop, spec.crop, src_w, src_h, src_format, "jpg")
+        upright = (src_h, src_w) if orientation in (5, 6, 7, 8) else (src_w, src_h)  # as the Pillow path records
+        return Transformed(fast, spec.crop, spec.crop, *upright, src_format, "jpg")
     if spec.dct_scaling and src_format == "JPEG":
         scale = spec.resize / min(src_w, src_h)
         img.draft("RGB" if img.mode == "RGB" else None, (int(src_w * scale) + 1, int(src_h * scale) + 1))

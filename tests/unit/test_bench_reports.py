@@ -91,7 +91,7 @@ def test_machine_line_names_cores_versions_and_decoder() -> None:
 
 
 def test_transform_report_has_rounds_min_max_and_quality(tmp_path: Path) -> None:
-    report = transform.main(tmp_path / "t.json", tmp_path / "t.png", images=4, large_images=1, rounds=2)
+    report = transform.main(tmp_path / "t.json", tmp_path / "t.png", images=4, large_images=1, rounds=2, sources=[])
     assert json.loads((tmp_path / "t.json").read_text()) == report
     assert (tmp_path / "t.png").stat().st_size > 0
     for group in report["groups"]:
