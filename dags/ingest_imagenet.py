@@ -151,7 +151,10 @@ with DAG(
         task_id="ingest_files", application_args=FILES_ARGS, doc_md="Spark job: write <split>/<wnid>/<id>.jpg files."
     )
     verify_files = VerifyFilesOperator(
-        task_id="verify_files", dest=FILES_DEST, doc_md="Every file hashes to its recorded sha256; counts match."
+        task_id="verify_files",
+        dest=FILES_DEST,
+        sample="{{ ti.xcom_pull(task_ids='validate')['check_sample'] }}",
+        doc_md="Counts match; every file is there with its size; a seeded sample (Images checked) has its sha256.",
     )
     build_split = BuildSplitOperator(
         task_id="build_split",

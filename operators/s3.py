@@ -45,15 +45,18 @@ class VerifyShardsOperator(BaseOperator):
 
 
 class VerifyFilesOperator(BaseOperator):
-    """Every file of a files dataset hashes to its recorded sha256 (imgest.flow.steps.verify_files)."""
+    """Counts, every file's presence and size, and the sha256 of a seeded sample of SAMPLE files per split (empty:
+    the default; 0: every file) of a files dataset (imgest.flow.steps.verify_files)."""
 
-    template_fields: Sequence[str] = ("dest",)
+    template_fields: Sequence[str] = ("dest", "sample")
 
-    def __init__(self, *, dest: str, **kwargs: Any) -> None:
+    def __init__(self, *, dest: str, sample: str | int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.dest = dest
+        self.dest, self.sample = dest, sample
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from imgest.core import defaults
         from imgest.flow.steps import verify_files
 
-        return verify_files(self.dest)
+        sample = defaults.CHECK_SAMPLE if self.sample in (None, "") else int(self.sample)
+        return verify_files(self.dest, sample)
