@@ -108,20 +108,30 @@ def from_cassandra(
     return LabelledRows(ids[order], labels[order], classes, source)
 
 
-def uuid_bytes(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """UUID strings (36 characters, any case) as 16-byte UUIDs ('S16'), vectorized over the string buffer: no
-    Python object per id. Byte order sorts like the lowercase strings."""
-    text = pc.utf8_lower(ids).combine_chunks() if isinstance(ids, pa.ChunkedArray) else pc.utf8_lower(ids)
-    if len(text) == 0:
-        return np.zeros(0, dtype="S16")
+UUID_CHUNK = 65_536  # ids converted at a time: the temporaries stay a few MB whatever the count
+
+
+def uuid_bytes(ids: pa.ChunkedArray | pa.Array, chunk: int = UUID_CHUNK) -> np.ndarray:
+    """UUID strings (36 characters, any case) as 16-byte UUIDs ('S16'), vectorized over the string buffer CHUNK
+    ids at a time: no Python object per id, and only the output grows with the count. Byte order sorts like the
+    lowercase strings."""
+    text = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    out = np.empty((len(text), 16), dtype=np.uint8)
+    for start in range(0, len(text), chunk):
+        out[start : start + chunk] = _uuid_chunk(text.slice(start, chunk))
+    return out.view("S16").ravel()
+
+
+def _uuid_chunk(text: pa.Array) -> np.ndarray:
+    """One slice of UUID strings as an (n, 16) uint8 array."""
     if text.null_count or not pc.all(pc.equal(pc.utf8_length(text), 36)).as_py():
         raise ImgestError("sample ids must be UUID strings of 36 characters")
+    text = pc.utf8_lower(text)
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)[text.offset : text.offset + len(text) + 1]
     raw = np.frombuffer(text.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(len(text), 36)
     hexdigits = np.delete(raw, [8, 13, 18, 23], axis=1)
     nibbles = np.where(hexdigits >= ord("a"), hexdigits - ord("a") + 10, hexdigits - ord("0")).astype(np.uint8)
-    packed = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
-    return np.ascontiguousarray(packed).view("S16").ravel()
+    return (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
 
 
 def from_shards(store: ShardStore, only_split: str | None = None) -> LabelledRows:
