@@ -17,14 +17,12 @@ import logging
 import math
 import statistics
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imgest.core.paths import state_dir
 from imgest.core.quarantine import BadImage
-from imgest.transform import fastjpeg
 from imgest.transform.image import TransformSpec, transform_image
 
 log = logging.getLogger(__name__)
@@ -137,31 +135,11 @@ def _quality_target(group: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def speed(judged: list[Judged], spec: TransformSpec, rounds: int) -> dict[str, Any]:
-    """Images/s of imgest and Pillow on the files both transform (see imgest.bench.transform._rates)."""
-    from imgest.bench.transform import _rates, baseline_transform
+    """Images/s of imgest and Pillow on the files both transform (imgest.bench.transform.speed_summary)."""
+    from imgest.bench.transform import speed_summary
 
     batch = [j.data for j in judged if j.delta is not None]
-    if not batch:
-        return {}
-    pipelines: dict[str, Callable[[bytes], object]] = {
-        "imgest": lambda d: transform_image(d, spec),
-        "baseline": lambda d: baseline_transform(d, spec),
-    }
-    if fastjpeg.available():
-        pipelines["entropy_only"] = fastjpeg.check
-    rates = _rates(pipelines, batch, rounds)
-    ours, base = statistics.median(rates["imgest"]), statistics.median(rates["baseline"])
-    entropy = statistics.median(rates["entropy_only"]) if "entropy_only" in rates else None
-    speedups = [o / b for o, b in zip(rates["imgest"], rates["baseline"], strict=True)]
-    return {
-        "baseline_images_per_s": round(base, 1),
-        "imgest_images_per_s": round(ours, 1),
-        "speedup": round(ours / base, 2),
-        "speedup_min": round(min(speedups), 2),
-        "speedup_max": round(max(speedups), 2),
-        "rounds_images_per_s": {pipe: [round(r, 1) for r in values] for pipe, values in rates.items()},
-        "entropy_bound_speedup": round(entropy / base, 2) if entropy else None,
-    }
+    return speed_summary(batch, spec, rounds) if batch else {}
 
 
 def quarantine_check(judged: list[Judged]) -> dict[str, Any]:
