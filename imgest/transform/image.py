@@ -304,6 +304,16 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
         if checked is not None:
             return checked
     img = open_checked(data, spec.max_pixels)
+    try:
+        return _transform_opened(data, img, spec)
+    except BadImage:
+        raise
+    except Exception as exc:  # Pillow raises SyntaxError, OSError, EOFError, ValueError past open() on broken files
+        raise BadImage(Reason.CORRUPT, f"decode failed: {type(exc).__name__}: {exc}") from None
+
+
+def _transform_opened(data: bytes, img: Image.Image, spec: TransformSpec) -> Transformed:
+    """transform_image once the header is accepted (IMG opened from DATA)."""
     src_format = img.format or "unknown"
     src_w, src_h = img.size
     if spec.mode == "unchanged":
@@ -324,9 +334,7 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
     if spec.dct_scaling and src_format == "JPEG":
         scale = spec.resize / min(src_w, src_h)
         img.draft("RGB" if img.mode == "RGB" else None, (int(src_w * scale) + 1, int(src_h * scale) + 1))
-    _load(img)
-    if getattr(img, "n_frames", 1) > 1:
-        img.seek(0)
+    _load(img)  # the first frame of an animation or layered file: open() leaves it current (PSD's is 1, not 0)
     img = to_rgb(img)
     if orientation in ORIENTATION_FIX:
         img = img.transpose(ORIENTATION_FIX[orientation])

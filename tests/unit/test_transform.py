@@ -190,3 +190,31 @@ def test_header_only_check_keeps_bytes_after_the_end_marker() -> None:
 def test_unknown_unchanged_check_is_refused() -> None:
     with pytest.raises(ConfigError, match="unchanged check"):
         TransformSpec(mode="unchanged", unchanged_check="none")  # type: ignore[arg-type]
+
+
+def _apng_with_a_frame_sequence_error() -> bytes:
+    """A two-frame APNG whose second frame lost its control chunk (fcTL), like Pillow's own chunk_no_fctl.png:
+    Pillow opens it, and raises SyntaxError only when it reads past the first frame's pixels (the EXIF lookup)."""
+    import struct
+    import zlib
+
+    frames = [Image.new("RGB", (300, 260), c) for c in ((200, 0, 0), (0, 200, 0))]
+    buf = io.BytesIO()
+    frames[0].save(buf, "PNG", save_all=True, append_images=frames[1:])
+    data, out, pos, controls = buf.getvalue(), bytearray(buf.getvalue()[:8]), 8, 0
+    while pos < len(data):
+        size, kind = struct.unpack(">I", data[pos : pos + 4])[0], data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + size]
+        pos += 12 + size
+        controls += kind == b"fcTL"
+        if kind == b"fcTL" and controls == 2:
+            continue
+        out += struct.pack(">I", size) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return bytes(out)
+
+
+def test_a_file_pillow_opens_but_fails_to_read_later_is_quarantined_not_raised() -> None:
+    with pytest.raises(BadImage) as bad:
+        transform_image(_apng_with_a_frame_sequence_error(), TransformSpec())
+    assert bad.value.reason == "corrupt"
+    assert "SyntaxError" in bad.value.detail
