@@ -2,6 +2,7 @@
 # Creates .venv and installs imgest from the lock file (reproducible: every package pinned).
 #   scripts/install.sh          runtime lock (Airflow, Spark, Cassandra driver, boto3, DALI, SeaweedFS, ...)
 #   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, Playwright, toxiproxy-server)
+#                               and the imgest[torch] extra (requirements/torch.txt) for the PyTorch dataset tests
 #                               and Debian's chromium for the browser tests (installed with apt-get when run as root)
 # Both also build libxnvme into .imgest/xnvme/ when the system has none (scripts/build_xnvme.sh).
 set -euo pipefail
@@ -72,9 +73,13 @@ done
 .venv/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
 .venv/bin/uv pip install -q --python .venv/bin/python -r "$lock"
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+# The imgest[torch] extra (PyTorch datasets over stored data) for its tests: PyPI's CUDA wheel, which runs on CPU.
+[ "${1:-}" = "--dev" ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements/torch.txt
 # libxnvme for `imgest validate xnvme`: optional, so a failed build only skips the xNVMe engines.
 bash scripts/build_xnvme.sh || echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2
 # The test tools' own programs: the TCP latency proxy for the read-back checks.
 [ "${1:-}" = "--dev" ] && bash scripts/build_toxiproxy.sh
+# Spark's driver classes as a class-data-sharing archive: every job's JVM then starts with a third of the CPU.
+.venv/bin/python -m imgest.spark.cds || echo "imgest install: continuing without the Spark class-data archive" >&2
 decoder=$(.venv/bin/python -c 'from imgest.transform import fastjpeg; print(fastjpeg.default_decoder())')
 echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version), JPEG decoder: $decoder)"

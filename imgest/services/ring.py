@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from imgest.core import jvmcds
 from imgest.core.errors import ServiceError
 from imgest.core.paths import conf_file, state_dir
 from imgest.core.settings import env_int
@@ -141,12 +142,19 @@ class CassandraRing:
         candidates = [self.nodes[node]] if node is not None else [n for n in self.nodes if n.process.pid()]
         errors = []
         for target in candidates:
-            cmd = [java, *tool_jvm_options(), "-cp", f"{lib}{os.sep}*", NODETOOL_CLASS]
+            flags, dump = jvmcds.options("nodetool", lib)
+            cmd = [java, *tool_jvm_options(), *flags, "-cp", f"{lib}{os.sep}*", NODETOOL_CLASS]
             cmd += ["-h", "127.0.0.1", "-p", str(target.jmx_port), *args]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+                jvmcds.writer(dump, proc.pid)
+                try:
+                    out, err = proc.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    raise
             if proc.returncode == 0:
-                return proc.stdout
-            errors.append(f"{target.name}: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+                return out
+            errors.append(f"{target.name}: {(err or out).strip().splitlines()[-1:]}")
         raise ServiceError(f"nodetool {' '.join(args)} failed: {'; '.join(errors) or 'no node running'}")
 
     def ring_state(self) -> dict[str, str]:

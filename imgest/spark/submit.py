@@ -87,13 +87,17 @@ RETENTION_CONF: dict[str, str] = {
 
 
 def spark_conf(conf: dict[str, str] | None = None, master: str = LOCAL_MASTER) -> dict[str, str]:
-    """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j, a UI store
-    bounded in task count and, on a local MASTER, a capped driver heap and small manifest splits. CONF wins."""
+    """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j, the driver's
+    class-data archive when built (imgest.spark.cds) plus $IMGEST_SPARK_DRIVER_JAVA_OPTIONS, a UI store bounded
+    in task count and, on a local MASTER, a capped driver heap and small manifest splits. CONF wins."""
+    from imgest.spark.cds import java_options
+
     log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
+    extra = os.environ.get("IMGEST_SPARK_DRIVER_JAVA_OPTIONS", "")
     return {
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
-        "spark.driver.extraJavaOptions": log4j,
+        "spark.driver.extraJavaOptions": " ".join(x for x in (log4j, java_options(), extra) if x),
         **RETENTION_CONF,
         **(LOCAL_DRIVER_CONF if master.startswith("local") else {}),
         **(conf or {}),

@@ -1,0 +1,104 @@
+"""Class-data-sharing archives of the JVMs imgest starts: keys, the dump's hand-over, and a real Spark driver
+that maps the archive the install built (``-Xshare:on`` fails the JVM when it cannot)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imgest.core import jvmcds
+from imgest.spark import cds
+from imgest.spark.submit import spark_conf, submit_env
+
+
+@pytest.fixture
+def archives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(jvmcds, "archive_dir", lambda: tmp_path / "cds")
+    (tmp_path / "cds").mkdir()
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "a.jar").write_bytes(b"a" * 10)
+    return jars
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_key_follows_the_jars(archives: Path) -> None:
+    before = jvmcds.archive_key(archives)
+    (archives / "b.jar").write_bytes(b"b")
+    assert jvmcds.archive_key(archives) != before
+    (archives / "b.jar").unlink()
+    assert jvmcds.archive_key(archives) == before
+
+
+def test_a_dump_is_adopted_only_once_its_writer_exited(archives: Path) -> None:
+    flags, dump = jvmcds.options("demo", archives)
+    assert dump is not None
+    assert flags == [f"-XX:ArchiveClassesAtExit={dump}"]
+    jvmcds.writer(dump, os.getpid())  # a live writer: its dump is not final yet
+    dump.write_bytes(b"archive")
+    path = jvmcds.archive_path("demo", archives)
+    assert not jvmcds.adopt(path)
+    assert dump.exists()
+    jvmcds.writer(dump, _dead_pid())
+    assert jvmcds.adopt(path)
+    assert path.read_bytes() == b"archive"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert jvmcds.options("demo", archives) == ([f"-XX:SharedArchiveFile={path}"], None)
+
+
+def test_markers_of_killed_writers_and_archives_of_old_jars_are_dropped(archives: Path) -> None:
+    old = jvmcds.archive_path("demo", archives)
+    old.write_bytes(b"old")
+    (archives / "b.jar").write_bytes(b"b")  # a changed class path: a new key
+    _, dump = jvmcds.options("demo", archives)
+    jvmcds.writer(dump, _dead_pid())  # killed before it wrote anything
+    new = jvmcds.archive_path("demo", archives)
+    assert not jvmcds.adopt(new)
+    assert sorted(p.name for p in new.parent.iterdir()) == [old.name]
+    new.write_bytes(b"new")
+    assert jvmcds.adopt(new)
+    assert sorted(p.name for p in new.parent.iterdir()) == [new.name]
+
+
+def test_agents_may_be_archived_and_the_switch_turns_it_all_off(
+    archives: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flags, _ = jvmcds.options("demo", archives, agent=True)
+    assert flags[:2] == ["-XX:+UnlockDiagnosticVMOptions", "-XX:+AllowArchivingWithJavaAgent"]
+    monkeypatch.setenv("IMGEST_JVM_CDS", "0")
+    assert jvmcds.options("demo", archives) == ([], None)
+    assert cds.java_options() == ""
+
+
+@pytest.mark.slow
+def test_a_spark_driver_maps_the_installed_archive(tmp_path: Path) -> None:
+    path = cds.archive_path()
+    assert path is not None
+    assert path.is_file(), "the install builds it: python -m imgest.spark.cds"
+    assert f"-XX:SharedArchiveFile={path}" in spark_conf()["spark.driver.extraJavaOptions"]
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from pyspark.sql import SparkSession\n"
+        "s = SparkSession.builder.getOrCreate()\n"
+        "print('rows', s.range(7).count())\n"
+        "s.stop()\n"
+    )
+    conf = spark_conf(master="local[1]")
+    conf["spark.driver.extraJavaOptions"] += " -Xshare:on"  # the JVM refuses to start if it cannot map it
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]"]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    proc = subprocess.run(
+        [*cmd, str(script)], env=submit_env("local[1]"), capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rows 7" in proc.stdout
