@@ -38,9 +38,9 @@ SERVICE_FIXTURES = frozenset(
 )
 # Skip reasons CI accepts: what no machine of this project has. Anything else skipped under CI fails.
 CI_ALLOWED_SKIPS = ("needs an NVIDIA GPU",)
-# The suite's Spark jobs are small: their drivers compile with C1 only, which halves the CPU a job's start costs
+# The suite's Spark jobs are small: their JVMs compile with C1 only, which halves the CPU a job's start costs
 # on two cores (17 -> 10 -> 6 CPU seconds for a trivial job with the class-data archive, imgest.spark.cds).
-os.environ.setdefault("IMGEST_SPARK_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+os.environ.setdefault("IMGEST_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 _PEERS_DROPPED = pytest.StashKey[int]()
 
 

@@ -88,16 +88,18 @@ RETENTION_CONF: dict[str, str] = {
 
 def spark_conf(conf: dict[str, str] | None = None, master: str = LOCAL_MASTER) -> dict[str, str]:
     """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j, the driver's
-    class-data archive when built (imgest.spark.cds) plus $IMGEST_SPARK_DRIVER_JAVA_OPTIONS, a UI store bounded
-    in task count and, on a local MASTER, a capped driver heap and small manifest splits. CONF wins."""
+    class-data archive when built (imgest.spark.cds; an executor's class path differs, so it cannot map it),
+    $IMGEST_SPARK_JAVA_OPTIONS for driver and executors, a UI store bounded in task count and, on a local
+    MASTER, a capped driver heap and small manifest splits. CONF wins."""
     from imgest.spark.cds import java_options
 
     log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
-    extra = os.environ.get("IMGEST_SPARK_DRIVER_JAVA_OPTIONS", "")
+    extra = os.environ.get("IMGEST_SPARK_JAVA_OPTIONS", "").strip()
     return {
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.driver.extraJavaOptions": " ".join(x for x in (log4j, java_options(), extra) if x),
+        **({"spark.executor.extraJavaOptions": extra} if extra and not master.startswith("local") else {}),
         **RETENTION_CONF,
         **(LOCAL_DRIVER_CONF if master.startswith("local") else {}),
         **(conf or {}),
