@@ -58,6 +58,7 @@ def test_cassandra_target_on_the_cluster(
     conn |= {"password": password, "extra": {"consistency": "ONE", "local_dc": "datacenter1"}}
     monkeypatch.setenv("AIRFLOW_CONN_CASSANDRA_DEFAULT", json.dumps(conn))
     dag_conf = {"target": "cassandra", "source": str(source), "dataset": "dagcluster-c", "keyspace": ks}
+    dag_conf["read_check"] = False  # the readers are tested on their own (tests/readback); this is about the cluster
     with ClusterWatch(on_cluster) as watch:
         ok, _, tail = run_dag(airflow_home, dag_conf)
     assert ok, tail
@@ -78,6 +79,7 @@ def test_shards_target_on_the_cluster(
     dest = "s3://imgest/tests/dag-cluster-shards"
     dag_conf = {"target": "shards", "source": str(source), "dataset": "dagcluster-s", "s3_dest": dest}
     dag_conf["shard_max_count"] = 5
+    dag_conf["read_check"] = False  # the readers are tested on their own (tests/readback); this is about the cluster
     with ClusterWatch(on_cluster) as watch:
         ok, _, tail = run_dag(airflow_home, dag_conf)
     assert ok, tail
