@@ -24,6 +24,7 @@ from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.services.base import Service
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
+from tests.scheduler_fixture import scheduler, stop_after_last_user, uses_scheduler
 
 SERVICE_FIXTURES = frozenset(
     {
@@ -34,6 +35,7 @@ SERVICE_FIXTURES = frozenset(
         "spark_cluster",
         "s3_server",
         "airflow_home",
+        "airflow_scheduler",
     }
 )
 # Skip reasons CI accepts: what no machine of this project has. Anything else skipped under CI fails.
@@ -48,6 +50,7 @@ _PEERS_DROPPED = pytest.StashKey[int]()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark service tests; deselect the benchmark-peer tests when the peers are not installed."""
     peers = importlib.util.find_spec("litdata") is not None
+    items.sort(key=lambda item: not uses_scheduler(item))  # stable: the scheduler's users run together, first
     kept, dropped = [], []
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -85,6 +88,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
                 f"{', '.join(CI_ALLOWED_SKIPS)}; install what is missing or fix the machine)"
             )
     return report
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    stop_after_last_user(item, nextitem)
+
+
+@pytest.fixture(scope="session")
+def airflow_scheduler(
+    cassandra_server: CassandraServer, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[AirflowServer]:
+    """`airflow standalone` shared by the browser and refresh tests (tests/scheduler_fixture.py)."""
+    yield from scheduler(tmp_path_factory)
 
 
 def serve(service: Service) -> Iterator[Service]:

@@ -15,9 +15,8 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from imgest.core.paths import state_dir
-from imgest.services import AirflowServer, CassandraServer, S3Server
+from imgest.services import AirflowServer
 from tests.browser.airflow_ui import CHROMIUM, CHROMIUM_ARGS, AirflowUI
-from tests.conftest import serve
 
 
 def _chromium_or_skip() -> str:
@@ -33,9 +32,9 @@ def _chromium_or_skip() -> str:
 
 
 @pytest.fixture(scope="package")
-def airflow_ui(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[AirflowServer]:
-    """`airflow standalone` with connections to the embedded services; stopped after this package if we started it."""
-    yield from serve(AirflowServer.default())  # type: ignore[misc]
+def airflow_ui(airflow_scheduler: AirflowServer) -> AirflowServer:
+    """`airflow standalone` with connections to the embedded services (shared with the refresh tests)."""
+    return airflow_scheduler
 
 
 @pytest.fixture(scope="package")

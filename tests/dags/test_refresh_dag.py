@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -31,78 +30,20 @@ from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store import open_store, samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import image_id
+from tests.scheduler_fixture import DEST, KEYSPACE, listed_dags, refresh_sources
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-KEYSPACE = "imgest_refresh_test"
-DEST = "s3://imgest/refresh-test/rfx"
-# A real schedule whose first run is years away: the scheduler must not start a run of its own during the test.
-SCHEDULE = "0 0 29 2 *"
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("refresh") / "rfx"
-    write_sample(root, SampleSpec("imagefolder", classes=3, per_class=6, val_per_class=2, seed=5))
-    return root
+def source(airflow_scheduler: AirflowServer) -> Path:
+    """The rfx dataset's source folder (registered in the shared scheduler's datasets file)."""
+    return refresh_sources()["rfx"]
 
 
 @pytest.fixture(scope="module")
-def scheduler(
-    cassandra_server: CassandraServer, s3_server: S3Server, source: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[AirflowServer]:
-    """`airflow standalone` (scheduler included) reading a datasets file that registers `rfx`."""
-    datasets = tmp_path_factory.mktemp("datasets") / "datasets.toml"
-    sources = {name: tmp_path_factory.mktemp(name) / name for name in ("rfa", "rfb")}
-    for root in sources.values():
-        write_sample(root, SampleSpec("imagefolder", classes=2, per_class=5, val_per_class=1, seed=9))
-    others = "".join(
-        f'[datasets.{name}]\nsource = "{sources[name]}"\n'
-        f'layout = "imagefolder"\ntargets = ["shards"]\nschedule = "{SCHEDULE}"\n'
-        f's3_dest = "s3://imgest/refresh-test/{name}"\n\n'
-        for name in sources
-    )
-    datasets.write_text(
-        others + f'[datasets.rfx]\nsource = "{source}"\nlayout = "imagefolder"\ntargets = ["cassandra", "shards"]\n'
-        f'schedule = "{SCHEDULE}"\nkeyspace = "{KEYSPACE}"\ns3_dest = "{DEST}"\nshard_max_count = 4\n'
-    )
-    old = os.environ.get("IMGEST_DATASETS_FILE")
-    os.environ["IMGEST_DATASETS_FILE"] = str(datasets)
-    server = AirflowServer.default()
-    running = server.answers()
-    if running:  # a standalone started without our datasets file: restart it with it
-        server.down()
-    print(server.up().message)
-    _pause_refresh_dags(server)
-    yield server
-    server.down()
-    if old is None:
-        os.environ.pop("IMGEST_DATASETS_FILE", None)
-    else:
-        os.environ["IMGEST_DATASETS_FILE"] = old
-
-
-def _pause_refresh_dags(server: AirflowServer, timeout: float = 180) -> None:
-    """The scheduler must not run the runs `airflow dags test` creates (both would execute their tasks): pause
-    the refresh DAGs once the DAG processor has listed them (polled in the metadata DB: an `airflow` CLI call
-    costs seconds of CPU). `dags test` runs paused DAGs; check_datasets stays unpaused, so the Assets still
-    trigger it."""
-    names = {f"refresh_{n}" for n in ("rfx", "rfa", "rfb")}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not names <= _listed_dags(server):
-        time.sleep(1)
-    server.airflow("dags", "pause", "--treat-dag-id-as-regex", "-y", "^refresh_(rfx|rfa|rfb)$")
-    with sqlite3.connect(server.home / "airflow.db") as db:
-        paused = {r[0] for r in db.execute("SELECT dag_id FROM dag WHERE is_paused")}
-    assert names <= paused, paused
-
-
-def _listed_dags(server: AirflowServer) -> set[str]:
-    """DAG ids the DAG processor has stored in the metadata DB ({} before the DB has its tables)."""
-    try:
-        with sqlite3.connect(server.home / "airflow.db") as db:
-            return {r[0] for r in db.execute("SELECT dag_id FROM dag")}
-    except sqlite3.OperationalError:
-        return set()
+def scheduler(airflow_scheduler: AirflowServer) -> AirflowServer:
+    return airflow_scheduler
 
 
 def _refresh(airflow: AirflowServer, name: str = "rfx") -> dict[str, str | None]:
@@ -219,7 +160,7 @@ def test_refresh_applies_exactly_the_changes(
     with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)
     shutil.rmtree(state_dir() / "work" / "rfx", ignore_errors=True)
-    assert "refresh_rfx" in _listed_dags(scheduler)
+    assert "refresh_rfx" in listed_dags(scheduler)
     # First run: everything is new (version r1).
     states = _refresh(scheduler)
     assert states["cassandra.ingest"] == states["shards.ingest"] == "success", states

@@ -6,6 +6,7 @@ a given reason. Tests and the demo compare what imgest did against these expecta
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
@@ -19,8 +20,10 @@ from imgest.sources.devdata.images import photo_like
 BOMB_SIDE = 20_000  # 400 megapixels
 
 
+@functools.cache
 def png_bomb(side: int = BOMB_SIDE) -> bytes:
-    """A valid grayscale PNG of SIDE x SIDE zero pixels: small on disk, SIDE**2 bytes once decoded."""
+    """A valid grayscale PNG of SIDE x SIDE zero pixels: small on disk, SIDE**2 bytes once decoded (made once per
+    process: compressing its 400 M zero bytes takes a second)."""
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
@@ -63,7 +66,12 @@ def awkward_images(seed: int = 0) -> dict[str, tuple[bytes, str]]:
 
 
 def broken_images(seed: int = 0) -> dict[str, tuple[bytes, str]]:
-    """name -> (bytes, quarantine reason) for files that must not be stored."""
+    """name -> (bytes, quarantine reason) for files that must not be stored (a new dict per call)."""
+    return dict(_broken_images(seed))
+
+
+@functools.cache
+def _broken_images(seed: int) -> dict[str, tuple[bytes, str]]:
     rng = np.random.default_rng([seed, 98])
     good = _encode(photo_like(rng, 500, 375, np.array([0.5, 0.5, 0.5])), "JPEG", quality=90)
     return {
