@@ -172,6 +172,7 @@ class CassandraServer:
             java,
             *jvm_options(),
             *extra,
+            *os.environ.get("IMGEST_CASSANDRA_JAVA_OPTIONS", "").split(),
             f"-javaagent:{jamm[0]}",
             f"-Dcassandra.config={config.as_uri()}",
             f"-Dcassandra.storagedir={self.home / 'data'}",

@@ -89,6 +89,24 @@ class ManagedProcess:
         return True
 
 
+def stop_all(processes: Sequence[ManagedProcess], timeout: float = 30.0) -> list[bool]:
+    """Stop PROCESSES together: SIGTERM every group at once, then wait (each shuts down in parallel with the
+    others), SIGKILL what is left after TIMEOUT. One bool per process: False if it was not running."""
+    pids = [p.pid() for p in processes]
+    for pid in pids:
+        if pid is not None:
+            _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid is not None and pid_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for proc, pid in zip(processes, pids, strict=True):
+        if pid is not None:
+            if pid_alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+            proc.pid_file.unlink(missing_ok=True)
+    return [pid is not None for pid in pids]
+
+
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pid, sig)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from imgest.core.errors import ServiceError
 from imgest.services.cassandra import CassandraServer, resolve_jars
-from imgest.services.process import ManagedProcess, last_error_line
+from imgest.services.process import ManagedProcess, last_error_line, stop_all
 
 
 @pytest.fixture
@@ -88,3 +89,22 @@ def test_rendered_cassandra_config_sets_ports_auth_and_blob_limits(tmp_path: Pat
     assert "commitlog_segment_size: 64MiB" in text
     assert "native_transport_max_message_size: 64MiB" in text
     assert "${" not in text
+
+
+def test_stop_all_stops_together_and_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    polite = ManagedProcess("polite", tmp_path / "a.pid", tmp_path / "a.log")
+    stubborn = ManagedProcess("stubborn", tmp_path / "b.pid", tmp_path / "b.log")
+    absent = ManagedProcess("absent", tmp_path / "c.pid", tmp_path / "c.log")
+    polite.start([sys.executable, "-c", "import time; time.sleep(60)"])
+    ignore = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    stubborn.start([sys.executable, "-c", ignore])
+    deadline = time.monotonic() + 10
+    while "ready" not in stubborn.log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stop_all([polite, stubborn, absent], timeout=1) == [True, True, False]
+    assert polite.pid() is None
+    assert stubborn.pid() is None
+    assert not polite.pid_file.exists()
+    assert not stubborn.pid_file.exists()
