@@ -4,9 +4,13 @@
  *   check(data, max_pixels=0) -> (width, height) | None: see check() below.
  *   crop_resize(data, scale_num, x0, y0, x1, y1, bx0, by0, bx1, by1, out_w, out_h, flags=0, narrow=0.0)
  *       -> bytes (RGB, out_w*out_h*3). flags: 1 = libjpeg's box chroma upsampling (no "fancy" triangle), 2 = the
- *       fast integer inverse DCT. narrow > 0: the filter's width is that fraction of the downscale factor (kept
+ *       fast integer inverse DCT, 4 = a progressive file stops before the scans refining the AC coefficients' last
+ *       bit (consume_until_last_bits). narrow > 0: the filter's width is that fraction of the downscale factor (kept
  *       above 1 pixel), for pixels the DCT scaling has already low-passed. CMYK / YCCK sources come out RGB as
  *       Pillow converts them (see cmyk_to_rgb).
+ *   transform(data, resize, crop, quality, max_pixels, dct_scaling, min_ratio, narrow, fancy, last_ac_bits)
+ *       -> (jpeg, width, height) | None: the whole transform of one JPEG (see transform_one); None leaves the file
+ *       to the Pillow path. transform_many(list, ...) -> list: the same for a batch, without the GIL throughout.
  *
  * (x0, y0, x1, y1) is the pixel region to decode and (bx0 .. by1) the resample box, both in the coordinates of
  * the image scaled by scale_num/8. libjpeg widens the region to whole iMCU columns; the box follows it. Rows
@@ -21,6 +25,7 @@
 #include <Python.h>
 #include <math.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,8 +123,8 @@ static void free_coeffs(coeffs_t *k) {
 }
 
 /* Grow-only per-thread scratch buffers: fresh large mallocs would be mmap'ed and page-faulted on every image. */
-static __thread void *scratch[4];
-static __thread size_t scratch_cap[4];
+static __thread void *scratch[6];
+static __thread size_t scratch_cap[6];
 
 static void *scratch_buf(int slot, size_t bytes) {
   if (scratch_cap[slot] < bytes) {
@@ -185,19 +190,100 @@ static void horizontal(const float *row, const coeffs_t *k, int ow, unsigned cha
 }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define HAVE_AVX2_PAIRS 1
+/* horizontal() two output pixels at a time in the two halves of an AVX register: each lane does the same multiplies
+ * and adds in the same order as horizontal() (no fused multiply-add: -ffp-contract=off), so the bytes are the same.
+ * Where one pixel has fewer taps than the other, its extra taps have weight 0 (make_coeffs zero-fills), and adding
+ * +0.0 to a non-negative sum changes nothing; ROW must then hold 3 * ksize readable floats past its end. */
+/* Round, clamp and store the two RGB pixels of a pair's sums (lanes 0-2 and 4-6) as 6 bytes at D. */
+__attribute__((target("avx2"))) static inline void store_pair(__m256 acc, unsigned char *d) {
+  const __m256 half = _mm256_set1_ps(0.5f), lo = _mm256_setzero_ps(), hi = _mm256_set1_ps(255.0f);
+  const __m128i pick = _mm_setr_epi8(0, 1, 2, 4, 5, 6, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1); /* RGB, RGB */
+  __m256i v = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_add_ps(acc, half), lo), hi)); /* 0..255 */
+  __m128i v16 = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  unsigned long long six = (unsigned long long)_mm_cvtsi128_si64(_mm_shuffle_epi8(_mm_packus_epi16(v16, v16), pick));
+  memcpy(d, &six, 6);
+}
+
+__attribute__((target("avx2"))) static void horizontal_pairs(const float *row, const coeffs_t *k, const float *wtab,
+                                                             int ow, unsigned char *dst) {
+  int x = 0;
+  /* Two pairs per iteration: their independent sums keep more additions in flight. */
+  for (; x + 3 < ow; x += 4) {
+    const float *w = wtab + (size_t)x * k->ksize * 4, *v = w + (size_t)k->ksize * 8;
+    const float *sa = row + (size_t)k->start[x] * 3, *sb = row + (size_t)k->start[x + 1] * 3;
+    const float *sc = row + (size_t)k->start[x + 2] * 3, *sd = row + (size_t)k->start[x + 3] * 3;
+    int n = k->count[x] > k->count[x + 1] ? k->count[x] : k->count[x + 1];
+    int m = k->count[x + 2] > k->count[x + 3] ? k->count[x + 2] : k->count[x + 3];
+    __m256 acc = _mm256_mul_ps(_mm256_load_ps(w), _mm256_loadu2_m128(sb, sa));
+    __m256 acc2 = _mm256_mul_ps(_mm256_load_ps(v), _mm256_loadu2_m128(sd, sc));
+    int both = n < m ? n : m, t = 1;
+    for (; t < both; t++) {
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_load_ps(w + 8 * t), _mm256_loadu2_m128(sb + 3 * t, sa + 3 * t)));
+      acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(_mm256_load_ps(v + 8 * t), _mm256_loadu2_m128(sd + 3 * t, sc + 3 * t)));
+    }
+    for (int u = t; u < n; u++)
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_load_ps(w + 8 * u), _mm256_loadu2_m128(sb + 3 * u, sa + 3 * u)));
+    for (int u = t; u < m; u++)
+      acc2 = _mm256_add_ps(acc2, _mm256_mul_ps(_mm256_load_ps(v + 8 * u), _mm256_loadu2_m128(sd + 3 * u, sc + 3 * u)));
+    store_pair(acc, dst + 3 * x);
+    store_pair(acc2, dst + 3 * x + 6);
+  }
+  for (; x + 1 < ow; x += 2) {
+    const float *w = wtab + (size_t)x * k->ksize * 4; /* pair x/2: per tap, 4 x weight of x then 4 x of x + 1 */
+    const float *sa = row + (size_t)k->start[x] * 3, *sb = row + (size_t)k->start[x + 1] * 3;
+    int n = k->count[x] > k->count[x + 1] ? k->count[x] : k->count[x + 1];
+    __m256 acc = _mm256_mul_ps(_mm256_load_ps(w), _mm256_loadu2_m128(sb, sa));
+    for (int t = 1; t < n; t++)
+      acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_load_ps(w + 8 * t), _mm256_loadu2_m128(sb + 3 * t, sa + 3 * t)));
+    store_pair(acc, dst + 3 * x);
+  }
+  if (x < ow) {
+    coeffs_t last = *k;
+    last.start += x, last.count += x, last.w += (size_t)x * k->ksize;
+    horizontal(row, &last, 1, dst + 3 * x);
+  }
+}
+
+/* horizontal_pairs' weight table: for pixel pair p and tap t, 8 floats (4 x k->w[2p][t], 4 x k->w[2p + 1][t]). */
+static float *pair_weights(const coeffs_t *k, int ow) {
+  size_t n = (size_t)(ow / 2) * k->ksize * 8;
+  float *tab = scratch_buf(5, sizeof(float) * n + 32);
+  if (!tab) return NULL;
+  tab = (float *)(((uintptr_t)tab + 31) & ~(uintptr_t)31);
+  for (int p = 0; p < ow / 2; p++)
+    for (int t = 0; t < k->ksize; t++)
+      for (int i = 0; i < 8; i++) tab[((size_t)p * k->ksize + t) * 8 + i] = k->w[(size_t)(2 * p + i / 4) * k->ksize + t];
+  return tab;
+}
+#endif
+
+static int use_avx2; /* set at import: the CPU has AVX2 */
+
 /* Separable resample of the w x h RGB region PX (box in its coordinates) to ow x oh: per output row, the vertical
  * taps over contiguous input rows (vectorised), then the horizontal taps per output pixel. */
 static int resample(const unsigned char *px, int w, int h, double bx0, double by0, double bx1, double by1, int ow,
                     int oh, double narrow, unsigned char *dst) {
   coeffs_t kx = {0}, ky = {0};
   int rc = -1;
-  float *row = scratch_buf(1, sizeof(float) * ((size_t)w * 3 + 1));
-  if (!row) goto done;
-  row[(size_t)w * 3] = 0.0f; /* the fourth lane of the last pixel's load */
   if (make_coeffs(&ky, h, by0, by1, oh, narrow) || make_coeffs(&kx, w, bx0, bx1, ow, narrow)) goto done;
+  size_t pad = (size_t)kx.ksize * 3 + 4; /* the fourth lane of the last pixel's load; horizontal_pairs' zero taps */
+  float *row = scratch_buf(1, sizeof(float) * ((size_t)w * 3 + pad));
+  if (!row) goto done;
+  memset(row + (size_t)w * 3, 0, sizeof(float) * pad);
+#ifdef HAVE_AVX2_PAIRS
+  const float *wtab = use_avx2 ? pair_weights(&kx, ow) : NULL;
+#endif
   for (int y = 0; y < oh; y++) {
     taps_u8(px + (size_t)ky.start[y] * w * 3, row, (size_t)w * 3, ky.w + (size_t)y * ky.ksize, ky.count[y]);
-    horizontal(row, &kx, ow, dst + (size_t)y * ow * 3);
+#ifdef HAVE_AVX2_PAIRS
+    if (wtab)
+      horizontal_pairs(row, &kx, wtab, ow, dst + (size_t)y * ow * 3);
+    else
+#endif
+      horizontal(row, &kx, ow, dst + (size_t)y * ow * 3);
   }
   rc = 0;
 done:
@@ -228,77 +314,129 @@ static void skip_to_end(j_decompress_ptr cinfo, unsigned char *row) {
   while (cinfo->output_scanline < cinfo->output_height) jpeg_read_scanlines(cinfo, &row, 1);
 }
 
-static PyObject *crop_resize(PyObject *self, PyObject *args) {
-  Py_buffer buf;
-  int num, x0, y0, x1, y1, ow, oh, flags = 0;
-  double bx0, by0, bx1, by1, narrow = 0.0;
-  if (!PyArg_ParseTuple(args, "y*iiiiiddddii|id", &buf, &num, &x0, &y0, &x1, &y1, &bx0, &by0, &bx1, &by1, &ow, &oh,
-                        &flags, &narrow))
-    return NULL;
+/* The region decode + resample: decode rows y0..y1 and columns x0..x1 of DATA at scale NUM/8 and resample the box
+ * (bx0 .. by1, in the scaled image's coordinates) to OW x OH RGB bytes in DST. 0 on success; -1: libjpeg's message
+ * (or the truncation warning) in MSG; -2: the region lies outside the scaled image or the components are not 3
+ * (4 for CMYK / YCCK); -3: out of memory. */
+typedef struct {
+  int num, x0, y0, x1, y1, ow, oh, flags;
+  double bx0, by0, bx1, by1, narrow;
+} region_t;
+
+/* Buffered-image mode: read scans until the first one that only refines the last bit of AC coefficients (Ss > 0,
+ * Ah > 0, Al = 0) once every component's AC coefficients have had a first pass, or to the end; the number of the last
+ * scan read, for jpeg_start_output. What is left unread refines detail that the reduced DCT scale and the resample
+ * then average away (issue 27 measured it: PSNR against the reference within 0.02 dB, 38 % less decode time). */
+static int consume_until_last_bits(j_decompress_ptr cinfo) {
+  for (;;) {
+    int ret = jpeg_consume_input(cinfo);
+    if (ret == JPEG_REACHED_EOI || ret == JPEG_SUSPENDED) return cinfo->input_scan_number;
+    if (ret != JPEG_REACHED_SOS || cinfo->Ss == 0 || cinfo->Ah == 0 || cinfo->Al != 0) continue;
+    int seen = 1;
+    for (int c = 0; c < cinfo->num_components && seen; c++)
+      for (int k = 1; k < DCTSIZE2; k++)
+        if (cinfo->coef_bits[c][k] < 0) seen = 0;
+    if (!seen) continue;
+    /* Starting this scan marked its coefficients exact; they are not read, so they keep the precision of the scans
+     * before it, which is what libjpeg's block smoothing of partially known coefficients looks at. */
+    for (int i = 0; i < cinfo->comps_in_scan; i++)
+      for (int k = cinfo->Ss; k <= cinfo->Se; k++) cinfo->coef_bits[cinfo->cur_comp_info[i]->component_index][k] = cinfo->Ah;
+    return cinfo->input_scan_number - 1;
+  }
+}
+
+/* After jpeg_read_header: decode R's region and resample it into DST (0; -2: region outside the scaled image or
+ * components not 3 (4 for CMYK / YCCK); -3: out of memory). libjpeg's errors longjmp to the caller's setjmp. */
+static int read_region(j_decompress_ptr cinfo, struct err_mgr *err, const region_t *r, unsigned char *dst) {
+  int cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
+  if (r->flags & 1) cinfo->do_fancy_upsampling = FALSE;
+  if (r->flags & 2) cinfo->dct_method = JDCT_IFAST;
+  if ((r->flags & 4) && cinfo->progressive_mode) {
+    cinfo->buffered_image = TRUE;
+    start_scaled(cinfo, r->num, cmyk ? JCS_CMYK : JCS_RGB);
+    jpeg_start_output(cinfo, consume_until_last_bits(cinfo));
+  } else {
+    start_scaled(cinfo, r->num, cmyk ? JCS_CMYK : JCS_RGB);
+  }
+  if ((JDIMENSION)r->x1 > cinfo->output_width || (JDIMENSION)r->y1 > cinfo->output_height ||
+      cinfo->output_components != (cmyk ? 4 : 3))
+    return -2;
+  JDIMENSION xoff = (JDIMENSION)r->x0, w = (JDIMENSION)(r->x1 - r->x0);
+  if (r->x0 > 0 || (JDIMENSION)r->x1 < cinfo->output_width) jpeg_crop_scanline(cinfo, &xoff, &w);
+  int h = r->y1 - r->y0;
+  unsigned char *region = scratch_buf(0, (size_t)w * h * 3); /* per-thread scratch, never freed here */
+  unsigned char *inks = cmyk ? scratch_buf(2, (size_t)w * 4) : NULL;
+  if (!region || (cmyk && !inks)) return -3;
+  if (r->y0 > 0) jpeg_skip_scanlines(cinfo, (JDIMENSION)r->y0);
+  while (cinfo->output_scanline < (JDIMENSION)r->y1) {
+    JDIMENSION at = cinfo->output_scanline - (JDIMENSION)r->y0, left = (JDIMENSION)r->y1 - cinfo->output_scanline;
+    if (cmyk) {
+      JSAMPROW ink_row = inks;
+      jpeg_read_scanlines(cinfo, &ink_row, 1);
+      cmyk_to_rgb(inks, region + (size_t)at * w * 3, w);
+    } else {
+      /* Several rows per call: the merged (box) upsampler then writes its row pairs in place instead of copying
+       * each second row out of a spare one. Only rows of the region are asked for, as one at a time would. */
+      JSAMPROW rows[16];
+      JDIMENSION n = left < 16 ? left : 16;
+      for (JDIMENSION i = 0; i < n; i++) rows[i] = region + (size_t)(at + i) * w * 3;
+      jpeg_read_scanlines(cinfo, rows, n);
+    }
+  }
+  /* Rows below the region are not read: the caller has checked the end marker (a truncated file). */
+  if (err->truncated) return -1;
+  if (resample(region, (int)w, h, r->bx0 - xoff, r->by0 - r->y0, r->bx1 - xoff, r->by1 - r->y0, r->ow, r->oh,
+               r->narrow, dst))
+    return -3;
+  return 0;
+}
+
+/* The region decode + resample of DATA (see read_region): 0, or -1 with libjpeg's message in MSG, -2, -3. */
+static int decode_resample(const unsigned char *data, size_t len, const region_t *r, unsigned char *dst, char *msg) {
   struct jpeg_decompress_struct cinfo;
   struct err_mgr err;
-  unsigned char *volatile region = NULL; /* per-thread scratch, never freed here */
-  PyObject *out = NULL;
-  int failed = 0, bad_args = 0, no_memory = 0;
+  volatile int rc = 0;
   init_errors(&cinfo, &err);
-  if (num < 1 || num > 16 || ow < 1 || oh < 1 || x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0) {
+  if (setjmp(err.jb)) {
+    rc = -1;
+  } else {
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, data, (unsigned long)len);
+    jpeg_read_header(&cinfo, TRUE);
+    rc = read_region(&cinfo, &err, r, dst);
+  }
+  jpeg_destroy_decompress(&cinfo);
+  if (rc == -1) memcpy(msg, err.msg, JMSG_LENGTH_MAX);
+  return rc;
+}
+
+static PyObject *crop_resize(PyObject *self, PyObject *args) {
+  Py_buffer buf;
+  region_t r = {0};
+  if (!PyArg_ParseTuple(args, "y*iiiiiddddii|id", &buf, &r.num, &r.x0, &r.y0, &r.x1, &r.y1, &r.bx0, &r.by0, &r.bx1,
+                        &r.by1, &r.ow, &r.oh, &r.flags, &r.narrow))
+    return NULL;
+  if (r.num < 1 || r.num > 16 || r.ow < 1 || r.oh < 1 || r.x0 < 0 || r.y0 < 0 || r.x1 <= r.x0 || r.y1 <= r.y0) {
     PyBuffer_Release(&buf);
     PyErr_SetString(PyExc_ValueError, "crop_resize: invalid region or scale");
     return NULL;
   }
-  out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)ow * oh * 3);
+  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)r.ow * r.oh * 3);
   if (!out) {
     PyBuffer_Release(&buf);
     return NULL;
   }
+  char msg[JMSG_LENGTH_MAX];
+  int rc;
   Py_BEGIN_ALLOW_THREADS
-  if (setjmp(err.jb)) {
-    failed = 1;
-  } else {
-    open_jpeg(&cinfo, &buf);
-    int cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-    if (flags & 1) cinfo.do_fancy_upsampling = FALSE;
-    if (flags & 2) cinfo.dct_method = JDCT_IFAST;
-    start_scaled(&cinfo, num, cmyk ? JCS_CMYK : JCS_RGB);
-    if ((JDIMENSION)x1 > cinfo.output_width || (JDIMENSION)y1 > cinfo.output_height ||
-        cinfo.output_components != (cmyk ? 4 : 3)) {
-      bad_args = 1;
-    } else {
-      JDIMENSION xoff = (JDIMENSION)x0, w = (JDIMENSION)(x1 - x0);
-      if (x0 > 0 || (JDIMENSION)x1 < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &w);
-      int h = y1 - y0;
-      region = scratch_buf(0, (size_t)w * h * 3);
-      unsigned char *volatile inks = cmyk ? scratch_buf(2, (size_t)w * 4) : NULL;
-      if (!region || (cmyk && !inks)) {
-        no_memory = 1;
-      } else {
-        if (y0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)y0);
-        while (cinfo.output_scanline < (JDIMENSION)y1) {
-          JSAMPROW row = region + (size_t)(cinfo.output_scanline - y0) * w * 3;
-          if (cmyk) {
-            JSAMPROW ink_row = inks;
-            jpeg_read_scanlines(&cinfo, &ink_row, 1);
-            cmyk_to_rgb(inks, row, w);
-          } else {
-            jpeg_read_scanlines(&cinfo, &row, 1);
-          }
-        }
-        /* Rows below the region are not read: the caller has checked the end marker (a truncated file). */
-        if (!err.truncated &&
-            resample(region, (int)w, h, bx0 - xoff, by0 - y0, bx1 - xoff, by1 - y0, ow, oh, narrow,
-                     (unsigned char *)PyBytes_AS_STRING(out)))
-          no_memory = 1;
-      }
-    }
-  }
-  jpeg_destroy_decompress(&cinfo);
+  rc = decode_resample(buf.buf, (size_t)buf.len, &r, (unsigned char *)PyBytes_AS_STRING(out), msg);
   Py_END_ALLOW_THREADS
   PyBuffer_Release(&buf);
-  if (failed || err.truncated || bad_args || no_memory) {
+  if (rc) {
     Py_DECREF(out);
-    if (no_memory) return PyErr_NoMemory();
-    PyErr_SetString(PyExc_ValueError, bad_args ? "crop_resize: region outside the scaled image or not 3 components"
-                                               : err.msg);
+    if (rc == -3) return PyErr_NoMemory();
+    PyErr_SetString(PyExc_ValueError, rc == -2 ? "crop_resize: region outside the scaled image or not 3 components"
+                                                : msg);
     return NULL;
   }
   return out;
@@ -348,15 +486,381 @@ static PyObject *check(PyObject *self, PyObject *args) {
   return Py_BuildValue("(II)", (unsigned int)width, (unsigned int)height);
 }
 
+/* ---- transform(): header, geometry, region decode, orientation and JPEG encoding in one call (no Pillow image) ----
+ *
+ * The geometry is imgest.transform.image's, operation for operation in doubles (Python's round() is
+ * round-half-even, as nearbyint() is in the default rounding mode), so the pixels are those crop_resize gives for
+ * the box _fast_jpeg computes; the encoder is Pillow's JPEG encoder's configuration (libjpeg defaults, quality Q
+ * with baseline tables, 4:2:0, no optimisation, JFIF header), so the bytes equal Image.save(..., quality=Q). */
+
+typedef struct {
+  int resize, crop, quality, dct_scaling, fancy, last_ac_bits;
+  double max_pixels, min_ratio, narrow;
+} spec_t;
+
+/* What the header says: 0 fine; 1 leave the file to the Pillow path (MPO, unclear EXIF, too large, no end marker). */
+typedef struct {
+  int orientation;
+  int width, height;
+} header_t;
+
+static unsigned read16(const unsigned char *p, int big) { return big ? (p[0] << 8) | p[1] : p[0] | (p[1] << 8); }
+
+static unsigned long read32(const unsigned char *p, int big) {
+  return big ? ((unsigned long)p[0] << 24) | ((unsigned long)p[1] << 16) | ((unsigned long)p[2] << 8) | p[3]
+             : ((unsigned long)p[3] << 24) | ((unsigned long)p[2] << 16) | ((unsigned long)p[1] << 8) | p[0];
+}
+
+/* The EXIF orientation of TIFF data D (N bytes, after "Exif\0\0") as Pillow's getexif() reads it from IFD0: 1 when
+ * absent; -1 (unsure: let Pillow decide) for anything irregular, -2 when absent (XMP may still say). */
+static int exif_orientation(const unsigned char *d, size_t n) {
+  if (n < 8) return -1;
+  int big;
+  if (d[0] == 'I' && d[1] == 'I' && d[2] == 42 && d[3] == 0)
+    big = 0;
+  else if (d[0] == 'M' && d[1] == 'M' && d[2] == 0 && d[3] == 42)
+    big = 1;
+  else
+    return -1;
+  unsigned long ifd = read32(d + 4, big);
+  if (ifd < 8 || ifd + 2 > n) return -1;
+  unsigned count = read16(d + ifd, big);
+  if (ifd + 2 + 12ul * count + 4 > n) return -1;
+  int found = -2;
+  for (unsigned i = 0; i < count; i++) {
+    const unsigned char *e = d + ifd + 2 + 12ul * i;
+    if (read16(e, big) != 0x0112) continue;
+    unsigned type = read16(e + 2, big);
+    if (found != -2 || read32(e + 4, big) != 1) return -1;
+    if (type == 3)
+      found = (int)read16(e + 8, big);
+    else if (type == 4)
+      found = (int)read32(e + 8, big);
+    else
+      return -1;
+  }
+  return found;
+}
+
+/* Pillow's XMP fallback: the digit of the first rb'tiff:Orientation(="|>)([0-9])' in D (N bytes); -2 if none. */
+static int xmp_orientation(const unsigned char *d, size_t n) {
+  static const char key[] = "tiff:Orientation";
+  const size_t k = sizeof(key) - 1;
+  for (size_t i = 0; i + k < n; i++) {
+    if (d[i] != 't' || memcmp(d + i, key, k)) continue;
+    size_t j = i + k;
+    if (j + 1 < n && d[j] == '>' && d[j + 1] >= '0' && d[j + 1] <= '9') return d[j + 1] - '0';
+    if (j + 2 < n && d[j] == '=' && d[j + 1] == '"' && d[j + 2] >= '0' && d[j + 2] <= '9') return d[j + 2] - '0';
+  }
+  return -2;
+}
+
+/* The EXIF orientation as Pillow's getexif() gives it, from the saved APP1 / APP2 markers: IFD0's tag, else the XMP
+ * packet's (the last one, as Pillow keeps it), else 1. -1 where Pillow should decide: MPO (Pillow may open it as
+ * MPO), several EXIF blocks (Pillow joins them), irregular EXIF. */
+static int header_orientation(j_decompress_ptr cinfo) {
+  static const char xmp_prefix[] = "http://ns.adobe.com/xap/1.0/";
+  const size_t xp = sizeof(xmp_prefix); /* with its NUL */
+  int exif = 0, orientation = -2;
+  jpeg_saved_marker_ptr xmp = NULL;
+  for (jpeg_saved_marker_ptr m = cinfo->marker_list; m; m = m->next) {
+    if (m->marker == JPEG_APP0 + 2 && m->data_length >= 4 && !memcmp(m->data, "MPF\0", 4)) return -1;
+    if (m->marker != JPEG_APP0 + 1) continue;
+    if (m->original_length != m->data_length) return -1;
+    if (m->data_length >= xp && !memcmp(m->data, xmp_prefix, xp)) xmp = m;
+    if (m->data_length < 6 || memcmp(m->data, "Exif\0\0", 6)) continue;
+    if (exif++) return -1;
+    orientation = exif_orientation(m->data + 6, m->data_length - 6);
+    if (orientation == -1) return -1;
+  }
+  if (orientation == -2 && xmp) orientation = xmp_orientation(xmp->data + xp, xmp->data_length - xp);
+  return orientation == -2 ? 1 : orientation;
+}
+
+static double min_d(double a, double b) { return a < b ? a : b; }
+static double max_d(double a, double b) { return a > b ? a : b; }
+
+/* image.center_crop_box(width, height, resize, crop, exact=True) */
+static void center_crop_box(int width, int height, int resize, int crop, double box[4]) {
+  double scale = (double)resize / (width < height ? width : height);
+  double rw = max_d(resize, nearbyint(width * scale)), rh = max_d(resize, nearbyint(height * scale));
+  double sx = width / rw, sy = height / rh;
+  double left = nearbyint((rw - crop) / 2), top = nearbyint((rh - crop) / 2);
+  box[0] = left * sx;
+  box[1] = top * sy;
+  box[2] = (left + crop) * sx;
+  box[3] = (top + crop) * sy;
+}
+
+/* image.stored_box: BOX (upright) in the stored pixels' coordinates (W x H stored) under ORIENTATION. */
+static void stored_box(double b[4], double w, double h, int orientation) {
+  double l = b[0], t = b[1], r = b[2], bo = b[3];
+  switch (orientation) {
+    case 2: b[0] = w - r, b[1] = t, b[2] = w - l, b[3] = bo; break;
+    case 3: b[0] = w - r, b[1] = h - bo, b[2] = w - l, b[3] = h - t; break;
+    case 4: b[0] = l, b[1] = h - bo, b[2] = r, b[3] = h - t; break;
+    case 5: b[0] = t, b[1] = l, b[2] = bo, b[3] = r; break;
+    case 6: b[0] = t, b[1] = h - r, b[2] = bo, b[3] = h - l; break;
+    case 7: b[0] = w - bo, b[1] = h - r, b[2] = w - t, b[3] = h - l; break;
+    case 8: b[0] = w - bo, b[1] = l, b[2] = w - t, b[3] = r; break;
+    default: break;
+  }
+}
+
+/* fastjpeg.scale_eighths and the region fastjpeg.crop_resize decodes for BOX. */
+static void plan_region(const spec_t *s, int width, int height, const double box[4], region_t *r) {
+  double side = min_d(box[2] - box[0], box[3] - box[1]);
+  int m = 8;
+  if (s->dct_scaling) {
+    static const int tries[3] = {1, 2, 4};
+    for (int i = 0; i < 3; i++)
+      if (side * tries[i] / 8 >= s->min_ratio * s->crop - 1e-9) {
+        m = tries[i];
+        break;
+      }
+  }
+  double k = m / 8.0;
+  double scaled_w = ceil(width * k), scaled_h = ceil(height * k);
+  r->num = m;
+  r->bx0 = box[0] * k, r->by0 = box[1] * k, r->bx1 = box[2] * k, r->by1 = box[3] * k;
+  double margin = ceil(max_d(r->bx1 - r->bx0, r->by1 - r->by0) / s->crop) + 1;
+  r->x0 = (int)max_d(0, floor(r->bx0) - margin), r->y0 = (int)max_d(0, floor(r->by0) - margin);
+  r->x1 = (int)min_d(scaled_w, ceil(r->bx1) + margin), r->y1 = (int)min_d(scaled_h, ceil(r->by1) + margin);
+  int downscaled = min_d(r->bx1 - r->bx0, r->by1 - r->by0) >= s->crop;
+  r->flags = (s->fancy || !downscaled ? 0 : 1) | (s->last_ac_bits || m == 8 ? 0 : 4);
+  r->narrow = m < 8 ? s->narrow : 0.0;
+  r->ow = r->oh = s->crop;
+}
+
+/* Pillow's Image.transpose(ORIENTATION_FIX[orientation]) of the N x N RGB image IN into OUT. */
+static void orient(const unsigned char *in, unsigned char *out, int n, int orientation) {
+  for (int y = 0; y < n; y++) {
+    for (int x = 0; x < n; x++) {
+      int sx, sy;
+      switch (orientation) {
+        case 2: sx = n - 1 - x, sy = y; break;
+        case 3: sx = n - 1 - x, sy = n - 1 - y; break;
+        case 4: sx = x, sy = n - 1 - y; break;
+        case 5: sx = y, sy = x; break;
+        case 6: sx = y, sy = n - 1 - x; break;
+        case 7: sx = n - 1 - y, sy = n - 1 - x; break;
+        default: sx = n - 1 - y, sy = x; break; /* 8 */
+      }
+      memcpy(out + ((size_t)y * n + x) * 3, in + ((size_t)sy * n + sx) * 3, 3);
+    }
+  }
+}
+
+/* Encode the N x N RGB pixels PX as Pillow's JPEG encoder does at QUALITY; *OUT / *OUT_LEN: the JPEG (malloc'ed by
+ * libjpeg when it outgrows the scratch buffer it is given: free it unless it is that buffer). 0, or -1 (MSG). */
+static int encode_rgb(const unsigned char *px, int n, int quality, unsigned char **out, unsigned long *out_len,
+                      char *msg) {
+  struct jpeg_compress_struct cinfo;
+  struct err_mgr err;
+  volatile int rc = 0;
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_error;
+  err.pub.emit_message = on_message;
+  err.truncated = 0;
+  *out_len = (unsigned long)n * n * 3 + 4096;
+  *out = scratch_buf(3, *out_len);
+  if (!*out) return -3;
+  if (setjmp(err.jb)) {
+    rc = -1;
+  } else {
+    jpeg_create_compress(&cinfo);
+    jpeg_mem_dest(&cinfo, out, out_len);
+    cinfo.image_width = (JDIMENSION)n;
+    cinfo.image_height = (JDIMENSION)n;
+    cinfo.input_components = 3;
+    cinfo.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&cinfo);
+    jpeg_set_quality(&cinfo, quality, TRUE);
+    jpeg_start_compress(&cinfo, TRUE);
+    while (cinfo.next_scanline < cinfo.image_height) {
+      JSAMPROW row = (JSAMPROW)(px + (size_t)cinfo.next_scanline * n * 3);
+      jpeg_write_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_compress(&cinfo);
+  }
+  jpeg_destroy_compress(&cinfo);
+  if (rc == -1) memcpy(msg, err.msg, JMSG_LENGTH_MAX);
+  return rc;
+}
+
+/* True if DATA's last 4096 bytes hold the end marker (image.has_end_marker for JPEG). */
+static int has_eoi(const unsigned char *data, size_t len) {
+  size_t from = len > 4096 ? len - 4096 : 0;
+  for (size_t i = len; i-- > from + 1;)
+    if (data[i - 1] == 0xFF && data[i] == 0xD9) return 1;
+  return 0;
+}
+
+typedef struct {
+  unsigned char *jpeg; /* the scratch buffer or a malloc'ed one (see encode_rgb) */
+  unsigned long len;
+  int width, height; /* the source, upright */
+} result_t;
+
+/* One JPEG through the whole transform: 0 with R filled in; 1: not for this path (the Pillow path decides); -1 / -3:
+ * libjpeg's error (MSG) / out of memory. Runs without the GIL. */
+static int transform_one(const unsigned char *data, size_t len, const spec_t *s, result_t *res, char *msg) {
+  struct jpeg_decompress_struct cinfo;
+  struct err_mgr err;
+  volatile int rc = 0, orientation = 1;
+  region_t r = {0};
+  if (len < 3 || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF || !has_eoi(data, len)) return 1;
+  size_t n = (size_t)s->crop * s->crop * 3;
+  unsigned char *px = scratch_buf(4, 2 * n); /* the output pixels, then (turned upright) their copy */
+  if (!px) return -3;
+  init_errors(&cinfo, &err);
+  if (setjmp(err.jb)) {
+    rc = -1;
+  } else {
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, (unsigned char *)data, (unsigned long)len);
+    jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
+    jpeg_save_markers(&cinfo, JPEG_APP0 + 2, 0xFFFF);
+    jpeg_read_header(&cinfo, TRUE);
+    int comps = cinfo.num_components;
+    J_COLOR_SPACE cs = cinfo.jpeg_color_space;
+    int ok = (comps == 1 && cs == JCS_GRAYSCALE) || (comps == 3 && (cs == JCS_YCbCr || cs == JCS_RGB)) ||
+             (comps == 4 && (cs == JCS_CMYK || cs == JCS_YCCK));
+    double pixels_n = (double)cinfo.image_width * cinfo.image_height;
+    orientation = ok ? header_orientation(&cinfo) : -1;
+    if (!ok || orientation < 0 || (s->max_pixels > 0 && pixels_n > s->max_pixels)) {
+      rc = 1;
+    } else {
+      int w = (int)cinfo.image_width, h = (int)cinfo.image_height, turned = orientation >= 5 && orientation <= 8;
+      double box[4];
+      res->width = turned ? h : w;
+      res->height = turned ? w : h;
+      center_crop_box(res->width, res->height, s->resize, s->crop, box);
+      if (orientation >= 2 && orientation <= 8) stored_box(box, w, h, orientation);
+      plan_region(s, w, h, box, &r);
+      rc = read_region(&cinfo, &err, &r, px);
+      if (rc == -2) rc = 1;
+    }
+  }
+  jpeg_destroy_decompress(&cinfo);
+  if (rc == -1) memcpy(msg, err.msg, JMSG_LENGTH_MAX);
+  if (rc == 0) {
+    const unsigned char *src = px;
+    if (orientation >= 2 && orientation <= 8) {
+      orient(px, px + n, s->crop, orientation);
+      src = px + n;
+    }
+    rc = encode_rgb(src, s->crop, s->quality, &res->jpeg, &res->len, msg);
+  }
+  return rc;
+}
+
+/* transform()'s arguments after the data: resize, crop, quality, max_pixels, dct_scaling, then the revision's
+ * RegionSettings (min_ratio, narrow_when_reduced, fancy_upsampling, last_ac_bits_when_reduced). */
+static int parse_spec(PyObject *args, PyObject **first, spec_t *s) {
+  return PyArg_ParseTuple(args, "Oiiididdii", first, &s->resize, &s->crop, &s->quality, &s->max_pixels,
+                          &s->dct_scaling, &s->min_ratio, &s->narrow, &s->fancy, &s->last_ac_bits) &&
+         (s->crop >= 1 && s->resize >= s->crop && s->quality >= 1 && s->quality <= 100
+              ? 1
+              : (PyErr_SetString(PyExc_ValueError, "transform: invalid resize, crop or quality"), 0));
+}
+
+/* The Python value of one result: (jpeg, width, height); None where the Pillow path decides (a file this path does
+ * not take, or one libjpeg refuses: Pillow then words the quarantine reason); NULL with MemoryError. */
+static PyObject *result_value(int rc, const result_t *res) {
+  if (rc == 0) return Py_BuildValue("(y#ii)", (const char *)res->jpeg, (Py_ssize_t)res->len, res->width, res->height);
+  if (rc == -3) return PyErr_NoMemory();
+  Py_RETURN_NONE;
+}
+
+static PyObject *transform(PyObject *self, PyObject *args) {
+  PyObject *obj;
+  spec_t s;
+  if (!parse_spec(args, &obj, &s)) return NULL;
+  Py_buffer buf;
+  if (PyObject_GetBuffer(obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+  result_t res = {0};
+  char msg[JMSG_LENGTH_MAX] = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = transform_one(buf.buf, (size_t)buf.len, &s, &res, msg);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&buf);
+  PyObject *v = result_value(rc, &res);
+  if (rc == 0 && res.jpeg != scratch[3]) free(res.jpeg);
+  return v;
+}
+
+/* transform_many(list of bytes, ...) -> list of transform()'s values, the whole batch without the GIL. */
+static PyObject *transform_many(PyObject *self, PyObject *args) {
+  PyObject *seq;
+  spec_t s;
+  if (!parse_spec(args, &seq, &s)) return NULL;
+  PyObject *fast = PySequence_Fast(seq, "transform_many: expected a sequence of bytes");
+  if (!fast) return NULL;
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+  const char **bufs = calloc((size_t)count + 1, sizeof(char *));
+  Py_ssize_t *lens = calloc((size_t)count + 1, sizeof(Py_ssize_t));
+  result_t *res = calloc((size_t)count + 1, sizeof(result_t));
+  int *rcs = calloc((size_t)count + 1, sizeof(int));
+  PyObject *out = NULL;
+  if (!bufs || !lens || !res || !rcs) {
+    PyErr_NoMemory();
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < count; i++) {
+    char *p;
+    if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(fast, i), &p, &lens[i]) < 0) goto done;
+    bufs[i] = p;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  char msg[JMSG_LENGTH_MAX];
+  for (Py_ssize_t i = 0; i < count; i++) {
+    rcs[i] = transform_one((const unsigned char *)bufs[i], (size_t)lens[i], &s, &res[i], msg);
+    if (rcs[i] == 0 && res[i].jpeg == scratch[3]) { /* the next image reuses the scratch buffer: keep a copy */
+      unsigned char *copy = malloc(res[i].len);
+      if (copy) memcpy(copy, res[i].jpeg, res[i].len);
+      res[i].jpeg = copy;
+      if (!copy) rcs[i] = -3;
+    }
+  }
+  Py_END_ALLOW_THREADS
+  out = PyList_New(count);
+  for (Py_ssize_t i = 0; out && i < count; i++) {
+    PyObject *v = result_value(rcs[i], &res[i]);
+    if (rcs[i] == 0) free(res[i].jpeg);
+    if (!v) {
+      Py_CLEAR(out);
+      for (Py_ssize_t j = i + 1; j < count; j++)
+        if (rcs[j] == 0) free(res[j].jpeg);
+      break;
+    }
+    PyList_SET_ITEM(out, i, v);
+  }
+done:
+  Py_DECREF(fast);
+  free(bufs);
+  free(lens);
+  free(res);
+  free(rcs);
+  return out;
+}
+
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, "Entropy-decode a whole JPEG without rebuilding pixels: (width, height)."},
     {"crop_resize", crop_resize, METH_VARARGS, "Decode a region of a JPEG at scale M/8 and resample it (RGB bytes)."},
+    {"transform", transform, METH_VARARGS, "The whole JPEG -> center crop -> JPEG transform: (jpeg, width, height)."},
+    {"transform_many", transform_many, METH_VARARGS, "transform() over a list of JPEGs, without the GIL."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastjpeg", "Region decode + resample for JPEG.", -1,
                                     methods};
 
 PyMODINIT_FUNC PyInit__fastjpeg(void) {
+#ifdef HAVE_AVX2_PAIRS
+  __builtin_cpu_init();
+  use_avx2 = __builtin_cpu_supports("avx2");
+#endif
   PyObject *m = PyModule_Create(&module);
 #ifdef LIBJPEG_TURBO_VERSION_NUMBER
   if (m && PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER", LIBJPEG_TURBO_VERSION_NUMBER) < 0) {

@@ -6,7 +6,9 @@ import hashlib
 import io
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +22,24 @@ from imgest.sinks.cassandra.ingest import transform_key
 from imgest.sources.devdata.defects import broken_images
 from imgest.sources.devdata.images import jpeg_bytes, photo_like
 from imgest.transform import fastjpeg
-from imgest.transform.image import TransformSpec, transform_image
+from imgest.transform.image import (
+    REGION_SETTINGS,
+    Transformed,
+    TransformSpec,
+    _transform_opened,
+    open_checked,
+    transform_image,
+)
 
 pytestmark = pytest.mark.skipif(not fastjpeg.available(), reason=f"region decoder not built: {fastjpeg.BUILD_HINT}")
 
 REGION = TransformSpec(jpeg_decoder="region")
 REGION2 = TransformSpec(jpeg_decoder="region2")
+REGION3 = TransformSpec(jpeg_decoder="region3")
 PILLOW = TransformSpec(jpeg_decoder="pillow")
 
 
+@cache
 def _jpeg(width: int, height: int, seed: int = 3, mode: str = "RGB", **save: object) -> bytes:
     img = photo_like(np.random.default_rng(seed), width, height, np.array([0.5, 0.3, 0.2])).convert(mode)
     out = io.BytesIO()
@@ -135,14 +146,15 @@ def test_scale_is_a_power_of_two_that_never_upsamples() -> None:
 
 
 def test_the_decoder_is_part_of_the_recorded_transform() -> None:
-    assert TransformSpec().jpeg_decoder == "region2"
-    assert TransformSpec().as_dict()["jpeg_decoder"] == "region2"
+    assert TransformSpec().jpeg_decoder == "region3"
+    assert TransformSpec().as_dict()["jpeg_decoder"] == "region3"
     old = {k: v for k, v in REGION.as_dict().items() if k != "jpeg_decoder"}  # a record from before the field
     assert TransformSpec.from_record(old).jpeg_decoder == "pillow"
     assert TransformSpec.from_record(REGION.as_dict()) == REGION  # versions the first revision wrote
     assert TransformSpec.from_record(REGION2.as_dict()) == REGION2
+    assert TransformSpec.from_record(REGION3.as_dict()) == REGION3
     # The revisions write different bytes, so they are different transforms (version names, shard keys).
-    assert transform_key(REGION) != transform_key(REGION2)
+    assert len({transform_key(REGION), transform_key(REGION2), transform_key(REGION3)}) == 3
     assert transform_key(PILLOW) == PILLOW_KEY  # the Pillow path's key is what it was before region2
     with pytest.raises(ConfigError, match="JPEG decoder"):
         TransformSpec(jpeg_decoder="turbo")  # type: ignore[arg-type]
@@ -296,3 +308,100 @@ def test_mpo_first_frame_goes_through_region2() -> None:
     ours = transform_image(data, REGION2)
     assert ours.data != transform_image(data, PILLOW).data
     assert _delta(data, REGION2) > -0.1
+
+
+def _through_pillow(data: bytes, spec: TransformSpec = REGION2) -> Transformed:
+    """A region revision as region2 ran before the one-call path: Pillow reads the header and EXIF, crop_resize
+    decodes, Pillow's encoder writes the JPEG."""
+    return _transform_opened(data, open_checked(data, spec.max_pixels), spec)
+
+
+def _oriented(orientation: int, mode: str = "RGB", **save: object) -> bytes:
+    upright = photo_like(np.random.default_rng(11), 900, 600, np.array([0.3, 0.5, 0.2])).convert(mode)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    upright.transpose(STORE[orientation]).save(out, "JPEG", quality=93, exif=exif.tobytes(), **save)
+    return out.getvalue()
+
+
+def _cmyk_photo() -> bytes:
+    return _cmyk_jpeg(photo_like(np.random.default_rng(4), 900, 600, np.array([0.6, 0.2, 0.3])))
+
+
+XMP_6 = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(partial(_jpeg, 500, 375), id="imagenet-size"),
+        pytest.param(partial(_jpeg, 333, 500), id="portrait"),
+        pytest.param(partial(_jpeg, 2592, 1944), id="2/8 scale"),
+        pytest.param(partial(_jpeg, 4000, 3000), id="1/8 scale"),
+        pytest.param(partial(_jpeg, 120, 90), id="upsampled"),
+        pytest.param(partial(_jpeg, 640, 480, mode="L"), id="grey"),
+        pytest.param(partial(_jpeg, 640, 480, progressive=True), id="progressive"),
+        pytest.param(partial(_jpeg, 2592, 1944, progressive=True), id="progressive 2/8"),
+        pytest.param(partial(_jpeg, 641, 479, subsampling=0), id="4:4:4"),
+        pytest.param(partial(_jpeg, 640, 480, restart_marker_blocks=4), id="restart markers"),
+        pytest.param(partial(_cmyk_photo), id="cmyk"),
+        *(pytest.param(partial(_oriented, o), id=f"orientation {o}") for o in range(2, 9)),
+        pytest.param(partial(_oriented, 6, "L"), id="grey orientation 6"),
+        pytest.param(partial(_jpeg, 900, 600, xmp=XMP_6), id="xmp orientation"),
+    ],
+)
+@pytest.mark.parametrize("spec", [REGION2, REGION3], ids=["region2", "region3"])
+def test_the_one_call_path_writes_the_revisions_bytes_exactly(make: Callable[[], bytes], spec: TransformSpec) -> None:
+    """transform_image runs header, EXIF / XMP orientation, region decode, turn and JPEG encoding in one compiled
+    call: byte for byte what the Pillow-header path with Pillow's encoder writes (region2 ran that way, so the
+    versions it wrote still verify). Inputs are made when the test runs (cached), not at collection."""
+    data = make()
+    assert fastjpeg.transform(data, 256, 224, 90, 10**8, True, REGION_SETTINGS[spec.jpeg_decoder]) is not None
+    assert transform_image(data, spec) == _through_pillow(data, spec)
+
+
+def test_the_one_call_path_leaves_to_pillow_what_pillow_must_judge() -> None:
+    """MPO (Pillow names the format), two EXIF blocks (Pillow joins them), a truncated file, one over the pixel
+    limit and a PNG get None from the compiled call, then the Pillow path decides as before."""
+    settings = REGION_SETTINGS["region2"]
+    frames = [photo_like(np.random.default_rng(s), 640, 480, np.array([0.4, 0.4, 0.2])) for s in (1, 2)]
+    mpo = io.BytesIO()
+    frames[0].save(mpo, "MPO", save_all=True, append_images=frames[1:], quality=92)
+    plain = _jpeg(500, 375)
+    exif = b"\xff\xe1\x00\x16Exif\x00\x00II*\x00\x08\x00\x00\x00" + bytes(6)  # an EXIF block, empty IFD0
+    two_exif = plain[:2] + exif + exif + plain[2:]
+    png = io.BytesIO()
+    frames[0].save(png, "PNG")
+    for data in (mpo.getvalue(), two_exif, plain[:-400], png.getvalue()):
+        assert fastjpeg.transform(data, 256, 224, 90, 10**8, True, settings) is None
+    assert fastjpeg.transform(plain, 256, 224, 90, 500 * 375 - 1, True, settings) is None
+    assert fastjpeg.transform(plain, 256, 224, 90, 500 * 375, True, settings) is not None
+    assert transform_image(mpo.getvalue(), REGION2).src_format == "MPO"
+    assert transform_image(two_exif, REGION2) == _through_pillow(two_exif)
+    assert _refusal(plain[:-400], REGION2).reason == "corrupt"
+    assert _refusal(plain, replace(REGION2, max_pixels=500 * 375 - 1)).reason == "too-large"
+
+
+def test_a_batch_in_one_call_equals_the_calls_one_by_one() -> None:
+    settings = REGION_SETTINGS["region2"]
+    batch = [_jpeg(500, 375, seed=s) for s in range(3)] + [b"not a jpeg", _jpeg(2592, 1944), _oriented(8)]
+    one_by_one = [fastjpeg.transform(d, 256, 224, 90, 10**8, True, settings) for d in batch]
+    assert fastjpeg.transform_many(batch, 256, 224, 90, 10**8, True, settings) == one_by_one
+    assert one_by_one[3] is None
+    assert all(r is not None for i, r in enumerate(one_by_one) if i != 3)
+
+
+def test_region3_leaves_the_last_ac_bits_of_large_progressive_files_unread() -> None:
+    """region3 = region2, except that a progressive file decoded at a reduced DCT scale stops before the scans that
+    refine the AC coefficients' last bit: other bytes, as good against the reference. Sequential files, and
+    progressive ones decoded at full scale (ImageNet size), are region2's bytes."""
+    large = _detailed(2592, 1944)
+    progressive = io.BytesIO()
+    Image.open(io.BytesIO(large)).save(progressive, "JPEG", quality=92, progressive=True)
+    data = progressive.getvalue()
+    assert transform_image(data, REGION3).data != transform_image(data, REGION2).data
+    assert _delta(data, REGION3) > _delta(data, REGION2) - 0.1
+    assert _delta(data, REGION3) > -0.1
+    for same in (large, _jpeg(500, 375, progressive=True)):
+        assert transform_image(same, REGION3) == transform_image(same, REGION2)
