@@ -133,8 +133,8 @@ class S3Settings:
             bucket=os.environ.get("IMGEST_S3_BUCKET", "imgest"),
         )
 
-    def client(self):  # -> botocore S3 client; boto3 is imported lazily (heavy)
-        """A boto3 S3 client for these settings."""
+    def client(self, max_pool_connections: int = 10):  # -> botocore S3 client; boto3 is imported lazily (heavy)
+        """A boto3 S3 client for these settings (MAX_POOL_CONNECTIONS: HTTP connections kept for its threads)."""
         import boto3
         from botocore.config import Config
 
@@ -144,7 +144,11 @@ class S3Settings:
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
             region_name=self.region,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}),
+            config=Config(
+                retries={"max_attempts": 5, "mode": "standard"},
+                s3={"addressing_style": "path"},
+                max_pool_connections=max_pool_connections,
+            ),
         )
 
 

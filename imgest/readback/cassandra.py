@@ -2,12 +2,16 @@
 
 ``CassandraReader`` streams the rows of a list of ids as batches ``(list of uint8 arrays, int32 labels)``:
 
-- requests go out asynchronously with prepared statements, at most ``requests_in_flight`` on the wire; with
-  ``rows_per_request=1`` each is a single-partition select routed to a replica (token-aware), with more each is
-  a small ``IN`` query (fewer round trips and less client CPU per row, one coordinator hop on a ring);
-- several driver connections (``connections``: separate Cluster objects, each its own I/O thread and socket);
-- ``prefetch_batches`` batches are requested ahead of the consumer, and rows complete out of order inside
-  that window, so one slow row delays one batch by nothing but its own latency, never the stream;
+- requests go out asynchronously with prepared statements; with ``rows_per_request=1`` each is a single-partition
+  select routed to a replica (token-aware), with more each is a small ``IN`` query (fewer round trips and less
+  client CPU per row, one coordinator hop on a ring);
+- the read-ahead window (rows requested and not yet consumed) sizes itself by default: delivery rate x round
+  trip, grown from a slow start of ``slow_start`` batches, capped by ``max_window_mb`` of rows and by
+  ``requests_in_flight`` (``imgest.readback.window``), so the reader keeps its rate 100 ms away without a
+  setting; ``prefetch_buffers`` fixes it to that many batches instead (the cassandra-dali-plugin's name);
+- ``io_threads`` driver Clusters, each its own socket and I/O (event loop) thread, take turns per request;
+- rows complete out of order inside the window (``ooo``, the default), so one slow row delays one batch by
+  nothing but its own latency, never the stream; ``ooo=False`` delivers them in the epoch's order;
 - ``shard_id`` / ``num_shards`` give each training process a disjoint part; ``seed`` reshuffles every epoch
   (the same seed and epoch always give the same order, so every process agrees on the parts).
 
@@ -29,6 +33,7 @@ import numpy as np
 
 from imgest.core.errors import ImgestError
 from imgest.core.settings import CassandraSettings
+from imgest.readback.window import AdaptiveWindow, WindowStats
 
 log = logging.getLogger(__name__)
 Batch = tuple[list[np.ndarray], np.ndarray, list[str]]  # images (encoded bytes), labels, ids
@@ -40,17 +45,29 @@ class ReadError(ImgestError):
 
 @dataclass(frozen=True)
 class CassandraReadOptions:
-    """Knobs of the Cassandra reader, named after what they do."""
+    """Knobs of the Cassandra reader, named after what they do (and like the cassandra-dali-plugin's where they
+    mean the same). The defaults size the window by themselves; the others are for experts."""
 
     batch_size: int = 64
-    prefetch_batches: int = 8  # batches requested ahead of the consumer
-    requests_in_flight: int = 128  # cap on requests on the wire (the prefetch window usually binds first)
+    prefetch_buffers: int | None = None  # None: adaptive window; N: exactly N batches requested ahead
+    slow_start: int = 4  # batches in the first (and smallest) adaptive window
+    max_window_mb: int = 256  # memory bound of the adaptive window (rows requested and not yet consumed)
+    requests_in_flight: int = 512  # cap on requests on the wire
     rows_per_request: int = 16  # ids per request (1: single-partition, token-aware; more: an IN query)
-    connections: int = 2  # driver Clusters, each with its own socket and I/O thread
+    io_threads: int = 2  # driver Clusters, each with its own socket and I/O thread
+    ooo: bool = True  # out-of-order: rows are delivered as they land (False: in the epoch's order)
     retries: int = 3  # per request, on timeouts and unavailable errors
     shard_id: int = 0
     num_shards: int = 1
     seed: int | None = 0  # None: keep the given order; else reshuffle every epoch with (seed, epoch)
+
+    def window(self, start: float | None = None) -> AdaptiveWindow:
+        """The read-ahead window in rows these options give (adaptive unless prefetch_buffers is set), starting
+        from START rows (the last epoch's window) when given."""
+        fixed = self.prefetch_buffers is not None
+        initial = (self.prefetch_buffers if fixed else self.slow_start) * self.batch_size  # type: ignore[operator]
+        cap = self.requests_in_flight * self.rows_per_request
+        return AdaptiveWindow("rows", max(1, min(initial, cap)), cap, adaptive=not fixed, start=start)
 
 
 def epoch_order(ids: Sequence[str], labels: np.ndarray, opts: CassandraReadOptions, epoch: int) -> np.ndarray:
@@ -68,6 +85,11 @@ class _Stream:
         self.reader, self.order = reader, order
         self.lock = threading.Condition()
         self.done: deque[tuple[str, int, bytes]] = deque()
+        self.parked: dict[int, list[tuple[str, int, bytes]]] = {}  # in-order mode: groups that landed early
+        self.delivered_to = 0  # in-order mode: position of ORDER up to which rows are in DONE
+        self.window = reader.opts.window(reader.window_stats.final if reader.window_stats else None)
+        self.row_bytes = 0  # bytes of the rows landed so far, for the memory bound
+        self.rows_landed = 0
         self.in_flight = 0
         self.next_index = 0  # next position of ORDER to request
         self.consumed = 0
@@ -76,23 +98,50 @@ class _Stream:
     def pump(self) -> None:
         """Issue requests while the window allows (called with the lock held)."""
         opts = self.reader.opts
-        limit = self.consumed + opts.prefetch_batches * opts.batch_size
-        while self.in_flight < opts.requests_in_flight and self.next_index < min(limit, len(self.order)):
-            group = self.order[self.next_index : self.next_index + opts.rows_per_request]
+        limit = min(self.consumed + int(self.window.size), len(self.order))
+        while self.in_flight < opts.requests_in_flight and self.next_index < limit:
+            start = self.next_index
+            group = self.order[start : start + opts.rows_per_request]
             self.next_index += len(group)
             self.in_flight += 1
-            self.reader._request([self.reader.id_at(i) for i in group], self, opts.retries)
+            self.reader._request(
+                [self.reader.id_at(i) for i in group], self, opts.retries, (start, self.window.stamp())
+            )
 
-    def landed(self, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
+    def landed(self, rows: list[tuple[str, int, bytes]], expected: list[str], tag: tuple[int, Any]) -> None:
         with self.lock:
             self.in_flight -= 1
             if len(rows) != len(expected):
                 got = {r[0] for r in rows}
                 missing = [i for i in expected if i not in got]
                 self.error = ReadError(f"rows missing from {self.reader.table}: {', '.join(missing[:5])}")
-            self.done.extend(rows)
+            self._account(rows, tag[1])
+            if self.reader.opts.ooo:
+                self.done.extend(rows)
+            else:
+                self._in_order(tag[0], rows, expected)
             self.pump()
             self.lock.notify_all()
+
+    def _account(self, rows: list[tuple[str, int, bytes]], token: Any) -> None:
+        """Feed the window its samples; once rows have a size, bound the window by max_window_mb of them."""
+        self.rows_landed += len(rows)
+        self.row_bytes += sum(len(r[2]) for r in rows)
+        self.window.landed(token, len(rows))
+        if self.window.adaptive and self.row_bytes:
+            opts = self.reader.opts
+            per_row = self.row_bytes / self.rows_landed
+            self.window.set_cap(
+                min(opts.requests_in_flight * opts.rows_per_request, opts.max_window_mb * 2**20 / per_row)
+            )
+
+    def _in_order(self, start: int, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
+        by_id = {r[0]: r for r in rows}
+        self.parked[start] = [by_id[i] for i in expected if i in by_id]
+        while self.delivered_to in self.parked:
+            group = self.parked.pop(self.delivered_to)
+            self.done.extend(group)
+            self.delivered_to += min(self.reader.opts.rows_per_request, len(self.order) - self.delivered_to)
 
     def failed(self, exc: BaseException, ids: list[str]) -> None:
         with self.lock:
@@ -136,6 +185,7 @@ class CassandraReader:
         self._statements: list[Any] = []
         self._turn = 0
         self.epoch = 0
+        self.window_stats: WindowStats | None = None  # the read-ahead window of the last epoch read
 
     def __enter__(self) -> CassandraReader:
         self.open()
@@ -145,12 +195,12 @@ class CassandraReader:
         self.close()
 
     def open(self) -> None:
-        """Connect CONNECTIONS clusters and prepare the grouped select on each."""
+        """Connect IO_THREADS clusters and prepare the grouped select on each."""
         from cassandra.query import tuple_factory
 
         from imgest.sinks.cassandra.client import build_cluster
 
-        for _ in range(max(1, self.opts.connections)):
+        for _ in range(max(1, self.opts.io_threads)):
             cluster = build_cluster(self.settings, row_factory=tuple_factory)
             session = cluster.connect()
             self._clusters.append(cluster)
@@ -173,7 +223,7 @@ class CassandraReader:
         n = len(np.array_split(np.arange(len(self.ids)), self.opts.num_shards)[self.opts.shard_id])
         return -(-n // self.opts.batch_size)
 
-    def _request(self, ids: list[str], stream: _Stream, retries: int) -> None:
+    def _request(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
         k = self._turn = (self._turn + 1) % len(self._sessions)
         keys = [uuid.UUID(i) for i in ids]
         future = self._sessions[k].execute_async(
@@ -181,35 +231,47 @@ class CassandraReader:
         )
 
         def ok(rows: list[tuple[Any, int, bytes]]) -> None:
-            stream.landed([(str(r[0]), r[1], r[2]) for r in rows], ids)
+            stream.landed([(str(r[0]), r[1], r[2]) for r in rows], ids, tag)
 
         def err(exc: BaseException) -> None:
             if retries > 0:  # retry later, off the driver's I/O thread
-                threading.Timer(0.05 * (1 + self.opts.retries - retries), self._retry, (ids, stream, retries)).start()
+                threading.Timer(
+                    0.05 * (1 + self.opts.retries - retries), self._retry, (ids, stream, retries, tag)
+                ).start()
             else:
                 stream.failed(exc, ids)
 
         future.add_callbacks(ok, err)
 
-    def _retry(self, ids: list[str], stream: _Stream, retries: int) -> None:
-        self._request(ids, stream, retries - 1)
+    def _retry(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
+        self._request(ids, stream, retries - 1, tag)
 
-    def epoch_batches(self) -> Iterator[Batch]:
-        """One epoch of this shard, in the seeded order of the current epoch (rows may land out of order)."""
+    def epoch_batches(self, order: np.ndarray | None = None) -> Iterator[Batch]:
+        """One epoch of this shard, in the seeded order of the current epoch (rows may land out of order); or
+        the rows at the positions ORDER of the ids, in that order (what a resumed reader state leaves to read)."""
         if not self._sessions:
             self.open()
-        order = epoch_order(self.ids, self.labels, self.opts, self.epoch)
-        self.epoch += 1
+        if order is None:
+            order = epoch_order(self.ids, self.labels, self.opts, self.epoch)
+            self.epoch += 1
         stream = _Stream(self, order)
         remaining = len(order)
-        while remaining:
-            rows = stream.take(min(self.opts.batch_size, remaining))
-            remaining -= len(rows)
-            yield (
-                [np.frombuffer(r[2], dtype=np.uint8) for r in rows],
-                np.array([r[1] for r in rows], dtype=np.int32),
-                [r[0] for r in rows],
-            )
+        try:
+            while remaining:
+                rows = stream.take(min(self.opts.batch_size, remaining))
+                remaining -= len(rows)
+                yield self._columns(rows)
+        finally:
+            self.window_stats = stream.window.finish()
+            log.debug("cassandra read window of epoch %s: %s", self.epoch - 1, self.window_stats)
+
+    @staticmethod
+    def _columns(rows: list[tuple[str, int, bytes]]) -> Batch:
+        return (
+            [np.frombuffer(r[2], dtype=np.uint8) for r in rows],
+            np.array([r[1] for r in rows], dtype=np.int32),
+            [r[0] for r in rows],
+        )
 
 
 def simple_batches(

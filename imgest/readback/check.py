@@ -49,14 +49,32 @@ class ReadCheckOptions:
 def cassandra_run(
     settings: CassandraSettings, rs: ReadSet, spec: PipelineSpec, copts: CassandraReadOptions, progress: Progress = None
 ) -> RunResult:
-    """imgest's Cassandra reader, in ReadSet order (seed None), feeding fn.external_source."""
+    """imgest's Cassandra reader, in ReadSet order (seed None), feeding fn.external_source: one epoch."""
+    return cassandra_epochs(settings, rs, spec, copts, 1, progress)[0]
+
+
+def cassandra_epochs(
+    settings: CassandraSettings,
+    rs: ReadSet,
+    spec: PipelineSpec,
+    copts: CassandraReadOptions,
+    epochs: int,
+    progress: Progress = None,
+) -> list[RunResult]:
+    """EPOCHS epochs of one Cassandra reader (its window carries over from one epoch to the next, as in training),
+    each through its own pipeline and verified; each result records the window the epoch used."""
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
-    knobs = {
-        k: getattr(copts, k) for k in ("prefetch_batches", "requests_in_flight", "rows_per_request", "connections")
-    }
+    names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
+    knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo")}
+    results = []
     with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
-        batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches())
-        return run_external("cassandra", rs, spec, batches, knobs, on_batch=progress)
+        for _ in range(epochs):
+            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches())
+            result = run_external("cassandra", rs, spec, batches, dict(knobs), on_batch=progress)
+            if reader.window_stats is not None:
+                result.settings["window"] = reader.window_stats.to_dict()
+            results.append(result)
+    return results
 
 
 def cassandra_simple_run(
@@ -96,7 +114,12 @@ def folder_shard_runs(rs: ReadSet, root: str, opts: ReadCheckOptions, progress: 
 
 @contextmanager
 def dali_s3_env(settings: S3Settings) -> Iterator[None]:
-    """The AWS SDK inside DALI reads its endpoint and keys from the environment: set them for one run."""
+    """The AWS SDK inside DALI reads its endpoint and keys from the environment: set them for one run.
+
+    DALI builds one S3 client per process, from ``AWS_ENDPOINT_URL`` alone, on its first ``s3://`` read: later
+    changes of the endpoint in the same process are ignored, and no connection or transfer setting is read.
+    ``fn.readers.webdataset`` then issues one ranged GET per sample member, one after the other from its loader
+    thread, which bounds it at the server's request rate / members per sample (docs/readback.md)."""
     keys = {
         "AWS_ENDPOINT_URL": settings.endpoint_url or "",
         "AWS_ACCESS_KEY_ID": settings.access_key or "",
@@ -131,11 +154,33 @@ def s3_stream_run(
     sopts: S3StreamOptions,
     progress: Progress = None,
 ) -> RunResult:
-    """imgest's streaming shard reader (whole-shard GETs in parallel) feeding fn.external_source."""
+    """imgest's streaming shard reader (whole-shard GETs in parallel) feeding fn.external_source: one epoch."""
+    return s3_stream_epochs(rs, settings, bucket, prefix, spec, sopts, 1, progress)[0]
+
+
+def s3_stream_epochs(
+    rs: ReadSet,
+    settings: S3Settings,
+    bucket: str,
+    prefix: str,
+    spec: PipelineSpec,
+    sopts: S3StreamOptions,
+    epochs: int,
+    progress: Progress = None,
+) -> list[RunResult]:
+    """EPOCHS epochs of one streaming shard reader (its read-ahead window carries over, as in training), each
+    through its own pipeline and verified; each result records the window the epoch used."""
     sopts = replace(sopts, batch_size=spec.batch_size)
     stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts)
-    knobs = {"parallel_shards": sopts.parallel_shards, "shuffle_buffer": sopts.shuffle_buffer}
-    return run_external("shards-s3-stream", rs, spec, s3_stream_batches(stream), knobs, on_batch=progress)
+    names = ("parallel_shards", "slow_start", "io_threads", "max_buffer_mb", "shuffle_buffer")
+    knobs: dict[str, Any] = {k: getattr(sopts, k) for k in names}
+    results = []
+    for _ in range(epochs):
+        result = run_external("shards-s3-stream", rs, spec, s3_stream_batches(stream), dict(knobs), on_batch=progress)
+        if stream.window_stats is not None:
+            result.settings["window"] = stream.window_stats.to_dict()
+        results.append(result)
+    return results
 
 
 def s3_webdataset_run(

@@ -30,6 +30,8 @@ class PipelineSpec:
     crop: int = 224
     prefetch_queue_depth: int = 2
     seed: int = 0
+    checkpointing: bool = False  # DALI's enable_checkpointing: pipe.checkpoint() saves the readers' positions
+    verify_after: bool = False  # keep each sample's bytes and verify after the epoch (benchmarks: time only run())
 
 
 def cuda_devices() -> int:
@@ -58,15 +60,19 @@ def _train(jpegs: Any, spec: PipelineSpec) -> Any:
     )
 
 
-def _build(spec: PipelineSpec, graph: Callable[[], tuple[Any, ...]]) -> Any:
+def _build(spec: PipelineSpec, graph: Callable[[], tuple[Any, ...]], checkpoint: str | None = None) -> Any:
     from nvidia.dali import Pipeline
 
+    saving: dict[str, Any] = {"enable_checkpointing": True} if spec.checkpointing or checkpoint else {}
+    if checkpoint:
+        saving["checkpoint"] = checkpoint
     pipe = Pipeline(
         batch_size=spec.batch_size,
         num_threads=spec.num_threads,
         device_id=spec.device_id,
         prefetch_queue_depth=spec.prefetch_queue_depth,
         seed=spec.seed,
+        **saving,
     )
     with pipe:
         jpegs, labels, *extra = graph()
@@ -76,20 +82,30 @@ def _build(spec: PipelineSpec, graph: Callable[[], tuple[Any, ...]]) -> Any:
     return pipe
 
 
-def file_pipeline(spec: PipelineSpec, files: Sequence[str], labels: Sequence[int]) -> Any:
-    """fn.readers.file over FILES (absolute paths, in this order) with their LABELS."""
+def file_pipeline(
+    spec: PipelineSpec, files: Sequence[str], labels: Sequence[int], checkpoint: str | None = None, **reader: Any
+) -> Any:
+    """fn.readers.file over FILES (absolute paths, in this order) with their LABELS; CHECKPOINT (from
+    ``pipe.checkpoint()`` of the same pipeline) restores its position; READER adds reader arguments (shard_id,
+    num_shards, random_shuffle, seed, ...)."""
     from nvidia.dali import fn
 
     def graph() -> tuple[Any, ...]:
-        return fn.readers.file(
-            files=list(files), labels=[int(x) for x in labels], random_shuffle=False, pad_last_batch=True, name=READER
-        )
+        args = {"random_shuffle": False, "pad_last_batch": True, **reader}
+        return fn.readers.file(files=list(files), labels=[int(x) for x in labels], name=READER, **args)
 
-    return _build(spec, graph)
+    return _build(spec, graph, checkpoint)
 
 
-def webdataset_pipeline(spec: PipelineSpec, paths: Sequence[str], index_paths: Sequence[str] | None) -> Any:
-    """fn.readers.webdataset over shard PATHS (folders or s3:// URLs) with their DALI indexes."""
+def webdataset_pipeline(
+    spec: PipelineSpec,
+    paths: Sequence[str],
+    index_paths: Sequence[str] | None,
+    checkpoint: str | None = None,
+    **reader: Any,
+) -> Any:
+    """fn.readers.webdataset over shard PATHS (folders or s3:// URLs) with their DALI indexes; CHECKPOINT and
+    READER as for file_pipeline."""
     from nvidia.dali import fn
 
     def graph() -> tuple[Any, ...]:
@@ -98,12 +114,12 @@ def webdataset_pipeline(spec: PipelineSpec, paths: Sequence[str], index_paths: S
             index_paths=list(index_paths) if index_paths else None,
             ext=[IMAGE_EXTS, "cls", "json"],
             missing_component_behavior="error",
-            pad_last_batch=True,
             name=READER,
+            **{"pad_last_batch": True, **reader},
         )
         return jpegs, cls, meta
 
-    return _build(spec, graph)
+    return _build(spec, graph, checkpoint)
 
 
 def external_pipeline(spec: PipelineSpec, source: Callable[[], tuple[list[Any], Any]]) -> Any:

@@ -52,6 +52,7 @@ def run_external(
     """A reader that feeds fn.external_source."""
     feed = FeedQueue(batches)
     pipe = external_pipeline(spec, feed)
+    kw.setdefault("verify_after", spec.verify_after)
     return measure(name, pipe, spec.mode, rs, feed.identify, total=len(rs), settings=settings, **kw)
 
 
@@ -66,6 +67,7 @@ def run_files(rs: ReadSet, spec: PipelineSpec, **kw: Any) -> RunResult:
         j = by_path.find(out[at][i].source_info())
         return (rs.ids[j].decode() if j >= 0 else out[at][i].source_info()), int(out[1].at(i)[0]), None
 
+    kw.setdefault("verify_after", spec.verify_after)
     return measure("files", pipe, spec.mode, rs, identify, settings={"reader": "fn.readers.file"}, **kw)
 
 
@@ -84,6 +86,7 @@ def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: 
     paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
     pipe = webdataset_pipeline(spec, paths, [p[:-4] + ".idx" for p in paths])
     settings = {"reader": "fn.readers.webdataset", "shards": len(paths)}
+    kw.setdefault("verify_after", spec.verify_after)
     return measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)
 
 

@@ -1,9 +1,14 @@
 """Streaming webdataset shards from S3: whole-shard GETs in parallel, tars parsed in memory, a shuffle buffer.
 
-The read path the S3-shard prior art describes: a pool of ``parallel_shards`` threads each GETs a whole shard
-object (one request, no per-sample round trips), the tar is parsed from memory, and samples pass through a
-seeded shuffle buffer of ``shuffle_buffer`` samples that spans several shards. ``shard_id`` / ``num_shards``
-split the shard list between training processes.
+The read path the S3-shard prior art describes: a pool of threads each GETs a whole shard object (one request,
+no per-sample round trips), the tar is parsed from memory, and samples pass through a seeded shuffle buffer of
+``shuffle_buffer`` samples that spans several shards. ``shard_id`` / ``num_shards`` split the shard list between
+training processes.
+
+How many shards are fetched ahead sizes itself by default (``imgest.readback.window``): shards delivered per
+second x the shortest GET x 3, grown from ``slow_start`` shards and capped by ``max_buffer_mb`` of shard bytes and
+by ``io_threads`` GETs; a GET's time includes its transfer, so on a fast link the slow start's few shards are
+ahead and 100 ms away enough to cover the round trip. ``parallel_shards`` fixes the count instead.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import logging
 import random
 import tarfile
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +29,7 @@ import numpy as np
 
 from imgest.core.errors import ImgestError
 from imgest.core.settings import S3Settings
+from imgest.readback.window import AdaptiveWindow, WindowStats
 
 log = logging.getLogger(__name__)
 Sample = tuple[np.ndarray, int, str, dict[str, Any]]  # image bytes, label, key, json member
@@ -33,10 +41,13 @@ class ShardReadError(ImgestError):
 
 @dataclass(frozen=True)
 class S3StreamOptions:
-    """Knobs of the streaming shard reader."""
+    """Knobs of the streaming shard reader; the defaults size the read-ahead by themselves."""
 
     batch_size: int = 64
-    parallel_shards: int = 4  # whole-shard GETs in flight
+    parallel_shards: int | None = None  # None: adaptive read-ahead; N: exactly N whole-shard GETs ahead
+    slow_start: int = 4  # shards in the first (and smallest) adaptive window
+    io_threads: int = 16  # cap on GETs in flight (threads and HTTP connections)
+    max_buffer_mb: int = 512  # memory bound of the adaptive window (shards fetched or fetching, not consumed)
     shuffle_buffer: int = 0  # samples; 0 keeps shard order
     seed: int = 0
     shard_id: int = 0
@@ -116,8 +127,21 @@ class S3ShardStream:
         self.settings, self.bucket = settings, bucket
         self.opts = opts or S3StreamOptions()
         self.keys = list(keys)[self.opts.shard_id :: self.opts.num_shards]
-        self._client = settings.client()
+        self._client = settings.client(max_pool_connections=max(10, self.threads))
         self.epoch = 0
+        self.window_stats: WindowStats | None = None  # the read-ahead window of the last epoch read
+
+    @property
+    def threads(self) -> int:
+        """GET threads: the fixed count, or the cap of the adaptive window."""
+        return max(1, self.opts.parallel_shards or self.opts.io_threads)
+
+    def window(self) -> AdaptiveWindow:
+        """The read-ahead window in shards these options give (adaptive unless parallel_shards is set)."""
+        fixed = self.opts.parallel_shards is not None
+        initial = max(1, min(self.opts.parallel_shards or self.opts.slow_start, self.threads))
+        start = self.window_stats.final if self.window_stats else None  # the last epoch's window
+        return AdaptiveWindow("shards", initial, self.threads, adaptive=not fixed, start=start)
 
     def _get(self, key: str) -> bytes:
         last: Exception | None = None
@@ -131,20 +155,46 @@ class S3ShardStream:
         )
 
     def _samples(self, order: list[str]) -> Iterator[Sample]:
-        with ThreadPoolExecutor(self.opts.parallel_shards, thread_name_prefix="imgest-s3get") as pool:
-            pending: list[tuple[str, Future[bytes]]] = []
-            keys = iter(order)
-            for key in keys:
-                pending.append((key, pool.submit(self._get, key)))
-                if len(pending) >= self.opts.parallel_shards:
-                    break
-            while pending:
-                key, future = pending.pop(0)
-                data = future.result()
-                nxt = next(keys, None)
-                if nxt is not None:
-                    pending.append((nxt, pool.submit(self._get, nxt)))
-                yield from tar_samples(data, f"s3://{self.bucket}/{key}")
+        window, lock = self.window(), threading.Lock()
+        pending: deque[tuple[str, Future[bytes]]] = deque()
+        keys = iter(order)
+        sizes: list[int] = []
+
+        def pump() -> None:  # with LOCK held: GET the next shards while the window allows
+            while len(pending) < max(1, round(window.size)):
+                key = next(keys, None)
+                if key is None:
+                    return
+                pending.append((key, pool.submit(fetch, key, window.stamp())))
+
+        def fetch(key: str, token: tuple[float, float]) -> bytes:
+            data = self._get(key)
+            with lock:  # accounted before the consumer can see the shard
+                sizes.append(len(data))
+                window.landed(token, 1)
+                if window.adaptive:  # memory bound, in shards of the average size seen
+                    window.set_cap(min(self.threads, self.opts.max_buffer_mb * 2**20 / (sum(sizes) / len(sizes))))
+                pump()
+            return data
+
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="imgest-s3get") as pool:
+            try:
+                with lock:
+                    pump()
+                while pending:
+                    key, future = pending[0]
+                    data = future.result()
+                    with lock:
+                        pending.popleft()
+                        pump()
+                    yield from tar_samples(data, f"s3://{self.bucket}/{key}")
+            finally:
+                with lock:
+                    keys = iter(())  # nothing more once the consumer stops
+                    for _, future in pending:
+                        future.cancel()
+                self.window_stats = window.finish()
+                log.debug("s3 read-ahead window of epoch %s: %s", self.epoch - 1, self.window_stats)
 
     def _shuffled(self, samples: Iterator[Sample], rng: random.Random) -> Iterator[Sample]:
         size = self.opts.shuffle_buffer

@@ -2,7 +2,8 @@
 
 ``toxiproxy-server`` is built by the project's test install from the Go module proxy into
 ``<state>/bin/``. ``LatencyProxy`` starts it, opens one proxy per upstream (listen port -> upstream port) and
-sets an added round trip: half of it as latency on each direction, so a request/response pays the full RTT.
+sets an added round trip: half of it as latency on each direction, so a request/response pays the full RTT,
+optionally with jitter (each chunk's delay drawn in latency +- jitter) and a bandwidth limit on the responses.
 """
 
 from __future__ import annotations
@@ -103,20 +104,24 @@ class LatencyProxy:
         self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
         return listen
 
-    def set_rtt(self, name: str, rtt_ms: float) -> None:
-        """Add RTT_MS to every round trip through proxy NAME (0 removes the delay)."""
+    def _toxic(self, name: str, toxic: str, body: dict[str, Any] | None) -> None:
+        """Replace TOXIC of proxy NAME by BODY (None: remove it)."""
+        with contextlib.suppress(ServiceError):  # not set yet
+            self._call("DELETE", f"/proxies/{name}/toxics/{toxic}")
+        if body is not None:
+            self._call("POST", f"/proxies/{name}/toxics", {"name": toxic, **body})
+
+    def set_rtt(self, name: str, rtt_ms: float, jitter_ms: float = 0.0) -> None:
+        """Add RTT_MS (+- JITTER_MS) to every round trip through proxy NAME (0 removes the delay)."""
         for direction in ("upstream", "downstream"):
-            toxic = f"delay_{direction}"
-            with contextlib.suppress(ServiceError):  # no delay set yet
-                self._call("DELETE", f"/proxies/{name}/toxics/{toxic}")
-            if rtt_ms > 0:
-                body = {
-                    "name": toxic,
-                    "type": "latency",
-                    "stream": direction,
-                    "attributes": {"latency": round(rtt_ms / 2)},
-                }
-                self._call("POST", f"/proxies/{name}/toxics", body)
+            attributes = {"latency": round(rtt_ms / 2), "jitter": round(jitter_ms / 2)}
+            body = {"type": "latency", "stream": direction, "attributes": attributes}
+            self._toxic(name, f"delay_{direction}", body if rtt_ms > 0 else None)
+
+    def set_bandwidth(self, name: str, rate_kb_s: int) -> None:
+        """Limit what proxy NAME sends back to the client to RATE_KB_S kilobytes per second (0 removes the limit)."""
+        body = {"type": "bandwidth", "stream": "downstream", "attributes": {"rate": rate_kb_s}}
+        self._toxic(name, "bandwidth_downstream", body if rate_kb_s > 0 else None)
 
     def set_enabled(self, name: str, enabled: bool) -> None:
         """Cut (False) or restore (True) every connection through proxy NAME: a server that went away."""

@@ -1,4 +1,5 @@
-"""Readers behind a real TCP proxy (Toxiproxy): correct under added latency, clear errors when the server goes."""
+"""Readers behind a real TCP proxy (Toxiproxy): correct under added latency, clear errors when the server goes,
+and a read-ahead window that grows by itself when the server is far away."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, ReadError
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, ReadError, epoch_order
 from imgest.readback.check import ReadCheckOptions, cassandra_run, s3_stream_run
 from imgest.readback.datasets import cassandra_set, shards_set
 from imgest.readback.pipelines import PipelineSpec
@@ -45,7 +46,7 @@ def test_readers_stay_exact_under_added_latency(proxy: LatencyProxy, stored: dic
     with cassandra_session(stored["cassandra"]) as session:
         rs = cassandra_set(session, TableLayout(KEYSPACE), DATASET)
     spec = PipelineSpec(8)
-    result = cassandra_run(cassandra, rs, spec, CassandraReadOptions(prefetch_batches=4))
+    result = cassandra_run(cassandra, rs, spec, CassandraReadOptions(prefetch_buffers=4))
     assert result.ok, result.problems
     assert result.images == len(rs)
     shards = shards_set(open_store(stored["s3"], stored["s3_settings"]))
@@ -59,7 +60,7 @@ def test_server_gone_mid_read_is_an_error_naming_host(proxy: LatencyProxy, store
     proxy.set_rtt("test-cassandra", 0)
     with cassandra_session(stored["cassandra"]) as session:
         rs = cassandra_set(session, TableLayout(KEYSPACE), DATASET)
-    opts = CassandraReadOptions(batch_size=4, prefetch_batches=1, requests_in_flight=1, rows_per_request=4, retries=2)
+    opts = CassandraReadOptions(batch_size=4, prefetch_buffers=1, requests_in_flight=1, rows_per_request=4, retries=2)
     with CassandraReader(cassandra, rs.table, rs.ids, rs.labels, opts) as reader:
         batches = reader.epoch_batches()
         next(batches)
@@ -80,3 +81,72 @@ def test_server_gone_mid_read_is_an_error_naming_host(proxy: LatencyProxy, store
     finally:
         proxy.set_enabled("test-s3", True)
     assert "29433" in str(err.value)
+
+
+def _ids_of(reader: CassandraReader) -> list[str]:
+    return [i for _, _, ids in reader.epoch_batches() for i in ids]
+
+
+@pytest.mark.parametrize("ooo", [True, False])
+def test_cassandra_window_grows_under_latency_and_reads_each_row_once(
+    proxy: LatencyProxy, stored: dict[str, Any], ooo: bool
+) -> None:
+    cassandra, _ = _through(proxy, stored)
+    proxy.set_rtt("test-cassandra", 60)
+    with cassandra_session(stored["cassandra"]) as session:
+        rs = cassandra_set(session, TableLayout(KEYSPACE), DATASET)
+    opts = CassandraReadOptions(batch_size=4, slow_start=1, rows_per_request=2, ooo=ooo, seed=7)
+    with CassandraReader(cassandra, rs.table, rs.ids, rs.labels, opts) as reader:
+        got = _ids_of(reader)
+        stats = reader.window_stats
+    want = [rs.ids[i].decode() for i in epoch_order(rs.ids, rs.labels, opts, 0)]
+    assert sorted(got) == sorted(want)
+    assert len(set(got)) == len(want) == stored["train"]
+    if not ooo:
+        assert got == want  # in-order mode keeps the epoch's seeded order
+    assert stats is not None
+    assert stats.adaptive
+    assert stats.unit == "rows"
+    assert stats.initial == 4  # slow start: one batch
+    assert stats.growths >= 1, stats
+    assert stats.peak >= 2 * stats.initial, stats
+    assert stats.min_rtt_ms is not None
+    assert stats.min_rtt_ms >= 55  # the proxy's round trip was seen
+
+
+def test_fixed_prefetch_buffers_keep_their_window(proxy: LatencyProxy, stored: dict[str, Any]) -> None:
+    cassandra, _ = _through(proxy, stored)
+    proxy.set_rtt("test-cassandra", 30)
+    with cassandra_session(stored["cassandra"]) as session:
+        rs = cassandra_set(session, TableLayout(KEYSPACE), DATASET)
+    opts = CassandraReadOptions(batch_size=4, prefetch_buffers=2, rows_per_request=2)
+    with CassandraReader(cassandra, rs.table, rs.ids, rs.labels, opts) as reader:
+        got = _ids_of(reader)
+        stats = reader.window_stats
+    assert len(set(got)) == len(got) == stored["train"]
+    assert stats is not None
+    assert not stats.adaptive
+    assert stats.initial == stats.final == stats.peak == 8
+    assert stats.growths == 0
+
+
+def test_s3_read_ahead_grows_under_latency_and_reads_each_sample_once(
+    proxy: LatencyProxy, stored: dict[str, Any]
+) -> None:
+    _, s3 = _through(proxy, stored)
+    proxy.set_rtt("test-s3", 60)
+    shards = shards_set(open_store(stored["s3"], stored["s3_settings"]))
+    keys = [f"tests/readback/{s}" for s in shards.shards]
+    stream = S3ShardStream(s3, "imgest", keys, S3StreamOptions(batch_size=4, slow_start=1))
+    got = [k for _, _, batch_keys, _ in stream.epoch_batches() for k in batch_keys]
+    assert len(got) == len(set(got)) == len(shards)
+    stats = stream.window_stats
+    assert stats is not None
+    assert stats.adaptive
+    assert stats.unit == "shards"
+    assert stats.initial == 1
+    assert stats.samples == len(keys)  # one sample per GET
+    assert stats.growths >= 1, stats
+    assert stats.peak >= 2, stats
+    assert stats.min_rtt_ms is not None
+    assert stats.min_rtt_ms >= 55  # the proxy's round trip was seen

@@ -1,0 +1,127 @@
+"""How much a reader requests ahead of its consumer: rate x round trip, grown from a slow start, capped by memory.
+
+``AdaptiveWindow`` sizes the read-ahead of the Cassandra reader (rows) and the S3 stream reader (shards) from
+what it observes, the way a TCP sender sizes its congestion window from delivery rate and round trip (BBR):
+
+- every request is stamped when sent with the units delivered so far; when it lands, the units delivered
+  meanwhile over its round trip are one delivery-rate sample, and its round trip one round-trip sample;
+- the window is ``gain`` x (the highest recent delivery rate) x (the lowest round trip seen), kept between a
+  floor (the slow start: the first window) and a cap (a memory bound, and the requests-in-flight bound);
+- a window that limits the rate gives samples of about window / round trip, so the target is the gain times
+  the window: in the slow start it doubles each round trip (``startup_gain`` 2) until the
+  delivery rate stops growing (less than 25 % in two round trips: the server or the consumer, not the window,
+  sets the rate); from then on the window holds ``gain`` (1.5) x rate x round trip, re-measured as it goes
+  (a window larger than that only adds requests queued at the server: measured slower here);
+- a reader starts each epoch from the window its last epoch ended with (``start``), the floor only the first time.
+
+On a fast link the window stays at its floor (little memory, no extra contention); 100 ms away it grows to
+hold a round trip of data. ``WindowStats`` records what happened, for logs, benchmarks and tests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+RATE_SAMPLES = 64  # delivery-rate samples the max filter looks back over
+PLATEAU = 1.25  # the slow start ends when the best rate grew less than this ...
+PLATEAU_ROUNDS = 2  # ... over this many round trips in a row
+
+
+@dataclass
+class WindowStats:
+    """What one epoch's window did: its sizes (in the reader's units), growths, and what it was sized from."""
+
+    unit: str
+    adaptive: bool
+    initial: float
+    final: float = 0.0
+    peak: float = 0.0
+    growths: int = 0  # times the window grew by at least a quarter of itself
+    startup_rounds: int = 0  # round trips spent in the slow start
+    capped: bool = False  # the memory or requests bound held it back at least once
+    samples: int = 0
+    min_rtt_ms: float | None = None
+    max_rate: float = 0.0  # units per second
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class AdaptiveWindow:
+    """A read-ahead window in UNITs (rows, bytes), adaptive or fixed; not thread-safe (callers hold their lock)."""
+
+    def __init__(
+        self,
+        unit: str,
+        initial: float,
+        cap: float,
+        *,
+        adaptive: bool = True,
+        gain: float = 1.5,
+        startup_gain: float = 2.0,
+        start: float | None = None,
+    ) -> None:
+        self.floor, self.cap, self.gain, self.adaptive = float(initial), float(max(cap, initial)), gain, adaptive
+        self.startup_gain = startup_gain
+        self.in_startup = True
+        self._round_end = 0.0  # when the current round trip ends (a round: the lowest round trip seen)
+        self._round_rate = 0.0  # the best rate at the start of the current plateau check
+        self._flat_rounds = 0
+        self.size = min(self.cap, max(self.floor, start or 0.0)) if adaptive else self.floor
+        self.delivered = 0.0
+        self.min_rtt = math.inf
+        self._rates: deque[float] = deque(maxlen=RATE_SAMPLES)
+        self._grown_from = self.size
+        self.stats = WindowStats(unit, adaptive, self.size, self.size, self.size)
+
+    def stamp(self) -> tuple[float, float]:
+        """The token of a request sent now: (time, units delivered so far)."""
+        return time.perf_counter(), self.delivered
+
+    def set_cap(self, cap: float) -> None:
+        """Lower or raise the memory bound (say once the size of a row or a shard is known)."""
+        self.cap = max(self.floor, cap)
+        if self.size > self.cap:
+            self.size = self.cap
+            self.stats.capped = True
+
+    def landed(self, token: tuple[float, float], units: float) -> None:
+        """A request sent with TOKEN delivered UNITS: take its samples and resize the window."""
+        now = time.perf_counter()
+        sent, delivered_then = token
+        self.delivered += units
+        rtt = max(now - sent, 1e-6)
+        self.min_rtt = min(self.min_rtt, rtt)
+        self._rates.append((self.delivered - delivered_then) / rtt)
+        self.stats.samples += 1
+        if not self.adaptive:
+            return
+        best = max(self._rates)
+        if self.in_startup and now >= self._round_end:  # a round trip has passed: did the best rate still grow?
+            self.stats.startup_rounds += 1
+            self._flat_rounds = self._flat_rounds + 1 if best < PLATEAU * self._round_rate else 0
+            self._round_rate = max(self._round_rate, best) if self._flat_rounds else best
+            self._round_end = now + self.min_rtt
+            self.in_startup = self._flat_rounds < PLATEAU_ROUNDS
+        target = (self.startup_gain if self.in_startup else self.gain) * best * self.min_rtt
+        if target > self.cap:
+            self.stats.capped = True
+        self.size = min(self.cap, max(self.floor, target))
+        if self.size >= 1.25 * self._grown_from:
+            self.stats.growths += 1
+            self._grown_from = self.size
+        elif self.size < self._grown_from:
+            self._grown_from = self.size
+        self.stats.peak = max(self.stats.peak, self.size)
+
+    def finish(self) -> WindowStats:
+        """The stats of the epoch, with the final size and the estimates it was sized from."""
+        self.stats.final = self.size
+        self.stats.peak = max(self.stats.peak, self.size)
+        self.stats.min_rtt_ms = round(self.min_rtt * 1000, 2) if self.min_rtt < math.inf else None
+        self.stats.max_rate = round(max(self._rates, default=0.0), 1)
+        return self.stats
