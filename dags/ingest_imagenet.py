@@ -27,6 +27,7 @@ SHARDS_ARGS = "{{ ti.xcom_pull(task_ids='scan')['shards_args'] }}"
 FILES_ARGS = "{{ ti.xcom_pull(task_ids='scan')['files_args'] }}"
 SHARD_DEST = "{{ ti.xcom_pull(task_ids='validate')['s3_dest'] or 's3://imgest/' ~ params.dataset }}"
 FILES_DEST = "{{ ti.xcom_pull(task_ids='scan')['files_dest'] }}"
+SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"
 
 DOC = """
 ### Ingest an ImageNet-style dataset
@@ -103,11 +104,12 @@ with DAG(
     def scan(request: dict[str, Any]) -> dict[str, Any]:
         """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
         from imgest.operators.failures import fail_without_retry
+        from imgest.operators.hooks import source_settings
 
         from imgest.flow.steps import scan_step
 
         with fail_without_retry():
-            return scan_step(request)
+            return scan_step(request, source_settings(request.get("source"), request.get("source_conn_id", "")))
 
     @task.branch(doc_md="Follows the Target: the other branch's tasks are skipped, not failed.")
     def choose_target(request: dict[str, Any]) -> str:
@@ -123,6 +125,7 @@ with DAG(
     )
     ingest_cassandra = CassandraIngestSubmitOperator(
         task_id="ingest_cassandra",
+        source_conn_id=SOURCE_CONN,
         application_args=CASSANDRA_ARGS,
         doc_md="Spark job `jobs/ingest_cassandra.py` on `spark_default`: transforms and writes the rows.",
     )
@@ -139,6 +142,7 @@ with DAG(
     )
     ingest_shards = PackShardsSubmitOperator(
         task_id="ingest_shards",
+        source_conn_id=SOURCE_CONN,
         application_args=SHARDS_ARGS,
         doc_md="Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`.",
     )
@@ -148,7 +152,10 @@ with DAG(
         doc_md="Checks every shard of `manifest.json` is there with its sha256.",
     )
     ingest_files = WriteFilesSubmitOperator(
-        task_id="ingest_files", application_args=FILES_ARGS, doc_md="Spark job: write <split>/<wnid>/<id>.jpg files."
+        task_id="ingest_files",
+        source_conn_id=SOURCE_CONN,
+        application_args=FILES_ARGS,
+        doc_md="Spark job: write <split>/<wnid>/<id>.jpg files.",
     )
     verify_files = VerifyFilesOperator(
         task_id="verify_files",

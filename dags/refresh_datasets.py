@@ -23,6 +23,7 @@ from imgest.flow.registry import DatasetEntry, load_registry
 
 DATASETS = AssetAlias("imgest-datasets")
 MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
+SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"  # an s3:// source's connection
 
 
 def _doc(entry: DatasetEntry) -> str:
@@ -71,12 +72,14 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
         planned = plan(scanned)
         if target == "cassandra":
             prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
-            ingest = CassandraIngestSubmitOperator(task_id="ingest", application_args=plan_args)
+            ingest = CassandraIngestSubmitOperator(
+                task_id="ingest", application_args=plan_args, source_conn_id=SOURCE_CONN
+            )
         else:
             from imgest.flow.request import IngestRequest
 
             prepare = EnsureBucketOperator(task_id="prepare", dest=IngestRequest.from_conf(conf).shard_dest)
-            ingest = PackShardsSubmitOperator(task_id="ingest", application_args=plan_args)
+            ingest = PackShardsSubmitOperator(task_id="ingest", application_args=plan_args, source_conn_id=SOURCE_CONN)
         finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
         changed(planned) >> prepare >> ingest >> finish
         published = publish(finish.output)
@@ -102,11 +105,13 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
         @task(task_id="scan", doc_md="Scans the source into the dataset's work folder.")
         def scan() -> dict[str, Any]:
             from imgest.operators.failures import fail_without_retry
+            from imgest.operators.hooks import source_settings
 
             from imgest.flow.steps import scan_step
 
+            conf = entry.conf(entry.targets[0])
             with fail_without_retry():
-                return scan_step(entry.conf(entry.targets[0]))
+                return scan_step(conf, source_settings(conf.get("source"), conf.get("source_conn_id", "aws_default")))
 
         scanned = scan()
         lock >> scanned

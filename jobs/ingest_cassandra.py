@@ -34,6 +34,7 @@ from imgest.sinks.cassandra.ingest import (
 )
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.sources.s3objects import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, manifest_frame, progress_log
@@ -53,7 +54,7 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
         args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
     )
     return CassandraIngestConfig(
-        root=meta["root"],
+        root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
         dataset=args.dataset or meta["dataset"],
         version=args.version or f"t-{transform_key(spec)}",
         tables=TableLayout(args.keyspace, args.table_layout, args.table_suffix),

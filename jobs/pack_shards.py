@@ -40,6 +40,7 @@ from imgest.sinks.shards.pack import (
 from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, version_key, write_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
+from imgest.sources.s3objects import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, progress_log
@@ -59,7 +60,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]]) -> PackConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
     return PackConfig(
-        root=meta["root"],
+        root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
         dataset=args.dataset or meta["dataset"],
         dest=args.dest,
         spec=TransformSpec(

@@ -36,6 +36,7 @@ from imgest.sinks.files.write import (
     write_partition,
 )
 from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.sources.s3objects import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, manifest_frame, progress_log
@@ -57,7 +58,7 @@ def build_config(args: argparse.Namespace) -> FilesConfig:
     )
     dataset = args.dataset or meta["dataset"]
     key = version_key(args.manifest_dir / workdir.MANIFEST, dataset, spec)
-    return FilesConfig(meta["root"], dataset, str(args.dest.resolve()), spec, key)
+    return FilesConfig(shippable_root(meta["root"]), dataset, str(args.dest.resolve()), spec, key)
 
 
 def load(df: Any, cfg: FilesConfig, rows: int) -> FilesPartResult:

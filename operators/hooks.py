@@ -98,3 +98,10 @@ def store_settings(dest: str, aws_conn_id: str) -> S3Settings | None:
     if not dest.startswith("s3://"):
         return None
     return ImgestS3Hook(aws_conn_id=aws_conn_id).settings(dest[5:].split("/", 1)[0])
+
+
+def source_settings(source: str | None, source_conn_id: str) -> S3Settings | None:
+    """The connection of SOURCE when it is an s3:// URL (its own, SOURCE_CONN_ID), None for a local path."""
+    if not source or not source.startswith("s3://") or not source_conn_id:
+        return None
+    return ImgestS3Hook(aws_conn_id=source_conn_id).settings(source[5:].split("/", 1)[0])

@@ -18,13 +18,25 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
     """Submit jobs/<job>.py on the `spark_default` connection with imgest's Spark settings."""
 
     job: ClassVar[str]
+    template_fields = (*SparkSubmitOperator.template_fields, "source_conn_id")
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, source_conn_id: str = "", **kwargs: Any) -> None:
         from imgest.spark.submit import job_path
 
         kwargs.setdefault("conn_id", "spark_default")
         kwargs.setdefault("name", f"imgest-{self.job}")
         super().__init__(application=str(job_path(self.job)), **kwargs)
+        self.source_conn_id = source_conn_id  # an s3:// source's connection ('' for a local source)
+
+    def source_env(self) -> dict[str, str]:
+        """IMGEST_SOURCE_* variables from the source's connection (none for a local source)."""
+        if not self.source_conn_id:
+            return {}
+        from imgest.operators.hooks import ImgestS3Hook
+
+        from imgest.sources.s3objects import source_env
+
+        return source_env(ImgestS3Hook(aws_conn_id=self.source_conn_id).settings())
 
     def job_env(self) -> dict[str, str]:
         """Environment variables that reach the store (overridden per job)."""
@@ -44,7 +56,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         master = self.master()
         keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
         env = {k: v for k, v in submit_env(master).items() if k in keep}
-        self.env_vars = {**(self.env_vars or {}), **env, **self.job_env()}
+        self.env_vars = {**(self.env_vars or {}), **env, **self.job_env(), **self.source_env()}
         self.conf = {**spark_conf(master=master), **(self.conf or {})}
         if needs_shipping(master) and not self.py_files:
             self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission

@@ -49,9 +49,14 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
         from imgest.core.errors import ConfigError
 
         raise ConfigError(f"--sample {args.sample}: give 0 (every row) or more images")
+    from imgest.bench.read import conditions
+
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
-    depths = [int(x) for x in args.depths.split(",")]
-    report = bench_main(args.json, args.plot, args.images, args.rounds, rtts, depths, args.batch_size, args.sample)
+    depths = [int(x) for x in args.depths.split(",") if x.strip()]
+    conds = conditions(rtts, args.bandwidth_mb, args.jitter, args.limited_rtt) if rtts else []
+    report = bench_main(
+        args.json, args.plot, args.images, args.rounds, conds, depths, args.batch_size, args.sample, args.sweep_only
+    )
     unverified = [f"{r['reader']}/{r['mode']}" for r in report["readers"] if not r["verified"]]
     if unverified:
         print(f"imgest: error: read-back did not match the recorded bytes for {', '.join(unverified)}")
@@ -113,6 +118,32 @@ def register_cluster(bench_parser: Any) -> None:
     bcl.add_argument("--rounds", type=int, default=3, help="rounds per master; medians reported (default 3)")
     bcl.add_argument("--max-count", type=int, default=100, help="samples per shard (default 100)")
     bcl.set_defaults(func=bench_cluster_cmd)
+
+
+def bench_source_cmd(args: argparse.Namespace) -> int:
+    from imgest.bench.source import main as bench_main
+
+    rtts = tuple(float(x) for x in args.rtt.split(",") if x.strip())
+    report = bench_main(args.json, args.images, args.rounds, rtts, args.master)
+    return bench_done(
+        args, [f"{r['layout']} {r['source']}" for r in report["ingest"] if r.get("meets_target") is False]
+    )
+
+
+def register_source(bench_parser: Any) -> None:
+    """`imgest bench source`, added through BENCH_PARSER (which adds --json and --plot)."""
+    bsrc = bench_parser(
+        "source",
+        help="ingest images/s from a local source vs the same dataset on S3 (0 ms and added RTT through Toxiproxy)",
+        description="Same generated dataset (ImageFolder and ImageNet's tars), same files job and cores; the S3 copy "
+        "is read through a Toxiproxy proxy with each --rtt added. Reports in-job images/s, the ratio to the local "
+        "source (target >= 0.9) and scan objects/s. Needs S3 (imgest services up s3) and toxiproxy-server.",
+    )
+    bsrc.add_argument("--images", type=int, default=2000, help="train images per layout (default 2000)")
+    bsrc.add_argument("--rounds", type=int, default=3, help="runs per condition; medians reported (default 3)")
+    bsrc.add_argument("--rtt", default="0,10", help="added round trips in ms, comma-separated (default 0,10)")
+    bsrc.add_argument("--master", default="", help="Spark master (default local[<cores>])")
+    bsrc.set_defaults(func=bench_source_cmd)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -185,14 +216,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Stores one generated dataset three ways with the project's jobs (cached), then reads the same "
         "train rows with every reader through the same DALI pipeline (raw bytes, and decode + random resized crop + "
         "flip + normalize on CPU), servers pinned to one core and the reader to the other. Every sample is hashed "
-        "against its sha256 recorded at ingest. --rtt adds round trips through Toxiproxy (make install-dev builds "
-        "it) and sweeps --depths (prefetch batches / shards in flight).",
+        "against its sha256 recorded at ingest. Every figure is the epoch rate (harmonic mean of batch rates), median "
+        "of --rounds, with CPU cores per 1,000 images/s. --rtt adds round trips through Toxiproxy (make install-dev "
+        "builds it), then a bandwidth-limited and a jittery case; the readers run with their default (adaptive) "
+        "window, and with fixed --depths (prefetch buffers / shards in flight) when given.",
     )
     br.add_argument("--images", type=int, default=4000, help="train images (default 4000, stored once)")
     br.add_argument("--rounds", type=int, default=3, help="timed rounds; medians reported (default 3)")
     br.add_argument("--batch-size", type=int, default=64, help="batch size of every pipeline (default 64)")
-    br.add_argument("--rtt", default="0,10,50", help="added round trips in ms for the sweep ('' to skip)")
-    br.add_argument("--depths", default="1,2,4,8,16", help="prefetch depths / shards in flight to sweep")
+    br.add_argument("--rtt", default="0,10,50,100", help="added round trips in ms for the sweep ('' to skip)")
+    br.add_argument(
+        "--depths", default="", help="fixed prefetch buffers / shards in flight to sweep beside the adaptive default"
+    )
+    br.add_argument(
+        "--bandwidth-mb",
+        type=float,
+        default=50,
+        help="MB/s per TCP connection of the bandwidth-limited case (0 to skip; default 50)",
+    )
+    br.add_argument("--jitter", type=float, default=40, help="+- ms of the jittery case (0 to skip; default 40)")
+    br.add_argument(
+        "--limited-rtt", type=float, default=50, help="added round trip of the bandwidth and jitter cases (default 50)"
+    )
+    br.add_argument(
+        "--sweep-only",
+        action="store_true",
+        help="only the network sweep (docs/bench/read-latency.json), not the readers table",
+    )
     br.add_argument(
         "--sample",
         type=int,
@@ -205,3 +255,4 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_cluster(bench_parser)
     register_scale(bench_parser)
+    register_source(bench_parser)

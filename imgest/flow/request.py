@@ -20,6 +20,7 @@ S3_URL_PATTERN = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"
 S3_URL = re.compile(f"^{S3_URL_PATTERN}$")
 SHARD_DEST_PATTERN = f"^({S3_URL_PATTERN}|/.*)$"
 DATASET_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+CONN_ID_PATTERN = "^[A-Za-z0-9_.-]{1,250}$"
 DATASET = re.compile(DATASET_PATTERN)
 TABLE_SUFFIX_CHARS = "[A-Za-z0-9_]{0,20}"
 REPLICATION_PATTERN = r"^(SimpleStrategy:\d+|NetworkTopologyStrategy:[A-Za-z0-9_.-]+=\d+(,[A-Za-z0-9_.-]+=\d+)*)$"
@@ -47,9 +48,19 @@ class IngestRequest:
         None,
         "Source dataset",
         "Source",
-        "Path the Airflow worker can read: a folder (ImageNet CLS-LOC, ImageFolder train/val, or class folders) or "
-        "ILSVRC2012_img_train.tar. Give this or switch on 'Use the generated sample', not both.",
+        "A folder the Airflow worker and every Spark node can read (ImageNet CLS-LOC, ImageFolder train/val, or "
+        "class folders) or ILSVRC2012_img_train.tar; or the same on S3: s3://bucket/prefix/ or "
+        "s3://bucket/.../ILSVRC2012_img_train.tar (read with Source connection, no shared file system needed). "
+        "Give this or switch on 'Use the generated sample', not both.",
         type=["null", "string"],
+    )
+    source_conn_id: str = _param(
+        "aws_default",
+        "Source connection",
+        "Source",
+        "Required. The Airflow connection (Amazon Web Services) whose keys, endpoint and region read an s3:// "
+        "source; the destination keeps its own (aws_default). Ignored for a local source.",
+        pattern=CONN_ID_PATTERN,
     )
     sample: bool = _param(
         False,
@@ -276,6 +287,14 @@ class IngestRequest:
             (self.target in defaults.TARGETS, f"target {self.target!r} must be one of {', '.join(defaults.TARGETS)}"),
             (bool(DATASET.match(self.dataset)), f"dataset {self.dataset!r}: letters, digits, _ . - (<= 64)"),
             (self.layout in defaults.LAYOUTS, f"layout {self.layout!r} is unknown"),
+            (
+                not (self.source or "").startswith("s3://") or bool(S3_URL.match(self.source or "")),
+                f"source {self.source!r} is not an S3 URL: write s3://bucket/prefix/ or s3://bucket/key.tar",
+            ),
+            (
+                bool(re.match(CONN_ID_PATTERN, self.source_conn_id)),
+                f"source_conn_id {self.source_conn_id!r}: an Airflow connection id (letters, digits, _ . -)",
+            ),
             (self.spark_partitions >= 0, "spark_partitions must be 0 (auto) or more"),
             (self.check_sample >= 0, "check_sample must be 0 (every row) or more"),
         ]

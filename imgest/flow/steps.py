@@ -34,16 +34,25 @@ def source_path(request: IngestRequest) -> Path:
     return ensure_sample(state_dir() / "demo" / request.dataset, DEMO_SAMPLE)
 
 
-def scan_step(conf: dict[str, Any]) -> dict[str, Any]:
-    """Scan the source into the dataset's work folder; returns the folder and each job's arguments."""
+def scan_step(conf: dict[str, Any], source: S3Settings | None = None) -> dict[str, Any]:
+    """Scan the source into the dataset's work folder; returns the folder and each job's arguments.
+
+    SOURCE: the connection of an s3:// source (from ``source_conn_id``); None reads the IMGEST_SOURCE_* variables.
+    """
+    from imgest.sources.s3objects import is_s3, register_source
     from imgest.sources.scan import scan_to_dir
 
     request = IngestRequest.from_conf(conf)
     manifest_dir = workdir.dataset_workdir(request.dataset)
-    report = scan_to_dir(source_path(request), manifest_dir, request.layout, request.dataset)
+    on_s3 = bool(request.source) and is_s3(request.source or "")
+    if on_s3 and source is not None:
+        register_source(request.source or "", source)
+    src = request.source if on_s3 else source_path(request)
+    report = scan_to_dir(src or "", manifest_dir, request.layout, request.dataset)
     return {
         "manifest_dir": str(manifest_dir),
         "summary": report.summary_line(),
+        "source_conn_id": request.source_conn_id if on_s3 else "",
         "cassandra_args": cassandra_job_args(request, manifest_dir),
         "shards_args": shards_job_args(request, manifest_dir),
         "files_args": files_job_args(request, manifest_dir),

@@ -1,7 +1,8 @@
 """What changed in a source since the last stored version: added, changed, removed, unchanged images.
 
 A refresh scans again and compares the new manifest with the baseline (the manifest of the last complete
-version plus each image's source sha256). Same id, size, mtime and label: unchanged, not read. Size or mtime
+version plus each image's source sha256). Same id, size, mtime and label: unchanged, not read. An object of an
+S3 source compares its ETag instead of its mtime (a re-upload of the same bytes keeps the ETag). Size or mtime
 differ: the file is hashed and only a different hash (or label) makes it changed. Ids are deterministic
 (dataset/split/path), so a changed image keeps its id and is re-ingested in place.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,9 @@ from imgest.sources.read import read_candidate
 HASH_COLUMN = "src_sha256"
 MISSING_HASH = ""  # a file that vanished or could not be read while hashing: ingest quarantines it
 COMPARED = ("size", "mtime", "label", "wnid")  # equal in the baseline: unchanged, the file is not read
+ETAG = "etag"  # an S3 object's: compared instead of the mtime when the row has one
 HASH_CHUNK = 4096  # suspects hashed (and held as Python rows) at a time
+CANDIDATE = frozenset(f.name for f in fields(Candidate))
 
 
 @dataclass
@@ -77,13 +80,16 @@ def diff_manifest(
     (the manifest's rows with their source sha256). Compared as Arrow columns (a vectorized lookup of each id in
     the baseline), never one Python object per row; only the suspects (added, or size / mtime / label differ)
     are read and hashed, CHUNK at a time."""
-    table = pq.read_table(manifest)
+    table = _with_etag(pq.read_table(manifest))
     old = _read_baseline(baseline)
     pos = pc.index_in(table.column("id"), value_set=old.column("id"))
-    before = {c: old.column(c).take(pos) for c in (*COMPARED, HASH_COLUMN)}
+    before = {c: old.column(c).take(pos) for c in (*COMPARED, ETAG, HASH_COLUMN)}
     same = pc.is_valid(pos)
+    equal = {c: pc.fill_null(pc.equal(table.column(c), before[c]), False) for c in (*COMPARED, ETAG)}
+    has_etag = pc.not_equal(table.column(ETAG), "")
+    equal["mtime"] = pc.if_else(has_etag, equal[ETAG], equal["mtime"])
     for c in COMPARED:
-        same = pc.and_(same, pc.fill_null(pc.equal(table.column(c), before[c]), False))
+        same = pc.and_(same, equal[c])
     hashes = pc.if_else(same, before[HASH_COLUMN], MISSING_HASH).to_numpy(zero_copy_only=False).astype(object)
     changes = SourceChanges(unchanged=int(pc.sum(same).as_py() or 0))
     suspects = np.flatnonzero(~same.to_numpy(zero_copy_only=False))
@@ -92,7 +98,7 @@ def diff_manifest(
     for start in range(0, len(suspects), chunk):
         part = suspects[start : start + chunk]
         rows = table.take(pa.array(part)).to_pylist()
-        fresh = hash_candidates(root, [Candidate(**row) for row in rows])
+        fresh = hash_candidates(root, [Candidate(**{k: v for k, v in row.items() if k in CANDIDATE}) for row in rows])
         for i, row, digest in zip(part, rows, fresh, strict=True):
             hashes[i] = digest
             if not found[i]:
@@ -111,22 +117,32 @@ def diff_manifest(
     return changes, table.append_column(HASH_COLUMN, pa.array(hashes, pa.string()))
 
 
+def _with_etag(table: pa.Table) -> pa.Table:
+    """TABLE with an ``etag`` column ('' in each row of a manifest or baseline written before there was one)."""
+    if ETAG in table.column_names:
+        return table.set_column(table.column_names.index(ETAG), ETAG, pc.fill_null(table.column(ETAG), ""))
+    return table.append_column(ETAG, pa.array([""] * table.num_rows, pa.string()))
+
+
 def _read_baseline(baseline: Path | None) -> pa.Table:
     """The baseline's compared columns (an empty table when there is none)."""
-    columns = ["id", *COMPARED, HASH_COLUMN]
-    if baseline is None or not baseline.is_file():
-        schema = pa.schema(
-            [
-                ("id", pa.string()),
-                ("size", pa.int64()),
-                ("mtime", pa.float64()),
-                ("label", pa.int32()),
-                ("wnid", pa.string()),
-                (HASH_COLUMN, pa.string()),
-            ]
-        )
-        return schema.empty_table()
-    return pq.read_table(baseline, columns=columns)
+    if baseline is not None and baseline.is_file():
+        columns = ["id", *COMPARED, HASH_COLUMN]
+        if ETAG in pq.read_schema(baseline).names:
+            columns.append(ETAG)
+        return _with_etag(pq.read_table(baseline, columns=columns))
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("size", pa.int64()),
+            ("mtime", pa.float64()),
+            ("label", pa.int32()),
+            ("wnid", pa.string()),
+            (HASH_COLUMN, pa.string()),
+            (ETAG, pa.string()),
+        ]
+    )
+    return schema.empty_table()
 
 
 def select_ids(table: pa.Table, ids: list[str]) -> pa.Table:

@@ -24,7 +24,8 @@ def image_id(dataset: str, split: str, rel_path: str) -> str:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One candidate image. CONTAINER/OFFSET locate it inside a tar (else '' and -1)."""
+    """One candidate image. CONTAINER/OFFSET locate it inside a tar (else '' and -1); ETAG is an S3 object's
+    (a source on S3: refresh compares it with the size instead of the mtime), else ''."""
 
     id: str
     split: str
@@ -35,6 +36,7 @@ class Candidate:
     mtime: float
     container: str = ""
     offset: int = -1
+    etag: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ SCHEMA = pa.schema(
         ("mtime", pa.float64()),
         ("container", pa.string()),
         ("offset", pa.int64()),
+        ("etag", pa.string()),
     ]
 )
 _FIELDS = [f.name for f in fields(Candidate)]

@@ -1,19 +1,30 @@
-"""Reading a candidate's bytes from a folder tree or from inside a tar, by the manifest's coordinates."""
+"""Reading a candidate's bytes from a folder tree or from inside a tar, by the manifest's coordinates.
+
+ROOT may be an S3 source (``s3://bucket/prefix``, or the ``s3:/...`` that ``Path`` makes of it): the bytes then
+come by GET, or by coalesced ranged GETs for a tar member (see ``imgest.sources.s3objects``).
+"""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from imgest.core.quarantine import BadImage, Reason
 from imgest.sources.manifest import Candidate
+from imgest.sources.s3objects import is_s3, read_s3_candidate
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+READ_AHEAD = 16  # objects of an S3 source requested ahead of the consumer (one GET each)
 
 
 def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
     """The encoded bytes of CAND under ROOT; a vanished or over-sized file raises BadImage."""
     if cand.size > max_bytes:
         raise BadImage(Reason.TOO_LARGE, f"{cand.size} bytes > file limit {max_bytes}")
+    if is_s3(root):
+        return read_s3_candidate(root, cand)
     try:
         if cand.container:
             with open(root / cand.container, "rb") as fh:
@@ -25,3 +36,35 @@ def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FIL
         return (root / cand.rel_path).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         raise BadImage(Reason.MISSING, f"{root / (cand.container or cand.rel_path)} vanished since the scan") from None
+
+
+def _read_or_bad(root: Path, cand: Candidate, max_bytes: int) -> bytes | BadImage:
+    try:
+        return read_candidate(root, cand, max_bytes)
+    except BadImage as bad:
+        return bad
+
+
+def read_ahead(
+    root: Path, cands: Iterable[Candidate], depth: int = READ_AHEAD, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> Iterator[tuple[Candidate, bytes | BadImage]]:
+    """Each of CANDS, in order, with its bytes or the BadImage reading them raised (other errors propagate).
+
+    For an S3 root DEPTH reads are in flight ahead of the consumer, so the round trip of each GET overlaps the
+    transform of the images before it; a local root is read as it is consumed.
+    """
+    if not is_s3(root):
+        for cand in cands:
+            yield cand, _read_or_bad(root, cand, max_bytes)
+        return
+    it = iter(cands)
+    with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="imgest-read-ahead") as pool:
+        pending: deque[tuple[Candidate, Future[bytes | BadImage]]] = deque()
+        for cand in it:
+            pending.append((cand, pool.submit(_read_or_bad, root, cand, max_bytes)))
+            if len(pending) >= depth:
+                first, future = pending.popleft()
+                yield first, future.result()
+        while pending:
+            first, future = pending.popleft()
+            yield first, future.result()

@@ -22,13 +22,14 @@ import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ConfigError, NothingIngestibleError
 from imgest.core.quarantine import QuarantineEntry, QuarantineLog, Reason
 from imgest.sources.manifest import Candidate, ClassInfo, image_id
+from imgest.sources.s3objects import is_s3
 from imgest.sources.tarsource import (
     TRAIN_TAR,
     FlatTar,
@@ -340,7 +341,7 @@ class Scanner:
         # read the labels first: a malformed label file fails the scan before the train tar's 1.28 M headers
         labels: dict[str, str] = {}
         if tars.val is not None:
-            labels = self._val_labels(tars.solution, no_solution_hint(tars.folder))
+            labels = self._val_labels(tars.solution, self._solution_hint(tars))
         for entry in self._tar.entries():
             yield self._emit(
                 split,
@@ -355,9 +356,17 @@ class Scanner:
         if tars.val is not None:
             yield from self._tar_val(tars.val, labels)
 
-    def _tar_val(self, path: Path, labels: dict[str, str]) -> Iterator[Candidate]:
+    def _solution_hint(self, tars: ImageNetTars) -> str:
+        """What the warning says when the val tar's label file is missing."""
+        return no_solution_hint(tars.folder)
+
+    def _archive(self, kind: type[FlatTar], path: PurePath) -> Any:
+        """The reader of archive PATH (a local file here; an S3 scan reads it by ranges and caches its index)."""
+        return kind(path, self.report.skipped, _junk_kind, self._junk)
+
+    def _tar_val(self, path: PurePath, labels: dict[str, str]) -> Iterator[Candidate]:
         """The images of the flat val tar PATH, labelled by LABELS (image id -> wnid); unlabelled ones quarantined."""
-        val = FlatTar(path, self.report.skipped, _junk_kind, self._junk)
+        val = self._archive(FlatTar, path)
         seen: set[str] = set()  # bounded by the val split (50,000 at ImageNet's count), as the labels are
         for entry in val.entries():
             stem = PurePosixPath(entry.rel_path).stem
@@ -387,7 +396,7 @@ class Scanner:
 
 
 def scan_to_dir(
-    src: Path,
+    src: Path | str,
     out: Path,
     layout: str = "auto",
     dataset: str | None = None,
@@ -395,7 +404,8 @@ def scan_to_dir(
     on_candidate: Any = None,
     follow_external_links: bool = False,
 ) -> ScanReport:
-    """Scan SRC and write OUT/manifest.parquet, classes.json, quarantine.json and scan_report.json.
+    """Scan SRC (a folder, a tar, or an ``s3://`` URL) and write OUT/manifest.parquet, classes.json,
+    quarantine.json and scan_report.json.
 
     Raises NothingIngestibleError (after writing those files) when no candidate was kept.
     """
@@ -403,7 +413,13 @@ def scan_to_dir(
 
     from imgest.sources.manifest import write_classes, write_manifest
 
-    scanner = Scanner(src, layout, dataset, flat_split, follow_external_links)
+    scanner: Scanner
+    if is_s3(src):
+        from imgest.sources.s3scan import SOURCE_CACHE, S3Scanner
+
+        scanner = S3Scanner(str(src), layout, dataset, flat_split, cache_dir=out / SOURCE_CACHE)
+    else:
+        scanner = Scanner(src, layout, dataset, flat_split, follow_external_links)
     candidates = scanner.candidates()
     if on_candidate is not None:
         candidates = _tap(candidates, on_candidate)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import IO, Any
 
 from imgest.core.errors import ConfigError
@@ -116,12 +116,18 @@ class TarEntry:
 class _ArchiveReader:
     """What both readers share: the archive, the junk policy, and where skipped, broken and cut-off parts go."""
 
-    path: Path
+    path: PurePath
     skips: Skips
     junk: Callable[[str], str | None] = lambda name: None
     on_junk: Callable[[str], None] = lambda kind: None
     broken: list[dict[str, Any]] = field(default_factory=list)
     truncated: list[tuple[str, str]] = field(default_factory=list)  # (rel_path, detail) of cut-off members
+    # What serves the archive's bytes: a seekable binary file (None: PATH opened on the local disk). An S3
+    # source passes a reader of ranged GETs, so one index logic serves a local file and an object alike.
+    opener: Callable[[], IO[bytes]] | None = None
+
+    def _open(self) -> IO[bytes]:
+        return self.opener() if self.opener is not None else open(self.path, "rb")
 
     def _keep(self, item: tarfile.TarInfo, rel: str, room: int, container: str) -> bool:
         """Whether ITEM (REL in reports) holds image bytes to keep; ROOM: bytes its container has left at its data."""
@@ -152,7 +158,7 @@ class TarOfTars(_ArchiveReader):
 
     def entries(self) -> Iterator[TarEntry]:
         """Every readable image member of every class tar, in archive order."""
-        with open(self.path, "rb") as fh:
+        with self._open() as fh:
             for member in self._outer(record=True):
                 kind = member_kind(member)
                 if kind:
@@ -171,7 +177,7 @@ class TarOfTars(_ArchiveReader):
 
     def _outer(self, record: bool) -> Iterator[tarfile.TarInfo]:
         try:
-            with tarfile.open(self.path, mode="r:") as outer:
+            with self._open() as fh, tarfile.open(fileobj=fh, mode="r:") as outer:
                 while (member := outer.next()) is not None:
                     outer.members.clear()  # keep memory flat on 1000+ members
                     yield member
@@ -199,10 +205,10 @@ class FlatTar(_ArchiveReader):
 
     def entries(self) -> Iterator[TarEntry]:
         """Every readable image member in archive order, with wnid '' (the tar carries no labels)."""
-        size = self.path.stat().st_size
         read = 0
         try:
-            with open(self.path, "rb") as fh:
+            with self._open() as fh:
+                size = fh.seek(0, 2)
                 for item in stream_members(_FileSlice(fh, 0, size)):
                     read += 1
                     room = size - item.offset_data

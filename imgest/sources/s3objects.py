@@ -1,0 +1,392 @@
+"""Reading a source that lives on S3: its connection, listings, ranged reads and tar members by offset.
+
+A source URL is ``s3://bucket/prefix/`` (a dataset tree) or ``s3://bucket/.../ILSVRC2012_img_train.tar``. Its
+connection is its own (``source_conn_id`` in the DAG; ``IMGEST_SOURCE_S3_ENDPOINT``,
+``IMGEST_SOURCE_AWS_ACCESS_KEY_ID``, ``IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY``, ``IMGEST_SOURCE_AWS_REGION`` for a
+Spark driver or the CLI; unset ones fall back to the destination's ``S3Settings.from_env``). A Spark driver wraps
+the manifest's root in a ``SourceRoot``, a string that carries those settings inside the pickled task and
+registers them on the executor that unpickles it, so workers need neither the keys in their environment nor a
+shared file system.
+
+Only GET, HEAD and LIST requests are made: nothing is ever written to the source bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import PurePath
+from typing import Any
+
+from imgest.core.errors import ImgestError
+from imgest.core.quarantine import BadImage, Reason
+from imgest.core.settings import S3Settings
+from imgest.sources.manifest import Candidate
+
+log = logging.getLogger(__name__)
+
+SCHEME = "s3://"
+ENV_PREFIX = "IMGEST_SOURCE_"
+COALESCE_BYTES = 8 * 1024 * 1024  # one ranged GET for neighbouring members (AWS's guidance: 8-16 MB requests)
+IN_FLIGHT = 4  # coalesced GETs of one archive in flight ahead of the reader
+FIRST_WINDOW = 64 * 1024  # a scan's first GET after a jump; doubles while reads go forward, up to COALESCE_BYTES
+ARCHIVE_READERS = 2  # archives per process with read-ahead buffers (the train and the val tar)
+
+
+class S3SourceError(ImgestError):
+    """A source object could not be listed or read: the message names the object and what to check."""
+
+
+def is_s3(src: str | PurePath) -> bool:
+    """True when SRC names an S3 source (``s3://...``; a ``Path`` made of one collapses to ``s3:/...``)."""
+    return str(src).startswith("s3:/")
+
+
+def s3_url(src: str | PurePath) -> str:
+    """SRC as ``s3://bucket/key`` (undoes the ``s3:/`` that ``Path`` makes of ``s3://``)."""
+    text = str(src)
+    if not is_s3(text):
+        raise S3SourceError(f"{text!r} is not an s3:// URL")
+    return SCHEME + text[len("s3:/") :].lstrip("/")
+
+
+def split_url(url: str | PurePath) -> tuple[str, str]:
+    """(bucket, key or prefix) of an S3 URL; a URL without a bucket is a clear error."""
+    bucket, _, key = s3_url(url)[len(SCHEME) :].partition("/")
+    if not bucket:
+        raise S3SourceError(f"{url!s} names no bucket; write s3://bucket/prefix/")
+    return bucket, key
+
+
+def source_settings_from_env() -> S3Settings:
+    """The source's connection from IMGEST_SOURCE_* variables; each unset one falls back to the destination's."""
+    base = S3Settings.from_env()
+    env = os.environ.get
+    key, secret = env(ENV_PREFIX + "AWS_ACCESS_KEY_ID"), env(ENV_PREFIX + "AWS_SECRET_ACCESS_KEY")
+    return replace(
+        base,
+        endpoint_url=env(ENV_PREFIX + "S3_ENDPOINT") or base.endpoint_url,
+        access_key=key if key and secret else base.access_key,
+        secret_key=secret if key and secret else base.secret_key,
+        region=env(ENV_PREFIX + "AWS_REGION") or base.region,
+    )
+
+
+def source_env(settings: S3Settings) -> dict[str, str]:
+    """SETTINGS as the IMGEST_SOURCE_* variables a Spark driver or the CLI reads (for spark-submit's env)."""
+    env = {
+        ENV_PREFIX + "AWS_ACCESS_KEY_ID": settings.access_key or "",
+        ENV_PREFIX + "AWS_SECRET_ACCESS_KEY": settings.secret_key or "",
+        ENV_PREFIX + "AWS_REGION": settings.region,
+    }
+    if settings.endpoint_url:
+        env[ENV_PREFIX + "S3_ENDPOINT"] = settings.endpoint_url
+    return env
+
+
+_REGISTERED: dict[str, S3Settings] = {}
+
+
+def _root_key(root: str | PurePath) -> str:
+    return s3_url(root).rstrip("/")
+
+
+def register_source(root: str | PurePath, settings: S3Settings) -> None:
+    """Use SETTINGS to read the source at ROOT in this process (done when a shipped SourceRoot is unpickled)."""
+    _REGISTERED[_root_key(root)] = settings
+
+
+def settings_for(root: str | PurePath) -> S3Settings:
+    """The connection of the source at ROOT: the one shipped with the task, else this process's environment."""
+    return _REGISTERED.get(_root_key(root)) or source_settings_from_env()
+
+
+class SourceRoot(str):
+    """A source root (an ``s3://`` URL) that carries its connection inside pickled Spark tasks.
+
+    It compares and prints as the plain URL (the keys are never in its text); unpickling it on an executor
+    registers the settings there, so ``read_candidate`` on that executor reads with the driver's connection.
+    """
+
+    settings: S3Settings
+
+    def __new__(cls, url: str, settings: S3Settings) -> SourceRoot:
+        obj = super().__new__(cls, url)
+        obj.settings = settings
+        return obj
+
+    def __reduce__(self) -> tuple[Any, tuple[str, S3Settings]]:
+        return _restore_root, (str(self), self.settings)
+
+
+def _restore_root(url: str, settings: S3Settings) -> SourceRoot:
+    register_source(url, settings)
+    return SourceRoot(url, settings)
+
+
+def shippable_root(root: str) -> str:
+    """ROOT as a Spark driver ships it to executors: an S3 root carries this process's source connection."""
+    if not is_s3(root):
+        return root
+    settings = settings_for(root)
+    register_source(root, settings)
+    return SourceRoot(s3_url(root), settings)
+
+
+@functools.lru_cache(maxsize=8)
+def client_for(settings: S3Settings) -> Any:
+    """One boto3 client per connection and process (clients are thread-safe), with room for reads in flight."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.endpoint_url,
+        aws_access_key_id=settings.access_key,
+        aws_secret_access_key=settings.secret_key,
+        region_name=settings.region,
+        config=Config(
+            retries={"max_attempts": 5, "mode": "standard"},
+            s3={"addressing_style": "path"},
+            max_pool_connections=4 * IN_FLIGHT,
+        ),
+    )
+
+
+def _describe(exc: Exception) -> str:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    return f"{code or type(exc).__name__}: {exc}"
+
+
+def get_range(client: Any, bucket: str, key: str, start: int, end: int) -> bytes:
+    """Bytes [START, END) of s3://BUCKET/KEY by one ranged GET (fewer when the object is shorter)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if end <= start:
+        return b""
+    try:
+        resp = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        return bytes(resp["Body"].read())
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("416", "InvalidRange"):
+            return b""  # the object ends before START (it shrank since its size was read)
+        raise OSError(f"s3://{bucket}/{key} bytes {start}-{end - 1}: {_describe(exc)}") from None
+    except BotoCoreError as exc:
+        raise OSError(f"s3://{bucket}/{key} bytes {start}-{end - 1}: {_describe(exc)}") from None
+
+
+def head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """HEAD of s3://BUCKET/KEY, or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return dict(client.head_object(Bucket=bucket, Key=key))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise S3SourceError(
+            f"cannot read s3://{bucket}/{key}: {_describe(exc)}; check the source connection's keys and endpoint"
+        ) from None
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One object of a listing: key, size, ETag (without quotes) and last-modified time (epoch seconds)."""
+
+    key: str
+    size: int
+    etag: str
+    mtime: float
+
+
+def list_objects(client: Any, bucket: str, prefix: str) -> Iterator[ListedObject]:
+    """Every object under PREFIX in key order, page by page (ListObjectsV2: one page of 1,000 in memory)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", ()):
+                mtime = obj["LastModified"].timestamp()
+                yield ListedObject(obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"'), mtime)
+    except (ClientError, BotoCoreError) as exc:
+        raise S3SourceError(
+            f"cannot list s3://{bucket}/{prefix}: {_describe(exc)}; check the bucket and the source connection"
+        ) from None
+
+
+def list_level(client: Any, bucket: str, prefix: str) -> tuple[list[str], list[str]]:
+    """(folder names, file names) directly under PREFIX (a delimited listing, paginated)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    folders: list[str] = []
+    files: list[str] = []
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+            folders += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", ())]
+            files += [o["Key"][len(prefix) :] for o in page.get("Contents", ())]
+    except (ClientError, BotoCoreError) as exc:
+        raise S3SourceError(
+            f"cannot list s3://{bucket}/{prefix}: {_describe(exc)}; check the bucket and the source connection"
+        ) from None
+    return sorted(f for f in folders if f), sorted(f for f in files if f)
+
+
+class RangedObject:
+    """A read-only, seekable file over one S3 object, served by ranged GETs (what tarfile reads headers from).
+
+    Reads that go forward grow the next GET from 64 KiB up to ``COALESCE_BYTES``; a jump starts small again, so
+    walking the 1,000 class tars of the train tar costs one small GET each, and streaming a class tar's headers
+    costs one GET per 8 MiB. One buffer is held: memory stays flat whatever the archive's size.
+    """
+
+    def __init__(self, client: Any, bucket: str, key: str, size: int | None = None) -> None:
+        self.client, self.bucket, self.key, self.name = client, bucket, key, key
+        if size is None:
+            found = head(client, bucket, key)
+            if found is None:
+                raise S3SourceError(f"s3://{bucket}/{key} does not exist")
+            size = int(found["ContentLength"])
+        self.size, self._pos = size, 0
+        self._buf, self._buf_start, self._window = b"", 0, FIRST_WINDOW
+
+    def _fill(self, n: int) -> None:
+        end_prev = self._buf_start + len(self._buf)
+        forward = end_prev <= self._pos < end_prev + 2 * self._window and self._buf
+        self._window = min(COALESCE_BYTES, 2 * self._window) if forward else FIRST_WINDOW
+        want = min(self.size, self._pos + max(n, self._window))
+        self._buf, self._buf_start = get_range(self.client, self.bucket, self.key, self._pos, want), self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to N bytes from the current position (all that is left for N < 0)."""
+        n = self.size - self._pos if n < 0 else min(n, self.size - self._pos)
+        if n <= 0:
+            return b""
+        lo = self._pos - self._buf_start
+        if not (lo >= 0 and lo + n <= len(self._buf)):
+            self._fill(n)
+            lo = 0
+        data = self._buf[lo : lo + n]
+        self._pos += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self._buf = b""
+
+    def __enter__(self) -> RangedObject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ArchiveReader:
+    """Members of one archive read by coalesced ranged GETs: blocks of ``COALESCE_BYTES``, ``IN_FLIGHT`` ahead.
+
+    Members read in archive order (how the manifest lists them) are served from blocks fetched ahead; a member
+    out of order is read by its own ranged GET, so a shuffled partition does not fetch what it will not use.
+    """
+
+    def __init__(self, client: Any, bucket: str, key: str) -> None:
+        self.client, self.bucket, self.key = client, bucket, key
+        found = head(client, bucket, key)
+        if found is None:
+            raise S3SourceError(f"archive s3://{bucket}/{key} vanished since the scan")
+        self.size = int(found["ContentLength"])
+        self._blocks: dict[int, Future[bytes]] = {}
+        self._last = -1
+        self._lock = threading.Lock()
+
+    def _block(self, index: int) -> Future[bytes]:
+        if index not in self._blocks:
+            start = index * COALESCE_BYTES
+            end = min(self.size, start + COALESCE_BYTES)
+            self._blocks[index] = _pool().submit(get_range, self.client, self.bucket, self.key, start, end)
+        return self._blocks[index]
+
+    def read(self, offset: int, size: int) -> bytes:
+        """SIZE bytes at OFFSET (fewer when the archive ends first)."""
+        first, last = offset // COALESCE_BYTES, (offset + max(size, 1) - 1) // COALESCE_BYTES
+        with self._lock:
+            if first not in (self._last, self._last + 1) and first not in self._blocks:
+                return get_range(self.client, self.bucket, self.key, offset, min(self.size, offset + size))
+            for stale in [i for i in self._blocks if i < first]:
+                del self._blocks[stale]
+            futures = [self._block(i) for i in range(first, max(last, first + IN_FLIGHT - 1) + 1)]
+            self._last = last
+        parts = [f.result() for f in futures[: last - first + 1]]
+        lo = offset - first * COALESCE_BYTES
+        return b"".join(parts)[lo : lo + size]
+
+
+_archives: OrderedDict[tuple[str, str, str], ArchiveReader] = OrderedDict()
+_archives_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's pool for ranged GETs in flight (made after a fork, never inherited: its threads are not)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools.clear()
+        _archives.clear()
+        _pools[pid] = ThreadPoolExecutor(max_workers=2 * IN_FLIGHT, thread_name_prefix="imgest-s3-source")
+    return _pools[pid]
+
+
+def _archive(settings: S3Settings, bucket: str, key: str) -> ArchiveReader:
+    ident = (settings.endpoint_url or "", bucket, key)
+    _pool()  # first in a forked process: drops readers inherited with the parent's requests in flight
+    with _archives_lock:
+        reader = _archives.get(ident)
+        if reader is None:
+            reader = _archives[ident] = ArchiveReader(client_for(settings), bucket, key)
+            while len(_archives) > ARCHIVE_READERS:
+                _archives.popitem(last=False)
+        _archives.move_to_end(ident)
+        return reader
+
+
+def read_s3_candidate(root: str | PurePath, cand: Candidate) -> bytes:
+    """The bytes of CAND from the S3 source at ROOT: one GET for an object, coalesced ranges for a tar member.
+
+    A vanished object, or one whose ETag differs from the scan's, raises BadImage (missing); an archive that
+    ends inside the member raises BadImage (corrupt). Other failures (refused keys, endpoint down) raise
+    S3SourceError and fail the task, which Spark retries.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = split_url(root)
+    base = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    settings = settings_for(root)
+    key = base + (cand.container or cand.rel_path)
+    try:
+        if cand.container:
+            data = _archive(settings, bucket, key).read(cand.offset, cand.size)
+            if len(data) != cand.size:
+                raise BadImage(Reason.CORRUPT, f"archive s3://{bucket}/{key} ends {cand.size - len(data)} bytes early")
+            return data
+        extra = {"IfMatch": f'"{cand.etag}"'} if cand.etag else {}
+        return bytes(client_for(settings).get_object(Bucket=bucket, Key=key, **extra)["Body"].read())
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchKey", "NotFound"):
+            raise BadImage(Reason.MISSING, f"s3://{bucket}/{key} vanished since the scan") from None
+        if code in ("412", "PreconditionFailed"):
+            raise BadImage(Reason.MISSING, f"s3://{bucket}/{key} changed since the scan (ETag differs)") from None
+        raise S3SourceError(f"cannot read s3://{bucket}/{key}: {_describe(exc)}; check the source connection") from None
+    except (BotoCoreError, OSError) as exc:
+        raise S3SourceError(f"cannot read s3://{bucket}/{key}: {exc}; check the source endpoint") from None
