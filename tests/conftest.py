@@ -70,15 +70,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         )
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    """Under CI, a skip whose reason is not in CI_ALLOWED_SKIPS is a failure: it names what did not run."""
-    report = yield
+def _fail_disallowed_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under CI, turn a skip whose reason is not in CI_ALLOWED_SKIPS into a failure naming what did not run."""
     if report.skipped and os.environ.get("CI") and not hasattr(report, "wasxfail"):
         reason = _skip_reason(report)
         if not any(allowed in reason for allowed in CI_ALLOWED_SKIPS):
@@ -87,6 +85,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
                 f"skipped under CI, where it must run: {reason}\n(CI accepts only skips for: "
                 f"{', '.join(CI_ALLOWED_SKIPS)}; install what is missing or fix the machine)"
             )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A test's skip under CI (see _fail_disallowed_skip)."""
+    report = yield
+    _fail_disallowed_skip(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    """A whole module's skip (pytest.importorskip at import, a module-level skip) under CI, likewise."""
+    report = yield
+    _fail_disallowed_skip(report)
     return report
 
 

@@ -50,17 +50,24 @@ def read_ahead(
 ) -> Iterator[tuple[Candidate, bytes | BadImage]]:
     """Each of CANDS, in order, with its bytes or the BadImage reading them raised (other errors propagate).
 
-    For an S3 root DEPTH reads are in flight ahead of the consumer, so the round trip of each GET overlaps the
-    transform of the images before it; a local root is read as it is consumed.
+    For an S3 root DEPTH objects are requested ahead of the consumer, so the round trip of each GET overlaps the
+    transform of the images before it. A tar member is read in order, where it is consumed: its archive's reader
+    already fetches coalesced blocks ahead (imgest.sources.s3objects), and members read out of order would each
+    cost an exact-range GET. A local root is read as it is consumed.
     """
     if not is_s3(root):
         for cand in cands:
             yield cand, _read_or_bad(root, cand, max_bytes)
         return
-    it = iter(cands)
     with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="imgest-read-ahead") as pool:
         pending: deque[tuple[Candidate, Future[bytes | BadImage]]] = deque()
-        for cand in it:
+        for cand in cands:
+            if cand.container:
+                while pending:  # keep the order
+                    first, future = pending.popleft()
+                    yield first, future.result()
+                yield cand, _read_or_bad(root, cand, max_bytes)
+                continue
             pending.append((cand, pool.submit(_read_or_bad, root, cand, max_bytes)))
             if len(pending) >= depth:
                 first, future = pending.popleft()

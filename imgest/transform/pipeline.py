@@ -10,7 +10,7 @@ from pathlib import Path
 
 from imgest.core.quarantine import BadImage, QuarantineEntry, QuarantineLog
 from imgest.sources.manifest import Candidate
-from imgest.sources.read import DEFAULT_MAX_FILE_BYTES, read_candidate
+from imgest.sources.read import DEFAULT_MAX_FILE_BYTES, read_ahead
 from imgest.sources.tree import inside
 from imgest.transform.image import Transformed, TransformSpec, transform_image
 
@@ -46,9 +46,11 @@ def process_candidates(
 
     SKIP(candidate, source sha256) is asked before the transform: True means "already stored, leave it".
     """
-    for cand in candidates:
+    for cand, read in read_ahead(root, candidates, max_bytes=max_file_bytes):  # S3 GETs in flight ahead
         try:
-            data = read_candidate(root, cand, max_file_bytes)
+            if isinstance(read, BadImage):
+                raise read
+            data = read
             src_sha256 = hashlib.sha256(data).hexdigest()
             if skip is not None and skip(cand, src_sha256):
                 continue
