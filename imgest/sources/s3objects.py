@@ -297,7 +297,8 @@ class ArchiveReader:
     """Members of one archive read by coalesced ranged GETs: blocks of ``COALESCE_BYTES``, ``IN_FLIGHT`` ahead.
 
     Members read in archive order (how the manifest lists them) are served from blocks fetched ahead; a member
-    out of order is read by its own ranged GET, so a shuffled partition does not fetch what it will not use.
+    that does not follow the last read is read by its own ranged GET, so a shuffled partition does not fetch what
+    it will not use, and a partition that starts mid-archive coalesces from its second member on.
     """
 
     def __init__(self, client: Any, bucket: str, key: str) -> None:
@@ -322,6 +323,9 @@ class ArchiveReader:
         first, last = offset // COALESCE_BYTES, (offset + max(size, 1) - 1) // COALESCE_BYTES
         with self._lock:
             if first not in (self._last, self._last + 1) and first not in self._blocks:
+                # Not where the last read ended: this member alone. The next read, if it follows on, is served
+                # from blocks (a partition starts anywhere in the archive, then reads forward).
+                self._last = last
                 return get_range(self.client, self.bucket, self.key, offset, min(self.size, offset + size))
             for stale in [i for i in self._blocks if i < first]:
                 del self._blocks[stale]

@@ -1,10 +1,12 @@
 """`airflow dags test ingest_imagenet` with `spark_default` pointing at the Spark standalone cluster: both
-Spark targets run there unchanged, executors' environments stay clean, and no secret of the connections
-reaches a log, the Spark event log or the process list."""
+Spark targets run there unchanged, from a source that exists only on S3 (read through `source_conn_id`: no
+file system is shared), the read-back check passes, executors' environments stay clean, and no secret of the
+connections reaches a log, the Spark event log or the process list."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,17 +18,31 @@ from imgest.services import AirflowServer, S3Server
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.s3objects import list_objects
 from tests.cluster_watch import ClusterWatch, assert_clean
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 STORED = 3 * 4 + 3 * 2  # train + val, no planted defects
 
 
+SOURCE_BUCKET, SOURCE_PREFIX = "imgest-src", "tests/cluster-dag-source/"
+
+
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def source(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The sample uploaded to S3; the local copy is deleted, so only S3 can serve it."""
     root = tmp_path_factory.mktemp("clusterdagsrc")
     write_sample(root, SampleSpec("cls-loc", classes=3, per_class=4, val_per_class=2, seed=41))
-    return root
+    client = s3_server.settings().client()
+    if SOURCE_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=SOURCE_BUCKET)
+    for obj in list_objects(client, SOURCE_BUCKET, SOURCE_PREFIX):
+        client.delete_object(Bucket=SOURCE_BUCKET, Key=obj.key)
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), SOURCE_BUCKET, SOURCE_PREFIX + path.relative_to(root).as_posix())
+    shutil.rmtree(root)
+    return f"s3://{SOURCE_BUCKET}/{SOURCE_PREFIX}"
 
 
 @pytest.fixture
@@ -46,7 +62,7 @@ def test_cassandra_target_on_the_cluster(
     airflow_home: AirflowServer,
     on_cluster: SparkCluster,
     cassandra_role: tuple[CassandraSettings, str],
-    source: Path,
+    source: str,
     event_log: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -57,13 +73,13 @@ def test_cassandra_target_on_the_cluster(
     conn = {"conn_type": "cassandra", "host": "127.0.0.1", "port": settings.port, "login": settings.username}
     conn |= {"password": password, "extra": {"consistency": "ONE", "local_dc": "datacenter1"}}
     monkeypatch.setenv("AIRFLOW_CONN_CASSANDRA_DEFAULT", json.dumps(conn))
-    dag_conf = {"target": "cassandra", "source": str(source), "dataset": "dagcluster-c", "keyspace": ks}
-    dag_conf["read_check"] = False  # the readers are tested on their own (tests/readback); this is about the cluster
+    dag_conf = {"target": "cassandra", "source": source, "dataset": "dagcluster-c", "keyspace": ks}
+    dag_conf["source_conn_id"] = "aws_default"
     with ClusterWatch(on_cluster) as watch:
         ok, _, tail = run_dag(airflow_home, dag_conf)
     assert ok, tail
     states = _states(airflow_home)
-    for task in ("prepare_cassandra", "ingest_cassandra", "verify_cassandra", "build_split", "publish_asset"):
+    for task in ("scan", "ingest_cassandra", "verify_cassandra", "build_split", "read_throughput", "publish_asset"):
         assert states[task] == "success", (task, states)
     with cassandra_session(settings) as session:
         assert session.execute(f"SELECT count(*) FROM {ks}.data").one()[0] == STORED
@@ -73,18 +89,17 @@ def test_cassandra_target_on_the_cluster(
 
 
 def test_shards_target_on_the_cluster(
-    airflow_home: AirflowServer, on_cluster: SparkCluster, s3_server: S3Server, source: Path, event_log: Path
+    airflow_home: AirflowServer, on_cluster: SparkCluster, s3_server: S3Server, source: str, event_log: Path
 ) -> None:
     key, secret = s3_server.credentials()
     dest = "s3://imgest/tests/dag-cluster-shards"
-    dag_conf = {"target": "shards", "source": str(source), "dataset": "dagcluster-s", "s3_dest": dest}
-    dag_conf["shard_max_count"] = 5
-    dag_conf["read_check"] = False  # the readers are tested on their own (tests/readback); this is about the cluster
+    dag_conf = {"target": "shards", "source": source, "dataset": "dagcluster-s", "s3_dest": dest}
+    dag_conf |= {"shard_max_count": 5, "source_conn_id": "aws_default"}
     with ClusterWatch(on_cluster) as watch:
         ok, _, tail = run_dag(airflow_home, dag_conf)
     assert ok, tail
     states = _states(airflow_home)
-    for task in ("prepare_bucket", "ingest_shards", "verify_shards", "build_split", "publish_asset"):
+    for task in ("scan", "ingest_shards", "verify_shards", "build_split", "read_throughput", "publish_asset"):
         assert states[task] == "success", (task, states)
     client = s3_server.settings().client()
     doc = json.loads(client.get_object(Bucket="imgest", Key="tests/dag-cluster-shards/manifest.json")["Body"].read())

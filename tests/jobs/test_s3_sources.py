@@ -383,6 +383,18 @@ def test_a_large_archive_is_read_in_8_mib_ranges_ahead_and_a_member_out_of_order
     seen.gets.clear()
     assert read_candidate(Path(url), train[0]) == inner[0][1]  # back to the start: its own exact range
     assert [g["Range"] for g in seen.gets] == [f"bytes={train[0].offset}-{train[0].offset + train[0].size - 1}"]
+    # A partition that starts mid-archive (another process: no reader yet): its first member alone, then the
+    # rest forward from blocks.
+    s3objects._archives.clear()
+    seen.gets.clear()
+    assert [read_candidate(Path(url), c) for c in train[9:]] == [data for _, data in inner[9:]]
+    mid = train[9].offset // block
+    assert sorted(g["Range"] for g in seen.gets) == sorted(
+        [
+            f"bytes={train[9].offset}-{train[9].offset + train[9].size - 1}",
+            *(f"bytes={b * block}-{min(size, (b + 1) * block) - 1}" for b in range(mid, -(-size // block))),
+        ]
+    )
 
 
 def test_read_ahead_keeps_order_and_reasons_with_gets_in_flight(source: S3Settings, tmp_path: Path) -> None:
