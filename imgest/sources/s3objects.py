@@ -142,21 +142,7 @@ def shippable_root(root: str) -> str:
 @functools.lru_cache(maxsize=8)
 def client_for(settings: S3Settings) -> Any:
     """One boto3 client per connection and process (clients are thread-safe), with room for reads in flight."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.endpoint_url,
-        aws_access_key_id=settings.access_key,
-        aws_secret_access_key=settings.secret_key,
-        region_name=settings.region,
-        config=Config(
-            retries={"max_attempts": 5, "mode": "standard"},
-            s3={"addressing_style": "path"},
-            max_pool_connections=4 * IN_FLIGHT,
-        ),
-    )
+    return settings.client(max_pool_connections=4 * IN_FLIGHT)
 
 
 def _describe(exc: Exception) -> str:
