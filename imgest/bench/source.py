@@ -100,9 +100,14 @@ def _ingest(manifest_dir: Path, env: dict[str, str], master: str, work: Path) ->
 
 
 def main(
-    json_path: Path, images: int = 2000, rounds: int = 3, rtts: tuple[float, ...] = (0.0, 10.0), master: str = ""
+    json_path: Path,
+    images: int = 2000,
+    rounds: int = 3,
+    rtts: tuple[float, ...] = (0.0, 10.0),
+    master: str = "",
+    plot_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark and write JSON_PATH; returns the report."""
+    """Run the benchmark and write JSON_PATH (and the bar chart PLOT_PATH); returns the report."""
     import os
 
     from imgest.services.latency import LatencyProxy
@@ -168,7 +173,21 @@ def main(
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
+    if plot_path is not None:
+        plot(report, plot_path)
     return report
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Images/s per layout: the local source beside S3 at each added round trip (the target is 0.9x local)."""
+    from imgest.bench.report import bar_chart
+
+    layouts = list(dict.fromkeys(r["layout"] for r in report["ingest"]))
+    sources = list(dict.fromkeys(r["source"] for r in report["ingest"]))
+    rate = {(r["layout"], r["source"]): r["images_per_s"] for r in report["ingest"]}
+    series = {src: [rate.get((lay, src), 0.0) for lay in layouts] for src in sources}
+    title = f"Ingest from S3 vs local ({report['master']}, median of {report['rounds']}; target {TARGET_RATIO}x local)"
+    bar_chart(path, title, layouts, series, "images/s (files job, JPEG transform)")
 
 
 def _print(report: dict[str, Any]) -> None:

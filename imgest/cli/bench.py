@@ -124,7 +124,7 @@ def bench_source_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.source import main as bench_main
 
     rtts = tuple(float(x) for x in args.rtt.split(",") if x.strip())
-    report = bench_main(args.json, args.images, args.rounds, rtts, args.master)
+    report = bench_main(args.json, args.images, args.rounds, rtts, args.master, args.plot)
     return bench_done(
         args, [f"{r['layout']} {r['source']}" for r in report["ingest"] if r.get("meets_target") is False]
     )
