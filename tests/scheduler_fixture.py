@@ -9,7 +9,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -26,20 +25,23 @@ REFRESH_DAGS = {"refresh_rfx", "refresh_rfa", "refresh_rfb"}
 _stoppers: list[Callable[[], None]] = []
 
 
-@cache
-def refresh_sources() -> dict[str, Path]:
-    """name -> source folder of the registered datasets (rfx: cassandra + shards; rfa, rfb: shards)."""
-    import tempfile
-
-    root = Path(tempfile.mkdtemp(prefix="imgest-refresh-"))
-    write_sample(root / "rfx", SampleSpec("imagefolder", classes=3, per_class=6, val_per_class=2, seed=5))
-    for name in ("rfa", "rfb"):
-        write_sample(root / name, SampleSpec("imagefolder", classes=2, per_class=5, val_per_class=1, seed=9))
-    return {name: root / name for name in ("rfx", "rfa", "rfb")}
+_sources: dict[str, Path] = {}
 
 
-def write_datasets(path: Path) -> Path:
-    sources = refresh_sources()
+def refresh_sources(root: Path | None = None) -> dict[str, Path]:
+    """name -> source folder of the registered datasets (rfx: cassandra + shards; rfa, rfb: shards), written
+    under ROOT on the first call (the scheduler fixture's temporary folder)."""
+    if not _sources:
+        assert root is not None, "the airflow_scheduler fixture writes the sources first"
+        write_sample(root / "rfx", SampleSpec("imagefolder", classes=3, per_class=6, val_per_class=2, seed=5))
+        for name in ("rfa", "rfb"):
+            write_sample(root / name, SampleSpec("imagefolder", classes=2, per_class=5, val_per_class=1, seed=9))
+        _sources.update({name: root / name for name in ("rfx", "rfa", "rfb")})
+    return _sources
+
+
+def write_datasets(path: Path, root: Path) -> Path:
+    sources = refresh_sources(root)
     others = "".join(
         f'[datasets.{name}]\nsource = "{sources[name]}"\n'
         f'layout = "imagefolder"\ntargets = ["shards"]\nschedule = "{SCHEDULE}"\n'
@@ -79,7 +81,7 @@ def pause_refresh_dags(server: AirflowServer, timeout: float = 180) -> None:
 
 def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServer]:
     """The fixture's body (tests/conftest.py declares it, with the services it needs)."""
-    datasets = write_datasets(tmp_path_factory.mktemp("datasets") / "datasets.toml")
+    datasets = write_datasets(tmp_path_factory.mktemp("datasets") / "datasets.toml", tmp_path_factory.mktemp("refresh"))
     old = os.environ.get("IMGEST_DATASETS_FILE")
     os.environ["IMGEST_DATASETS_FILE"] = str(datasets)
     server = AirflowServer.default()
