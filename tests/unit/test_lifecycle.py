@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from imgest.core import scratch
+from imgest.core.errors import ServiceError
 from imgest.core.paths import private
 from imgest.services import ALL_SERVICE_NAMES
-from imgest.services.s3 import S3Server
+from imgest.services.s3 import S3Server, require_disk_room
 from imgest.spark.submit import submit_command, with_task_retries
 
 
@@ -34,6 +37,24 @@ def test_weed_writes_its_logs_under_the_state_folder(tmp_path: Path) -> None:
     cmd = server.command("weed", tmp_path / "ids.json")
     assert cmd[1] == f"-logdir={tmp_path / 's3' / 'logs'}"
     assert cmd[2] == "mini"
+
+
+def test_weed_volume_slots_do_not_depend_on_free_space_at_start(tmp_path: Path) -> None:
+    cmd = S3Server(home=tmp_path / "s3").command("weed", tmp_path / "ids.json")
+    assert "-volume.max=64" in cmd
+
+
+def test_s3_refuses_to_start_on_a_disk_too_full_for_writes(tmp_path: Path) -> None:
+    """A real 64 MiB tmpfs is below SeaweedFS's read-only floor plus the margin: the error says where and how much."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(ServiceError, match=r"GiB is free on the disk holding .*small.*read-only below 1 % free"):
+            require_disk_room(small)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    require_disk_room(tmp_path)  # the test machine's own disk has room (or every S3 test would fail anyway)
 
 
 def test_status_lists_every_service_the_project_can_start(tmp_path: Path) -> None:
