@@ -37,7 +37,7 @@ def _spark(step: str, state: dict[str, Any]) -> dict[str, Any]:
     else:
         s3_env(state["dest"])
     log_file = Path(state["work"]) / f"spark-{step}.log"
-    rc = run_submit(submit_command(job, args), log_file)
+    rc = run_submit(submit_command(job, args), log_file, reuse=False)  # its processes are measured
     if rc != 0:
         raise RuntimeError(f"{job} failed (exit {rc}): {last_error_sentence(log_file)}; log {log_file}")
     summary = Path(state["scan"]["manifest_dir"]) / job_summary(step.removeprefix("ingest_"))

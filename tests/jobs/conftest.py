@@ -6,11 +6,13 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from imgest.spark import driver_server
 from imgest.spark.submit import submit_command, submit_env
 
 MASTER = "local[2]"
@@ -18,9 +20,15 @@ T = TypeVar("T")
 
 
 def run_job(job: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, str]:
-    """Run jobs/JOB.py through spark-submit; returns (exit code, combined output)."""
+    """Run jobs/JOB.py (in the suite's reused driver, else through spark-submit); returns (exit code, output)."""
+    cmd = submit_command(job, args, MASTER)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "job.log"
+        rc = driver_server.submit(cmd, out, env)
+        if rc is not None:
+            return rc, out.read_text()
     proc = subprocess.run(
-        submit_command(job, args, MASTER),
+        cmd,
         env={**submit_env(MASTER), **(env or {})},
         capture_output=True,
         text=True,
