@@ -11,9 +11,10 @@ How it is fast without losing quality:
   turns the crop box into stored coordinates and the small output afterwards; CMYK / YCCK convert as Pillow
   converts them. For a JPEG the whole transform (header, orientation, decode, resample, turn, encode) is one
   compiled call, without a Pillow image. The UNCHANGED decode check runs its entropy decoder alone. Any file it
-  doubts takes the Pillow path below, which decides and words every quarantine reason. Earlier revisions are kept
-  so that versions they wrote re-transform byte for byte: "region" (RGB / grey upright JPEGs only, scaled as far as
-  the output allowed) and "region2" (region3 reading every scan of progressive files).
+  doubts takes the Pillow path below, which decides and words every quarantine reason; one whose header it leaves
+  to Pillow (MPO, irregular EXIF) comes back to the one call with the orientation Pillow read. Earlier revisions
+  are kept so that versions they wrote re-transform byte for byte: "region" (RGB / grey upright JPEGs only, scaled
+  as far as the output allowed) and "region2" (region3 reading every scan of progressive files).
 - On the Pillow path, JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft
   mode) by the largest power of two that still leaves the shorter side at least S, so the final resample
   never upsamples what DCT scaling took away. Images of several megapixels decode 4-8x smaller.
@@ -266,9 +267,13 @@ def stored_box(box: tuple[float, float, float, float], size: tuple[int, int], or
     }.get(orientation, box)
 
 
-def _fast_jpeg(data: bytes, img: Image.Image, orientation: int, spec: TransformSpec) -> bytes | None:
+def _fast_jpeg(
+    data: bytes, img: Image.Image, orientation: int, spec: TransformSpec, one_call: bool = True
+) -> bytes | None:
     """The compiled region decode + resample, when it applies; else None. "region" (the first revision) takes
-    upright YCbCr / grey JPEGs only; "region2" and "region3" also oriented, CMYK / YCCK and MPO (its first frame).
+    upright YCbCr / grey JPEGs only; "region2" and "region3" also oriented, CMYK / YCCK and MPO (its first frame),
+    in one compiled call with the orientation Pillow read (ONE_CALL False: crop_resize, then Pillow turns and
+    encodes, as region2 first ran: the same bytes, the tests' reference).
 
     Anything it refuses (a truncated or broken file) goes back to the Pillow path, which decides with its own
     wording, so both paths quarantine exactly the same files.
@@ -285,6 +290,20 @@ def _fast_jpeg(data: bytes, img: Image.Image, orientation: int, spec: TransformS
     if not has_end_marker(data, "JPEG"):  # the fast path does not read the rows below the crop
         return None
     fix = ORIENTATION_FIX.get(orientation)
+    if one_call and spec.jpeg_decoder in ONE_CALL_DECODERS:
+        done = fastjpeg.transform(
+            data,
+            spec.resize,
+            spec.crop,
+            spec.quality,
+            min(spec.max_pixels, Image.MAX_IMAGE_PIXELS or spec.max_pixels),
+            spec.dct_scaling,
+            REGION_SETTINGS[spec.jpeg_decoder],
+            orientation if fix is not None else 1,
+            img.size,
+        )
+        if done is not None:
+            return done[0]
     upright = img.size[::-1] if orientation in (5, 6, 7, 8) else img.size
     box = center_crop_box(*upright, spec.resize, spec.crop, exact=True)
     if fix is not None:
@@ -337,8 +356,8 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
         raise BadImage(Reason.CORRUPT, f"decode failed: {type(exc).__name__}: {exc}") from None
 
 
-def _transform_opened(data: bytes, img: Image.Image, spec: TransformSpec) -> Transformed:
-    """transform_image once the header is accepted (IMG opened from DATA)."""
+def _transform_opened(data: bytes, img: Image.Image, spec: TransformSpec, one_call: bool = True) -> Transformed:
+    """transform_image once the header is accepted (IMG opened from DATA); ONE_CALL: see _fast_jpeg."""
     src_format = img.format or "unknown"
     src_w, src_h = img.size
     if spec.mode == "unchanged":
@@ -352,7 +371,7 @@ def _transform_opened(data: bytes, img: Image.Image, spec: TransformSpec) -> Tra
         return Transformed(data, src_w, src_h, src_w, src_h, src_format, ext)
 
     orientation = img.getexif().get(EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
-    fast = _fast_jpeg(data, img, orientation, spec)
+    fast = _fast_jpeg(data, img, orientation, spec, one_call)
     if fast is not None:
         upright = (src_h, src_w) if orientation in (5, 6, 7, 8) else (src_w, src_h)  # as the Pillow path records
         return Transformed(fast, spec.crop, spec.crop, *upright, src_format, "jpg")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -313,7 +314,7 @@ def test_mpo_first_frame_goes_through_region2() -> None:
 def _through_pillow(data: bytes, spec: TransformSpec = REGION2) -> Transformed:
     """A region revision as region2 ran before the one-call path: Pillow reads the header and EXIF, crop_resize
     decodes, Pillow's encoder writes the JPEG."""
-    return _transform_opened(data, open_checked(data, spec.max_pixels), spec)
+    return _transform_opened(data, open_checked(data, spec.max_pixels), spec, one_call=False)
 
 
 def _oriented(orientation: int, mode: str = "RGB", **save: object) -> bytes:
@@ -405,3 +406,84 @@ def test_region3_leaves_the_last_ac_bits_of_large_progressive_files_unread() -> 
     assert _delta(data, REGION3) > -0.1
     for same in (large, _jpeg(500, 375, progressive=True)):
         assert transform_image(same, REGION3) == transform_image(same, REGION2)
+
+
+def _compiled() -> ModuleType:
+    """The compiled module itself, for what fastjpeg does not wrap: arithmetic(), crop_resize's flag 8."""
+    assert fastjpeg._module is not None
+    return fastjpeg._module
+
+
+def _arithmetic_variants() -> list[tuple[str, bytes]]:
+    """A photo's sequential arithmetic-coded copies (no restarts; a restart every 7 MCUs), ImageNet-size and large."""
+    return [
+        (f"{w}x{h} restart {r}", _compiled().arithmetic(_jpeg(w, h, **save), r))
+        for (w, h, save) in ((500, 375, {}), (2592, 1944, {}), (641, 479, {"subsampling": 0}))
+        for r in (0, 7)
+    ]
+
+
+def test_arithmetic_coded_files_transform_to_the_huffman_files_bytes() -> None:
+    """fast_arith (libjpeg's arithmetic decoder with its registers local) decodes the same coefficients: an
+    arithmetic-coded copy transforms to exactly the bytes of the Huffman-coded file it was made from, at every DCT
+    scale, and its pixels equal those of libjpeg's own arithmetic decoder (crop_resize flag 8) for any region."""
+    for name, data in _arithmetic_variants():
+        assert b"\xff\xc9" in data, name  # SOF9: sequential, arithmetic-coded
+        assert fastjpeg.check(data) is not None, name
+        w, h = Image.open(io.BytesIO(data)).size
+        source = _jpeg(w, h, **({"subsampling": 0} if w == 641 else {}))
+        assert transform_image(data, REGION3).data == transform_image(source, REGION3).data, name
+        for num in (8, 4, 2, 1):
+            sw, sh = -(-w * num // 8), -(-h * num // 8)
+            region = (num, sw // 7, sh // 5, sw - sw // 9, sh - 3, sw / 7, sh / 5, sw - sw / 9, sh - 3.0, 64, 48)
+            assert _compiled().crop_resize(data, *region, 0) == _compiled().crop_resize(data, *region, 8)
+
+
+def test_a_broken_arithmetic_coded_file_fails_as_libjpegs_decoder_fails() -> None:
+    """Corrupt bytes, stray 0xFF and cuts in the arithmetic-coded data: fast_arith gives libjpeg's pixels or libjpeg's
+    error, file by file, and the transform refuses the cut ones as the Pillow path does."""
+    rng = np.random.default_rng(5)
+    for name, data in _arithmetic_variants()[:2]:
+        w, h = Image.open(io.BytesIO(data)).size
+        region = (8, 0, h // 4, w, h, 0.0, h / 4, float(w), float(h), 64, 64)
+        for i in range(40):
+            broken = bytearray(data)
+            at = int(rng.integers(len(data) // 3, len(data) - 2))
+            if i % 3 == 0:
+                broken[at] = int(rng.integers(256))
+            elif i % 3 == 1:
+                broken[at] = 0xFF
+            else:
+                broken = broken[:at]
+            results = []
+            for flags in (0, 8):
+                try:
+                    results.append(_compiled().crop_resize(bytes(broken), *region, flags))
+                except ValueError as exc:
+                    results.append(str(exc))
+            assert results[0] == results[1], (name, i)
+        cut = data[: len(data) * 2 // 3]
+        assert fastjpeg.check(cut) is None  # the UNCHANGED decode check reads to the end: it notices the cut
+        assert _refusal(cut, REGION3).reason == _refusal(cut, PILLOW).reason == "corrupt"
+
+
+def test_mpo_and_irregular_exif_take_one_call_with_the_orientation_pillow_read() -> None:
+    """Files whose header the compiled call leaves to Pillow (MPO, two EXIF blocks) come back to it with the
+    orientation and size Pillow read: the bytes crop_resize and Pillow's encoder write; a size that is not
+    libjpeg's gives None."""
+    settings = REGION_SETTINGS["region3"]
+    frames = [photo_like(np.random.default_rng(s), 640, 480, np.array([0.4, 0.4, 0.2])) for s in (1, 2)]
+    mpo = io.BytesIO()
+    frames[0].save(mpo, "MPO", save_all=True, append_images=frames[1:], quality=92)
+    oriented = _oriented(6)
+    exif = b"\xff\xe1\x00\x16Exif\x00\x00II*\x00\x08\x00\x00\x00" + bytes(6)  # an EXIF block, empty IFD0
+    at = oriented.index(b"\xff\xdb")  # the first quantisation table: after the file's own EXIF block
+    two_exif = oriented[:at] + exif + oriented[at:]
+    assert Image.open(io.BytesIO(two_exif)).getexif().get(0x0112) == 6
+    for data in (mpo.getvalue(), two_exif):
+        assert fastjpeg.transform(data, 256, 224, 90, 10**8, True, settings) is None
+        size = Image.open(io.BytesIO(data)).size
+        assert fastjpeg.transform(data, 256, 224, 90, 10**8, True, settings, 6, size) is not None
+        assert fastjpeg.transform(data, 256, 224, 90, 10**8, True, settings, 6, (size[0] + 1, size[1])) is None
+        assert transform_image(data, REGION3) == _through_pillow(data, REGION3)
+    assert transform_image(two_exif, REGION3).src_width == 900  # upright: stored 600 x 900, turned
