@@ -22,8 +22,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
@@ -37,7 +35,7 @@ from imgest.sinks.shards.pack import (
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import ShardSpec, plan_shards, read_shard_rows, version_key, write_plan
+from imgest.sinks.shards.plan import ShardSpec, build_plan, copy_plan, read_shard_rows
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3objects import shippable_root
@@ -75,12 +73,12 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
 def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int, str]:
     """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows, key):
     KEY is the plan's content key, the version prefix v/<key>/ of the shards this run writes."""
-    if args.plan:
-        plan = pq.read_table(args.plan)
-    else:
-        plan = plan_shards(args.manifest_dir / workdir.MANIFEST, cfg.shards, cfg.spec)
     plan_path = (args.manifest_dir / workdir.SHARD_PLAN).resolve()
-    return plan_path, write_plan(plan, plan_path), plan.num_rows, version_key(plan, cfg.spec)
+    if args.plan:  # a refresh's plan, rewritten one row group per shard
+        plan = copy_plan(args.plan, plan_path, cfg.spec)
+    else:  # planned out of core: memory stays flat whatever the manifest's size
+        plan = build_plan(args.manifest_dir / workdir.MANIFEST, plan_path, cfg.shards, cfg.spec)
+    return plan_path, plan.shards, plan.rows, plan.key
 
 
 def load(
@@ -142,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sum(r.samples for r in records) == 0:
             quarantined = [q for r in records for q in r.quarantine]
             raise nothing_ingestible(args.manifest_dir, "shards", rows, quarantined)
-        samples = samples_table(pq.read_table(plan_path), records)
+        samples = samples_table(plan_path, records)  # streamed a shard's row group at a time
         changed = publish(store, manifest, samples)
         seconds = time.monotonic() - t0
         summary = {

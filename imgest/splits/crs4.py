@@ -153,7 +153,7 @@ def crs4_dictionary(source: dict[str, Any], row_keys: Any, parts: Sequence[np.nd
         "data_col": "data",
         "label_type": "int",
         "row_keys": row_keys,
-        "split": [p.astype(np.int64) for p in parts],
+        "split": [p.astype(np.int64, copy=False) for p in parts],
         "num_classes": num_classes,
     }
 

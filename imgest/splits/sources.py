@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,18 +138,66 @@ def _uuid_chunk(text: pa.Array) -> np.ndarray:
 
 def from_shards(store: ShardStore, only_split: str | None = None) -> LabelledRows:
     """Rows of a published shard dataset (its samples.parquet and manifest.json): only the id, label and split
-    columns are read, ids become 16-byte UUIDs ('S16', sorted), never one Python object per row."""
+    columns are read, ids become 16-byte UUIDs ('S16', sorted), never one Python object per row. Memory: the
+    two output columns (20 bytes a row) and one batch; samples.parquet is streamed to a temporary file, read
+    twice (a counting pass, then each row placed into its first id byte's bucket, each bucket sorted in place)."""
     manifest = store.read_manifest()
     samples = samples_object(manifest or {})
     chunks = store.read_chunks(samples) if manifest is not None else None
     if manifest is None or chunks is None:
         raise ImgestError(f"{store.location} holds no published shard dataset (manifest.json and {samples})")
-    table = pq.read_table(pa.BufferReader(b"".join(chunks)), columns=["id", "label", "split"])
-    if only_split is not None:
-        table = table.filter(pc.equal(table.column("split"), only_split))
-    ids = uuid_bytes(table.column("id"))
-    labels = table.column("label").to_numpy().astype(np.int32)
-    del table
-    order = np.argsort(ids, kind="stable")
+    with tempfile.TemporaryDirectory(prefix="imgest-split-") as tmp:
+        local = Path(tmp) / "samples.parquet"
+        with local.open("wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+        ids, labels = sorted_columns(pq.ParquetFile(local, buffer_size=1 << 20, pre_buffer=False), only_split)
     source = {"kind": "shards", "location": store.location, "samples": samples}
-    return LabelledRows(ids[order], labels[order], len(manifest["classes"]), source)
+    return LabelledRows(ids, labels, len(manifest["classes"]), source)
+
+
+SAMPLE_BATCH_ROWS = 8_192  # samples.parquet rows decoded at a time
+
+
+def sorted_columns(samples: pq.ParquetFile, only_split: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids as 16-byte UUIDs, int32 labels) of SAMPLES' rows (of ONLY_SPLIT), sorted by id (byte order), in memory
+    of the output plus one batch: a counting pass finds how many ids start with each byte, a second pass puts
+    every row in its byte's bucket, then each bucket is sorted in place."""
+    counts = np.zeros(256, dtype=np.int64)
+    for ids, _ in _sample_batches(samples, only_split, with_labels=False):
+        counts += np.bincount(_first_byte(ids), minlength=256)
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    out_ids, out_labels = np.empty(int(ends[-1]), dtype="S16"), np.empty(int(ends[-1]), dtype=np.int32)
+    cursor = starts.copy()
+    for ids, labels in _sample_batches(samples, only_split, with_labels=True):
+        first = _first_byte(ids)
+        order = np.argsort(first, kind="stable")
+        first = first[order]
+        here = np.bincount(first, minlength=256)
+        rank = np.arange(len(first)) - (np.cumsum(here) - here)[first]  # place within its byte's run
+        at = cursor[first] + rank
+        out_ids[at], out_labels[at] = ids[order], labels[order]
+        cursor += here
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        if end - start > 1:
+            order = np.argsort(out_ids[start:end], kind="stable")
+            out_ids[start:end] = out_ids[start:end][order]
+            out_labels[start:end] = out_labels[start:end][order]
+    return out_ids, out_labels
+
+
+def _first_byte(ids: np.ndarray) -> np.ndarray:
+    return np.frombuffer(ids.tobytes(), dtype=np.uint8)[::16] if len(ids) else np.zeros(0, np.uint8)
+
+
+def _sample_batches(
+    samples: pq.ParquetFile, only_split: str | None, with_labels: bool
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids as 16-byte UUIDs, int32 labels or an empty array) of every batch of SAMPLES, filtered to ONLY_SPLIT."""
+    columns = ["id", "split", "label"] if with_labels else ["id", "split"]
+    for batch in samples.iter_batches(batch_size=SAMPLE_BATCH_ROWS, columns=columns):
+        if only_split is not None:
+            batch = batch.filter(pc.equal(batch.column("split"), only_split))
+        labels = batch.column("label").to_numpy(zero_copy_only=False) if with_labels else np.zeros(0)
+        yield uuid_bytes(batch.column("id")), labels.astype(np.int32)

@@ -33,6 +33,7 @@ FORMAT_VERSION = 1
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _HEX_AT = np.r_[0:8, 9:13, 14:18, 19:23, 24:36]  # where the 32 hex digits go in a 36-character UUID string
 ID_CHUNK = 1 << 16
+ROW_CHUNK = 1 << 16  # rows handled at a time where a whole-length temporary is not needed
 
 
 def id_strings(ids: np.ndarray) -> np.ndarray:
@@ -107,27 +108,55 @@ def make_split(
     seed: int,
     num_classes: int | None = None,
 ) -> list[np.ndarray]:
-    """One sorted index array per part into LABELS' rows; parts are disjoint."""
+    """One sorted index array per part into LABELS' rows; parts are disjoint. Besides LABELS and the parts,
+    memory is 5 bytes a row (the rows grouped by class as int32, the part of every row as int8) and a chunk."""
     labels = np.asarray(labels)
     num_classes = num_classes or (int(labels.max()) + 1 if len(labels) else 0)
-    valid = np.flatnonzero((labels >= 0) & (labels < num_classes))  # rows of other labels are never used
-    by_class = valid[np.argsort(labels[valid], kind="stable")]  # row indices grouped by class, ascending within
-    counts = np.bincount(labels[valid], minlength=num_classes).tolist()
+    counts = _class_counts(labels, num_classes)  # rows of other labels are never used
+    by_class = _rows_by_class(labels, counts)
     ends = np.cumsum(counts)
-    members = [by_class[end - n : end] for n, end in zip(counts, ends, strict=True)]
     present = [c for c in range(num_classes) if counts[c] > 0]
     weights = class_weights(balance, counts, seed)
     use = np.zeros(num_classes, dtype=np.int64)
     if present:
         use[present] = balanced_counts([counts[c] for c in present], weights[present])
-    parts: list[list[np.ndarray]] = [[] for _ in ratios]
+    which = np.full(len(labels), -1, dtype=np.int8 if len(ratios) < 127 else np.int32)
     for c in present:
-        shuffled = np.random.default_rng([seed, c]).permutation(members[c])[: use[c]]
+        members = by_class[int(ends[c]) - counts[c] : int(ends[c])].astype(np.int64)
+        shuffled = np.random.default_rng([seed, c]).permutation(members)[: use[c]]
         start = 0
         for p, size in enumerate(cut(int(use[c]), ratios)):
-            parts[p].append(shuffled[start : start + size])
+            which[shuffled[start : start + size]] = p
             start += size
-    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]
+    del by_class
+    return [np.flatnonzero(which == p) for p in range(len(ratios))]
+
+
+def _class_counts(labels: np.ndarray, num_classes: int) -> list[int]:
+    """Rows per class 0 .. NUM_CLASSES - 1 (labels outside are not counted), a chunk of rows at a time."""
+    counts = np.zeros(num_classes, dtype=np.int64)
+    for start in range(0, len(labels), ROW_CHUNK):
+        chunk = labels[start : start + ROW_CHUNK]
+        counts += np.bincount(chunk[(chunk >= 0) & (chunk < num_classes)], minlength=num_classes)
+    return counts.tolist()
+
+
+def _rows_by_class(labels: np.ndarray, counts: Sequence[int]) -> np.ndarray:
+    """Indices of the rows of a valid label grouped by class, ascending within a class (a stable counting sort, a
+    chunk of rows at a time): int32 when the count allows, no full-length temporary."""
+    num_classes = len(counts)
+    ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+    cursor = ends - np.asarray(counts, dtype=np.int64)
+    out = np.empty(int(ends[-1]) if num_classes else 0, dtype=np.int32 if len(labels) < 2**31 else np.int64)
+    for start in range(0, len(labels), ROW_CHUNK):
+        chunk = labels[start : start + ROW_CHUNK]
+        rows = np.flatnonzero((chunk >= 0) & (chunk < num_classes))
+        order = np.argsort(chunk[rows], kind="stable")
+        rows, chunk = rows[order], chunk[rows][order]
+        here = np.bincount(chunk, minlength=num_classes)
+        out[cursor[chunk] + np.arange(len(chunk)) - (np.cumsum(here) - here)[chunk]] = rows + start
+        cursor += here
+    return out
 
 
 @dataclass
@@ -165,9 +194,9 @@ class SplitFile:
             "settings": self.settings,
         }
         arrays = {
-            "labels": self.labels.astype(np.int32),
+            "labels": self.labels.astype(np.int32, copy=False),
             "meta": np.array(json.dumps(meta, sort_keys=True)),
-            **{f"part_{k}": p.astype(np.int64) for k, p in enumerate(self.parts)},
+            **{f"part_{k}": p.astype(np.int64, copy=False) for k, p in enumerate(self.parts)},
         }
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
             _write_ids(zf, self.row_ids)

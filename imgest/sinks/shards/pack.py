@@ -277,27 +277,60 @@ def build_manifest(
     }
 
 
+SAMPLES_GROUP_ROWS = 65_536  # rows per row group of samples.parquet
+
+
 def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
-    """samples.parquet: id, label, split, shard and position of every packed sample (vectorised; PLAN is in
-    shard order, quarantined samples are left out)."""
+    """samples.parquet: id, label, split, shard and position of every packed sample (quarantined samples are left
+    out). PLAN, in shard order, is a table or the path of a plan file; a file is read a row group at a time, so
+    memory holds one group and the compressed output, whatever the dataset's size."""
     import io
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = ["id", "label", "split", "shard"]
+    if isinstance(plan, pa.Table):
+        base = plan.schema
+        pieces: Iterable[Any] = (pa.Table.from_batches([b]) for b in plan.to_batches(max_chunksize=SAMPLES_GROUP_ROWS))
+    else:
+        source = pq.ParquetFile(plan)
+        base = source.schema_arrow
+        pieces = (source.read_row_group(g, columns=columns) for g in range(source.num_row_groups))
+    schema = pa.schema([base.field(c) for c in columns] + [pa.field("position", pa.int32())], metadata=base.metadata)
+    dropped = pa.array(sorted({q["id"] for r in records for q in r.quarantine}), pa.string())
+    buf = io.BytesIO()
+    with pq.ParquetWriter(buf, schema, compression="zstd") as writer:
+        pending: list[Any] = []
+        for table in _positioned(pieces, columns, dropped):
+            pending.append(table.cast(schema))
+            if sum(t.num_rows for t in pending) >= SAMPLES_GROUP_ROWS:
+                writer.write_table(pa.concat_tables(pending))
+                pending = []
+        if pending:
+            writer.write_table(pa.concat_tables(pending))
+    return buf.getvalue()
+
+
+def _positioned(pieces: Iterable[Any], columns: list[str], dropped: Any) -> Iterable[Any]:
+    """The kept rows of every piece of a plan with their position in their shard (counted on across pieces)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
-    dropped = pa.array(sorted({q["id"] for r in records for q in r.quarantine}), pa.string())
-    kept = plan.filter(pc.invert(pc.is_in(plan.column("id"), value_set=dropped))).select(
-        ["id", "label", "split", "shard"]
-    )
-    codes = pc.dictionary_encode(kept.column("shard")).combine_chunks().indices.to_numpy()
-    rows = np.arange(len(codes))
-    starts = np.maximum.accumulate(np.where(np.r_[True, codes[1:] != codes[:-1]], rows, 0)) if len(codes) else rows
-    table = kept.append_column("position", pa.array(rows - starts, pa.int32()))
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
+    last, count = None, 0
+    for piece in pieces:
+        kept = piece.filter(pc.invert(pc.is_in(piece.column("id"), value_set=dropped))).select(columns)
+        if not kept.num_rows:
+            continue
+        codes = pc.dictionary_encode(kept.column("shard")).combine_chunks().indices.to_numpy()
+        rows = np.arange(len(codes))
+        starts = np.maximum.accumulate(np.where(np.r_[True, codes[1:] != codes[:-1]], rows, 0))
+        position = rows - starts
+        if kept.column("shard")[0].as_py() == last:  # the shard goes on from the previous piece
+            position[starts == 0] += count
+        last, count = kept.column("shard")[-1].as_py(), int(position[-1]) + 1
+        yield kept.append_column("position", pa.array(position, pa.int32()))
 
 
 def publish(store: ShardStore, manifest: dict[str, Any], samples: bytes | None = None) -> bool:

@@ -1,18 +1,25 @@
-"""Planning shards: a seeded global shuffle per split, then cuts by sample count and bytes.
+"""Planning shards: a seeded shuffle per split, then cuts by sample count and bytes.
 
 The plan is made before any image is transformed, so shards can be written in parallel and the same
-manifest and seed always give the same shards. Sizes are known up front in UNCHANGED mode (the source
-bytes). In JPEG mode the byte limit is applied to an upper bound of each encoded image (crop x crop x 3
-bytes plus headers), so shards come out somewhat smaller than ``max_bytes``, never larger.
+manifest and seed always give the same shards. It is made out of core (build_plan): a split of more than
+PLAN_BUCKET_ROWS rows is shuffled in seeded hash buckets spilled to disk, so the planning process holds one
+bucket and one shard whatever the dataset's size; a smaller split is one bucket, a global shuffle. Sizes are
+known up front in UNCHANGED mode (the source bytes). In JPEG mode the byte limit is applied to an upper bound
+of each encoded image (crop x crop x 3 bytes plus headers), so shards come out somewhat smaller than
+``max_bytes``, never larger.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,11 +27,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core import defaults
-from imgest.core.errors import ConfigError
+from imgest.core.errors import ConfigError, ImgestError
 from imgest.sinks.shards.tar_writer import BLOCK, member_overhead
 from imgest.transform.image import TransformSpec
 
+log = logging.getLogger(__name__)
+
 JSON_BOUND = 1024  # the .json member of a sample stays below this
+PLAN_BUCKET_ROWS = 65_536  # a split of more rows is shuffled in buckets of about this many (bounded memory)
+SPILL_BATCH_ROWS = 65_536  # manifest rows grouped into buckets at a time while planning
+READ_BATCH_ROWS = 8_192  # manifest rows decoded at a time (larger reads hold more memory in the allocator)
 
 
 @dataclass(frozen=True)
@@ -56,25 +68,245 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:06d}.tar"
 
 
-def plan_shards(manifest: Path, shards: ShardSpec, spec: TransformSpec) -> pa.Table:
-    """The manifest rows with their shard name and position, in shard order (deterministic). The order of every
-    split is computed as indices from the id and size columns, then the rows are taken from the manifest once:
-    the only copies of the whole table are the manifest and the plan."""
-    table = pq.read_table(manifest)
-    takes, names, positions = [], [], []
-    for split in sorted(pc.unique(table.column("split")).to_pylist()):
-        where = pc.indices_nonzero(pc.equal(table.column("split"), split))
-        keys = table.select(["id", "size"]).take(where)
-        order = shuffled_order(keys.select(["id"]), [shards.seed, zlib.crc32(split.encode())])
-        shard, pos = _assign(keys.column("size").take(order), split, shards, spec, 0)
-        takes.append(where.take(order))
-        names.append(shard)
-        positions.append(pos)
-    if not takes:
-        return table
-    plan = table.take(pa.chunked_array(takes).combine_chunks())
-    del table
-    return plan.append_column("shard", pa.chunked_array(names)).append_column("pos", pa.chunked_array(positions))
+@dataclass(frozen=True)
+class PlanFile:
+    """A shard plan written by build_plan: its file, [(shard name, row group)] in order, its row count and its
+    version key (see version_key)."""
+
+    path: Path
+    shards: list[tuple[str, int]]
+    rows: int
+    key: str
+
+
+def build_plan(
+    manifest: Path, out: Path, shards: ShardSpec, spec: TransformSpec, bucket_rows: int = PLAN_BUCKET_ROWS
+) -> PlanFile:
+    """Plan the shards of MANIFEST and write the plan to OUT (one Parquet row group per shard, see read_shard_rows) in
+    memory bounded by BUCKET_ROWS rows, whatever the manifest's size.
+
+    Each split is shuffled in buckets: a split of n rows gets K = ceil(n / BUCKET_ROWS) buckets; a row goes to
+    the bucket its id hashes to (seeded), every bucket is sorted by id and permuted with a seed of its own, and
+    the buckets follow each other in order, cut greedily into shards as one stream (a shard may straddle two
+    buckets). Every bucket is a seeded random subset of the split, so shards mix classes as a global shuffle
+    does. A split of at most BUCKET_ROWS rows is one bucket shuffled with the split's seed: exactly the plan of
+    a global shuffle (the plans of such datasets did not change). The rows are spilled once to an Arrow file
+    beside OUT, removed when done; OUT appears whole or not at all. The same manifest, seed and BUCKET_ROWS
+    always give the same plan."""
+    if bucket_rows < 1:
+        raise ConfigError(f"plan bucket rows {bucket_rows} must be at least 1")
+    source = pq.ParquetFile(manifest)
+    schema = source.schema_arrow.append(pa.field("shard", pa.string())).append(pa.field("pos", pa.int32()))
+    counts = _split_counts(source)
+    buckets = {split: max(1, -(-n // bucket_rows)) for split, n in counts.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".plan-spill-", dir=out.parent) as tmp:
+        spill = _spill(source, Path(tmp) / "rows.arrow", buckets, shards.seed)
+        with _PlanWriter(out, schema, spec) as writer, pa.OSFile(str(spill.path)) as fh:
+            reader = pa.ipc.open_file(fh)
+            for split in sorted(counts):
+                state = (0, 0, 0)
+                for bucket in range(buckets[split]):
+                    pieces = [reader.get_batch(i) for i in spill.batches.get((split, bucket), [])]
+                    rows = pa.Table.from_batches(pieces, source.schema_arrow)
+                    rows = rows.take(
+                        shuffled_order(rows.select(["id"]), _bucket_seed(shards.seed, split, bucket, buckets[split]))
+                    )
+                    state = writer.add(rows, split, shards, spec, state)
+    plan = writer.result()
+    log.info(
+        "planned %d rows of %s into %d shards (buckets per split: %s)", plan.rows, manifest, len(plan.shards), buckets
+    )
+    return plan
+
+
+def plan_shards(
+    manifest: Path, shards: ShardSpec, spec: TransformSpec, bucket_rows: int = PLAN_BUCKET_ROWS
+) -> pa.Table:
+    """The plan of build_plan as one table (manifest rows with their shard name and position, in shard order):
+    for tests, small datasets and a refresh's re-plan. A job writes it with build_plan instead, in bounded
+    memory."""
+    with tempfile.TemporaryDirectory(prefix="imgest-plan-") as tmp:
+        plan = build_plan(manifest, Path(tmp) / "plan.parquet", shards, spec, bucket_rows)
+        return pq.read_table(plan.path)
+
+
+def _split_counts(source: pq.ParquetFile) -> dict[str, int]:
+    """Rows per split of a manifest, read a batch of the split column at a time."""
+    counts: dict[str, int] = {}
+    for batch in source.iter_batches(batch_size=READ_BATCH_ROWS, columns=["split"]):
+        for item in pc.value_counts(batch.column(0)).to_pylist():
+            counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
+    return counts
+
+
+@dataclass
+class _Spill:
+    """Rows spilled to an Arrow IPC file: the record batches of each (split, bucket), in manifest order."""
+
+    path: Path
+    batches: dict[tuple[str, int], list[int]]
+
+
+def _spill(source: pq.ParquetFile, path: Path, buckets: dict[str, int], seed: int) -> _Spill:
+    """Write the manifest's rows to PATH grouped by (split, bucket) within each group of rows read: memory stays
+    one group whatever the manifest's size."""
+    index: dict[tuple[str, int], list[int]] = {}
+    order = sorted(buckets)
+    base = np.cumsum([0] + [buckets[s] for s in order])
+    written = 0
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_file(fh, source.schema_arrow, options=options) as writer:
+        for rows in _read_groups(source, SPILL_BATCH_ROWS):
+            split_code = pc.index_in(rows.column("split"), value_set=pa.array(order, pa.string())).to_numpy()
+            k = np.asarray([buckets[s] for s in order], dtype=np.uint64)[split_code]
+            group = base[split_code] + (id_hashes(rows.column("id"), seed) % k).astype(np.int64)
+            sort = np.argsort(group, kind="stable")
+            rows, group = rows.take(pa.array(sort)), group[sort]
+            for start, end in _runs(group):
+                split_index = int(np.searchsorted(base, group[start], side="right")) - 1
+                batches = index.setdefault((order[split_index], int(group[start] - base[split_index])), [])
+                for batch in rows.slice(start, end - start).to_batches():
+                    writer.write_batch(batch)
+                    batches.append(written)
+                    written += 1
+    return _Spill(path, index)
+
+
+def _read_groups(source: pq.ParquetFile, rows: int) -> Iterator[pa.Table]:
+    """SOURCE's rows in tables of about ROWS rows, read in small batches (the reader's buffers stay small)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in source.iter_batches(batch_size=READ_BATCH_ROWS):
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def _bucket_seed(seed: int, split: str, bucket: int, count: int) -> list[int]:
+    """The permutation seed of one bucket: a split of one bucket keeps the global shuffle's [seed, crc32(split)]."""
+    base = [seed, zlib.crc32(split.encode())]
+    return base if count == 1 else [*base, count, bucket]
+
+
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def id_hashes(ids: pa.Array | pa.ChunkedArray, seed: int) -> np.ndarray:
+    """A seeded 64-bit hash of every id (FNV-1a over its UTF-8 bytes, then a splitmix64 finish), vectorized over
+    the string buffer: the same ids and seed give the same hashes on every machine."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if ids.null_count:
+        raise ImgestError("sample ids must not be null: re-run the scan to rebuild the manifest")
+    ids = ids.cast(pa.large_string())
+    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset : ids.offset + len(ids) + 1]
+    data = ids.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    h = np.full(len(ids), _FNV_OFFSET, dtype=np.uint64) ^ _mix(np.asarray([seed & (2**64 - 1)], np.uint64))
+    for j in range(int(lengths.max()) if len(ids) else 0):
+        live = lengths > j
+        if live.all():
+            h = (h ^ raw[starts + j]) * _FNV_PRIME
+        else:
+            h[live] = (h[live] ^ raw[starts[live] + j]) * _FNV_PRIME
+    return _mix(h)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finish: every input bit moves every output bit (so a modulo of the hash is uniform)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class _PlanWriter:
+    """Writes a plan in shard order, one row group per shard, to OUT (a partial file renamed when complete); a shard
+    whose rows come in pieces is held until it closes (at most one shard's rows in memory). Feeds the version key
+    as it writes."""
+
+    def __init__(self, out: Path, schema: pa.Schema, spec: TransformSpec) -> None:
+        self.out, self.schema = out, schema
+        self.partial = out.with_name(out.name + ".partial")
+        self.key = _key_hash(spec)
+        self.order: list[tuple[str, int]] = []
+        self.rows = 0
+        self._name: str | None = None
+        self._pending: list[pa.Table] = []
+        self._writer = pq.ParquetWriter(self.partial, schema, compression="zstd")
+
+    def __enter__(self) -> _PlanWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self._flush()
+        self._writer.close()
+        if kind is None:
+            self.partial.replace(self.out)
+        else:
+            self.partial.unlink(missing_ok=True)
+
+    def result(self) -> PlanFile:
+        """The written plan (after the with block)."""
+        return PlanFile(self.out, self.order, self.rows, self.key.hexdigest()[:16])
+
+    def add(
+        self, rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, state: tuple[int, int, int]
+    ) -> tuple[int, int, int]:
+        """ROWS in their shuffled order, cut on from STATE (index, count, used); returns the state after them."""
+        shard, pos, state = _greedy_cut(_sample_bounds(rows.column("size").to_numpy(), spec), shards, state)
+        for start, end in _runs(shard):
+            name = shard_name(split, int(shard[start]))
+            piece = rows.slice(start, end - start)
+            piece = piece.append_column("shard", pa.repeat(pa.scalar(name, pa.string()), end - start))
+            self._put(name, piece.append_column("pos", pa.array(pos[start:end], pa.int32())))
+        return state
+
+    def add_planned(self, rows: pa.Table) -> None:
+        """ROWS of a plan (shard and pos columns), in shard order."""
+        codes = pc.dictionary_encode(rows.column("shard")).combine_chunks()
+        for start, end in _runs(codes.indices.to_numpy()):
+            self._put(codes.dictionary[codes.indices[start].as_py()].as_py(), rows.slice(start, end - start))
+
+    def _put(self, name: str, piece: pa.Table) -> None:
+        if name != self._name:
+            self._flush()
+            self._name = name
+        self._pending.append(piece)
+
+    def _flush(self) -> None:
+        if self._name is None:
+            return
+        table = pa.concat_tables(self._pending).cast(self.schema)
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        _key_update(self.key, table)
+        self.order.append((self._name, len(self.order)))
+        self.rows += table.num_rows
+        self._name, self._pending = None, []
+
+
+def _runs(values: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of every run of equal VALUES."""
+    if not len(values):
+        return []
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]).tolist()
+    return list(zip(starts, [*starts[1:], len(values)], strict=True))
+
+
+def copy_plan(plan: Path, out: Path, spec: TransformSpec) -> PlanFile:
+    """Rewrite the plan file PLAN (rows in shard order, any row groups: a refresh's) to OUT with one row group per
+    shard, streaming a batch at a time; returns it with its version key."""
+    source = pq.ParquetFile(plan)
+    with _PlanWriter(out, source.schema_arrow, spec) as writer:
+        for batch in source.iter_batches(batch_size=READ_BATCH_ROWS):
+            writer.add_planned(pa.Table.from_batches([batch]))
+    return writer.result()
 
 
 def shuffled_order(rows: pa.Table, seed: list[int]) -> pa.Array:
@@ -101,30 +333,40 @@ def _assign(
 ) -> tuple[pa.Array, pa.Array]:
     """(shard name, position) columns for samples of source SIZES in their shuffled order."""
     need = _sample_bounds(sizes.to_numpy(zero_copy_only=False), spec)
-    shard, pos = _greedy_cut(need, shards)
+    shard, pos, _ = _greedy_cut(need, shards, (0, 0, 0))
     count = int(shard[-1]) + 1 if len(need) else 0
     names = pa.array([shard_name(split, first + k) for k in range(count)], pa.string())
     return names.take(pa.array(shard)), pa.array(pos)
 
 
-def _greedy_cut(need: np.ndarray, shards: ShardSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(shard index, position) of each sample of byte bound NEED: a shard closes when the next sample would pass
-    max_count or max_bytes. Equal bounds (JPEG mode) are cut arithmetically; others in a loop over chunks."""
+def _greedy_cut(
+    need: np.ndarray, shards: ShardSpec, state: tuple[int, int, int]
+) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
+    """(shard index, position) of each sample of byte bound NEED, and the state after them: a shard closes when
+    the next sample would pass max_count or max_bytes. STATE (index, count, used) is where an earlier stream of
+    samples left the open shard, so a stream cut in pieces gets the cut of the whole. Equal bounds (JPEG mode) are
+    cut arithmetically; others in a loop over chunks."""
     n = len(need)
-    if n and int(need.min()) == int(need.max()):
+    index, count, used = state
+    if n and int(need.min()) == int(need.max()) and used == count * int(need[0]):
         per = max(1, min(shards.max_count, shards.max_bytes // int(need[0])))
-        idx = np.arange(n, dtype=np.int64)
-        return idx // per, (idx % per).astype(np.int32)
+        if count <= per:
+            at = np.arange(count, count + n, dtype=np.int64)
+            last = count + n - 1
+            return (
+                index + at // per,
+                (at % per).astype(np.int32),
+                (index + last // per, last % per + 1, (last % per + 1) * int(need[0])),
+            )
     shard = np.empty(n, dtype=np.int64)
     pos = np.empty(n, dtype=np.int32)
-    index, count, used = 0, 0, 0
     for start in range(0, n, 65_536):
         for i, size in enumerate(need[start : start + 65_536].tolist(), start):
             if count and (count >= shards.max_count or used + size > shards.max_bytes):
                 index, count, used = index + 1, 0, 0
             shard[i], pos[i] = index, count
             count, used = count + 1, used + size
-    return shard, pos
+    return shard, pos, (index, count, used)
 
 
 def _sample_bounds(sizes: np.ndarray, spec: TransformSpec) -> np.ndarray:
@@ -155,31 +397,23 @@ def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
 def version_key(plan: pa.Table, spec: TransformSpec) -> str:
     """The content key of a shard plan: a digest of the transform and every row's shard, id, size, mtime and
     label in plan order (never of time or attempt). Its shards go under ``v/<key>/``: the same plan always
-    writes the same names, so a re-run finds what an interrupted one wrote."""
-    h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
-    columns = ["shard", "id", "size", "mtime", "label"]
-    for batch in plan.select(columns).to_batches(max_chunksize=65_536):  # bounded: one chunk of text at a time
-        values = [batch.column(c).to_pylist() for c in columns]
-        h.update("".join(f"{s}|{i}|{z}|{m}|{lab}\n" for s, i, z, m, lab in zip(*values, strict=True)).encode())
+    writes the same names, so a re-run finds what an interrupted one wrote. build_plan computes the same key
+    while it writes."""
+    h = _key_hash(spec)
+    _key_update(h, plan)
     return h.hexdigest()[:16]
 
 
-def write_plan(plan: pa.Table, path: Path) -> list[tuple[str, int]]:
-    """Write PLAN with one Parquet row group per shard; returns [(shard name, row group)] in order.
+def _key_hash(spec: TransformSpec) -> Any:
+    return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
 
-    A task then reads exactly its shard's rows, with no shuffle: see read_shard_rows.
-    """
-    shard = plan.column("shard")
-    changes = pc.not_equal(shard.slice(1), shard.slice(0, max(0, len(shard) - 1))) if len(shard) > 1 else None
-    bounds = (np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1).tolist() if changes is not None else []
-    starts, ends = [0, *bounds], [*bounds, len(shard)]
-    names = [shard[start].as_py() for start in starts] if len(shard) else []
-    order = []
-    with pq.ParquetWriter(path, plan.schema, compression="zstd") as writer:
-        for group, (start, end) in enumerate(zip(starts, ends, strict=True)):
-            writer.write_table(plan.slice(start, end - start), row_group_size=end - start)
-            order.append((names[group], group))
-    return order
+
+def _key_update(h: Any, plan: pa.Table) -> None:
+    """Feed PLAN's rows to the version key H, one chunk of text at a time."""
+    columns = ["shard", "id", "size", "mtime", "label"]
+    for batch in plan.select(columns).to_batches(max_chunksize=65_536):
+        values = [batch.column(c).to_pylist() for c in columns]
+        h.update("".join(f"{s}|{i}|{z}|{m}|{lab}\n" for s, i, z, m, lab in zip(*values, strict=True)).encode())
 
 
 def read_shard_rows(path: Path, row_group: int) -> list[dict[str, object]]:

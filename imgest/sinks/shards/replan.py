@@ -43,19 +43,22 @@ def replan(
     old_plan = old_plan.replace_schema_metadata(None)
     manifest = manifest.replace_schema_metadata(None).select(old_plan.schema.names[:-2])
     touched_ids = pa.array(touched, pa.string())
-    dirty = set(old_plan.filter(pc.is_in(old_plan.column("id"), value_set=touched_ids)).column("shard").to_pylist())
-    dirty_names = pa.array(sorted(dirty), pa.string())
-    keep = old_plan.filter(pc.invert(pc.is_in(old_plan.column("shard"), value_set=dirty_names)))
+    dirty = _names(old_plan.filter(pc.is_in(old_plan.column("id"), value_set=touched_ids)))
+    keep = old_plan.filter(pc.invert(pc.is_in(old_plan.column("shard"), value_set=pa.array(dirty, pa.string()))))
     fresh = manifest.filter(pc.invert(pc.is_in(manifest.column("id"), value_set=keep.column("id"))))
     highest: dict[str, int] = {}
-    for name, split in zip(old_plan.column("shard").to_pylist(), old_plan.column("split").to_pylist(), strict=True):
-        highest[split] = max(highest.get(split, -1), shard_index_of(name))
+    for pair in old_plan.select(["split", "shard"]).group_by(["split", "shard"]).aggregate([]).to_pylist():
+        highest[pair["split"]] = max(highest.get(pair["split"], -1), shard_index_of(pair["shard"]))
     parts = [keep]
-    for split in sorted(set(fresh.column("split").to_pylist())):
+    for split in sorted(pc.unique(fresh.column("split")).to_pylist()):
         rows = fresh.filter(pc.equal(fresh.column("split"), split))
         seed = [shards.seed, zlib.crc32(split.encode()), refresh]
         parts.append(cut_shards(rows, split, shards, spec, seed, highest.get(split, -1) + 1).cast(old_plan.schema))
     plan = pa.concat_tables(parts).sort_by([("shard", "ascending"), ("pos", "ascending")])
-    kept = sorted(set(keep.column("shard").to_pylist()))
-    new = sorted(set(plan.column("shard").to_pylist()) - set(kept))
-    return Replan(plan, kept, sorted(dirty), new)
+    kept = _names(keep)
+    return Replan(plan, kept, dirty, sorted(set(_names(plan)) - set(kept)))
+
+
+def _names(plan: pa.Table) -> list[str]:
+    """The shard names of PLAN's rows, sorted, each once (no Python object per row)."""
+    return sorted(pc.unique(plan.column("shard")).to_pylist())
