@@ -131,7 +131,7 @@ def _shards_args(
 ) -> list[str]:
     """The shard plan: the last version's untouched shards plus new ones (everything, the first time)."""
     from imgest.flow.steps import shards_job_args
-    from imgest.sinks.shards.plan import plan_shards
+    from imgest.sinks.shards.plan import build_plan
     from imgest.sinks.shards.replan import replan
 
     rdir = refresh_dir(request.dataset, request.target)
@@ -140,12 +140,11 @@ def _shards_args(
         table = pq.read_table(manifest_dir / workdir.MANIFEST)
         touched = changes.removed + changes.changed
         result = replan(pq.read_table(old), table, touched, request.shards(), request.transform(), pending["number"])
-        plan = result.plan
+        write_table(result.plan, rdir / NEXT_PLAN)
         pending.update(kept_shards=len(result.kept), dropped_shards=result.dropped, new_shards=result.new)
         log.info("shards: %d kept, %d dropped, %d new", len(result.kept), len(result.dropped), len(result.new))
-    else:
-        plan = plan_shards(manifest_dir / workdir.MANIFEST, request.shards(), request.transform())
-    write_table(plan, rdir / NEXT_PLAN)
+    else:  # the first version: the ingest's own plan, written in bounded memory
+        build_plan(manifest_dir / workdir.MANIFEST, rdir / NEXT_PLAN, request.shards(), request.transform())
     info = {
         "name": pending["version"],
         "number": pending["number"],
