@@ -291,17 +291,7 @@ def _fast_jpeg(
         return None
     fix = ORIENTATION_FIX.get(orientation)
     if one_call and spec.jpeg_decoder in ONE_CALL_DECODERS:
-        done = fastjpeg.transform(
-            data,
-            spec.resize,
-            spec.crop,
-            spec.quality,
-            min(spec.max_pixels, Image.MAX_IMAGE_PIXELS or spec.max_pixels),
-            spec.dct_scaling,
-            REGION_SETTINGS[spec.jpeg_decoder],
-            orientation if fix is not None else 1,
-            img.size,
-        )
+        done = _one_call(data, spec, orientation if fix is not None else 1, img.size)
         if done is not None:
             return done[0]
     upright = img.size[::-1] if orientation in (5, 6, 7, 8) else img.size
@@ -316,6 +306,23 @@ def _fast_jpeg(
         return None
     out = Image.frombuffer("RGB", (spec.crop, spec.crop), pixels, "raw", "RGB", 0, 1)
     return _encode(out if fix is None else out.transpose(fix), spec.quality)
+
+
+def _one_call(
+    data: bytes, spec: TransformSpec, orientation: int = 0, size: tuple[int, int] = (0, 0)
+) -> tuple[bytes, int, int] | None:
+    """fastjpeg.transform with SPEC's settings (ORIENTATION and SIZE as Pillow read them, when it opened the file)."""
+    return fastjpeg.transform(
+        data,
+        spec.resize,
+        spec.crop,
+        spec.quality,
+        min(spec.max_pixels, Image.MAX_IMAGE_PIXELS or spec.max_pixels),
+        spec.dct_scaling,
+        REGION_SETTINGS[spec.jpeg_decoder],
+        orientation,
+        size,
+    )
 
 
 def _region_checked(data: bytes, max_pixels: int) -> Transformed | None:
@@ -336,15 +343,7 @@ def transform_image(data: bytes, spec: TransformSpec) -> Transformed:
         if checked is not None:
             return checked
     if spec.mode == "jpeg" and spec.jpeg_decoder in ONE_CALL_DECODERS:
-        done = fastjpeg.transform(
-            data,
-            spec.resize,
-            spec.crop,
-            spec.quality,
-            min(spec.max_pixels, Image.MAX_IMAGE_PIXELS or spec.max_pixels),
-            spec.dct_scaling,
-            REGION_SETTINGS[spec.jpeg_decoder],
-        )
+        done = _one_call(data, spec)
         if done is not None:
             return Transformed(done[0], spec.crop, spec.crop, done[1], done[2], "JPEG", "jpg")
     img = open_checked(data, spec.max_pixels)
