@@ -5,6 +5,10 @@ files target's Spark job on ``local[N]``), same cores, same transform. The S3 so
 SeaweedFS and is read through a Toxiproxy proxy that adds each RTT in turn (0 ms: the proxy alone). Figures are
 the job's own in-job images/s (Spark's start-up excluded) and the spark-submit wall time, median of ROUNDS, and
 the ratio to the local source of the same layout. The scan is timed too (objects/s of listing or tar indexing).
+
+``scan_main`` (``--scan-objects N``) scans a prefix of N objects (ImageFolder, 1,000 per class; tiny bodies: a
+scan reads no image) and the same tree on the local disk, each in a fresh process, and reports objects/s and
+the process's peak RSS: memory stays bounded when the listing streams page by page into the manifest.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import logging
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,22 @@ log = logging.getLogger(__name__)
 BUCKET = "imgest-src"
 PROXY = "s3-source"
 TARGET_RATIO = 0.9  # the issue's target: an S3 source ingests at >= 0.9x the local images/s
+SCAN_PER_CLASS = 1000  # objects per class folder of the scan benchmark's tree (ImageNet has about 1,300)
+SCAN_BODY = b"\xff\xd8\xff\xe0" + bytes(60)  # what each object holds: a scan lists, it reads no image
+# One scan in a fresh process: its RSS once imgest is imported, then the peak over the scan (ru_maxrss, KiB).
+_SCAN_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from imgest.sources.scan import scan_to_dir
+import imgest.sources.s3scan, pyarrow.parquet, boto3
+base = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() // 1024
+t0 = time.perf_counter()
+src = sys.argv[1] if sys.argv[1].startswith("s3://") else Path(sys.argv[1])
+report = scan_to_dir(src, Path(sys.argv[2]), "auto", "bench-scan")
+seconds = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"objects": report.candidates, "seconds": seconds, "base_kib": base, "peak_kib": peak}))
+"""
 
 
 def _dataset(layout: str, images: int) -> Path:
@@ -76,14 +98,126 @@ def _scan(src: Path | str, out: Path) -> dict[str, Any]:
     }
 
 
-def _ingest(manifest_dir: Path, env: dict[str, str], master: str, work: Path) -> dict[str, float]:
-    """One files job over MANIFEST_DIR; its in-job images/s and the wall time of spark-submit."""
+def _scan_tree(objects: int) -> Path:
+    """A local ImageFolder tree of OBJECTS tiny files under train/, SCAN_PER_CLASS per class (made once)."""
+    from imgest.sources.devdata.sample import synsets
+
+    root = state_dir() / "bench" / "source" / f"scan-{objects}"
+    if not (root / ".complete").is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        wnids = [wnid for wnid, _name in synsets(-(-objects // SCAN_PER_CLASS))]
+        for i in range(objects):
+            folder = root / "train" / wnids[i // SCAN_PER_CLASS]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{folder.name}_{i}.JPEG").write_bytes(SCAN_BODY)
+        (root / ".complete").write_text("")
+    return root
+
+
+def _upload_tree(settings: S3Settings, root: Path, prefix: str) -> str:
+    """ROOT's files under s3://imgest-src/PREFIX, 16 PUTs in flight; skipped when a marker says it is complete."""
+    client = settings.client(max_pool_connections=16)
+    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=BUCKET)
+    done = prefix.rstrip("/") + ".complete"  # beside the prefix, not in it (the scan would count it as junk)
+    try:
+        client.head_object(Bucket=BUCKET, Key=done)
+    except client.exceptions.ClientError:
+        keys = [(prefix + p.relative_to(root).as_posix(), p) for p in root.rglob("*.JPEG")]
+        with ThreadPoolExecutor(16) as pool:
+            for _ in pool.map(lambda kp: client.put_object(Bucket=BUCKET, Key=kp[0], Body=kp[1].read_bytes()), keys):
+                pass
+        client.put_object(Bucket=BUCKET, Key=done, Body=b"")
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def _scan_child(src: Path | str, out: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One scan of SRC into OUT in a fresh process: objects, objects/s, RSS after imports and at its peak (MiB)."""
+    import os
+
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCAN_CHILD, str(src), str(out)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"scan of {src} failed: {(proc.stdout + proc.stderr)[-2000:]}")
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "objects": doc["objects"],
+        "seconds": round(doc["seconds"], 2),
+        "objects_per_s": round(doc["objects"] / doc["seconds"]),
+        "rss_after_imports_mib": round(doc["base_kib"] / 1024, 1),
+        "peak_rss_mib": round(doc["peak_kib"] / 1024, 1),
+        "rss_growth_mib": round((doc["peak_kib"] - doc["base_kib"]) / 1024, 1),
+    }
+
+
+def scan_main(counts: tuple[int, ...], rounds: int = 1) -> list[dict[str, Any]]:
+    """Scan a prefix of each of COUNTS objects and the same local tree (fresh processes); rows for the report."""
+    from imgest.services.s3 import S3Server
+    from imgest.sources.s3objects import source_env
+
+    settings = S3Server.default().settings()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="imgest-bench-scan-") as tmp:
+        for objects in counts:
+            root = _scan_tree(objects)
+            url = _upload_tree(settings, root, f"bench/source/scan-{objects}/")
+            for name, src, env in (("local", root, {}), ("s3", url, source_env(settings))):
+                runs = [_scan_child(src, Path(tmp) / f"{name}-{objects}", env) for _ in range(rounds)]
+                mid = sorted(runs, key=lambda r: r["objects_per_s"])[len(runs) // 2]  # the median run
+                row = {"layout": "imagefolder", "source": name, **mid}
+                row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+                rows.append(row)
+                log.info(
+                    "scan %s %d objects: %d objects/s, peak RSS %.0f MiB",
+                    name,
+                    objects,
+                    mid["objects_per_s"],
+                    row["peak_rss_mib"],
+                )
+    return rows
+
+
+def _machine_cpu_s() -> float:
+    """CPU seconds every core of this machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    import os
+
+    with open("/proc/stat") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes PIDS have spent, ignoring any that has gone."""
+    import os
+
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _ingest(
+    manifest_dir: Path, env: dict[str, str], master: str, work: Path, store_pids: list[int]
+) -> dict[str, float]:
+    """One files job over MANIFEST_DIR: its in-job images/s, the wall time of spark-submit, and the CPU per image
+    of the whole machine and of the object store's processes (SeaweedFS, Toxiproxy: STORE_PIDS) meanwhile."""
     from imgest.spark.submit import submit_command, submit_env
 
     dest, summary = work / "files", work / "summary.json"
     shutil.rmtree(dest, ignore_errors=True)
     args = ["--manifest-dir", str(manifest_dir), "--dest", str(dest), "--summary-json", str(summary)]
-    t0 = time.perf_counter()
+    t0, machine0, store0 = time.perf_counter(), _machine_cpu_s(), _process_cpu_s(store_pids)
     proc = subprocess.run(
         submit_command("write_files", args, master),
         env={**submit_env(master), **env},
@@ -91,12 +225,23 @@ def _ingest(manifest_dir: Path, env: dict[str, str], master: str, work: Path) ->
         text=True,
         check=False,
     )
-    wall = time.perf_counter() - t0
+    wall, machine, store = (
+        time.perf_counter() - t0,
+        _machine_cpu_s() - machine0,
+        _process_cpu_s(store_pids) - store0,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"files job on {manifest_dir} failed: {(proc.stdout + proc.stderr)[-2000:]}")
     doc = json.loads(summary.read_text())
     shutil.rmtree(dest, ignore_errors=True)
-    return {"images_per_s": float(doc["images_per_s"]), "wall_s": round(wall, 2), "images": float(doc["published"])}
+    images = float(doc["published"])
+    return {
+        "images_per_s": float(doc["images_per_s"]),
+        "wall_s": round(wall, 2),
+        "images": images,
+        "machine_cpu_ms_per_image": 1000 * machine / images,
+        "store_cpu_ms_per_image": 1000 * store / images,
+    }
 
 
 def main(
@@ -106,8 +251,13 @@ def main(
     rtts: tuple[float, ...] = (0.0, 10.0),
     master: str = "",
     plot_path: Path | None = None,
+    layouts: tuple[str, ...] = ("imagefolder", "tar"),
+    scan_objects: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    """Run the benchmark and write JSON_PATH (and the bar chart PLOT_PATH); returns the report."""
+    """Run the benchmark and write JSON_PATH (and the bar chart PLOT_PATH); returns the report.
+
+    SCAN_OBJECTS adds ``scan_main`` for each count. Without LAYOUTS only that runs, and the ingest and scan
+    figures of an existing JSON_PATH are kept."""
     import os
 
     from imgest.services.latency import LatencyProxy
@@ -123,9 +273,10 @@ def main(
     proxied = replace(settings, endpoint_url=f"http://{listen}")
     rows: list[dict[str, Any]] = []
     scans: list[dict[str, Any]] = []
+    store_pids = [pid for pid in (S3Server.default().process.pid(), proxy.process.pid()) if pid is not None]
     with tempfile.TemporaryDirectory(prefix="imgest-bench-source-") as tmp:
         work = Path(tmp)
-        for layout in ("imagefolder", "tar"):
+        for layout in layouts:
             root = _dataset(layout, images)
             url = _upload(settings, root, f"bench/source/{layout}-{images}/")
             register_source(url, settings)
@@ -140,7 +291,7 @@ def main(
             for name, rtt, manifest_dir, env in conditions:
                 if rtt is not None:
                     proxy.set_rtt(PROXY, rtt)
-                runs = [_ingest(manifest_dir, env, master, work) for _ in range(rounds)]
+                runs = [_ingest(manifest_dir, env, master, work, store_pids) for _ in range(rounds)]
                 rate = statistics.median(r["images_per_s"] for r in runs)
                 base = rate if base is None else base
                 row = {
@@ -153,6 +304,10 @@ def main(
                     "max": max(r["images_per_s"] for r in runs),
                     "wall_s": statistics.median(r["wall_s"] for r in runs),
                     "ratio_to_local": round(rate / base, 3),
+                    "machine_cpu_ms_per_image": round(
+                        statistics.median(r["machine_cpu_ms_per_image"] for r in runs), 2
+                    ),
+                    "store_cpu_ms_per_image": round(statistics.median(r["store_cpu_ms_per_image"] for r in runs), 2),
                 }
                 if rtt is not None:
                     row["meets_target"] = row["ratio_to_local"] >= TARGET_RATIO
@@ -162,7 +317,9 @@ def main(
     report = {
         "benchmark": "source",
         "what": "files job (jpeg transform) in-job images/s from a local source vs the same dataset on S3 "
-        "through Toxiproxy; median of rounds",
+        "through Toxiproxy; median of rounds. machine_cpu_ms_per_image: CPU of every process on the machine from "
+        "spark-submit to its exit, per image; store_cpu_ms_per_image: the part SeaweedFS and Toxiproxy spent",
+        "dataset": _dataset_doc(images),
         "master": master,
         "cores": os.cpu_count(),
         "rounds": rounds,
@@ -170,12 +327,41 @@ def main(
         "ingest": rows,
         "scan": scans,
     }
+    if not layouts and json_path.is_file():
+        previous = json.loads(json_path.read_text())
+        report = {**previous, **{k: v for k, v in report.items() if k not in ("ingest", "scan", "rounds", "dataset")}}
+    if scan_objects:
+        report["scan_prefix"] = {
+            "what": "ImageFolder prefix, 1,000 objects per class folder, each scan in a fresh process; peak RSS is "
+            "the process's maximum resident set (ru_maxrss), growth is that minus its RSS once imgest was imported",
+            "rows": scan_main(scan_objects),
+        }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
     if plot_path is not None:
         plot(report, plot_path)
     return report
+
+
+def _dataset_doc(images: int) -> dict[str, Any]:
+    """What the ImageFolder images of the benchmark are: count, median and mean bytes, most common sizes."""
+    from collections import Counter
+
+    from PIL import Image
+
+    files = sorted(_dataset("imagefolder", images).rglob("*.JPEG"))
+    sizes = sorted(f.stat().st_size for f in files)
+    dims: Counter[str] = Counter()
+    for f in files[:: max(1, len(files) // 200)]:
+        with Image.open(f) as im:
+            dims[f"{im.width}x{im.height}"] += 1
+    return {
+        "images": len(files),
+        "median_bytes": sizes[len(sizes) // 2] if sizes else 0,
+        "mean_bytes": round(sum(sizes) / max(1, len(sizes))),
+        "common_dimensions": [d for d, _ in dims.most_common(5)],
+    }
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -195,6 +381,7 @@ def _print(report: dict[str, Any]) -> None:
     for r in report["ingest"]:
         rate, ratio = f"{r['images_per_s']:>9.1f}", f"{r['ratio_to_local']:>8.2f}"
         lines.append(f"{r['layout']:<12} {r['source']:<10} {rate} {ratio} {r['wall_s']:>7.1f}")
-    for s in report["scan"]:
-        lines.append(f"scan {s['layout']:<12} {s['source']:<6} {s['objects']:>6} objects {s['objects_per_s']:>8}/s")
+    for s in report["scan"] + report.get("scan_prefix", {}).get("rows", []):
+        line = f"scan {s['layout']:<12} {s['source']:<6} {s['objects']:>6} objects {s['objects_per_s']:>8}/s"
+        lines.append(line + (f", peak RSS {s['peak_rss_mib']:.0f} MiB" if "peak_rss_mib" in s else ""))
     log.info("source benchmark:\n%s", "\n".join(lines))

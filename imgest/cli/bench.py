@@ -124,7 +124,9 @@ def bench_source_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.source import main as bench_main
 
     rtts = tuple(float(x) for x in args.rtt.split(",") if x.strip())
-    report = bench_main(args.json, args.images, args.rounds, rtts, args.master, args.plot)
+    layouts = tuple(x.strip() for x in args.layouts.split(",") if x.strip())
+    scan_objects = tuple(int(x) for x in args.scan_objects.split(",") if x.strip())
+    report = bench_main(args.json, args.images, args.rounds, rtts, args.master, args.plot, layouts, scan_objects)
     return bench_done(
         args, [f"{r['layout']} {r['source']}" for r in report["ingest"] if r.get("meets_target") is False]
     )
@@ -143,6 +145,16 @@ def register_source(bench_parser: Any) -> None:
     bsrc.add_argument("--rounds", type=int, default=3, help="runs per condition; medians reported (default 3)")
     bsrc.add_argument("--rtt", default="0,10", help="added round trips in ms, comma-separated (default 0,10)")
     bsrc.add_argument("--master", default="", help="Spark master (default local[<cores>])")
+    bsrc.add_argument(
+        "--layouts", default="imagefolder,tar", help="layouts ingested (default imagefolder,tar; '' for none)"
+    )
+    bsrc.add_argument(
+        "--scan-objects",
+        default="",
+        help="also scan an ImageFolder prefix of each of these object counts (e.g. 100000) and the same local tree, "
+        "each in a fresh process: objects/s and peak RSS. With --layouts '' only this runs and the JSON's other "
+        "figures are kept",
+    )
     bsrc.set_defaults(func=bench_source_cmd)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra
     from imgest.spark.job_options import TRANSFORM_OPTIONS, forward
     from imgest.spark.submit import run_submit, submit_command
 
+    use_source_connection(args)
     work = manifest_dir(args)
     summary = work / workdir.job_summary(target)
     job_args = ["--manifest-dir", str(work), "--summary-json", str(summary), *extra]
@@ -32,6 +34,54 @@ def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra
     print(f"summary written to {summary}")
     args.manifest_dir = work
     return 0
+
+
+def add_source_conn_arg(p: argparse.ArgumentParser) -> None:
+    """--source-conn-id: the Airflow connection of an s3:// source, as the DAG's source_conn_id."""
+    p.add_argument(
+        "--source-conn-id",
+        metavar="CONN_ID",
+        help="for an s3:// SRC: the Airflow connection (Amazon Web Services; endpoint_url extra, keys, region) that "
+        "reads it, found as AIRFLOW_CONN_<CONN_ID> or in Airflow's database, as the DAG's source_conn_id (default: "
+        "IMGEST_SOURCE_S3_ENDPOINT and IMGEST_SOURCE_AWS_* variables, else the destination's)",
+    )
+
+
+def use_source_connection(args: argparse.Namespace) -> None:
+    """Read the s3:// source with --source-conn-id's connection: in this process (the scan) and, through the
+    IMGEST_SOURCE_* variables spark-submit inherits, in the Spark driver, which ships it to the executors."""
+    conn_id = getattr(args, "source_conn_id", None)
+    if not conn_id:
+        return
+    from imgest.core.errors import ConfigError
+    from imgest.sources.manifest import manifest_metadata
+    from imgest.sources.s3objects import is_s3, register_source, s3_url, source_env
+
+    manifest = args.src / workdir.MANIFEST
+    root = manifest_metadata(manifest)["root"] if manifest.is_file() else str(args.src)
+    if not is_s3(root):
+        raise ConfigError(f"--source-conn-id {conn_id} names the connection of an s3:// source, but {root} is local")
+    try:
+        from airflow.exceptions import AirflowNotFoundException
+
+        from imgest.operators.hooks import ImgestS3Hook, source_settings
+    except ImportError as exc:
+        raise ConfigError(
+            f"--source-conn-id reads an Airflow connection and Airflow cannot be imported here ({exc}); set "
+            "IMGEST_SOURCE_S3_ENDPOINT, IMGEST_SOURCE_AWS_ACCESS_KEY_ID and IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY instead"
+        ) from None
+    try:
+        ImgestS3Hook.get_connection(conn_id)  # the provider would fall back to boto3's chain for a missing one
+        settings = source_settings(s3_url(root), conn_id)
+    except AirflowNotFoundException:
+        raise ConfigError(
+            f"--source-conn-id: no Airflow connection {conn_id!r}; add it (airflow connections add, or the "
+            f"AIRFLOW_CONN_{conn_id.upper()} variable) or leave the option out"
+        ) from None
+    if settings is None:
+        raise ConfigError(f"--source-conn-id {conn_id}: {root} is not an s3:// source")
+    register_source(s3_url(root), settings)
+    os.environ.update(source_env(settings))
 
 
 def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
@@ -97,6 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "are skipped. Credentials: --user and --password-file, or IMGEST_CASSANDRA_USER / IMGEST_CASSANDRA_PASSWORD.",
     )
     add_source_args(ic)
+    add_source_conn_arg(ic)
     add_wait_lock(ic)
     ic.add_argument("--user", help="Cassandra user")
     ic.add_argument("--password-file", help="file holding the Cassandra password")
@@ -116,6 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "S3 endpoint and keys: IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the embedded server.",
     )
     add_source_args(ish)
+    add_source_conn_arg(ish)
     add_wait_lock(ish)
     ish.add_argument("--dest", required=True, help="s3://bucket/prefix or a local folder")
     from imgest.spark.job_options import SHARD_OPTIONS
@@ -133,6 +185,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "it; the previous version stays until `imgest gc files`. DEST must be on storage every Spark node sees.",
     )
     add_source_args(ifl)
+    add_source_conn_arg(ifl)
     add_wait_lock(ifl)
     ifl.add_argument("--dest", type=Path, required=True, help="folder of the files dataset")
     ifl.add_argument("--verify", action="store_true", help="run imgest verify files afterwards")

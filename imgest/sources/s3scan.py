@@ -35,6 +35,7 @@ from imgest.sources.s3objects import (
     ListedObject,
     RangedObject,
     client_for,
+    getter_for,
     head,
     list_level,
     list_objects,
@@ -107,6 +108,7 @@ class S3Scanner(Scanner):
         self.bucket, key = split_url(self.src)
         self.settings = settings or settings_for(self.src)
         self.client = client_for(self.settings)
+        self.getter = getter_for(self.settings)
         self.cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="imgest-s3-source-"))
         self._levels: dict[str, tuple[list[str], list[str]]] = {}
         self._object = bool(key) and not key.endswith("/") and head(self.client, self.bucket, key) is not None
@@ -232,7 +234,7 @@ class S3Scanner(Scanner):
         if found is None:
             raise ConfigError(f"{SCHEME}{self.bucket}/{key} does not exist: check the source URL")
         size, etag = int(found["ContentLength"]), str(found.get("ETag", "")).strip('"')
-        reader = kind(path, Skips(), _junk_kind, opener=lambda: RangedObject(self.client, self.bucket, key, size))
+        reader = kind(path, Skips(), _junk_kind, opener=lambda: RangedObject(self.getter, self.bucket, key, size))
         return IndexedArchive(reader, self.cache_dir / (path.name + INDEX_SUFFIX), {"etag": etag, "size": size}, self)
 
     # ---- candidates -------------------------------------------------------------------------------------

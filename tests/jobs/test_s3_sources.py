@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -317,28 +318,37 @@ def test_cluster_packs_shards_from_an_s3_source_the_workers_reach_only_through_t
     assert_clean(watch, spark_cluster, list(s3_server.credentials()), [work])
 
 
-class Requests:
-    """The GET and HEAD requests a boto3 client sends (counted by botocore's own event hooks, not mocked)."""
+class Requests(logging.Handler):
+    """The GETs the source reader sends: the ObjectGetter's own DEBUG record of each request (key and range)."""
 
-    def __init__(self, client: Any) -> None:
-        self.gets: list[dict[str, Any]] = []
-        self.heads = 0
-        client.meta.events.register(
-            "before-parameter-build.s3.GetObject", lambda params, **_: self.gets.append(dict(params))
-        )
-        client.meta.events.register("before-parameter-build.s3.HeadObject", self._head)
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.gets: list[dict[str, str]] = []
 
-    def _head(self, **_: Any) -> None:
-        self.heads += 1
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("GET "):
+            bucket, key, ranged = record.args  # type: ignore[misc]
+            self.gets.append({"Bucket": bucket, "Key": key, **({"Range": ranged} if ranged else {})})
+
+
+@pytest.fixture
+def seen() -> Iterator[Requests]:
+    """The GETs sent while the test runs."""
+    from imgest.sources import s3objects
+
+    logger, requests = logging.getLogger(s3objects.__name__), Requests()
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(requests)
+    yield requests
+    logger.removeHandler(requests)
+    logger.setLevel(level)
 
 
 def test_members_share_coalesced_ranges_and_the_index_is_cached_beside_the_manifest(
-    source: S3Settings, archives: Path, tmp_path: Path
+    source: S3Settings, archives: Path, tmp_path: Path, seen: Requests
 ) -> None:
-    from imgest.sources import s3objects
-
     url = upload(source, archives, "tests/tars/cache/")
-    seen = Requests(s3objects.client_for(source))
     scan_to_dir(url, tmp_path / "m", "auto", "ds")
     first = [g for g in seen.gets if g["Key"].endswith(".tar")]
     assert first  # the index was built by streaming the archives over ranges
@@ -362,7 +372,7 @@ def test_members_share_coalesced_ranges_and_the_index_is_cached_beside_the_manif
 
 
 def test_a_large_archive_is_read_in_8_mib_ranges_ahead_and_a_member_out_of_order_alone(
-    source: S3Settings, tmp_path: Path
+    source: S3Settings, tmp_path: Path, seen: Requests
 ) -> None:
     from imgest.sources import s3objects
 
@@ -372,7 +382,7 @@ def test_a_large_archive_is_read_in_8_mib_ranges_ahead_and_a_member_out_of_order
     (tmp_path / "src" / TRAIN).write_bytes(_outer(classes))
     url = upload(source, tmp_path / "src", "tests/tars/large/")
     scan_to_dir(url, tmp_path / "m", "tar", "ds")
-    seen = Requests(s3objects.client_for(source))
+    seen.gets.clear()
     train = list(iter_manifest(tmp_path / "m" / "manifest.parquet"))
     assert [read_candidate(Path(url), c) for c in train] == [data for _, data in inner]
     size = (tmp_path / "src" / TRAIN).stat().st_size
@@ -411,3 +421,69 @@ def test_read_ahead_keeps_order_and_reasons_with_gets_in_flight(source: S3Settin
     assert got[3][1].reason == Reason.MISSING
     for cand, data in got[:3] + got[4:]:
         assert data == (tmp_path / "tree" / cand.rel_path).read_bytes()
+
+
+def test_an_object_changed_since_the_scan_or_a_refused_connection_is_named(source: S3Settings, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from imgest.sources.s3objects import S3SourceError
+
+    write_sample(tmp_path / "tree", SampleSpec("imagefolder", classes=2, per_class=3, val_per_class=1, seed=12))
+    url = upload(source, tmp_path / "tree", "tests/changed/")
+    scan_to_dir(url, tmp_path / "m", "auto", "ds")
+    cands = list(iter_manifest(tmp_path / "m" / "manifest.parquet"))
+    client = source.client()
+    client.put_object(Bucket=BUCKET, Key=f"tests/changed/{cands[0].rel_path}", Body=b"other bytes, same key")
+    with pytest.raises(BadImage, match=r"tests/changed/.* changed since the scan \(ETag differs\)") as bad:
+        read_candidate(Path(url), cands[0])  # never read with the scanned label: If-Match on the scanned ETag
+    assert bad.value.reason == Reason.MISSING
+    assert read_candidate(Path(url), cands[1]) == (tmp_path / "tree" / cands[1].rel_path).read_bytes()
+    register_source(url, replace(source, secret_key="not-the-secret"))
+    try:
+        with pytest.raises(S3SourceError, match=r"cannot read s3://imgest-src/tests/changed/.*HTTP 403 .*connection"):
+            read_candidate(Path(url), cands[1])
+    finally:
+        register_source(url, source)
+
+
+@pytest.mark.slow
+def test_the_cli_reads_an_s3_source_with_the_connection_named_by_source_conn_id(
+    source: S3Settings, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    write_sample(tmp_path / "tree", SampleSpec("imagefolder", classes=2, per_class=4, val_per_class=1, seed=13))
+    url = upload(source, tmp_path / "tree", "tests/cli-conn/")
+    conn = {
+        "conn_type": "aws",
+        "login": source.access_key,
+        "password": source.secret_key,
+        "extra": {"endpoint_url": source.endpoint_url, "region_name": source.region},
+    }
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW_CONN_TEST_SOURCE": json.dumps(conn),
+        "IMGEST_SOURCE_AWS_ACCESS_KEY_ID": "nobody",  # the variables name keys the store refuses
+        "IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY": "not-the-secret",
+    }
+    imgest = str(Path(sys.executable).parent / "imgest")
+    argv = [imgest, "ingest", "files", url, "--dest", str(tmp_path / "files"), "--work-dir", str(tmp_path / "work")]
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode != 0
+    assert "s3://imgest-src/tests/cli-conn" in refused.stderr
+    assert "403" in refused.stderr
+    assert "check the source connection" in refused.stderr
+    done = subprocess.run(
+        [*argv, "--source-conn-id", "test_source"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    doc = json.loads((tmp_path / "files" / "manifest.json").read_text())
+    assert sum(doc["samples"].values()) == 2 * 4 + 2 * 1
+    assert source.secret_key not in done.stdout + done.stderr  # the keys travel in the environment only
+    missing = subprocess.run(
+        [*argv, "--source-conn-id", "no_such_conn"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert missing.returncode != 0
+    assert "no Airflow connection 'no_such_conn'" in missing.stderr
