@@ -245,6 +245,7 @@ def latency_sweep(
                     "window": "adaptive" if adaptive else depth,
                     "epoch": ("first", "second")[k] if len(repeats_[0]) > 1 else "first",
                     "images_per_s": mid.epoch_rate,
+                    "steady_images_per_s": statistics.median(r.steady_rate for r in results),
                     "min": min(r.epoch_rate for r in results),
                     "max": max(r.epoch_rate for r in results),
                     "wall_images_per_s": mid.images_per_s,
@@ -279,10 +280,13 @@ ADAPTIVE = ("cassandra", "shards-s3-stream")  # the readers whose default window
 
 def kept_under_latency(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per reader and window, each condition's images/s over the same reader's at 0 ms (the targets' figure)."""
-    base = {(s["reader"], s["window"], s["epoch"]): s["images_per_s"] for s in sweep if s["condition"] == "0 ms"}
+    zeros = [s for s in sweep if s["condition"] == "0 ms"]
+    base = {(s["reader"], s["window"], s["epoch"]): s["images_per_s"] for s in zeros}
+    steady = {(s["reader"], s["window"], s["epoch"]): s.get("steady_images_per_s") for s in zeros}
     out = []
     for s in sweep:
         zero = base.get((s["reader"], s["window"], s["epoch"]))
+        steady_zero, steady_now = steady.get((s["reader"], s["window"], s["epoch"])), s.get("steady_images_per_s")
         out.append(
             {
                 "reader": s["reader"],
@@ -291,6 +295,8 @@ def kept_under_latency(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "condition": s["condition"],
                 "images_per_s": s["images_per_s"],
                 "vs_0ms": round(s["images_per_s"] / zero, 2) if zero else None,
+                "steady_images_per_s": steady_now,
+                "steady_vs_0ms": round(steady_now / steady_zero, 2) if steady_zero and steady_now else None,
             }
         )
     return out
@@ -298,19 +304,19 @@ def kept_under_latency(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def targets(kept: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets: default options keep >= 0.85 of the 0 ms rate at 50 ms and >= 0.75 at 100 ms (each
-    epoch of the adaptive readers: the first, grown from the slow start, and the second, as later epochs)."""
+    epoch of the adaptive readers: the first, grown from the slow start, and the second, as later epochs); the
+    whole epoch's rate is the target's figure, the second half's (steady state) is stated beside it."""
     out: dict[str, Any] = {}
     for reader in ADAPTIVE:
         for epoch in ("first", "second"):
             for cond, goal in (("50 ms", 0.85), ("100 ms", 0.75)):
                 key = (reader, "adaptive", epoch, cond)
-                got = next(
-                    (k["vs_0ms"] for k in kept if (k["reader"], k["window"], k["epoch"], k["condition"]) == key), None
-                )
-                if got is not None:
+                row = next((k for k in kept if (k["reader"], k["window"], k["epoch"], k["condition"]) == key), None)
+                if row is not None and row["vs_0ms"] is not None:
                     out[f"{reader} default, {epoch} epoch, at {cond} (target >= {goal})"] = {
-                        "kept": got,
-                        "met": got >= goal,
+                        "kept": row["vs_0ms"],
+                        "met": row["vs_0ms"] >= goal,
+                        "steady_state_kept": row.get("steady_vs_0ms"),
                     }
     return out
 
@@ -514,6 +520,7 @@ def main(
             ("reader", "reader"),
             ("window", "window"),
             ("images_per_s", "img/s"),
+            ("steady_images_per_s", "2nd half"),
             ("min", "min"),
             ("max", "max"),
             ("cpu_cores", "cpu"),

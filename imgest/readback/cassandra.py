@@ -9,7 +9,12 @@
   trip, grown from a slow start of ``slow_start`` batches, capped by ``max_window_mb`` of rows and by
   ``requests_in_flight`` (``imgest.readback.window``), so the reader keeps its rate 100 ms away without a
   setting; ``prefetch_buffers`` fixes it to that many batches instead (the cassandra-dali-plugin's name);
-- ``io_threads`` driver Clusters, each its own socket and I/O (event loop) thread, take turns per request;
+- requests take turns over several connections (driver Clusters; the driver's libev loop serves them all from
+  one I/O thread): one TCP connection carries only so much per round trip (its receive window; Toxiproxy holds
+  1,024 chunks per connection and direction), so 100 ms away two connections cap the reader whatever its window.
+  By default ``open`` times the round trip and opens what ``open_mb_s`` would need (2 on a fast link, up to
+  ``max_io_threads``), and one more opens in the background for every ``connection_mb`` the window requests
+  ahead beyond that; ``io_threads`` fixes the number instead;
 - rows complete out of order inside the window (``ooo``, the default), so one slow row delays one batch by
   nothing but its own latency, never the stream; ``ooo=False`` delivers them in the epoch's order;
 - ``shard_id`` / ``num_shards`` give each training process a disjoint part; ``seed`` reshuffles every epoch
@@ -22,6 +27,7 @@ per batch, nothing requested ahead.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import uuid
 from collections import deque
@@ -37,6 +43,7 @@ from imgest.readback.window import AdaptiveWindow, WindowStats
 
 log = logging.getLogger(__name__)
 Batch = tuple[list[np.ndarray], np.ndarray, list[str]]  # images (encoded bytes), labels, ids
+ADAPTIVE_CONNECTIONS = 2  # connections the adaptive default opens with (more as the window's bytes grow)
 
 
 class ReadError(ImgestError):
@@ -54,12 +61,24 @@ class CassandraReadOptions:
     max_window_mb: int = 256  # memory bound of the adaptive window (rows requested and not yet consumed)
     requests_in_flight: int = 512  # cap on requests on the wire
     rows_per_request: int = 16  # ids per request (1: single-partition, token-aware; more: an IN query)
-    io_threads: int = 2  # driver Clusters, each with its own socket and I/O thread
+    io_threads: int | None = None  # connections (driver Clusters); None: 2, more as the window's bytes grow
+    max_io_threads: int = 8  # the most connections the adaptive default opens
+    connection_mb: int = 4  # the adaptive default opens one connection per this many MB requested ahead
+    open_mb_s: int = 400  # ... and at open as many as this rate times the round trip (timed at open) would need
     ooo: bool = True  # out-of-order: rows are delivered as they land (False: in the epoch's order)
     retries: int = 3  # per request, on timeouts and unavailable errors
     shard_id: int = 0
     num_shards: int = 1
     seed: int | None = 0  # None: keep the given order; else reshuffle every epoch with (seed, epoch)
+
+    def connections_for(self, bytes_ahead: float) -> int:
+        """Connections the requests should take turns over with BYTES_AHEAD requested and not yet consumed:
+        io_threads when set, else one per connection_mb, at least 2 and at most max_io_threads."""
+        if self.io_threads is not None:
+            return max(1, self.io_threads)
+        per_connection = self.connection_mb * 2**20
+        wanted = math.ceil(bytes_ahead / per_connection)
+        return max(ADAPTIVE_CONNECTIONS, min(self.max_io_threads, wanted))
 
     def window(self, start: float | None = None) -> AdaptiveWindow:
         """The read-ahead window in rows these options give (adaptive unless prefetch_buffers is set), starting
@@ -127,13 +146,17 @@ class _Stream:
         """Feed the window its samples; once rows have a size, bound the window by max_window_mb of them."""
         self.rows_landed += len(rows)
         self.row_bytes += sum(len(r[2]) for r in rows)
-        self.window.landed(token, len(rows))
+        # once every row is requested the rate falls because the epoch ends, not because the path got slower:
+        # the window keeps its size (the next epoch starts from it)
+        draining = self.next_index >= len(self.order)
+        self.window.landed(token, len(rows), self.next_index - self.consumed, hold=draining)
         if self.window.adaptive and self.row_bytes:
             opts = self.reader.opts
             per_row = self.row_bytes / self.rows_landed
             self.window.set_cap(
                 min(opts.requests_in_flight * opts.rows_per_request, opts.max_window_mb * 2**20 / per_row)
             )
+            self.reader.want_connections(self.window.size * per_row)
 
     def _in_order(self, start: int, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
         by_id = {r[0]: r for r in rows}
@@ -181,9 +204,11 @@ class CassandraReader:
         self.labels = np.asarray(labels, dtype=np.int32)
         self.opts = opts or CassandraReadOptions()
         self._clusters: list[Any] = []
-        self._sessions: list[Any] = []
-        self._statements: list[Any] = []
+        self._conns: list[tuple[Any, Any]] = []  # (session, prepared select), one per connection
         self._turn = 0
+        self._closed = True
+        self._opening: threading.Thread | None = None  # the background thread opening more connections
+        self._lock = threading.Lock()
         self.epoch = 0
         self.window_stats: WindowStats | None = None  # the read-ahead window of the last epoch read
 
@@ -194,24 +219,98 @@ class CassandraReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def connections(self) -> int:
+        """Connections the requests take turns over now."""
+        return len(self._conns)
+
     def open(self) -> None:
-        """Connect IO_THREADS clusters and prepare the grouped select on each."""
+        """Connect and prepare the select: IO_THREADS connections; by default as many as the round trip to the
+        server (timed on the first) calls for at open_mb_s, at least 2, opened side by side; more later as the
+        window's bytes grow."""
+        self._closed = False
+        self._connect()
+        want = self.opts.io_threads or self.opts.connections_for(self._probe_rtt() * self.opts.open_mb_s * 1e6)
+        threads = [threading.Thread(target=self._connect, daemon=True) for _ in range(max(1, want) - 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if len(self._conns) < max(1, want):
+            log.warning("cassandra reader: %s of %s connections to %s opened", len(self._conns), want, self.address)
+
+    @property
+    def address(self) -> str:
+        return self.settings.address
+
+    def _probe_rtt(self) -> float:
+        """The lowest of 3 round trips of a trivial query on the first connection, in seconds."""
+        import time
+
+        session = self._conns[0][0]
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            session.execute("SELECT release_version FROM system.local")
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def _connect(self) -> None:
         from cassandra.query import tuple_factory
 
         from imgest.sinks.cassandra.client import build_cluster
 
-        for _ in range(max(1, self.opts.io_threads)):
-            cluster = build_cluster(self.settings, row_factory=tuple_factory)
+        try:
+            # connections after the first skip the schema (and so token-aware routing, which an IN query of
+            # several partitions cannot use anyway): a few round trips each instead of a dozen
+            light = bool(self._conns) and self.opts.rows_per_request > 1
+            extra = {"schema_metadata_enabled": False, "token_metadata_enabled": False} if light else {}
+            cluster = build_cluster(self.settings, row_factory=tuple_factory, **extra)
             session = cluster.connect()
-            self._clusters.append(cluster)
-            self._sessions.append(session)
             where = "id IN ?" if self.opts.rows_per_request > 1 else "id = ?"
-            self._statements.append(session.prepare(f"SELECT id, label, data FROM {self.table} WHERE {where}"))
+            statement = session.prepare(f"SELECT id, label, data FROM {self.table} WHERE {where}")
+        except Exception:
+            if not self._conns:  # the first connection: the reader cannot read
+                raise
+            log.warning("cassandra reader: could not open one more connection to %s", self.address, exc_info=True)
+            return
+        with self._lock:
+            if self._closed:  # closed while this one was opening in the background
+                cluster.shutdown()
+                return
+            self._clusters.append(cluster)
+            self._conns.append((session, statement))
+
+    def want_connections(self, bytes_ahead: float) -> None:
+        """Adaptive connections: open more in the background (one per connection_mb of BYTES_AHEAD, the window's
+        bytes, up to max_io_threads); the epoch reads on over the ones open meanwhile."""
+        if self.opts.io_threads is not None or self._opening is not None or self._closed:
+            return
+        want = self.opts.connections_for(bytes_ahead)
+        if want > len(self._conns):
+            self._opening = threading.Thread(target=self._grow, args=(want,), name="cassandra-connect", daemon=True)
+            self._opening.start()
+
+    def _grow(self, want: int) -> None:
+        try:
+            while len(self._conns) < want and not self._closed:
+                count = len(self._conns)
+                self._connect()
+                if len(self._conns) == count:  # could not: go on over the ones open
+                    break
+            log.debug("cassandra reader: %s connections to %s", len(self._conns), self.address)
+        finally:
+            self._opening = None
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        opening = self._opening
+        if opening is not None:
+            opening.join(timeout=60)
         for cluster in self._clusters:
             cluster.shutdown()
-        self._clusters, self._sessions, self._statements = [], [], []
+        self._clusters, self._conns = [], []
 
     def id_at(self, i: int) -> str:
         """The id at position I as text."""
@@ -224,11 +323,11 @@ class CassandraReader:
         return -(-n // self.opts.batch_size)
 
     def _request(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
-        k = self._turn = (self._turn + 1) % len(self._sessions)
+        conns = self._conns
+        k = self._turn = (self._turn + 1) % len(conns)
+        session, statement = conns[k]
         keys = [uuid.UUID(i) for i in ids]
-        future = self._sessions[k].execute_async(
-            self._statements[k], (keys,) if self.opts.rows_per_request > 1 else keys
-        )
+        future = session.execute_async(statement, (keys,) if self.opts.rows_per_request > 1 else keys)
 
         def ok(rows: list[tuple[Any, int, bytes]]) -> None:
             stream.landed([(str(r[0]), r[1], r[2]) for r in rows], ids, tag)
@@ -248,14 +347,21 @@ class CassandraReader:
 
     def epoch_batches(self, order: np.ndarray | None = None) -> Iterator[Batch]:
         """One epoch of this shard, in the seeded order of the current epoch (rows may land out of order); or
-        the rows at the positions ORDER of the ids, in that order (what a resumed reader state leaves to read)."""
-        if not self._sessions:
+        the rows at the positions ORDER of the ids, in that order (what a resumed reader state leaves to read).
+        The first requests go out now, not at the first batch taken: whatever the caller does before it (build
+        a pipeline) overlaps the first round trip."""
+        if not self._conns:
             self.open()
         if order is None:
             order = epoch_order(self.ids, self.labels, self.opts, self.epoch)
             self.epoch += 1
         stream = _Stream(self, order)
-        remaining = len(order)
+        with stream.lock:
+            stream.pump()
+        return self._batches(stream)
+
+    def _batches(self, stream: _Stream) -> Iterator[Batch]:
+        remaining = len(stream.order)
         try:
             while remaining:
                 rows = stream.take(min(self.opts.batch_size, remaining))

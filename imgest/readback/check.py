@@ -73,6 +73,7 @@ def cassandra_epochs(
             result = run_external("cassandra", rs, spec, batches, dict(knobs), on_batch=progress)
             if reader.window_stats is not None:
                 result.settings["window"] = reader.window_stats.to_dict()
+            result.settings["connections"] = reader.connections
             results.append(result)
     return results
 

@@ -44,6 +44,7 @@ class RunResult:
     seconds: float = 0.0
     images_per_s: float = 0.0  # images over the epoch's wall time (verification included)
     epoch_rate: float = 0.0  # harmonic mean of the batch rates (images/s), the benchmark's figure
+    steady_rate: float = 0.0  # the same over the epoch's second half only (slow start and first round trip done)
     mb_per_s: float = 0.0
     batch_ms_p50: float = 0.0
     batch_ms_p99: float = 0.0
@@ -168,6 +169,7 @@ def measure(
     result.cpu_cores = round(cpu / result.seconds, 2) if result.seconds else 0.0
     if rates:
         result.epoch_rate = round(statistics.harmonic_mean(rates), 1)
+        result.steady_rate = round(statistics.harmonic_mean(rates[len(rates) // 2 :]), 1)
         result.cores_per_1k = round(result.cpu_cores / (result.epoch_rate / 1000), 3) if result.epoch_rate else 0.0
     result.seconds = round(result.seconds, 3)
     return result

@@ -12,7 +12,8 @@ what it observes, the way a TCP sender sizes its congestion window from delivery
   delivery rate stops growing (less than 25 % in two round trips: the server or the consumer, not the window,
   sets the rate); from then on the window holds ``gain`` (1.5) x rate x round trip, re-measured as it goes
   (a window larger than that only adds requests queued at the server: measured slower here);
-- a reader starts each epoch from the window its last epoch ended with (``start``), the floor only the first time.
+- a reader starts each epoch from the window its last epoch ended with (``start``), the floor only the first time;
+  while an epoch's last requests drain the window holds its size (``hold``), so the next starts from the steady one.
 
 On a fast link the window stays at its floor (little memory, no extra contention); 100 ms away it grows to
 hold a round trip of data. ``WindowStats`` records what happened, for logs, benchmarks and tests.
@@ -23,10 +24,11 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 RATE_SAMPLES = 64  # delivery-rate samples the max filter looks back over
+TRACE_POINTS = 48  # the window's course over an epoch is kept at about this many points (halved as it fills)
 PLATEAU = 1.25  # the slow start ends when the best rate grew less than this ...
 PLATEAU_ROUNDS = 2  # ... over this many round trips in a row
 
@@ -46,6 +48,9 @@ class WindowStats:
     samples: int = 0
     min_rtt_ms: float | None = None
     max_rate: float = 0.0  # units per second
+    # the window over time: [ms since the epoch began, window size, units requested and not yet consumed (when the
+    # reader tells), best delivery rate x lowest round trip] at about TRACE_POINTS evenly spaced landings
+    trace: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +82,10 @@ class AdaptiveWindow:
         self._rates: deque[float] = deque(maxlen=RATE_SAMPLES)
         self._grown_from = self.size
         self.stats = WindowStats(unit, adaptive, self.size, self.size, self.size)
+        self._t0 = time.perf_counter()
+        self._trace_every = 1  # keep every n-th landing in the trace (doubles whenever the trace fills)
+        self._traced = 0  # the landing the trace's last point is from
+        self._last: tuple[float, float, float | None] | None = None  # the last landing's (time, best rate, outstanding)
 
     def stamp(self) -> tuple[float, float]:
         """The token of a request sent now: (time, units delivered so far)."""
@@ -89,8 +98,12 @@ class AdaptiveWindow:
             self.size = self.cap
             self.stats.capped = True
 
-    def landed(self, token: tuple[float, float], units: float) -> None:
-        """A request sent with TOKEN delivered UNITS: take its samples and resize the window."""
+    def landed(
+        self, token: tuple[float, float], units: float, outstanding: float | None = None, hold: bool = False
+    ) -> None:
+        """A request sent with TOKEN delivered UNITS: take its samples and resize the window (OUTSTANDING: the units
+        the reader has requested and not yet handed on, for the trace; HOLD: keep the size, say while the epoch's
+        last requests drain)."""
         now = time.perf_counter()
         sent, delivered_then = token
         self.delivered += units
@@ -98,9 +111,15 @@ class AdaptiveWindow:
         self.min_rtt = min(self.min_rtt, rtt)
         self._rates.append((self.delivered - delivered_then) / rtt)
         self.stats.samples += 1
-        if not self.adaptive:
-            return
         best = max(self._rates)
+        if self.adaptive and not hold:
+            self._resize(now, best)
+        self._last = (now, best, outstanding)
+        if self.stats.samples % self._trace_every == 0:
+            self._trace(now, best, outstanding)
+            self._traced = self.stats.samples
+
+    def _resize(self, now: float, best: float) -> None:
         if self.in_startup and now >= self._round_end:  # a round trip has passed: did the best rate still grow?
             self.stats.startup_rounds += 1
             self._flat_rounds = self._flat_rounds + 1 if best < PLATEAU * self._round_rate else 0
@@ -118,8 +137,19 @@ class AdaptiveWindow:
             self._grown_from = self.size
         self.stats.peak = max(self.stats.peak, self.size)
 
+    def _trace(self, now: float, best: float, outstanding: float | None) -> None:
+        trace = self.stats.trace
+        point = [(now - self._t0) * 1000, self.size, -1.0 if outstanding is None else outstanding, best * self.min_rtt]
+        trace.append([round(v, 1) for v in point])
+        if len(trace) >= 2 * TRACE_POINTS:  # keep every other point, and from now on every other landing
+            del trace[1::2]
+            self._trace_every *= 2
+
     def finish(self) -> WindowStats:
         """The stats of the epoch, with the final size and the estimates it was sized from."""
+        if self._last is not None and self._traced != self.stats.samples:  # the trace ends with the last landing
+            self._trace(*self._last)
+            self._traced = self.stats.samples
         self.stats.final = self.size
         self.stats.peak = max(self.stats.peak, self.size)
         self.stats.min_rtt_ms = round(self.min_rtt * 1000, 2) if self.min_rtt < math.inf else None

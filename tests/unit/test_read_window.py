@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from imgest.readback.cassandra import CassandraReadOptions
-from imgest.readback.window import AdaptiveWindow
+from imgest.readback.window import TRACE_POINTS, AdaptiveWindow
 
 
 def _round_trip(window: AdaptiveWindow, rtt_s: float, units: float) -> None:
@@ -71,3 +73,47 @@ def test_cassandra_options_give_the_plugin_named_window() -> None:
     fixed = CassandraReadOptions(batch_size=32, prefetch_buffers=16).window()
     assert not fixed.adaptive
     assert fixed.size == 512
+
+
+def test_window_trace_follows_the_epoch_and_stays_short() -> None:
+    window = AdaptiveWindow("rows", 64, 100_000)
+    for i in range(1000):
+        _round_trip(window, 0.05, 16 + i % 3)
+    stats = window.finish()
+    assert TRACE_POINTS <= len(stats.trace) < 2 * TRACE_POINTS
+    times = [p[0] for p in stats.trace]
+    assert times == sorted(times)
+    assert all(p[2] == -1.0 for p in stats.trace)  # the reader did not tell what it had outstanding
+    assert stats.trace[-1][1] == pytest.approx(stats.final, abs=0.05)
+    told = AdaptiveWindow("rows", 64, 1000, adaptive=False)
+    for _ in range(5):
+        sent, delivered = told.stamp()
+        told.landed((sent - 0.1, delivered), 16, outstanding=48)
+    trace = told.finish().trace
+    assert [p[2] for p in trace] == [48.0] * 5
+    assert all(p[1] == 64 for p in trace)
+
+
+def test_connections_grow_with_the_bytes_requested_ahead_up_to_the_cap() -> None:
+    opts = CassandraReadOptions()
+    mb = 2**20
+    assert opts.io_threads is None
+    assert opts.connections_for(0) == 2  # a fast link: the window's few MB fit two connections
+    assert opts.connections_for(5 * mb) == 2
+    assert opts.connections_for(12.5 * mb) == 4  # 4 MB per connection
+    assert opts.connections_for(200 * mb) == opts.max_io_threads == 8
+    assert CassandraReadOptions(io_threads=3).connections_for(200 * mb) == 3
+    assert CassandraReadOptions(max_io_threads=5, connection_mb=1).connections_for(100 * mb) == 5
+
+
+def test_window_holds_its_size_while_the_epoch_drains() -> None:
+    window = AdaptiveWindow("rows", 64, 100_000)
+    for _ in range(4):
+        _round_trip(window, 0.1, window.size)
+    grown = window.size
+    for _ in range(200):  # the last requests land while nothing more is asked: slow samples, no resize
+        sent, delivered = window.stamp()
+        window.landed((sent - 0.5, delivered), 1, hold=True)
+    assert window.size == grown
+    assert window.finish().final == grown
+    assert AdaptiveWindow("rows", 64, 100_000, start=grown).size == grown  # the next epoch starts from it
