@@ -60,7 +60,34 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         self.conf = {**spark_conf(master=master), **(self.conf or {})}
         if needs_shipping(master) and not self.py_files:
             self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
+        if self._in_reused_driver(master):
+            return
         super().execute(context)
+
+    def _in_reused_driver(self, master: str) -> bool:
+        """Run the job in the reused local driver when $IMGEST_SPARK_DRIVER_SOCKET names one (the test suite's,
+        imgest.spark.driver_server) and the job would run there as submitted; True when it ran and succeeded."""
+        import tempfile
+        from pathlib import Path
+
+        from airflow.exceptions import AirflowException
+
+        from imgest.spark import driver_server
+        from imgest.spark.submit import spark_conf, submit_command
+
+        if driver_server.socket_path() is None or self.conf != spark_conf(master=master):
+            return False
+        with tempfile.TemporaryDirectory(prefix="imgest-job-") as tmp:
+            out = Path(tmp) / "job.log"
+            cmd = submit_command(self.job, [str(a) for a in self.application_args or []], master)
+            rc = driver_server.submit(cmd, out, self.env_vars)
+            if rc is None:
+                return False
+            for line in out.read_text(errors="replace").splitlines():
+                self.log.info("%s", line)
+        if rc != 0:
+            raise AirflowException(f"Cannot execute: {self.job} in the reused Spark driver. Error code is: {rc}.")
+        return True
 
 
 class CassandraIngestSubmitOperator(ImgestSparkSubmitOperator):

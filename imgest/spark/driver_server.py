@@ -20,6 +20,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def _request(cmd: list[str], log_file: Path, env: dict[str, str] | None) -> dict
     master, confs, job, args = parsed
     if not master.startswith("local") or confs != spark_conf(None, master):
         return None
+    master = re.sub(r"^local\[\*", f"local[{os.cpu_count() or 1}", master)  # local[*] is local[cores] here
     return {
         "master": master,
         "job": str(job),
