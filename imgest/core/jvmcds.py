@@ -8,7 +8,9 @@ carries a digest of the Java release and the jar list; a JVM that cannot use one
 (``-Xshare:auto``, the default). ``IMGEST_JVM_CDS=0`` turns them all off.
 
 A writer dumps to ``.<name>-<key>.jsa.<pid>``; ``adopt`` renames a finished dump (its JVM has exited) into place,
-so readers never map a partial archive and concurrent writers never clash.
+so readers never map a partial archive and concurrent writers never clash. While one writer runs, other JVMs of
+the same archive start without one and dump nothing (a dump costs seconds of CPU at the JVM's exit, and only
+one of them is kept).
 """
 
 from __future__ import annotations
@@ -106,6 +108,15 @@ def adopt(path: Path) -> bool:
     return path.exists()
 
 
+def live_writer(path: Path) -> bool:
+    """True while a running JVM is named as the writer of a dump of PATH."""
+    for marker in path.parent.glob(f".{path.name}.*.pid"):
+        pid = _writer_pid(marker)
+        if pid.isdigit() and pid_alive(int(pid)):
+            return True
+    return False
+
+
 def options(name: str, jars: Path, agent: bool = False) -> tuple[list[str], Path | None]:
     """JVM flags for NAME: map its archive when it exists, else dump one at exit. Returns the flags and the dump
     file, whose writer the caller names with ``writer(dump, pid)`` once the JVM runs (None when mapping). AGENT:
@@ -115,6 +126,8 @@ def options(name: str, jars: Path, agent: bool = False) -> tuple[list[str], Path
     path = archive_path(name, jars)
     if adopt(path):
         return [f"-XX:SharedArchiveFile={path}"], None
+    if live_writer(path):  # one dump is enough: a second would cost CPU at exit and be thrown away
+        return [], None
     dump = path.parent / f".{path.name}.{secrets.token_hex(4)}"
     allow = ["-XX:+UnlockDiagnosticVMOptions", "-XX:+AllowArchivingWithJavaAgent"] if agent else []
     return [*allow, f"-XX:ArchiveClassesAtExit={dump}"], dump

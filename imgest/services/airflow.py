@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ from imgest.services.s3 import S3Server
 
 log = logging.getLogger(__name__)
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # written by `airflow standalone`
+PREPARED = "prepared.json"  # the Airflow version and a digest of the connections the DB was prepared with
 
 AIRFLOW_CFG = """\
 # Written by imgest (imgest/services/airflow.py). Only AIRFLOW_HOME={home} is needed to use it.
@@ -129,7 +132,7 @@ class AirflowServer:
     def tighten(self) -> None:
         """This home and the files that hold secrets readable by their owner only (0700 / 0600)."""
         private(self.home)
-        for name in ("airflow.db", "airflow.cfg", "secrets.json", "standalone.log", PASSWORDS_FILE):
+        for name in ("airflow.db", "airflow.cfg", "secrets.json", "standalone.log", PASSWORDS_FILE, PREPARED):
             private(self.home / name)
 
     def connections(self, cassandra: CassandraServer, s3: S3Server) -> dict[str, dict[str, object]]:
@@ -156,20 +159,34 @@ class AirflowServer:
         }
 
     def prepare(self, cassandra: CassandraServer, s3: S3Server) -> float:
-        """Config, `airflow db migrate`, and the connections; returns seconds taken."""
+        """Config, `airflow db migrate`, and the connections; returns seconds taken. A home already prepared by
+        this Airflow version with the same connections (PREPARED names both) only gets its config rewritten:
+        each `airflow` command costs seconds of CPU."""
         import time
 
         t0 = time.monotonic()
         self.write_config()
+        connections = self.connections(cassandra, s3)
+        stamp = {
+            "airflow": importlib.metadata.version("apache-airflow"),
+            "connections": hashlib.sha256(json.dumps(connections, sort_keys=True).encode()).hexdigest(),
+        }
+        stamp_file = self.home / PREPARED
+        prepared = stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
+        if prepared and (self.home / "airflow.db").is_file():
+            self.tighten()
+            return time.monotonic() - t0
+        stamp_file.unlink(missing_ok=True)
         self.airflow("db", "migrate")
         conn_file = self.home / "connections.json"
         fd = os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump(self.connections(cassandra, s3), fh)
+            json.dump(connections, fh)
         try:
             self.airflow("connections", "import", "--overwrite", str(conn_file))  # encrypted with the Fernet key
         finally:
             conn_file.unlink(missing_ok=True)
+        stamp_file.write_text(json.dumps(stamp))
         self.tighten()
         return time.monotonic() - t0
 

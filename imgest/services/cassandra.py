@@ -93,6 +93,7 @@ class CassandraServer:
     cluster: str = "imgest"
     jmx_port: int = 0  # local-only JMX for nodetool (ring nodes); 0: none
     token_rf: int = 1  # replication factor the token allocator optimises for
+    initial_tokens: tuple[int, ...] = ()  # fixed tokens (one per vnode): joins without bootstrap, see token_config
     ring_delay_ms: int = 1000  # how long gossip waits for peers; a joining ring node on a busy box needs more
     tls: bool = False  # TLS required on the native port, with a CA and certificate made in <home>/tls
 
@@ -135,7 +136,7 @@ class CassandraServer:
             cluster_name=self.cluster,
             host=self.host,
             seeds=self.seeds or f"{self.host}:{self.storage_port}",
-            token_rf=self.token_rf,
+            token_config=self.token_config(),
             native_port=self.native_port,
             storage_port=self.storage_port,
             authenticator="PasswordAuthenticator" if self.auth else "AllowAllAuthenticator",
@@ -151,6 +152,14 @@ class CassandraServer:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         return path
+
+    def token_config(self) -> str:
+        """cassandra.yaml lines that place this node's vnodes: the allocator (optimised for TOKEN_RF) or, with
+        INITIAL_TOKENS, those tokens and no bootstrap (a node of a new, empty ring: it streams nothing and can
+        join while other nodes join)."""
+        if not self.initial_tokens:
+            return f"allocate_tokens_for_local_replication_factor: {self.token_rf}"
+        return f'initial_token: "{",".join(map(str, self.initial_tokens))}"\nauto_bootstrap: false'
 
     def server_tls(self):  # -> imgest.services.tls.ServerTls
         """This node's CA and keystore under <home>/tls, made on first use."""
@@ -215,6 +224,11 @@ class CassandraServer:
         """Start the node unless it already runs; wait until CQL answers."""
         if self.process.pid() is not None and self.answers():
             return UpResult(self.name, False, 0.0, f"{self.name} already running on {self.address}")
+        note = self.launch()
+        return self.wait_up(timeout, note)
+
+    def launch(self) -> str:
+        """Start the JVM unless its process runs (no wait); returns a note on jar resolution for the message."""
         java = which_or_fail(self.name, "java", "install a Java 17 runtime (Debian: openjdk-17-jre-headless)")
         if self.process.pid() is None:
             require_free_port(
@@ -235,8 +249,11 @@ class CassandraServer:
         if self.process.pid() is None:
             flags, dump = jvmcds.options("cassandra", lib, agent=True)  # class-data archive: a faster start
             jvmcds.writer(dump, self.process.start(self.command(java, lib, self.render_config(), flags)))
+        return f" (+{resolve_s:.1f}s resolving jars)" if resolved else ""
+
+    def wait_up(self, timeout: float, note: str = "") -> UpResult:
+        """Wait until the launched node answers CQL (fails fast if its process dies)."""
         waited = self.process.wait_ready(self.answers, timeout, f"CQL on {self.address}")
-        note = f" (+{resolve_s:.1f}s resolving jars)" if resolved else ""
         return UpResult(
             self.name,
             True,

@@ -4,8 +4,10 @@ Nodes listen on 127.0.0.2, 127.0.0.3 and 127.0.0.4 (``IMGEST_CASSANDRA_RING_HOST
 (9042 CQL, 7000 storage), so the single embedded node on 127.0.0.1 and the ring never compete for a port
 and a client left on the default 127.0.0.1 never writes to the ring by mistake. Each node has its own
 data and log folders under ``<state>/cassandra-ring/nodeN``, a 1 GiB heap, the first node as seed, and a
-local-only JMX port (7201, 7202, 7203) for ``nodetool``. Nodes join one after another: Cassandra
-bootstraps one node at a time, and three JVMs starting at once on two cores starve each other.
+local-only JMX port (7201, 7202, 7203) for ``nodetool``. The ring is made for tests and local trials, so it
+starts new and empty: every node gets fixed, interleaved tokens (``ring_tokens``) and joins without bootstrap
+(nothing to stream). The seed starts first; the other nodes then start together, since none of them waits on
+another's bootstrap (the allocator's one-node-at-a-time joins took a minute of the test suite).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ log = logging.getLogger(__name__)
 RING_HOSTS = "127.0.0.2,127.0.0.3,127.0.0.4"
 NODETOOL_CLASS = "org.apache.cassandra.tools.NodeTool"
 STATUS_LINE = re.compile(r"^([UD][NLJM])\s+(\d+\.\d+\.\d+\.\d+)")
+VNODES = 16  # num_tokens of cassandra.yaml
+MIN_TOKEN, TOKEN_SPACE = -(2**63), 2**64  # Murmur3Partitioner
+
+
+def ring_tokens(nodes: int, vnodes: int = VNODES) -> list[tuple[int, ...]]:
+    """Each node's VNODES tokens, spread evenly and interleaved around the Murmur3 ring (node i owns every
+    NODES-th of NODES * VNODES equal slices): balanced ownership without the token allocator."""
+    slices = nodes * vnodes
+    return [tuple(MIN_TOKEN + (v * nodes + i) * TOKEN_SPACE // slices for v in range(vnodes)) for i in range(nodes)]
 
 
 def tool_jvm_options() -> list[str]:
@@ -57,6 +68,7 @@ class CassandraRing:
         native = env_int("IMGEST_CASSANDRA_RING_PORT", 9042)
         storage = env_int("IMGEST_CASSANDRA_RING_STORAGE_PORT", 7000)
         jmx = env_int("IMGEST_CASSANDRA_RING_JMX_PORT", 7200)
+        tokens = ring_tokens(len(hosts))
         nodes = tuple(
             CassandraServer(
                 home=state_dir() / "cassandra-ring" / f"node{i}",
@@ -68,6 +80,7 @@ class CassandraRing:
                 cluster="imgest-ring",
                 jmx_port=jmx + i,
                 token_rf=min(3, len(hosts)),
+                initial_tokens=tokens[i - 1],
                 ring_delay_ms=10_000,  # 1 s (the single node's) is too short to reach the seed from a busy box
             )
             for i, host in enumerate(hosts, start=1)
@@ -84,21 +97,31 @@ class CassandraRing:
         return all(n.answers() for n in self.nodes)
 
     def up(self, timeout: float = 300.0) -> UpResult:
-        """Start the nodes one after another, each joined (UN in the ring) before the next starts."""
+        """Start the seed, then the other nodes together; each Up/Normal in the ring before this returns."""
         t0 = time.monotonic()
         started = False
-        for node in self.nodes:
-            t_node = time.monotonic()
-            try:
-                result = node.up(timeout)
-                started = started or result.started
-                self.wait_joined(node, timeout)
-            except BaseException:
-                if started or node.process.pid() is not None:
-                    self.down()  # leave nothing half-started behind
-                raise
-            self.join_seconds[node.host] = round(time.monotonic() - t_node, 1)
-            log.info("%s joined after %.1fs", node.name, self.join_seconds[node.host])
+        seed, others = self.nodes[0], self.nodes[1:]
+        try:
+            result = seed.up(timeout)
+            started = result.started
+            self.wait_joined(seed, timeout)
+            self.join_seconds[seed.host] = round(time.monotonic() - t0, 1)
+            t_rest = time.monotonic()
+            waiting = [n for n in others if n.process.pid() is None or not n.answers()]
+            for node in waiting:
+                node.launch()
+            started = started or bool(waiting)
+            for node in others:
+                if node in waiting:
+                    node.wait_up(max(1.0, timeout - (time.monotonic() - t_rest)))
+                self.wait_joined(node, max(1.0, timeout - (time.monotonic() - t_rest)))
+                self.join_seconds[node.host] = round(time.monotonic() - t_rest, 1)
+        except BaseException:
+            if started or any(n.process.pid() is not None for n in self.nodes):
+                self.down()  # leave nothing half-started behind
+            raise
+        for host, seconds in self.join_seconds.items():
+            log.info("%s joined after %.1fs", host, seconds)
         total = time.monotonic() - t0
         per_node = ", ".join(f"{h} {s:.0f}s" for h, s in self.join_seconds.items())
         return UpResult(

@@ -22,6 +22,7 @@ from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest
 from imgest.sources.scan import scan_to_dir
 from imgest.spark.submit import submit_command, submit_env
+from tests.conftest import serve
 from tests.jobs.conftest import MASTER, read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -30,16 +31,8 @@ KS = "imgest_test_ring"
 
 @pytest.fixture(scope="module")
 def ring() -> Iterator[CassandraRing]:
-    """The ring, started node after node (start times printed); stopped after if this module started it."""
-    ring = CassandraRing.default()
-    started = False
-    if not ring.answers():
-        result = ring.up()
-        started = result.started
-        print(f"\n[fixture] {result.message}")
-    yield ring
-    if started:
-        ring.down()
+    """The ring (start times printed); stopped at the session's end, with the other services, if this started it."""
+    yield from serve(CassandraRing.default())  # type: ignore[misc]
 
 
 def _settings(ring: CassandraRing, consistency: str) -> CassandraSettings:
@@ -53,9 +46,14 @@ def _job_args(ring: CassandraRing, manifest: Path, out: Path, consistency: str) 
     ]
 
 
-def _restart(ring: CassandraRing, index: int) -> None:
-    ring.nodes[index].up(300)
-    ring.wait_joined(ring.nodes[index], 300)
+def _restart(ring: CassandraRing, *indexes: int) -> None:
+    """Start the killed nodes INDEXES together (they hold their tokens and data), each back Up/Normal."""
+    nodes = [ring.nodes[i] for i in indexes]
+    for node in nodes:
+        node.launch()
+    for node in nodes:
+        node.wait_up(300)
+        ring.wait_joined(node, 300)
 
 
 def _wait_state(ring: CassandraRing, host: str, wanted: str, timeout: float = 90) -> str | None:
@@ -140,8 +138,7 @@ def test_two_nodes_down_fail_naming_level_and_live_replicas(ring: CassandraRing,
             assert _wait_state(ring, host, "DN") == "DN"
         rc, log = run_job("ingest_cassandra", _job_args(ring, tmp_path / "manifest", tmp_path / "s.json", "QUORUM"))
     finally:
-        _restart(ring, 1)
-        _restart(ring, 2)
+        _restart(ring, 1, 2)
     assert rc != 0
     # the first statement to fail is the version's lightweight transaction (SERIAL) or a write (QUORUM)
     assert re.search(r"consistency level (QUORUM|SERIAL) needs 2 live replicas but only 1 is alive", log), log[-3000:]

@@ -55,6 +55,17 @@ def test_a_dump_is_adopted_only_once_its_writer_exited(archives: Path) -> None:
     assert jvmcds.options("demo", archives) == ([f"-XX:SharedArchiveFile={path}"], None)
 
 
+def test_while_one_writer_runs_other_jvms_dump_nothing(archives: Path) -> None:
+    _, dump = jvmcds.options("demo", archives)
+    assert dump is not None
+    jvmcds.writer(dump, os.getpid())  # a live writer
+    assert jvmcds.options("demo", archives) == ([], None)  # a second JVM: no archive to map, no second dump
+    jvmcds.writer(dump, _dead_pid())  # the writer was killed before it wrote: the next JVM writes
+    flags, second = jvmcds.options("demo", archives)
+    assert second is not None
+    assert flags == [f"-XX:ArchiveClassesAtExit={second}"]
+
+
 def test_markers_of_killed_writers_and_archives_of_old_jars_are_dropped(archives: Path) -> None:
     old = jvmcds.archive_path("demo", archives)
     old.write_bytes(b"old")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import yaml
 
 from imgest.core.errors import ConfigError
 from imgest.core.settings import CassandraSettings
+from imgest.services.cassandra import CassandraServer
 from imgest.services.ring import CassandraRing
 from imgest.sinks.cassandra.versions import VersionRecord, conflicting
 from imgest.spark.job_options import CASSANDRA_OPTIONS, add_options, forward
@@ -68,6 +70,31 @@ def test_ring_nodes_have_own_address_folders_and_seed(tmp_path: Path, monkeypatc
         assert "-Xmx1G" in command
         assert f"-Dcassandra.jmx.local.port={node.jmx_port}" in command
         assert f"-Dcassandra.storagedir={node.home / 'data'}" in command
+
+
+def test_ring_nodes_own_fixed_interleaved_tokens_and_skip_bootstrap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new ring's nodes join together: fixed tokens (16 each, evenly spread, interleaved), no bootstrap; the
+    single embedded node keeps the token allocator."""
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path))
+    tokens: list[int] = []
+    for node in CassandraRing.default().nodes:
+        conf = yaml.safe_load(node.render_config().read_text())
+        assert conf["auto_bootstrap"] is False
+        assert "allocate_tokens_for_local_replication_factor" not in conf
+        mine = [int(t) for t in conf["initial_token"].split(",")]
+        assert len(mine) == conf["num_tokens"] == 16
+        tokens += mine
+    ordered = sorted(tokens)
+    assert len(set(tokens)) == 48
+    assert ordered[0] == -(2**63)
+    gaps = {b - a for a, b in itertools.pairwise(ordered)}
+    assert max(gaps) - min(gaps) <= 1  # 48 equal slices of the Murmur3 ring
+    assert tokens[:3] != ordered[:3]  # node 1's first tokens are not its neighbours': interleaved
+    single = yaml.safe_load(CassandraServer.default().render_config().read_text())
+    assert single["allocate_tokens_for_local_replication_factor"] == 1
+    assert "initial_token" not in single
 
 
 def _fake_lib(tmp_path: Path) -> Path:
