@@ -12,7 +12,12 @@ from airflow.sdk import DAG, Asset, AssetAlias, Param, task
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from imgest.operators.readback import ReadThroughputOperator
 from imgest.operators.refresh import DatasetLockOperator
-from imgest.operators.s3 import EnsureBucketOperator, VerifyFilesOperator, VerifyShardsOperator
+from imgest.operators.s3 import (
+    CollectGarbageOperator,
+    EnsureBucketOperator,
+    VerifyFilesOperator,
+    VerifyShardsOperator,
+)
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator, WriteFilesSubmitOperator
 from imgest.operators.splits import BuildSplitOperator
 from imgest.operators.validate import ValidateXnvmeOperator
@@ -204,6 +209,18 @@ with DAG(
         outlet_events[DATASETS].add(Asset(uri), extra=extra)
         return uri
 
+    @task.short_circuit(ignore_downstream_trigger_rules=False, doc_md="gc applies to the shards and files targets.")
+    def gc_applies(request: dict[str, Any]) -> bool:
+        return request["target"] in ("shards", "files")
+
+    gc = CollectGarbageOperator(
+        task_id="gc",
+        request=REQUEST,
+        manifest_dir=MANIFEST_DIR,
+        doc_md="Deletes the stored versions older than the published one and *Earlier versions kept* before it "
+        "(never what manifest.json names); returns what it removed.",
+    )
+
     dataset = "{{ (ti.xcom_pull(task_ids='validate') or {}).get('dataset', '') }}"
     lock = DatasetLockOperator(
         task_id="lock", dataset=dataset, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
@@ -220,4 +237,5 @@ with DAG(
     published = publish_asset(request)
     [verify_cassandra, verify_shards, verify_files] >> build_split >> read_throughput >> published
     read_throughput >> xnvme_applies(request) >> validate_xnvme
-    [published, validate_xnvme] >> release.as_teardown(setups=lock)  # runs whatever happened; not the run's state
+    published >> gc_applies(request) >> gc
+    [published, validate_xnvme, gc] >> release.as_teardown(setups=lock)  # runs whatever happened; not the run's state

@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, AssetAlias, TaskGroup, task
 from imgest.operators.cassandra import ApplyCqlSchemaOperator
 from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
-from imgest.operators.s3 import EnsureBucketOperator
+from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
 
 from imgest.flow.registry import DatasetEntry, load_registry
@@ -36,7 +36,7 @@ def _doc(entry: DatasetEntry) -> str:
 
 
 def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
-    """plan -> changed? -> prepare -> ingest (Spark) -> finish -> publish, for one target."""
+    """plan -> changed? -> prepare -> ingest (Spark) -> finish -> publish (-> gc for shards), for one target."""
     conf = entry.conf(target)
     plan_args = "{{ ti.xcom_pull(task_ids='" + target + ".plan')['job_args'] }}"
 
@@ -82,8 +82,18 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
             ingest = PackShardsSubmitOperator(task_id="ingest", application_args=plan_args, source_conn_id=SOURCE_CONN)
         finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
         changed(planned) >> prepare >> ingest >> finish
-        published = publish(finish.output)
-    return published
+        last = publish(finish.output)
+        if target == "shards":
+            gc = CollectGarbageOperator(
+                task_id="gc",
+                request=conf,
+                manifest_dir=MANIFEST_DIR,
+                doc_md="Deletes the shard versions older than the published one and keep_versions before it (the "
+                "datasets file's setting, default 1); never what manifest.json names. Returns what it removed.",
+            )
+            last >> gc
+            last = gc
+    return last
 
 
 def build_refresh_dag(entry: DatasetEntry) -> DAG:

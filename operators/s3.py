@@ -60,3 +60,30 @@ class VerifyFilesOperator(BaseOperator):
 
         sample = defaults.CHECK_SAMPLE if self.sample in (None, "") else int(self.sample)
         return verify_files(self.dest, sample)
+
+
+class CollectGarbageOperator(BaseOperator):
+    """After a publish: delete the stored versions of a shards or files dataset that neither its manifest nor the
+    request's ``keep_versions`` earlier ones need (imgest.flow.steps.collect_garbage); returns what it removed. Runs
+    while the run holds the dataset's write lock."""
+
+    template_fields: Sequence[str] = ("request", "manifest_dir")
+
+    def __init__(
+        self, *, request: dict[str, Any] | str, manifest_dir: str = "", aws_conn_id: str = "aws_default", **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.request, self.manifest_dir, self.aws_conn_id = request, manifest_dir, aws_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from pathlib import Path
+
+        from imgest.operators.hooks import store_settings
+
+        from imgest.flow.request import IngestRequest
+        from imgest.flow.steps import collect_garbage
+
+        conf = dict(self.request)  # type: ignore[arg-type]
+        request = IngestRequest.from_conf(conf)
+        s3 = store_settings(request.shard_dest, self.aws_conn_id) if request.target == "shards" else None
+        return collect_garbage(conf, s3, Path(self.manifest_dir) if self.manifest_dir else None)

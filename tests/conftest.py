@@ -134,7 +134,7 @@ def airflow_scheduler(
     yield from scheduler(tmp_path_factory)
 
 
-_started: list[Service] = []
+started_services: list[Service] = []  # stopped together when the session ends
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -142,9 +142,9 @@ def _stop_started_services() -> Iterator[None]:
     """Set up first, torn down last: the services this session started stop together (each drains while the
     others do; one after another took 25 s of the suite)."""
     yield
-    with ThreadPoolExecutor(max_workers=max(1, len(_started))) as pool:
-        list(pool.map(lambda service: service.down(), _started))
-    _started.clear()
+    with ThreadPoolExecutor(max_workers=max(1, len(started_services))) as pool:
+        list(pool.map(lambda service: service.down(), started_services))
+    started_services.clear()
 
 
 def serve(service: Service) -> Iterator[Service]:
@@ -152,7 +152,7 @@ def serve(service: Service) -> Iterator[Service]:
     if not service.answers():
         result = service.up()
         if result.started:
-            _started.append(service)
+            started_services.append(service)
         print(f"\n[fixture] {result.message}")
     yield service
 

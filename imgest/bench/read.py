@@ -4,15 +4,20 @@ One generated dataset is stored three ways by the project's own jobs (Cassandra 
 and on S3, files); every reader then reads the same train rows through the same DALI pipeline, pinned the same
 way (servers on one core, the reader on the other), raw bytes and the CPU training pipeline, median of ROUNDS.
 A network sweep puts a real TCP proxy (Toxiproxy) between the readers and Cassandra / S3 and adds round trips,
-then a bandwidth limit and jitter. One methodology throughout: a reader's images/s is its epoch rate, the harmonic
-mean of its batch rates (as the cassandra-dali-plugin's paper states it), median of the rounds, with the CPU
-cores the reading process used per 1,000 images/s.
+then a bandwidth limit and jitter; the readers whose window sizes itself read several epochs in a row (what a
+training run sees: the first epoch grows the window, later ones start from it), optionally over a larger copy of
+the dataset (``--sweep-images``: the same images hard-linked under new names, stored on S3 and in Cassandra only)
+so that an epoch lasts seconds, not the fraction of a second in which its start-up dominates. One methodology
+throughout: a reader's images/s is its epoch rate, the harmonic mean of its batch rates (as the
+cassandra-dali-plugin's paper states it), median of the rounds, with the CPU cores the reading process used per
+1,000 images/s.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +32,8 @@ from imgest.readback.measure import RunResult
 
 log = logging.getLogger(__name__)
 KEYSPACE = "bench_read"  # one keyspace per dataset size: verify and read-back count every row of a table
+ADAPTIVE = ("cassandra", "shards-s3-stream")  # the readers whose default window sizes itself
+SWEPT = (*ADAPTIVE, "cassandra-simple", "shards-s3-webdataset")  # the readers of the network sweep
 
 
 def prepare(images: int) -> dict[str, Any]:
@@ -61,6 +68,63 @@ def prepare(images: int) -> dict[str, Any]:
             raise RuntimeError(f"preparing the benchmark dataset failed: imgest {' '.join(argv)}")
     marker.write_text(json.dumps({k: str(v) for k, v in where.items()}))
     return where
+
+
+def _link_copies(base: Path, out: Path, images: int) -> None:
+    """OUT as IMAGES files: BASE's files, then hard links to them named <stem>_r<k><suffix> (k = 1, 2, ...), so
+    every copy has its own path (and so its own id at ingest) and the same bytes."""
+    originals = sorted(p for p in base.rglob("*") if p.is_file())
+    made = 0
+    for k in range(-(-images // len(originals))):
+        for src in originals:
+            if made == images:
+                return
+            dest = out / src.relative_to(base)
+            dest = dest.with_name(f"{dest.stem}_r{k}{dest.suffix}") if k else dest
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not dest.exists():
+                os.link(src, dest)
+            made += 1
+
+
+def prepare_sweep(images: int, base: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's larger dataset: IMAGES train images linked from BASE's sources (see prepare), stored on S3 and
+    in Cassandra only (cached in the state folder); returns where each copy is."""
+    from imgest.cli import main as cli
+
+    root = state_dir() / "bench" / f"read-sweep-{images}"
+    where = {
+        "src": root / "src",
+        "work": root / "work",
+        "s3": f"s3://imgest/bench/read-sweep-{images}",
+        "dataset": f"readsweep{images}",
+        "keyspace": f"{KEYSPACE}_sweep_{images}",
+    }
+    marker = root / "prepared.json"
+    if marker.is_file():
+        return where
+    _link_copies(Path(base["src"]), root / "src", images)
+    common = [str(where["src"]), "--work-dir", str(where["work"]), "--dataset", where["dataset"]]
+    for argv in (
+        ["ingest", "shards", *common, "--dest", where["s3"], "--max-count", "500"],
+        ["ingest", "cassandra", *common, "--keyspace", where["keyspace"], "--verify"],
+    ):
+        if cli(argv) != 0:
+            raise RuntimeError(f"preparing the sweep dataset failed: imgest {' '.join(argv)}")
+    marker.write_text(json.dumps({k: str(v) for k, v in where.items()}))
+    return where
+
+
+def sweep_sets(where: dict[str, Any], cassandra: CassandraSettings, s3: S3Settings) -> dict[str, ReadSet]:
+    """Every train row of the sweep dataset's two copies (S3 shards, Cassandra)."""
+    from imgest.readback.datasets import cassandra_set, shards_set
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.schema import TableLayout
+    from imgest.sinks.shards.store import open_store
+
+    with cassandra_session(cassandra) as session:
+        cset = cassandra_set(session, TableLayout(where["keyspace"]), where["dataset"])
+    return {"s3": shards_set(open_store(where["s3"], s3)), "cassandra": cset}
 
 
 def read_sets(
@@ -199,12 +263,17 @@ def latency_sweep(
     depths: list[int],
     batch_size: int,
     repeats: int = 3,
+    epochs: int = 2,
+    window_sets: dict[str, ReadSet] | None = None,
+    window_where: dict[str, Any] | None = None,
+    readers: tuple[str, ...] = SWEPT,
 ) -> list[dict[str, Any]]:
     """Raw-bytes epoch rate (harmonic mean of batch rates) through a real TCP proxy under each condition: imgest's
-    readers with their default (adaptive) window, a first epoch (grown from the slow start) and a second (from
-    the window the first ended with, as every later epoch of a training run), with fixed windows of DEPTHS, and
-    the readers that request nothing ahead; the median of REPEATS runs per point, with the CPU cores per 1,000
-    images/s."""
+    readers with their default (adaptive) window, EPOCHS epochs in a row per run (the first grown from the slow
+    start, the later ones from the window the one before left, as in a training run), with fixed windows of
+    DEPTHS, and the readers that request nothing ahead; the median of REPEATS runs per point and epoch (and of
+    all epochs together: "all"), with the CPU cores per 1,000 images/s. The windowed readers read WINDOW_SETS
+    (stored at WINDOW_WHERE; by default SETS), the readers that request nothing ahead read SETS; only READERS."""
     from imgest.readback.check import (
         cassandra_epochs,
         cassandra_run,
@@ -225,57 +294,100 @@ def latency_sweep(
     c_proxied = replace(cassandra, hosts=(c_addr.split(":")[0],), port=int(c_addr.split(":")[1]))
     s_proxied = replace(s3, endpoint_url=f"http://{s_addr}")
     bucket, _, prefix = where["s3"][5:].partition("/")
+    w_bucket, _, w_prefix = (window_where or where)["s3"][5:].partition("/")
     spec = PipelineSpec(batch_size, mode="raw", verify_after=True)  # time run() alone, as the plugin does
     opts = ReadCheckOptions(batch_size=batch_size)
     rows: list[dict[str, Any]] = []
 
     def row(cond: Condition, depth: int | None, run: Any) -> None:  # RUN() once per repeat; medians kept
         repeats_ = [run() for _ in range(repeats)]  # each: one RunResult per epoch
+        adaptive = depth is None and repeats_[0][0].reader in ADAPTIVE
+        base = {
+            "condition": cond.name,
+            "rtt_ms": cond.rtt_ms,
+            "jitter_ms": cond.jitter_ms,
+            "bandwidth_mb_s": cond.rate_kb_s / 1000,
+            "reader": repeats_[0][0].reader,
+            "window": "adaptive" if adaptive else depth,
+        }
         for k in range(len(repeats_[0])):
-            results = [r[k] for r in repeats_]
-            mid = sorted(results, key=lambda r: r.epoch_rate)[len(results) // 2]
-            adaptive = depth is None and results[0].reader in ADAPTIVE
-            rows.append(
-                {
-                    "condition": cond.name,
-                    "rtt_ms": cond.rtt_ms,
-                    "jitter_ms": cond.jitter_ms,
-                    "bandwidth_mb_s": cond.rate_kb_s / 1000,
-                    "reader": results[0].reader,
-                    "window": "adaptive" if adaptive else depth,
-                    "epoch": ("first", "second")[k] if len(repeats_[0]) > 1 else "first",
-                    "images_per_s": mid.epoch_rate,
-                    "steady_images_per_s": statistics.median(r.steady_rate for r in results),
-                    "min": min(r.epoch_rate for r in results),
-                    "max": max(r.epoch_rate for r in results),
-                    "wall_images_per_s": mid.images_per_s,
-                    "mb_per_s": mid.mb_per_s,
-                    "cpu_cores": mid.cpu_cores,
-                    "cores_per_1k": mid.cores_per_1k,
-                    "ok": all(r.ok for r in results),
-                    "problems": [p for r in results for p in r.problems][:3],
-                    "settings": mid.settings,
-                }
-            )
-            log.info("%s %s window %s: %.0f images/s", cond.name, results[0].reader, rows[-1]["window"], mid.epoch_rate)
+            rows.append({**base, **epoch_row(k, [r[k] for r in repeats_])})
+            log.info("%s %s window %s, %s epoch: %.0f images/s", *[rows[-1][f] for f in EPOCH_LOG])
+        if len(repeats_[0]) > 1:
+            rows.append({**base, **all_epochs_row(repeats_)})
+            log.info("%s %s window %s, %s epochs: %.0f images/s", *[rows[-1][f] for f in EPOCH_LOG])
 
     cset, sset = sets["cassandra"], sets["s3"]
+    wc, ws = (window_sets or sets)["cassandra"], (window_sets or sets)["s3"]
     for cond in conds:
         cond.apply(proxy, ["cassandra", "s3"])
-        row(cond, None, lambda: cassandra_epochs(c_proxied, cset, spec, opts.cassandra, 2))
-        row(cond, None, lambda: s3_stream_epochs(sset, s_proxied, bucket, prefix, spec, opts.s3, 2))
-        row(cond, None, lambda: [cassandra_simple_run(c_proxied, cset, spec)])
-        row(cond, None, lambda: [s3_webdataset_run(sset, s_proxied, bucket, prefix, spec)])
+        runs = {
+            "cassandra": lambda: cassandra_epochs(c_proxied, wc, spec, opts.cassandra, epochs),
+            "shards-s3-stream": lambda: s3_stream_epochs(ws, s_proxied, w_bucket, w_prefix, spec, opts.s3, epochs),
+            "cassandra-simple": lambda: [cassandra_simple_run(c_proxied, cset, spec)],
+            "shards-s3-webdataset": lambda: [s3_webdataset_run(sset, s_proxied, bucket, prefix, spec)],
+        }
+        for name, run in runs.items():
+            if name in readers:
+                row(cond, None, run)
         for depth in depths:
             copts = replace(opts.cassandra, prefetch_buffers=depth)
             sopts = replace(opts.s3, parallel_shards=depth)
-            row(cond, depth, lambda c=copts: [cassandra_run(c_proxied, cset, spec, c)])
-            row(cond, depth, lambda s=sopts: [s3_stream_run(sset, s_proxied, bucket, prefix, spec, s)])
+            if "cassandra" in readers:
+                row(cond, depth, lambda c=copts: [cassandra_run(c_proxied, wc, spec, c)])
+            if "shards-s3-stream" in readers:
+                row(cond, depth, lambda s=sopts: [s3_stream_run(ws, s_proxied, w_bucket, w_prefix, spec, s)])
     Condition("0 ms", 0).apply(proxy, ["cassandra", "s3"])
     return rows
 
 
-ADAPTIVE = ("cassandra", "shards-s3-stream")  # the readers whose default window sizes itself
+EPOCH_NAMES = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")
+EPOCH_LOG = ("condition", "reader", "window", "epoch", "images_per_s")
+
+
+def epoch_name(k: int) -> str:
+    """'first', 'second', ... for epoch K (from 0)."""
+    return EPOCH_NAMES[k] if k < len(EPOCH_NAMES) else f"{k + 1}th"
+
+
+def epoch_row(k: int, results: list[RunResult]) -> dict[str, Any]:
+    """Epoch K over the rounds: the median round's figures (by epoch rate), min, max and the median steady rate."""
+    mid = sorted(results, key=lambda r: r.epoch_rate)[len(results) // 2]
+    return {
+        "epoch": epoch_name(k),
+        "images": mid.images,
+        "images_per_s": mid.epoch_rate,
+        "steady_images_per_s": statistics.median(r.steady_rate for r in results),
+        "first_batch_ms": statistics.median(r.first_batch_ms for r in results),
+        "min": min(r.epoch_rate for r in results),
+        "max": max(r.epoch_rate for r in results),
+        "wall_images_per_s": mid.images_per_s,
+        "mb_per_s": mid.mb_per_s,
+        "cpu_cores": mid.cpu_cores,
+        "cores_per_1k": mid.cores_per_1k,
+        "ok": all(r.ok for r in results),
+        "problems": [p for r in results for p in r.problems][:3],
+        "settings": mid.settings,
+    }
+
+
+def all_epochs_row(rounds: list[list[RunResult]]) -> dict[str, Any]:
+    """Every epoch of a round together (the harmonic mean of its epochs' rates: they read as many images each, so
+    this is the images over the time spent in run() over the run), the median of the rounds."""
+    rates = [statistics.harmonic_mean([r.epoch_rate for r in epochs]) for epochs in rounds]
+    ok = all(r.ok for epochs in rounds for r in epochs)
+    return {
+        "epoch": "all",
+        "images": sum(r.images for r in rounds[0]),
+        "images_per_s": round(statistics.median(rates), 1),
+        "steady_images_per_s": None,
+        "first_batch_ms": None,
+        "min": round(min(rates), 1),
+        "max": round(max(rates), 1),
+        "ok": ok,
+        "problems": [p for epochs in rounds for r in epochs for p in r.problems][:3],
+        "settings": {"epochs": len(rounds[0])},
+    }
 
 
 def kept_under_latency(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -304,16 +416,18 @@ def kept_under_latency(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def targets(kept: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets: default options keep >= 0.85 of the 0 ms rate at 50 ms and >= 0.75 at 100 ms (each
-    epoch of the adaptive readers: the first, grown from the slow start, and the second, as later epochs); the
-    whole epoch's rate is the target's figure, the second half's (steady state) is stated beside it."""
+    epoch of the adaptive readers: the first, grown from the slow start, and the later ones, and all of them
+    together); the whole epoch's rate is the target's figure, the second half's (steady state) is stated beside
+    it."""
     out: dict[str, Any] = {}
     for reader in ADAPTIVE:
-        for epoch in ("first", "second"):
+        for epoch in dict.fromkeys(k["epoch"] for k in kept if k["reader"] == reader and k["window"] == "adaptive"):
             for cond, goal in (("50 ms", 0.85), ("100 ms", 0.75)):
                 key = (reader, "adaptive", epoch, cond)
                 row = next((k for k in kept if (k["reader"], k["window"], k["epoch"], k["condition"]) == key), None)
                 if row is not None and row["vs_0ms"] is not None:
-                    out[f"{reader} default, {epoch} epoch, at {cond} (target >= {goal})"] = {
+                    what = "all epochs" if epoch == "all" else f"{epoch} epoch"
+                    out[f"{reader} default, {what}, at {cond} (target >= {goal})"] = {
                         "kept": row["vs_0ms"],
                         "met": row["vs_0ms"] >= goal,
                         "steady_state_kept": row.get("steady_vs_0ms"),
@@ -398,7 +512,7 @@ def _plot_sweep(left: Any, right: Any, sweep: list[dict[str, Any]]) -> None:
     width = 0.8 / max(1, len(lines))
     for j, (reader, window, epoch) in enumerate(lines):
         label = reader if window is None else f"{reader}, {'fixed ' if window != 'adaptive' else ''}{window} window"
-        label += f", {epoch} epoch" if window == "adaptive" else ""
+        label += (", all epochs" if epoch == "all" else f", {epoch} epoch") if window == "adaptive" else ""
         pts = [
             next(
                 (
@@ -442,9 +556,13 @@ def measure_all(
     batch_size: int,
     sample: int = 0,
     sweep_only: bool = False,
+    epochs: int = 3,
+    sweep_images: int = 0,
+    readers: tuple[str, ...] = SWEPT,
 ) -> dict[str, Any]:
     """Prepare, then every reader ROUNDS times (after a warm-up round; not with SWEEP_ONLY) and the network
-    sweep (ROUNDS repeats per point), pinned."""
+    sweep (ROUNDS repeats per point, EPOCHS epochs per run of the adaptive readers, which read a dataset of
+    SWEEP_IMAGES when larger than IMAGES), pinned."""
     from imgest.readback.pinning import pinned
     from imgest.services import CassandraServer, S3Server
     from imgest.services.latency import LatencyProxy
@@ -455,13 +573,32 @@ def measure_all(
     cassandra, s3 = CassandraSettings.from_env(), S3Settings.from_env()
     where = prepare(images)
     sets = read_sets(where, cassandra, s3, sample)
+    window_where = prepare_sweep(sweep_images, where) if conds and sweep_images > images else where
+    window_sets = sweep_sets(window_where, cassandra, s3) if window_where is not where else sets
     opts = ReadCheckOptions(batch_size=batch_size)
     runs: list[tuple[list[RunResult], list[str]]] = []
     with pinned(server_pids()) as pinning:
         if not sweep_only:
             one_round(sets, where, cassandra, s3, opts)  # warm-up: page cache, JIT of the servers, connections
             runs = [one_round(sets, where, cassandra, s3, opts) for _ in range(rounds)]
-        sweep = latency_sweep(sets, where, cassandra, s3, conds, depths, batch_size, rounds) if conds else []
+        sweep = (
+            latency_sweep(
+                sets,
+                where,
+                cassandra,
+                s3,
+                conds,
+                depths,
+                batch_size,
+                rounds,
+                epochs,
+                window_sets,
+                window_where,
+                readers,
+            )
+            if conds
+            else []
+        )
     rows = medians([r for r, _ in runs]) if runs else []
     kept = kept_under_latency(sweep)
     return {
@@ -471,6 +608,11 @@ def measure_all(
         "time its pipeline run() took), median of the rounds; cpu_cores is the reading process's CPU time over the "
         "epoch's wall time, cores_per_1k that per 1,000 images/s",
         "images": {k: len(v) for k, v in sets.items()},
+        "sweep_images": {k: len(v) for k, v in window_sets.items() if k in ("s3", "cassandra")},
+        "sweep_epochs": epochs,
+        "sweep_note": "the adaptive readers (window 'adaptive', and fixed --depths) read sweep_images per epoch, "
+        "EPOCHS epochs in a row per round (epoch 'all': the harmonic mean of a round's epoch rates, median of the "
+        "rounds); the readers that request nothing ahead (cassandra-simple, shards-s3-webdataset) read `images`",
         "sample": sample,
         "batch_size": batch_size,
         "rounds": rounds,
@@ -495,9 +637,12 @@ def main(
     batch_size: int = 64,
     sample: int = 0,
     sweep_only: bool = False,
+    epochs: int = 3,
+    sweep_images: int = 0,
+    readers: tuple[str, ...] = SWEPT,
 ) -> dict[str, Any]:
     """Measure, print the tables, the target ratios and the anchors, write JSON (and the plot)."""
-    report = measure_all(images, rounds, conds, depths, batch_size, sample, sweep_only)
+    report = measure_all(images, rounds, conds, depths, batch_size, sample, sweep_only, epochs, sweep_images, readers)
     print(describe_machine(report["machine"]))
     if report["readers"]:
         columns = [
@@ -519,8 +664,11 @@ def main(
             ("condition", "condition"),
             ("reader", "reader"),
             ("window", "window"),
+            ("epoch", "epoch"),
+            ("images", "images"),
             ("images_per_s", "img/s"),
             ("steady_images_per_s", "2nd half"),
+            ("first_batch_ms", "1st batch ms"),
             ("min", "min"),
             ("max", "max"),
             ("cpu_cores", "cpu"),

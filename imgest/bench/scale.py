@@ -7,6 +7,9 @@ task or CLI), of the Spark driver JVM and of the largest Spark Python worker, th
 the servers'. Time and memory ratios between the two largest sizes show what grows faster than the data; a
 fixed start-up cost (from a straight-line fit over the sizes) is shown separately.
 
+With ``refresh`` (``--refresh``), the path of the `refresh_<name>` DAG is measured instead: a first version, a
+refresh without change and a 0.1 % change, each sub-step in its own process (`imgest.bench.scale_refresh`).
+
 Datasets: `count` is ImageNet's count in small JPEGs (`imgest.sources.devdata.countscale`); `bytes` is
 100,000 ImageNet-size images (2,000 distinct, hard-linked to 100,000 paths: the bytes are ImageNet's, the
 per-image work identical).
@@ -241,7 +244,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per target and step: times, RSS, the ratios of the two largest sizes, and whether each target is met."""
     out = []
     for target in dict.fromkeys(r["target"] for r in rows):
-        for step in STEPS[target]:
+        for step in dict.fromkeys(r["step"] for r in rows if r["target"] == target):  # in the order they ran
             points = sorted((r for r in rows if r["target"] == target and r["step"] == step), key=lambda r: r["images"])
             if len(points) < 1:
                 continue
@@ -308,7 +311,10 @@ def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
             ax.set_yscale("log")
             plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
             ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
+            some = matplotlib.ticker.FuncFormatter(  # minor ticks: label 2 and 5 of each decade only
+                lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+            )
+            ax.yaxis.set_minor_formatter(some)
             ax.set_xlabel("images")
             ax.set_ylabel(ylabel)
             ax.set_title(f"{target}: {ylabel.split(' (')[0]}")
@@ -339,17 +345,26 @@ def prepare_datasets(kind: str, fractions: list[float]) -> list[tuple[str, Path,
 
 
 def main(
-    json_path: Path, plot_path: Path | None, kind: str, fractions: list[float], targets: list[str]
+    json_path: Path,
+    plot_path: Path | None,
+    kind: str,
+    fractions: list[float],
+    targets: list[str],
+    refresh: bool = False,
 ) -> dict[str, Any]:
-    """Run every size and target; print the per-step table; write JSON (and the plot)."""
+    """Run every size and target (the ingest path, or with REFRESH the refresh path); print the per-step table;
+    write JSON (and the plot)."""
+    from imgest.bench.scale_refresh import run_refresh_size
+
     info = machine_info()
     print(describe_machine(info))
     datasets = prepare_datasets(kind, fractions)
     out = state_dir() / "bench" / "scale-runs"
     rows: list[dict[str, Any]] = []
+    run = run_refresh_size if refresh else run_size
     for target in targets:
         for label, source, images in datasets:
-            rows += run_size(kind, label, source, images, target, out)
+            rows += run(kind, label, source, images, target, out)
             _write(json_path, kind, info, rows, plot_path)
     report = _write(json_path, kind, info, rows, plot_path)
     columns = [
@@ -366,6 +381,8 @@ def main(
         ("rows_per_s", "img/s"),
     ]
     print(format_table(report["summary"], columns))
+    if refresh:
+        print(format_table(report["refresh"], REFRESH_COLUMNS))
     for target in targets:
         total = sum(r["wall_s"] for r in rows if r["target"] == target and r["images"] == datasets[-1][2])
         slowest = max(
@@ -381,16 +398,36 @@ def main(
     return report
 
 
+REFRESH_COLUMNS = [
+    ("target", "target"),
+    ("phase", "refresh"),
+    ("images", "images"),
+    ("changed", "changed"),
+    ("wall_s", "wall s"),
+    ("after_scan_s", "after scan s"),
+    ("s_per_changed_image", "s/changed img"),
+    ("cost_vs_first", "vs first"),
+    ("marginal_ms_per_changed_image", "marginal ms/changed"),
+    ("proportional", "proportional"),
+]
+
+
 def _write(path: Path, kind: str, info: dict[str, Any], rows: list[dict[str, Any]], plot_path: Path | None) -> dict:
+    from imgest.bench.scale_refresh import summarize_refresh
+
     summary = summarize(rows)
-    report = {
-        "benchmark": f"scale-{kind}",
+    refresh = any(r.get("phase") for r in rows)
+    report: dict[str, Any] = {
+        "benchmark": f"scale-{kind}{'-refresh' if refresh else ''}",
         "machine": info,
         "targets": {"time_ratio": TARGET_TIME_RATIO, "rss_ratio": TARGET_RSS_RATIO, "rss_bytes": TARGET_RSS_BYTES},
         "summary": summary,
         "runs": rows,
     }
+    if refresh:
+        report["refresh"] = summarize_refresh(rows)
     write_json(path, report)
     if plot_path and summary:
-        plot(plot_path, summary, f"imgest bench scale ({kind}): every step of ingest_imagenet")
+        what = "the refresh_<name> path" if refresh else "every step of ingest_imagenet"
+        plot(plot_path, summary, f"imgest bench scale ({kind}): {what}")
     return report

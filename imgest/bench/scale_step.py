@@ -3,7 +3,9 @@
 `python -m imgest.bench.scale_step STEP STATE` runs STEP with the request and scan result in the JSON file
 STATE, calling the same function the DAG's task calls (the Spark steps spark-submit the same job with the
 same arguments), and writes what the step returned to STATE's folder as `step-<STEP>.json`. A process per step
-gives each its own peak RSS.
+gives each its own peak RSS. A step named `<phase>.<sub>` (`refresh_change.plan`) is a step of the
+`refresh_<name>` DAG (scan, plan, prepare, ingest, finish) for the dataset registered in the datasets file STATE
+names.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core.settings import CassandraSettings, S3Settings
-from imgest.core.workdir import job_summary
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,6 @@ JOBS = {"ingest_cassandra": ("ingest_cassandra", "cassandra_args"), "ingest_shar
 def _spark(step: str, state: dict[str, Any]) -> dict[str, Any]:
     """spark-submit the step's job on local[*] with the arguments the scan produced (what the DAG submits)."""
     from imgest.cli.common import s3_env
-    from imgest.spark.failures import last_error_sentence
-    from imgest.spark.submit import run_submit, submit_command
 
     job, key = JOBS[step]
     args = list(state["scan"][key])
@@ -36,12 +35,63 @@ def _spark(step: str, state: dict[str, Any]) -> dict[str, Any]:
         args += ["--hosts", ",".join(settings.hosts), "--port", str(settings.port)]
     else:
         s3_env(state["dest"])
-    log_file = Path(state["work"]) / f"spark-{step}.log"
+    return _submit(job, args, Path(state["work"]) / f"spark-{step}.log")
+
+
+def _submit(job: str, args: list[str], log_file: Path) -> dict[str, Any]:
+    """spark-submit JOB with ARGS (a process of its own, measured: no reused driver); returns the job's summary."""
+    from imgest.spark.failures import last_error_sentence
+    from imgest.spark.submit import run_submit, submit_command
+
     rc = run_submit(submit_command(job, args), log_file, reuse=False)  # its processes are measured
     if rc != 0:
         raise RuntimeError(f"{job} failed (exit {rc}): {last_error_sentence(log_file)}; log {log_file}")
-    summary = Path(state["scan"]["manifest_dir"]) / job_summary(step.removeprefix("ingest_"))
-    return json.loads(summary.read_text())
+    return json.loads(Path(args[args.index("--summary-json") + 1]).read_text())
+
+
+def _refresh_conf(state: dict[str, Any]) -> dict[str, Any]:
+    """The registered dataset's request for the state's target, read from the datasets file as the DAG does."""
+    from imgest.flow.registry import load_registry
+
+    return load_registry(Path(state["datasets_file"])).entry(state["name"]).conf(state["target"])
+
+
+def _refresh_ingest(state: dict[str, Any]) -> dict[str, Any]:
+    """The refresh DAG's ingest task: the target's job with the plan's arguments."""
+    from imgest.cli.common import s3_env
+    from imgest.flow.request import IngestRequest
+
+    request = IngestRequest.from_conf(_refresh_conf(state))
+    args = list(state["plan"]["job_args"])
+    if request.target == "cassandra":
+        job, settings = "ingest_cassandra", CassandraSettings.from_env()
+        args += ["--hosts", ",".join(settings.hosts), "--port", str(settings.port)]
+    else:
+        job = "pack_shards"
+        s3_env(request.shard_dest)
+    return _submit(job, args, Path(state["work"]) / f"spark-refresh-{request.target}.log")
+
+
+def _refresh_steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """The tasks of a refresh_<name> DAG's target group (and its scan), by sub-step name."""
+    from imgest.flow import refresh, steps
+    from imgest.flow.request import IngestRequest
+
+    def prepare(state: dict[str, Any]) -> Any:
+        conf = _refresh_conf(state)
+        if state["target"] == "cassandra":
+            return steps.prepare_cassandra(conf, Path(state["work"]), CassandraSettings.from_env())
+        return steps.prepare_bucket(IngestRequest.from_conf(conf).shard_dest, S3Settings.from_env())
+
+    return {
+        "scan": lambda s: steps.scan_step(_refresh_conf(s)),
+        "plan": lambda s: refresh.plan_refresh(_refresh_conf(s), Path(s["work"])),
+        "prepare": prepare,
+        "ingest": _refresh_ingest,
+        "finish": lambda s: refresh.finish_refresh(
+            _refresh_conf(s), Path(s["work"]), CassandraSettings.from_env(), S3Settings.from_env()
+        ),
+    }
 
 
 def _steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
@@ -72,7 +122,8 @@ def _steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
 def run_step(step: str, state_file: Path) -> Path:
     """Run STEP with the state in STATE_FILE; returns the file holding its result."""
     state = json.loads(state_file.read_text())
-    result = _steps()[step](state)
+    run = _refresh_steps()[step.split(".", 1)[1]] if "." in step else _steps()[step]
+    result = run(state)
     out = state_file.parent / f"step-{step}.json"
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return out

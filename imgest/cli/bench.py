@@ -54,8 +54,30 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
     depths = [int(x) for x in args.depths.split(",") if x.strip()]
     conds = conditions(rtts, args.bandwidth_mb, args.jitter, args.limited_rtt) if rtts else []
+    from imgest.bench.read import SWEPT
+
+    unknown = [r for r in args.sweep_readers.split(",") if r.strip() and r.strip() not in SWEPT]
+    if unknown:
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(f"--sweep-readers: {', '.join(unknown)} not among {', '.join(SWEPT)}")
+    if args.epochs < 1:
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(f"--epochs {args.epochs}: give 1 or more")
     report = bench_main(
-        args.json, args.plot, args.images, args.rounds, conds, depths, args.batch_size, args.sample, args.sweep_only
+        args.json,
+        args.plot,
+        args.images,
+        args.rounds,
+        conds,
+        depths,
+        args.batch_size,
+        args.sample,
+        args.sweep_only,
+        epochs=args.epochs,
+        sweep_images=args.sweep_images,
+        readers=tuple(r.strip() for r in args.sweep_readers.split(",") if r.strip()),
     )
     unverified = [f"{r['reader']}/{r['mode']}" for r in report["readers"] if not r["verified"]]
     if unverified:
@@ -76,11 +98,16 @@ def bench_scale_cmd(args: argparse.Namespace) -> int:
 
     fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    report = bench_main(args.json, args.plot, args.dataset, fractions, targets)
+    report = bench_main(args.json, args.plot, args.dataset, fractions, targets, refresh=args.refresh)
     missed = [
         f"{s['target']}/{s['step']} ({'time' if not s['time_met'] else 'memory'})"
         for s in report["summary"]
         if s.get("time_met") is False or s.get("rss_met") is False
+    ]
+    missed += [
+        f"{s['target']}/{s['phase']} (not proportional to the change)"
+        for s in report.get("refresh", [])
+        if s.get("proportional") is False
     ]
     return bench_done(args, missed)
 
@@ -102,6 +129,14 @@ def register_scale(bench_parser: Any) -> None:
     bs.add_argument("--dataset", choices=("count", "bytes"), default="count", help="which dataset (default count)")
     bs.add_argument("--fractions", default="0.01,0.1,1", help="sizes as fractions of it (default 0.01,0.1,1)")
     bs.add_argument("--targets", default="cassandra,shards", help="targets, comma-separated (default both)")
+    bs.add_argument(
+        "--refresh",
+        action="store_true",
+        help="measure the refresh_<name> DAG's path instead (scan, plan, prepare, ingest, finish): a first version, "
+        "a refresh without change and one after a seeded 0.1 %% change (a third changed, added, removed) of a "
+        "private hard-linked copy of each size; reports seconds per changed image and whether the cost follows the "
+        "change",
+    )
     bs.set_defaults(func=bench_scale_cmd)
 
 
@@ -249,6 +284,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     br.add_argument("--jitter", type=float, default=40, help="+- ms of the jittery case (0 to skip; default 40)")
     br.add_argument(
         "--limited-rtt", type=float, default=50, help="added round trip of the bandwidth and jitter cases (default 50)"
+    )
+    br.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="epochs in a row per round of the adaptive readers in the sweep; each is reported, and all together "
+        "(default 3)",
+    )
+    br.add_argument(
+        "--sweep-images",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the adaptive readers of the sweep read N images per epoch: --images' sources hard-linked under new "
+        "names, stored on S3 and in Cassandra only (cached); 0 or <= --images: the --images set (default 0)",
+    )
+    br.add_argument(
+        "--sweep-readers",
+        default="cassandra,shards-s3-stream,cassandra-simple,shards-s3-webdataset",
+        help="the readers of the network sweep, comma-separated (default: all four)",
     )
     br.add_argument(
         "--sweep-only",

@@ -78,3 +78,6 @@ XNVME_ROUNDS: Final = 3  # timed passes per engine after the verifying one; the 
 XNVME_THREADS: Final = 2  # DALI CPU threads
 XNVME_SWEEP: Final = (1, 2, 4, 8, 16, 32, 64)
 XNVME_LOOP_MB: Final = 0  # size of the loop filesystem image; 0: from the dataset's size
+
+# After a publish the DAGs' gc task keeps the current version of a shards or files dataset and this many earlier.
+KEEP_VERSIONS: Final = 1

@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core import workdir
@@ -36,6 +38,8 @@ PLAN = "plan.parquet"  # its shard plan (shards target)
 PENDING = "pending.json"  # the version being made: what finish_refresh needs
 NEXT_BASELINE = "baseline.next.parquet"
 NEXT_PLAN = "plan.next.parquet"
+REMOVED = "removed.parquet"  # (id, split) of the images the pending version removes
+REMOVED_SCHEMA = pa.schema([("id", pa.string()), ("split", pa.string())])
 VERSION_INFO = "version.json"
 DELTA = "delta"
 
@@ -80,7 +84,7 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
             request.target,
             state["version"],
         )
-        changes = changes.all_changed(baseline.column("id").to_pylist())
+        changes = changes.all_changed(baseline.column("id"))
     counts = changes.counts()
     if state and not changes.any:
         log.info("%s/%s: no change since version %s (%s)", request.dataset, request.target, state["version"], counts)
@@ -88,13 +92,14 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     number = state["number"] + 1 if state else 1
     version = version_name(request, number)
     write_table(baseline, rdir / NEXT_BASELINE)
-    removed = _removed_rows(rdir / BASELINE if state else None, changes)
+    del baseline
+    write_table(_removed_rows(rdir / BASELINE if state else None, changes), rdir / REMOVED)
     pending = {
         "number": number,
         "version": version,
         "previous": state["version"] if state else None,
         "counts": counts,
-        "removed": removed,
+        "removed_file": REMOVED,
         "planned_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     log.info("%s/%s: version %s from %s: %s", request.dataset, request.target, version, pending["previous"], counts)
@@ -103,11 +108,21 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     return {"changed": True, "version": version, "counts": counts, "target": request.target, "job_args": args}
 
 
-def _removed_rows(baseline: Path | None, changes: SourceChanges) -> list[tuple[str, str]]:
-    if baseline is None or not changes.removed:
-        return []
-    table = select_ids(pq.read_table(baseline, columns=["id", "split"]), changes.removed)
-    return list(zip(table.column("id").to_pylist(), table.column("split").to_pylist(), strict=True))
+def _removed_rows(baseline: Path | None, changes: SourceChanges) -> pa.Table:
+    """(id, split) of the removed images, from the last version's baseline (as many rows as were removed)."""
+    if baseline is None or not len(changes.removed):
+        return REMOVED_SCHEMA.empty_table()
+    return select_ids(pq.read_table(baseline, columns=["id", "split"]), changes.removed)
+
+
+def removed_rows(rdir: Path) -> pa.Table:
+    """(id, split) of the images the pending version in RDIR removes (empty when none)."""
+    pending = json.loads((rdir / PENDING).read_text())
+    if "removed" in pending:  # a plan written before the removed rows went to a file
+        rows = pending["removed"]
+        return pa.table({"id": [r[0] for r in rows], "split": [r[1] for r in rows]}, schema=REMOVED_SCHEMA)
+    path = rdir / pending.get("removed_file", REMOVED)
+    return pq.read_table(path, columns=["id", "split"]) if path.is_file() else REMOVED_SCHEMA.empty_table()
 
 
 def _cassandra_args(
@@ -119,7 +134,8 @@ def _cassandra_args(
     delta = refresh_dir(request.dataset, request.target) / DELTA
     delta.mkdir(exist_ok=True)
     table = pq.read_table(manifest_dir / workdir.MANIFEST)
-    write_table(select_ids(table, changes.added + changes.changed), delta / workdir.MANIFEST)
+    write_table(select_ids(table, changes.rewritten()), delta / workdir.MANIFEST)
+    del table
     for name in (workdir.CLASSES, workdir.SCAN_QUARANTINE, workdir.SCAN_REPORT):
         shutil.copyfile(manifest_dir / name, delta / name)
     args = cassandra_job_args(request, delta)
@@ -138,8 +154,9 @@ def _shards_args(
     old = rdir / PLAN
     if pending["previous"] and old.is_file():
         table = pq.read_table(manifest_dir / workdir.MANIFEST)
-        touched = changes.removed + changes.changed
+        touched = changes.touched()
         result = replan(pq.read_table(old), table, touched, request.shards(), request.transform(), pending["number"])
+        del table
         write_table(result.plan, rdir / NEXT_PLAN)
         pending.update(kept_shards=len(result.kept), dropped_shards=result.dropped, new_shards=result.new)
         log.info("shards: %d kept, %d dropped, %d new", len(result.kept), len(result.dropped), len(result.new))
@@ -174,10 +191,11 @@ def finish_refresh(
     (rdir / NEXT_BASELINE).replace(rdir / BASELINE)
     if (rdir / NEXT_PLAN).is_file():
         (rdir / NEXT_PLAN).replace(rdir / PLAN)
-    state = {k: v for k, v in pending.items() if k != "removed"}
+    state = {k: v for k, v in pending.items() if k not in ("removed", "removed_file")}
     state["completed_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     (rdir / STATE).write_text(json.dumps(state, indent=1) + "\n")
     (rdir / PENDING).unlink()
+    (rdir / REMOVED).unlink(missing_ok=True)
     history = rdir / "versions.jsonl"
     with history.open("a") as fh:
         fh.write(json.dumps(state) + "\n")
@@ -194,13 +212,18 @@ def _finish_cassandra(
     request: IngestRequest, manifest_dir: Path, settings: CassandraSettings, pending: dict[str, Any], rdir: Path
 ) -> dict[str, Any]:
     from imgest.sinks.cassandra.client import cassandra_session
-    from imgest.sinks.cassandra.refresh import RefreshRows, apply_refresh, record_changes
+    from imgest.sinks.cassandra.refresh import RefreshRows, apply_refresh, quarantined_ids, record_changes
     from imgest.sinks.cassandra.verify import VerificationError, verify
 
-    touched = set(pq.read_table(rdir / DELTA / workdir.MANIFEST, columns=["id"]).column("id").to_pylist())
-    rows = RefreshRows(touched, [tuple(r) for r in pending["removed"]])
+    removed = removed_rows(rdir)
     tables = request.tables()
     with cassandra_session(settings) as session:
+        # Only the previous version's quarantined ids are looked up in what the refresh touched (bounded by the
+        # quarantine, not the dataset): the delta and the removed rows stay Arrow columns.
+        quarantined = quarantined_ids(session, tables.keyspace, request.dataset, pending["previous"])
+        delta = pq.read_table(rdir / DELTA / workdir.MANIFEST, columns=["id"]).column("id")
+        touched = _among(delta, quarantined) | _among(removed.column("id"), quarantined)
+        rows = RefreshRows(touched, removed)
         applied = apply_refresh(session, tables, request.dataset, pending["version"], pending["previous"], rows)
         # the job recorded the delta's counts only: the version's rows are counted in the table (token ranges)
         report = verify(session, manifest_dir, tables, request.dataset, pending["version"], count_rows=True)
@@ -208,3 +231,11 @@ def _finish_cassandra(
             raise VerificationError(f"refresh {pending['version']} does not match the scan: {report.to_dict()}")
         record_changes(session, tables.keyspace, request.dataset, pending["version"], pending["counts"], report.found)
     return {**report.to_dict(), **applied}
+
+
+def _among(ids: pa.ChunkedArray | pa.Array, wanted: set[str]) -> set[str]:
+    """The ids of IDS that are in WANTED (a set as small as WANTED, whatever the size of IDS)."""
+    if not wanted or not len(ids):
+        return set()
+    hits = pc.filter(ids, pc.is_in(ids, value_set=pa.array(sorted(wanted), pa.string())))
+    return set(hits.to_pylist())

@@ -106,6 +106,15 @@ class IngestRequest:
             "files": "files (<split>/<wnid>/<id>.jpg, the tree fn.readers.file reads)",
         },
     )
+    keep_versions: int = _param(
+        defaults.KEEP_VERSIONS,
+        "Earlier versions kept",
+        "Target",
+        "Required, 0 or more (shards and files targets): after publishing, the gc task deletes the stored versions "
+        "older than the one just published and this many before it (0: only the current one). Readers of a deleted "
+        "version fail: keep as many as may still be read.",
+        minimum=0,
+    )
     image_mode: str = _param(
         defaults.IMAGE_MODE,
         "Image mode",
@@ -297,6 +306,7 @@ class IngestRequest:
             ),
             (self.spark_partitions >= 0, "spark_partitions must be 0 (auto) or more"),
             (self.check_sample >= 0, "check_sample must be 0 (every row) or more"),
+            (self.keep_versions >= 0, "keep_versions must be 0 (only the current version) or more"),
         ]
         errors += [message for ok, message in checks if not ok]
         for build in (self.transform, self.shards, self.tables, lambda: replication(self.replication)):

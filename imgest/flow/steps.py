@@ -171,6 +171,40 @@ def verify_files(dest: str, sample: int = defaults.CHECK_SAMPLE) -> dict[str, An
     return report.to_dict()
 
 
+def collect_garbage(conf: dict[str, Any], s3: S3Settings | None, manifest_dir: Path | None = None) -> dict[str, Any]:
+    """After a publish: remove what the shards or files dataset of CONF no longer needs, keeping the version its
+    manifest names and ``keep_versions`` earlier ones; returns what was removed (the Cassandra target: nothing to
+    collect). With MANIFEST_DIR, the shard plan key the run's pack job published (its summary there) must still be
+    the live one, else nothing is removed. The caller holds the dataset's write lock, so no job of this dataset is
+    writing an unpublished version: unreferenced objects are collected whatever their age."""
+    request = IngestRequest.from_conf(conf)
+    if request.target == "shards":
+        from imgest.sinks.shards.gc import collect
+        from imgest.sinks.shards.store import open_store
+
+        store = open_store(request.shard_dest, s3)
+        summary = manifest_dir / workdir.SHARDS_SUMMARY if manifest_dir else None
+        published = json.loads(summary.read_text()).get("key") if summary and summary.is_file() else None
+        current = (store.read_manifest() or {}).get("key")
+        if published and current != published:
+            log.warning(
+                "gc of %s: manifest.json names %s, not %s (this run's): nothing removed",
+                store.location,
+                current,
+                published,
+            )
+            return {"target": "shards", "current": current, "skipped": f"manifest.json no longer names {published}"}
+        report = collect(store, keep=request.keep_versions, min_age=0.0).to_dict()
+    elif request.target == "files":
+        from imgest.sinks.files.gc import collect_files
+
+        report = collect_files(Path(request.files_location), keep=request.keep_versions).to_dict()
+    else:
+        return {"target": request.target, "skipped": "the cassandra target keeps its versions in its tables"}
+    log.info("gc of %s (%d earlier versions kept): %s", request.location, request.keep_versions, report)
+    return {"target": request.target, "keep_versions": request.keep_versions, **report}
+
+
 def read_throughput(
     conf: dict[str, Any], out_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
 ) -> dict[str, Any]:

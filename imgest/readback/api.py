@@ -48,6 +48,11 @@ class CassandraSource:
         self._handed: deque[tuple[int, np.ndarray]] = deque()  # (epoch, offsets) handed to DALI, not consumed
         self._ended = False
 
+    def first_order(self) -> np.ndarray | None:
+        """The positions the first epoch reads (what the state leaves to this rank), or None: the reader's own
+        seeded epoch. The reader requests them as soon as it connects."""
+        return self._resume.assignment().unit if self._resume is not None else None
+
     def _next_epoch(self) -> Iterator[Batch]:
         if self._resume is None or self.state is None:
             return self.reader.epoch_batches()
@@ -127,5 +132,6 @@ def get_cassandra_reader(
     )
     if state is not None:
         state.set_world_size(int(options.get("num_shards") or 1))
-    reader.open()
-    return CassandraSource(reader, state, int(options.get("shard_id") or 0))
+    source = CassandraSource(reader, state, int(options.get("shard_id") or 0))
+    reader.open(first=source.first_order())
+    return source

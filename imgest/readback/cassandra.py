@@ -18,7 +18,14 @@
 - rows complete out of order inside the window (``ooo``, the default), so one slow row delays one batch by
   nothing but its own latency, never the stream; ``ooo=False`` delivers them in the epoch's order;
 - ``shard_id`` / ``num_shards`` give each training process a disjoint part; ``seed`` reshuffles every epoch
-  (the same seed and epoch always give the same order, so every process agrees on the parts).
+  (the same seed and epoch always give the same order, so every process agrees on the parts);
+- epochs follow each other without a gap (``prefetch_next_epoch``, the default): one window serves the reader's
+  whole life, and once every row of an epoch is requested its room goes to the next epoch's first rows (the next
+  seeded order, or the ``next_order`` a caller names), so epoch N+1 starts with a full window; ``open`` sends the
+  first epoch's requests as soon as the first connection is up, before the others open, and once the first rows
+  tell their size the window jumps to ``open_mb_s`` x the round trip timed at open instead of doubling from the
+  slow start round trip after round trip. Rows requested ahead are handed over only by the epoch they belong
+  to, and dropped unseen if the caller asks for another order instead.
 
 ``simple_batches`` is the straightforward reader it is compared with: one ``execute_concurrent_with_args``
 per batch, nothing requested ahead.
@@ -66,6 +73,7 @@ class CassandraReadOptions:
     connection_mb: int = 4  # the adaptive default opens one connection per this many MB requested ahead
     open_mb_s: int = 400  # ... and at open as many as this rate times the round trip (timed at open) would need
     ooo: bool = True  # out-of-order: rows are delivered as they land (False: in the epoch's order)
+    prefetch_next_epoch: bool = True  # request the next epoch's first rows as this one drains (the first at open)
     retries: int = 3  # per request, on timeouts and unavailable errors
     shard_id: int = 0
     num_shards: int = 1
@@ -98,65 +106,70 @@ def epoch_order(ids: Sequence[str], labels: np.ndarray, opts: CassandraReadOptio
 
 
 class _Stream:
-    """One epoch in flight: issues grouped requests ahead of the consumer and collects rows as they land."""
+    """One epoch's rows in flight: which to request (ORDER), and the rows landed until its consumer took them.
 
-    def __init__(self, reader: CassandraReader, order: np.ndarray) -> None:
-        self.reader, self.order = reader, order
-        self.lock = threading.Condition()
+    Every stream of a reader shares the reader's lock (``reader.cv``) and window; the reader hands the window's room
+    to its streams in turn (``CassandraReader._pump``). A stream no consumer claimed yet was requested ahead (the
+    next epoch); a cancelled one drops what still lands."""
+
+    def __init__(self, reader: CassandraReader, order: np.ndarray, claimed: bool) -> None:
+        self.reader, self.order, self.claimed = reader, order, claimed
+        self.cancelled = ""  # why it was cancelled ("": it was not)
         self.done: deque[tuple[str, int, bytes]] = deque()
         self.parked: dict[int, list[tuple[str, int, bytes]]] = {}  # in-order mode: groups that landed early
         self.delivered_to = 0  # in-order mode: position of ORDER up to which rows are in DONE
-        self.window = reader.opts.window(reader.window_stats.final if reader.window_stats else None)
-        self.row_bytes = 0  # bytes of the rows landed so far, for the memory bound
-        self.rows_landed = 0
         self.in_flight = 0
         self.next_index = 0  # next position of ORDER to request
         self.consumed = 0
         self.error: BaseException | None = None
 
-    def pump(self) -> None:
-        """Issue requests while the window allows (called with the lock held)."""
-        opts = self.reader.opts
-        limit = min(self.consumed + int(self.window.size), len(self.order))
-        while self.in_flight < opts.requests_in_flight and self.next_index < limit:
+    def cancel(self, why: str) -> None:
+        """Drop what still lands; the consumer, if any, gets a ReadError saying WHY (lock held)."""
+        self.cancelled = why
+
+    @property
+    def ahead(self) -> int:
+        """Rows requested and not yet handed over."""
+        return self.next_index - self.consumed
+
+    @property
+    def requested_all(self) -> bool:
+        return self.next_index >= len(self.order)
+
+    def issue(self, budget: int) -> int:
+        """Request about BUDGET more rows, within the reader's requests_in_flight (lock held); rows requested."""
+        reader, opts = self.reader, self.reader.opts
+        first = self.next_index
+        while (
+            self.next_index - first < budget
+            and reader.in_flight < opts.requests_in_flight
+            and self.next_index < len(self.order)
+        ):
             start = self.next_index
             group = self.order[start : start + opts.rows_per_request]
             self.next_index += len(group)
             self.in_flight += 1
-            self.reader._request(
-                [self.reader.id_at(i) for i in group], self, opts.retries, (start, self.window.stamp())
-            )
+            reader.in_flight += 1
+            reader._request([reader.id_at(i) for i in group], self, opts.retries, (start, reader.window.stamp()))
+        return self.next_index - first
 
     def landed(self, rows: list[tuple[str, int, bytes]], expected: list[str], tag: tuple[int, Any]) -> None:
-        with self.lock:
+        reader = self.reader
+        with reader.cv:
             self.in_flight -= 1
-            if len(rows) != len(expected):
-                got = {r[0] for r in rows}
-                missing = [i for i in expected if i not in got]
-                self.error = ReadError(f"rows missing from {self.reader.table}: {', '.join(missing[:5])}")
-            self._account(rows, tag[1])
-            if self.reader.opts.ooo:
-                self.done.extend(rows)
-            else:
-                self._in_order(tag[0], rows, expected)
-            self.pump()
-            self.lock.notify_all()
-
-    def _account(self, rows: list[tuple[str, int, bytes]], token: Any) -> None:
-        """Feed the window its samples; once rows have a size, bound the window by max_window_mb of them."""
-        self.rows_landed += len(rows)
-        self.row_bytes += sum(len(r[2]) for r in rows)
-        # once every row is requested the rate falls because the epoch ends, not because the path got slower:
-        # the window keeps its size (the next epoch starts from it)
-        draining = self.next_index >= len(self.order)
-        self.window.landed(token, len(rows), self.next_index - self.consumed, hold=draining)
-        if self.window.adaptive and self.row_bytes:
-            opts = self.reader.opts
-            per_row = self.row_bytes / self.rows_landed
-            self.window.set_cap(
-                min(opts.requests_in_flight * opts.rows_per_request, opts.max_window_mb * 2**20 / per_row)
-            )
-            self.reader.want_connections(self.window.size * per_row)
+            reader.in_flight -= 1
+            reader._account(rows, tag[1])
+            if not self.cancelled:
+                if len(rows) != len(expected):
+                    got = {r[0] for r in rows}
+                    missing = [i for i in expected if i not in got]
+                    self.error = ReadError(f"rows missing from {reader.table}: {', '.join(missing[:5])}")
+                if reader.opts.ooo:
+                    self.done.extend(rows)
+                else:
+                    self._in_order(tag[0], rows, expected)
+            reader._pump()
+            reader.cv.notify_all()
 
     def _in_order(self, start: int, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
         by_id = {r[0]: r for r in rows}
@@ -167,24 +180,36 @@ class _Stream:
             self.delivered_to += min(self.reader.opts.rows_per_request, len(self.order) - self.delivered_to)
 
     def failed(self, exc: BaseException, ids: list[str]) -> None:
-        with self.lock:
+        reader = self.reader
+        with reader.cv:
             self.in_flight -= 1
-            self.error = ReadError(
-                f"reading ids {', '.join(ids[:3])}... from {self.reader.table} at {self.reader.settings.address} "
-                f"failed after retries: {type(exc).__name__}: {exc}"
-            )
-            self.lock.notify_all()
+            reader.in_flight -= 1
+            if not self.cancelled:
+                self.error = ReadError(
+                    f"reading ids {', '.join(ids[:3])}... from {reader.table} at {reader.settings.address} "
+                    f"failed after retries: {type(exc).__name__}: {exc}"
+                )
+            reader.cv.notify_all()
+
+    def dropped(self) -> None:
+        """A request given up without an answer (the reader closed, or the stream was cancelled meanwhile)."""
+        with self.reader.cv:
+            self.in_flight -= 1
+            self.reader.in_flight -= 1
 
     def take(self, n: int) -> list[tuple[str, int, bytes]]:
-        with self.lock:
-            self.pump()
-            while len(self.done) < n and self.error is None:
-                self.lock.wait(timeout=1.0)
+        reader = self.reader
+        with reader.cv:
+            reader._pump()
+            while len(self.done) < n and self.error is None and not self.cancelled:
+                reader.cv.wait(timeout=1.0)
             if self.error is not None:
                 raise self.error
+            if self.cancelled:
+                raise ReadError(f"reading {reader.table} at {reader.address} stopped: {self.cancelled}")
             rows = [self.done.popleft() for _ in range(n)]
             self.consumed += n
-            self.pump()
+            reader._pump()
             return rows
 
 
@@ -208,9 +233,20 @@ class CassandraReader:
         self._turn = 0
         self._closed = True
         self._opening: threading.Thread | None = None  # the background thread opening more connections
+        self._sizing = False  # open() is opening its connections
         self._lock = threading.Lock()
         self.epoch = 0
         self.window_stats: WindowStats | None = None  # the read-ahead window of the last epoch read
+        self.cv = threading.Condition()  # guards the streams, the window and the counts below
+        self.window = self.opts.window()  # one window for the reader's life: the path does not change per epoch
+        self.in_flight = 0  # requests on the wire, over every stream
+        self.rtt: float | None = None  # the round trip timed at open, in seconds
+        self._streams: list[_Stream] = []  # the epochs in flight: claimed ones first, then one requested ahead
+        self._next_order: np.ndarray | None = None  # the epoch to request once the claimed ones are all requested
+        self._row_bytes = 0  # bytes of the rows landed so far, for the memory bound and the jump
+        self._rows_landed = 0
+        self._jumped = False
+        self.started_ahead = 0  # rows of the epoch being read that were requested before it was asked for
 
     def __enter__(self) -> CassandraReader:
         self.open()
@@ -220,17 +256,45 @@ class CassandraReader:
         self.close()
 
     @property
+    def requested_ahead(self) -> int:
+        """Rows requested so far for an epoch no caller has asked for yet (the next one)."""
+        with self.cv:
+            return sum(st.next_index for st in self._streams if not st.claimed)
+
+    @property
     def connections(self) -> int:
         """Connections the requests take turns over now."""
         return len(self._conns)
 
-    def open(self) -> None:
+    def open(self, first: np.ndarray | None = None) -> None:
         """Connect and prepare the select: IO_THREADS connections; by default as many as the round trip to the
         server (timed on the first) calls for at open_mb_s, at least 2, opened side by side; more later as the
-        window's bytes grow."""
-        self._closed = False
+        window's bytes grow. With prefetch_next_epoch the first requests go out over the first connection while
+        the others open: the rows at the positions FIRST (what the first epoch_batches call will ask for), by
+        default the reader's next seeded epoch."""
+        with self.cv:
+            self._closed = False
+        self._sizing = True  # the window may grow meanwhile: more connections (and its jump) once these are open
+        try:
+            self._open(first)
+        finally:
+            self._sizing = False
+        with self.cv:
+            if self.window.adaptive:
+                self._jump()
+            self._pump()
+
+    def _open(self, first: np.ndarray | None) -> None:
         self._connect()
-        want = self.opts.io_threads or self.opts.connections_for(self._probe_rtt() * self.opts.open_mb_s * 1e6)
+        self.rtt = self._probe_rtt()
+        if self.opts.prefetch_next_epoch:
+            if first is None:
+                first = epoch_order(self.ids, self.labels, self.opts, self.epoch)
+            with self.cv:
+                if not any(np.array_equal(st.order, first) for st in self._streams):
+                    self._streams.append(_Stream(self, first, claimed=False))
+                self._pump()
+        want = self.opts.io_threads or self.opts.connections_for(self.rtt * self.opts.open_mb_s * 1e6)
         threads = [threading.Thread(target=self._connect, daemon=True) for _ in range(max(1, want) - 1)]
         for t in threads:
             t.start()
@@ -284,7 +348,7 @@ class CassandraReader:
     def want_connections(self, bytes_ahead: float) -> None:
         """Adaptive connections: open more in the background (one per connection_mb of BYTES_AHEAD, the window's
         bytes, up to max_io_threads); the epoch reads on over the ones open meanwhile."""
-        if self.opts.io_threads is not None or self._opening is not None or self._closed:
+        if self.opts.io_threads is not None or self._opening is not None or self._closed or self._sizing:
             return
         want = self.opts.connections_for(bytes_ahead)
         if want > len(self._conns):
@@ -303,6 +367,12 @@ class CassandraReader:
             self._opening = None
 
     def close(self) -> None:
+        with self.cv:
+            self._closed = True
+            for stream in self._streams:
+                stream.cancel("the reader was closed")
+            self._streams, self._next_order = [], None
+            self.cv.notify_all()
         with self._lock:
             self._closed = True
         opening = self._opening
@@ -324,6 +394,9 @@ class CassandraReader:
 
     def _request(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
         conns = self._conns
+        if self._closed or stream.cancelled or not conns:
+            stream.dropped()
+            return
         k = self._turn = (self._turn + 1) % len(conns)
         session, statement = conns[k]
         keys = [uuid.UUID(i) for i in ids]
@@ -343,41 +416,153 @@ class CassandraReader:
         future.add_callbacks(ok, err)
 
     def _retry(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
-        self._request(ids, stream, retries - 1, tag)
+        with self.cv:
+            self._request(ids, stream, retries - 1, tag)
 
-    def epoch_batches(self, order: np.ndarray | None = None) -> Iterator[Batch]:
+    def epoch_batches(self, order: np.ndarray | None = None, next_order: np.ndarray | None = None) -> EpochBatches:
         """One epoch of this shard, in the seeded order of the current epoch (rows may land out of order); or
         the rows at the positions ORDER of the ids, in that order (what a resumed reader state leaves to read).
-        The first requests go out now, not at the first batch taken: whatever the caller does before it (build
-        a pipeline) overlaps the first round trip."""
-        if not self._conns:
-            self.open()
+        The first requests go out now, not at the first batch taken (and were sent ahead when this epoch is
+        the one the reader requested ahead): whatever the caller does before it (build a pipeline) overlaps the
+        first round trip. Once every row of this epoch is requested, the next one's first rows go out (with
+        prefetch_next_epoch): the next seeded epoch, or NEXT_ORDER when ORDER is given."""
         if order is None:
             order = epoch_order(self.ids, self.labels, self.opts, self.epoch)
             self.epoch += 1
-        stream = _Stream(self, order)
-        with stream.lock:
-            stream.pump()
-        return self._batches(stream)
+            next_order = epoch_order(self.ids, self.labels, self.opts, self.epoch)
+        if not self._conns:
+            self.open(first=order)
+        with self.cv:
+            stream = self._claim(order)
+            self._next_order = next_order if self.opts.prefetch_next_epoch else None
+            self._pump()
+        return EpochBatches(self, stream)
 
-    def _batches(self, stream: _Stream) -> Iterator[Batch]:
-        remaining = len(stream.order)
-        try:
-            while remaining:
-                rows = stream.take(min(self.opts.batch_size, remaining))
-                remaining -= len(rows)
-                yield self._columns(rows)
-        finally:
-            self.window_stats = stream.window.finish()
-            log.debug("cassandra read window of epoch %s: %s", self.epoch - 1, self.window_stats)
+    def _claim(self, order: np.ndarray) -> _Stream:
+        """The stream requested ahead for ORDER, or a new one; streams requested ahead for another order are
+        cancelled (lock held)."""
+        ahead = [st for st in self._streams if not st.claimed]
+        mine = next((st for st in ahead if np.array_equal(st.order, order)), None)
+        for st in self._streams[:]:
+            if st is mine:
+                continue
+            if st.claimed:  # one epoch at a time: an epoch left unfinished ends here (its rows held the window)
+                log.warning(
+                    "cassandra reader: an epoch of %s was left after %s of %s rows",
+                    self.table,
+                    st.consumed,
+                    len(st.order),
+                )
+                st.cancel("the reader was asked for another epoch before this one was read")
+            else:
+                st.cancel("requested ahead for another order")
+            self._streams.remove(st)
+        if mine is None:
+            mine = _Stream(self, order, claimed=True)
+            self._streams.append(mine)
+        else:
+            log.debug("cassandra reader: epoch of %s rows starts with %s requested ahead", len(order), mine.ahead)
+        mine.claimed = True
+        self.started_ahead = mine.next_index
+        return mine
 
-    @staticmethod
-    def _columns(rows: list[tuple[str, int, bytes]]) -> Batch:
-        return (
-            [np.frombuffer(r[2], dtype=np.uint8) for r in rows],
-            np.array([r[1] for r in rows], dtype=np.int32),
-            [r[0] for r in rows],
+    def _pump(self) -> None:
+        """Hand the window's room to the streams in turn: the epochs being read first, then the next one, which
+        is set up once they are all requested (lock held)."""
+        if self._closed:
+            return
+        if self._next_order is not None and all(st.requested_all for st in self._streams):
+            self._streams.append(_Stream(self, self._next_order, claimed=False))
+            self._next_order = None
+        room = int(self.window.size) - sum(st.ahead for st in self._streams)
+        for st in self._streams:
+            if room <= 0:
+                break
+            room -= st.issue(room)
+
+    def _account(self, rows: list[tuple[str, int, bytes]], token: Any) -> None:
+        """Feed the window its samples; once rows have a size, bound the window by max_window_mb of them, and jump
+        it once to open_mb_s x the round trip timed at open (lock held)."""
+        self._rows_landed += len(rows)
+        self._row_bytes += sum(len(r[2]) for r in rows)
+        # once nothing is left to request the rate falls because the reading ends, not because the path got
+        # slower: the window keeps its size (a later epoch starts from it)
+        draining = self._next_order is None and all(st.requested_all for st in self._streams)
+        # most of the window landed and waits for the consumer (opening, between epochs, a slower consumer)
+        waiting = sum(len(st.done) + sum(len(g) for g in st.parked.values()) for st in self._streams)
+        self.window.landed(
+            token,
+            len(rows),
+            sum(st.ahead for st in self._streams),
+            hold=draining,
+            app_limited=2 * waiting > self.window.size,
         )
+        if self.window.adaptive and self._row_bytes:
+            opts = self.opts
+            per_row = self._row_bytes / self._rows_landed
+            self.window.set_cap(
+                min(opts.requests_in_flight * opts.rows_per_request, opts.max_window_mb * 2**20 / per_row)
+            )
+            self._jump()
+            self.want_connections(self.window.size * per_row)
+
+    def _jump(self) -> None:
+        """Once, when the rows have a size and every connection of open() is up: the window jumps to what
+        open_mb_s x the round trip timed at open holds (lock held)."""
+        if self._jumped or self.rtt is None or self._sizing or not self._rows_landed:
+            return
+        self._jumped = True
+        self.window.jump(self.rtt * self.opts.open_mb_s * 1e6 / (self._row_bytes / self._rows_landed))
+
+    def _release(self, stream: _Stream, finished: bool) -> None:
+        """STREAM's consumer is done (FINISHED: it took every row; else what still lands is dropped)."""
+        with self.cv:
+            if not finished:
+                stream.cancel("its consumer stopped")
+            if stream in self._streams:
+                self._streams.remove(stream)
+                self.window_stats = self.window.finish(restart=True)
+                log.debug("cassandra read window of epoch %s: %s", self.epoch - 1, self.window_stats)
+            self._pump()
+
+
+class EpochBatches(Iterator[Batch]):
+    """One epoch's batches (an iterator); stopping early (close(), or dropping it) drops what is still to land."""
+
+    def __init__(self, reader: CassandraReader, stream: _Stream) -> None:
+        self.reader, self.stream = reader, stream
+        self.remaining = len(stream.order)
+        self.released = False
+
+    def __next__(self) -> Batch:
+        if self.remaining == 0:
+            self.close()
+            raise StopIteration
+        try:
+            rows = self.stream.take(min(self.reader.opts.batch_size, self.remaining))
+        except BaseException:
+            self.close()
+            raise
+        self.remaining -= len(rows)
+        if self.remaining == 0:  # the epoch's stats now, and the next epoch gets the whole window
+            self.close()
+        return _columns(rows)
+
+    def close(self) -> None:
+        if not self.released:
+            self.released = True
+            self.reader._release(self.stream, finished=self.remaining == 0)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _columns(rows: list[tuple[str, int, bytes]]) -> Batch:
+    return (
+        [np.frombuffer(r[2], dtype=np.uint8) for r in rows],
+        np.array([r[1] for r in rows], dtype=np.int32),
+        [r[0] for r in rows],
+    )
 
 
 def simple_batches(

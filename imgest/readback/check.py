@@ -17,7 +17,7 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
-from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, simple_batches
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order, simple_batches
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec
@@ -65,15 +65,18 @@ def cassandra_epochs(
     each through its own pipeline and verified; each result records the window the epoch used."""
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
     names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
-    knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo")}
+    knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
     results = []
     with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
-        for _ in range(epochs):
-            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches())
+        for k in range(epochs):
+            # the last epoch by its order, so that nothing of an epoch no one reads is requested while it drains
+            last = epoch_order(rs.ids, rs.labels, copts, k) if k == epochs - 1 else None
+            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=last))
             result = run_external("cassandra", rs, spec, batches, dict(knobs), on_batch=progress)
             if reader.window_stats is not None:
                 result.settings["window"] = reader.window_stats.to_dict()
             result.settings["connections"] = reader.connections
+            result.settings["started_ahead"] = reader.started_ahead  # rows requested before the epoch was asked for
             results.append(result)
     return results
 

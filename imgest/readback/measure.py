@@ -45,6 +45,7 @@ class RunResult:
     images_per_s: float = 0.0  # images over the epoch's wall time (verification included)
     epoch_rate: float = 0.0  # harmonic mean of the batch rates (images/s), the benchmark's figure
     steady_rate: float = 0.0  # the same over the epoch's second half only (slow start and first round trip done)
+    first_batch_ms: float = 0.0  # the epoch's first run(): what a training loop waits for at the epoch's start
     mb_per_s: float = 0.0
     batch_ms_p50: float = 0.0
     batch_ms_p99: float = 0.0
@@ -164,6 +165,7 @@ def measure(
     result.images_per_s = round(result.images / result.seconds, 1) if result.seconds else 0.0
     result.mb_per_s = round(result.bytes / 1e6 / result.seconds, 2) if result.seconds else 0.0
     if latencies:
+        result.first_batch_ms = round(latencies[0] * 1000, 2)
         result.batch_ms_p50 = round(float(np.percentile(latencies, 50)) * 1000, 2)
         result.batch_ms_p99 = round(float(np.percentile(latencies, 99)) * 1000, 2)
     result.cpu_cores = round(cpu / result.seconds, 2) if result.seconds else 0.0

@@ -70,11 +70,13 @@ class _Resume:
 
 
 class CassandraResume(_Resume):
-    """imgest's CassandraReader (its window, out-of-order delivery) over the rank's remaining rows."""
+    """imgest's CassandraReader (its window, out-of-order delivery) over the rank's remaining rows; with
+    NEXT_EPOCH (and the reader's prefetch_next_epoch) the rank's part of the next epoch is requested while this
+    one drains, for a reader that goes on reading it (not one closed after the epoch)."""
 
-    def __init__(self, reader: Any, state: ReaderState, rank: int) -> None:
+    def __init__(self, reader: Any, state: ReaderState, rank: int, next_epoch: bool = True) -> None:
         super().__init__(Units.of_ids(reader.ids), state, rank, reader.opts.batch_size)
-        self.reader = reader
+        self.reader, self.next_epoch = reader, next_epoch
         self._index = IdIndex(_id_column(reader.ids))
 
     def batches(self, worker: int = 0, workers: int = 1, mark: bool = True) -> Iterator[Delivered]:
@@ -82,12 +84,22 @@ class CassandraResume(_Resume):
         a = self.assignment(worker, workers)
         offset_of = np.full(len(self.units.sizes), -1, np.int64)
         offset_of[a.unit] = a.offset
-        for images, labels, ids in self.reader.epoch_batches(order=a.unit):
+        for images, labels, ids in self.reader.epoch_batches(order=a.unit, next_order=self._next(worker, workers)):
             rows = np.array([self._index.find(i) for i in ids], np.int64)
             offsets = offset_of[rows]
             if (rows < 0).any() or (offsets < 0).any():
                 raise ReadError(f"{self.reader.table} returned rows this rank did not ask for: {ids[:3]}...")
             yield self._hand(Delivered(images, labels, ids, offsets, [None] * len(ids)), mark)
+
+    def _next(self, worker: int, workers: int) -> np.ndarray | None:
+        """What this rank (WORKER's share) reads of the next epoch when nothing of it is delivered yet: the reader
+        requests it while this epoch drains, and uses it if the next batches() asks for exactly that."""
+        if not (self.next_epoch and getattr(self.reader.opts, "prefetch_next_epoch", False)):
+            return None
+        state = self.state
+        following = ReaderState(state.seed, state.world_size, state.epoch + 1)
+        following.fingerprint, following.samples = state.fingerprint, state.samples
+        return following.assignment(self.units, self.rank, worker, workers).unit
 
 
 def folder_fetch(root: str | Path) -> ShardFetch:

@@ -139,7 +139,9 @@ class CassandraDataset(_Dataset):
         opts = CassandraReadOptions(**self.options)
         reader = CassandraReader(self.settings or CassandraSettings.from_env(), self.table, self.ids, self.labels, opts)
         try:
-            yield from CassandraResume(reader, self.state, self.rank).batches(worker, workers, mark=False)
+            # the reader closes after this epoch: nothing of the next one is requested ahead
+            resume = CassandraResume(reader, self.state, self.rank, next_epoch=False)
+            yield from resume.batches(worker, workers, mark=False)
         finally:
             reader.close()
 

@@ -13,7 +13,15 @@ what it observes, the way a TCP sender sizes its congestion window from delivery
   sets the rate); from then on the window holds ``gain`` (1.5) x rate x round trip, re-measured as it goes
   (a window larger than that only adds requests queued at the server: measured slower here);
 - a reader starts each epoch from the window its last epoch ended with (``start``), the floor only the first time;
-  while an epoch's last requests drain the window holds its size (``hold``), so the next starts from the steady one.
+  while an epoch's last requests drain the window holds its size (``hold``), so the next starts from the steady one;
+  a reader that keeps one window over its epochs (the Cassandra reader) ends each epoch's stats with
+  ``finish(restart=True)`` and goes on from the same estimates;
+- samples taken while the consumer, not the path, holds the rate back (``app_limited``: most of the window landed
+  and waits to be taken, say while a reader opens its connections or between epochs) neither shrink the window
+  nor end its slow start (BBR leaves such samples out the same way);
+- ``jump`` raises the window at once to a size the reader has reason to expect (say the bandwidth it opened
+  connections for times the round trip it timed) and keeps it at least there until the slow start ends, so a far
+  server does not cost several round trips of doubling.
 
 On a fast link the window stays at its floor (little memory, no extra contention); 100 ms away it grows to
 hold a round trip of data. ``WindowStats`` records what happened, for logs, benchmarks and tests.
@@ -71,6 +79,7 @@ class AdaptiveWindow:
         start: float | None = None,
     ) -> None:
         self.floor, self.cap, self.gain, self.adaptive = float(initial), float(max(cap, initial)), gain, adaptive
+        self.stats_unit = unit
         self.startup_gain = startup_gain
         self.in_startup = True
         self._round_end = 0.0  # when the current round trip ends (a round: the lowest round trip seen)
@@ -81,7 +90,11 @@ class AdaptiveWindow:
         self.min_rtt = math.inf
         self._rates: deque[float] = deque(maxlen=RATE_SAMPLES)
         self._grown_from = self.size
-        self.stats = WindowStats(unit, adaptive, self.size, self.size, self.size)
+        self._startup_floor = 0.0  # what jump() set: the window stays at least there until the slow start ends
+        self._begin_stats()
+
+    def _begin_stats(self) -> None:
+        self.stats = WindowStats(self.stats_unit, self.adaptive, self.size, self.size, self.size)
         self._t0 = time.perf_counter()
         self._trace_every = 1  # keep every n-th landing in the trace (doubles whenever the trace fills)
         self._traced = 0  # the landing the trace's last point is from
@@ -98,12 +111,30 @@ class AdaptiveWindow:
             self.size = self.cap
             self.stats.capped = True
 
+    def jump(self, units: float) -> None:
+        """Raise an adaptive window still in its slow start to UNITS now (within its cap), and keep it at least
+        there until the slow start ends; a smaller UNITS, a fixed window or one past its slow start: nothing."""
+        if not (self.adaptive and self.in_startup) or units <= self.size:
+            return
+        self._startup_floor = min(self.cap, float(units))
+        self.size = max(self.size, self._startup_floor)
+        if self.size >= 1.25 * self._grown_from:
+            self.stats.growths += 1
+            self._grown_from = self.size
+        self.stats.peak = max(self.stats.peak, self.size)
+
     def landed(
-        self, token: tuple[float, float], units: float, outstanding: float | None = None, hold: bool = False
+        self,
+        token: tuple[float, float],
+        units: float,
+        outstanding: float | None = None,
+        hold: bool = False,
+        app_limited: bool = False,
     ) -> None:
         """A request sent with TOKEN delivered UNITS: take its samples and resize the window (OUTSTANDING: the units
         the reader has requested and not yet handed on, for the trace; HOLD: keep the size, say while the epoch's
-        last requests drain)."""
+        last requests drain; APP_LIMITED: the consumer holds the rate back, so the window may grow, not shrink,
+        and the slow start goes on)."""
         now = time.perf_counter()
         sent, delivered_then = token
         self.delivered += units
@@ -113,14 +144,14 @@ class AdaptiveWindow:
         self.stats.samples += 1
         best = max(self._rates)
         if self.adaptive and not hold:
-            self._resize(now, best)
+            self._resize(now, best, app_limited)
         self._last = (now, best, outstanding)
         if self.stats.samples % self._trace_every == 0:
             self._trace(now, best, outstanding)
             self._traced = self.stats.samples
 
-    def _resize(self, now: float, best: float) -> None:
-        if self.in_startup and now >= self._round_end:  # a round trip has passed: did the best rate still grow?
+    def _resize(self, now: float, best: float, app_limited: bool = False) -> None:
+        if self.in_startup and now >= self._round_end and not app_limited:  # a round trip on: did the rate grow?
             self.stats.startup_rounds += 1
             self._flat_rounds = self._flat_rounds + 1 if best < PLATEAU * self._round_rate else 0
             self._round_rate = max(self._round_rate, best) if self._flat_rounds else best
@@ -129,7 +160,10 @@ class AdaptiveWindow:
         target = (self.startup_gain if self.in_startup else self.gain) * best * self.min_rtt
         if target > self.cap:
             self.stats.capped = True
-        self.size = min(self.cap, max(self.floor, target))
+        floor = max(self.floor, self._startup_floor) if self.in_startup else self.floor
+        if app_limited:  # the consumer's pace says nothing about the path's: keep what the window has
+            floor = max(floor, self.size)
+        self.size = min(self.cap, max(floor, target))
         if self.size >= 1.25 * self._grown_from:
             self.stats.growths += 1
             self._grown_from = self.size
@@ -145,13 +179,17 @@ class AdaptiveWindow:
             del trace[1::2]
             self._trace_every *= 2
 
-    def finish(self) -> WindowStats:
-        """The stats of the epoch, with the final size and the estimates it was sized from."""
+    def finish(self, restart: bool = False) -> WindowStats:
+        """The stats of the epoch, with the final size and the estimates it was sized from; RESTART: the window
+        goes on (same size and estimates) and new stats begin, for the next epoch."""
         if self._last is not None and self._traced != self.stats.samples:  # the trace ends with the last landing
             self._trace(*self._last)
             self._traced = self.stats.samples
-        self.stats.final = self.size
-        self.stats.peak = max(self.stats.peak, self.size)
-        self.stats.min_rtt_ms = round(self.min_rtt * 1000, 2) if self.min_rtt < math.inf else None
-        self.stats.max_rate = round(max(self._rates, default=0.0), 1)
-        return self.stats
+        stats = self.stats
+        stats.final = self.size
+        stats.peak = max(stats.peak, self.size)
+        stats.min_rtt_ms = round(self.min_rtt * 1000, 2) if self.min_rtt < math.inf else None
+        stats.max_rate = round(max(self._rates, default=0.0), 1)
+        if restart:
+            self._begin_stats()
+        return stats

@@ -29,27 +29,41 @@ COMPARED = ("size", "mtime", "label", "wnid")  # equal in the baseline: unchange
 ETAG = "etag"  # an S3 object's: compared instead of the mtime when the row has one
 HASH_CHUNK = 4096  # suspects hashed (and held as Python rows) at a time
 CANDIDATE = frozenset(f.name for f in fields(Candidate))
+_SAME, _ADDED, _CHANGED, _SAME_BYTES = 0, 1, 2, 3  # what diff_manifest found of a row (_SAME_BYTES: hashed, equal)
+
+
+def _no_ids() -> pa.Array:
+    return pa.array([], pa.string())
 
 
 @dataclass
 class SourceChanges:
-    """Ids per kind of change; ``unchanged`` is a count (those rows are not touched)."""
+    """Ids per kind of change, as Arrow string arrays (a first version adds, a removed source removes, every row:
+    no Python object per row); ``unchanged`` is a count (those rows are not touched)."""
 
-    added: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    added: pa.Array = field(default_factory=_no_ids)
+    changed: pa.Array = field(default_factory=_no_ids)
+    removed: pa.Array = field(default_factory=_no_ids)
     unchanged: int = 0
     touched_same_bytes: int = 0  # size or mtime differed but the hash did not: unchanged, not re-ingested
 
     @property
     def any(self) -> bool:
-        return bool(self.added or self.changed or self.removed)
+        return len(self.added) + len(self.changed) + len(self.removed) > 0
 
-    def all_changed(self, ids: list[str]) -> SourceChanges:
+    def all_changed(self, ids: pa.Array | pa.ChunkedArray) -> SourceChanges:
         """These changes with every one of IDS (the current rows) that is not added counted as changed."""
-        added = set(self.added)
-        changed = [i for i in ids if i not in added]
+        ids = _array(ids)
+        changed = ids.filter(pc.invert(pc.is_in(ids, value_set=self.added)))
         return SourceChanges(self.added, changed, self.removed, 0, self.touched_same_bytes)
+
+    def rewritten(self) -> pa.Array:
+        """The ids the job writes: added, then changed."""
+        return pa.concat_arrays([self.added, self.changed])
+
+    def touched(self) -> pa.Array:
+        """The ids of the last version that are gone or different: removed, then changed."""
+        return pa.concat_arrays([self.removed, self.changed])
 
     def counts(self) -> dict[str, int]:
         return {
@@ -58,6 +72,15 @@ class SourceChanges:
             "removed": len(self.removed),
             "unchanged": self.unchanged,
         }
+
+
+def _array(ids: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
+    """IDS as one Arrow string array."""
+    if isinstance(ids, pa.ChunkedArray):
+        return ids.combine_chunks() if ids.num_chunks else pa.array([], ids.type)
+    if isinstance(ids, pa.Array):
+        return ids
+    return pa.array(ids, pa.string())
 
 
 def hash_candidates(root: Path, cands: list[Candidate], workers: int = 4) -> list[str]:
@@ -90,31 +113,49 @@ def diff_manifest(
     equal["mtime"] = pc.if_else(has_etag, equal[ETAG], equal["mtime"])
     for c in COMPARED:
         same = pc.and_(same, equal[c])
-    hashes = pc.if_else(same, before[HASH_COLUMN], MISSING_HASH).to_numpy(zero_copy_only=False).astype(object)
-    changes = SourceChanges(unchanged=int(pc.sum(same).as_py() or 0))
+    unchanged = int(pc.sum(same).as_py() or 0)
     suspects = np.flatnonzero(~same.to_numpy(zero_copy_only=False))
     found = pc.is_valid(pos).to_numpy(zero_copy_only=False)
-    ids = table.column("id")
+    kind = np.zeros(table.num_rows, dtype=np.uint8)  # one byte a row: _SAME, _ADDED, _CHANGED or _SAME_BYTES
+    digests: list[pa.Array] = []
     for start in range(0, len(suspects), chunk):
         part = suspects[start : start + chunk]
         rows = table.take(pa.array(part)).to_pylist()
         fresh = hash_candidates(root, [Candidate(**{k: v for k, v in row.items() if k in CANDIDATE}) for row in rows])
+        digests.append(pa.array(fresh, pa.string()))
         for i, row, digest in zip(part, rows, fresh, strict=True):
-            hashes[i] = digest
             if not found[i]:
-                changes.added.append(row["id"])
+                kind[i] = _ADDED
             elif (
                 digest
                 and digest == before[HASH_COLUMN][int(i)].as_py()
                 and all(row[c] == before[c][int(i)].as_py() for c in ("label", "wnid"))
             ):
-                changes.unchanged += 1
-                changes.touched_same_bytes += 1
+                kind[i] = _SAME_BYTES
             else:
-                changes.changed.append(row["id"])
-    gone = pc.invert(pc.is_in(old.column("id"), value_set=ids))
-    changes.removed = sorted(old.column("id").filter(gone).to_pylist())
-    return changes, table.append_column(HASH_COLUMN, pa.array(hashes, pa.string()))
+                kind[i] = _CHANGED
+    same_bytes = int(np.count_nonzero(kind == _SAME_BYTES))
+    ids = table.column("id")
+    gone = pc.invert(pc.is_in(old.column("id"), value_set=_array(ids)))
+    removed = _array(old.column("id").filter(gone))
+    changes = SourceChanges(
+        added=_array(ids.filter(pa.array(kind == _ADDED))),
+        changed=_array(ids.filter(pa.array(kind == _CHANGED))),
+        removed=removed.take(pc.sort_indices(removed)),
+        unchanged=unchanged + same_bytes,
+        touched_same_bytes=same_bytes,
+    )
+    return changes, table.append_column(HASH_COLUMN, _hash_column(same, before[HASH_COLUMN], suspects, digests))
+
+
+def _hash_column(same: pa.Array, before: pa.ChunkedArray, suspects: np.ndarray, digests: list[pa.Array]) -> pa.Array:
+    """Each row's source sha256: the baseline's where the row is unchanged, the fresh digest at each suspect
+    (one take over both, no Python string per row)."""
+    kept = _array(pc.if_else(same, before, MISSING_HASH))
+    pool = pa.concat_arrays([kept.cast(pa.string()), *digests])
+    index = np.arange(len(kept), dtype=np.int64)
+    index[suspects] = len(kept) + np.arange(len(suspects), dtype=np.int64)
+    return pool.take(pa.array(index))
 
 
 def _with_etag(table: pa.Table) -> pa.Table:
@@ -145,9 +186,9 @@ def _read_baseline(baseline: Path | None) -> pa.Table:
     return schema.empty_table()
 
 
-def select_ids(table: pa.Table, ids: list[str]) -> pa.Table:
+def select_ids(table: pa.Table, ids: pa.Array | pa.ChunkedArray | list[str]) -> pa.Table:
     """The rows of TABLE whose id is in IDS, in TABLE's order."""
-    return table.filter(pc.is_in(table.column("id"), value_set=pa.array(ids, pa.string())))
+    return table.filter(pc.is_in(table.column("id"), value_set=_array(ids)))
 
 
 def write_table(table: pa.Table, path: Path) -> None:

@@ -12,10 +12,11 @@ import pytest
 from imgest.core.errors import ConfigError
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
-from imgest.flow.demo import run_dag, task_durations
+from imgest.flow.demo import run_dag, task_durations, task_results
 from imgest.flow.steps import asset_uri, validate_conf
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.shards.store import manifest_objects
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.splits.split import load_split
 
@@ -54,6 +55,7 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
         assert states[task] == "success", (task, states)
     assert states["ingest_shards"] == "skipped"
     assert states["validate_xnvme"] == "skipped"  # the xNVMe check reads the files target only
+    assert states["gc"] == "skipped"  # versions of the Cassandra target live in its tables
     with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
         record = session.execute("SELECT status, quarantine_count FROM imgest_dag_test.dataset_versions").one()
         stored = session.execute("SELECT count(*) FROM imgest_dag_test.data").one()[0]
@@ -94,6 +96,15 @@ def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source:
     doc = json.loads(client.get_object(Bucket="imgest", Key="tests/dag-shards/manifest.json")["Body"].read())
     assert sum(doc["samples"].values()) == 18 + 6 + 8
     assert all(s["samples"] <= 10 for s in doc["shards"])
+    # gc after publish: the published version first among the kept (and at most keep_versions=1 before it); every
+    # object the manifest names is still there.
+    gc = task_results(airflow_home, "ingest_imagenet", ("gc",))["gc"]
+    assert states["gc"] == "success"
+    assert (gc["current"], gc["kept"][0], gc["keep_versions"]) == (doc["key"], doc["key"], 1)
+    assert len(gc["kept"]) <= 2
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket="imgest", Prefix="tests/dag-shards/")
+    listed = {o["Key"].removeprefix("tests/dag-shards/") for page in pages for o in page.get("Contents", [])}
+    assert manifest_objects(doc) <= listed
     report = json.loads((state_dir() / "work" / "dagtest-s" / "read_throughput.json").read_text())
     assert {r["reader"] for r in report["readers"]} >= {"shards-s3-stream", "shards-s3-webdataset"}
     assert all(r["ok"] and r["images"] == 18 + 8 for r in report["readers"])  # every train sample, verified
@@ -115,6 +126,9 @@ def test_files_target_with_read_back_and_xnvme(airflow_home: AirflowServer, sour
     assert sum(manifest["samples"].values()) == 18 + 6 + 8
     assert manifest["root"].startswith("v/")  # the version folder the manifest names
     assert len(list((dest / manifest["root"]).glob("train/*/*.jpg"))) == 18 + 8
+    gc = task_results(airflow_home, "ingest_imagenet", ("gc",))["gc"]
+    assert states["gc"] == "success"
+    assert (gc["current"], gc["kept"], gc["removed"]) == (manifest["root"], [manifest["root"]], [])  # one version
     work = state_dir() / "work" / "dagtest-f"
     xnvme = json.loads((work / "validate_xnvme.json").read_text())
     assert xnvme["ok"] is True

@@ -211,6 +211,10 @@ def test_refresh_applies_exactly_the_changes(
     paths = {s["name"]: s["path"] for s in manifest1["shards"]}
     assert all(s["path"] == paths[s["name"]] for s in kept)  # kept shards are named where they are, not copied
     assert {s["path"].split("/")[1] for s in manifest2["shards"] if s["name"] not in old} == {manifest2["key"]}
+    # gc after publish (keep_versions 1): r2 and r1 kept, so r1's dropped shards are still there
+    gc = task_results(scheduler, "refresh_rfx", ("shards.gc",))["shards.gc"]
+    assert states["shards.gc"] == "success"
+    assert gc["kept"] == [manifest2["key"], manifest1["key"]]
     table_name = samples_object(manifest2)
     samples = pq.read_table(io.BytesIO(b"".join(open_store(DEST, s3_server.settings()).read_chunks(table_name))))
     assert sorted(samples.column("id").to_pylist()) == sorted(rows)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
 import time
-from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,34 @@ from imgest.sinks.cassandra.verify import verify
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest
 from imgest.sources.scan import scan_to_dir
-from imgest.spark.submit import submit_command, submit_env
-from tests.conftest import serve
-from tests.jobs.conftest import MASTER, read_summary, run_job
+from tests.conftest import started_services
+from tests.jobs.conftest import read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 KS = "imgest_test_ring"
 
 
+class _KillAtEnd:
+    """Stops a ring this session started by SIGKILL at the session's end: it holds only test data (Cassandra
+    replays its commit log at the next start), and a drained stop waits about 20 s for the peers' messaging."""
+
+    def __init__(self, ring: CassandraRing) -> None:
+        self.ring = ring
+
+    def down(self) -> bool:
+        return any([self.ring.kill(i) is not None for i in range(len(self.ring.nodes))])
+
+
 @pytest.fixture(scope="module")
-def ring() -> Iterator[CassandraRing]:
-    """The ring (start times printed); stopped at the session's end, with the other services, if this started it."""
-    yield from serve(CassandraRing.default())  # type: ignore[misc]
+def ring() -> CassandraRing:
+    """The ring (start times printed); killed at the session's end, with the other services, if this started it."""
+    ring = CassandraRing.default()
+    if not ring.answers():
+        result = ring.up()
+        if result.started:
+            started_services.append(_KillAtEnd(ring))  # type: ignore[arg-type]
+        print(f"\n[fixture] {result.message}")
+    return ring
 
 
 def _settings(ring: CassandraRing, consistency: str) -> CassandraSettings:
@@ -66,9 +81,9 @@ def _wait_state(ring: CassandraRing, host: str, wanted: str, timeout: float = 90
     return state
 
 
-def _wait_rows(session: Any, at_least: int, proc: subprocess.Popen[bytes], timeout: float = 240) -> int:
+def _wait_rows(session: Any, at_least: int, job: Future[tuple[int, str]], timeout: float = 240) -> int:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and not job.done():
         try:
             n = session.execute(f"SELECT count(*) FROM {KS}.metadata", timeout=30).one()[0]
         except Exception:  # table not created yet
@@ -88,19 +103,13 @@ def test_quorum_ingest_survives_a_killed_node_then_repair_gives_all(ring: Cassan
     expected = sum(1 for _ in iter_manifest(manifest / "manifest.parquet"))
     out = tmp_path / "summary.json"
     args = _job_args(ring, manifest, out, "QUORUM")
-    log_file = tmp_path / "job.log"
-    with open(log_file, "wb") as log, cassandra_session(_settings(ring, "ONE")) as watch:
-        proc = subprocess.Popen(
-            submit_command("ingest_cassandra", args, MASTER),
-            env=submit_env(MASTER),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        written_at_kill = _wait_rows(watch, expected // 4, proc)
+    with ThreadPoolExecutor(max_workers=1) as pool, cassandra_session(_settings(ring, "ONE")) as watch:
+        job = pool.submit(run_job, "ingest_cassandra", args, None, 600)  # the suite's reused driver
+        written_at_kill = _wait_rows(watch, expected // 4, job)
         killed = ring.kill(2)  # partway: a real crash of the third node's JVM
         assert killed is not None
-        rc = proc.wait(timeout=600)
-    assert rc == 0, log_file.read_text()[-4000:]
+        rc, log = job.result(timeout=600)
+    assert rc == 0, log[-4000:]
     summary = read_summary(out)
     assert summary["stored"] + summary["skipped_already_committed"] == expected
     assert written_at_kill < expected  # the node died partway, not after the job

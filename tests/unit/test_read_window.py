@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -117,3 +118,67 @@ def test_window_holds_its_size_while_the_epoch_drains() -> None:
     assert window.size == grown
     assert window.finish().final == grown
     assert AdaptiveWindow("rows", 64, 100_000, start=grown).size == grown  # the next epoch starts from it
+
+
+def test_a_jump_holds_through_the_slow_start_then_the_window_follows_its_samples() -> None:
+    window = AdaptiveWindow("rows", 64, 100_000)
+    window.jump(2000)  # say the bandwidth the reader opened for x the round trip it timed
+    assert window.size == 2000
+    assert window.stats.growths == 1
+    sizes = []
+    for _ in range(10):  # slow samples (16 rows per 1 ms round trip): no reason to hold 2,000 rows after the start
+        _round_trip(window, 0.001, 16)
+        sizes.append(window.size)
+        time.sleep(0.002)  # a round trip passes, so the slow start can see the rate stay flat
+        if not window.in_startup:
+            break
+    assert sizes[0] == 2000  # held while the slow start lasts
+    assert not window.in_startup
+    assert window.size == 64  # then the samples decide: back to the floor
+    capped = AdaptiveWindow("rows", 64, 500)
+    capped.jump(2000)
+    assert capped.size == 500
+    fixed = AdaptiveWindow("rows", 64, 100_000, adaptive=False)
+    fixed.jump(2000)
+    assert fixed.size == 64
+    window.jump(5000)  # past the slow start: nothing
+    assert window.size == 64
+
+
+def test_finish_with_restart_keeps_the_window_and_begins_new_stats() -> None:
+    window = AdaptiveWindow("rows", 64, 100_000)
+    for _ in range(3):
+        _round_trip(window, 0.1, window.size)
+    grown = window.size
+    first = window.finish(restart=True)
+    assert first.samples == 3
+    assert first.final == grown
+    assert window.size == grown  # the next epoch goes on from the same window and estimates
+    assert window.stats is not first
+    assert (window.stats.samples, window.stats.initial, window.stats.growths) == (0, grown, 0)
+    _round_trip(window, 0.1, 16)
+    second = window.finish(restart=True)
+    assert second.samples == 1
+    assert second.min_rtt_ms is not None
+    assert second.min_rtt_ms >= 100  # the estimates carried over
+    assert len(second.trace) == 1
+
+
+def test_samples_of_a_consumer_that_does_not_keep_up_neither_shrink_the_window_nor_end_its_slow_start() -> None:
+    window = AdaptiveWindow("rows", 64, 100_000)
+    for _ in range(3):
+        _round_trip(window, 0.001, window.size)
+        time.sleep(0.002)
+    grown = window.size
+    for _ in range(6):  # round trips of slow samples while most of the window waits to be taken
+        sent, delivered = window.stamp()
+        window.landed((sent - 0.001, delivered), 1, app_limited=True)
+        assert window.size >= grown
+        time.sleep(0.002)
+    assert window.in_startup  # no plateau seen: the consumer's pace says nothing about the path
+    for _ in range(10):  # the same samples with the path holding the rate back: the slow start ends
+        _round_trip(window, 0.001, 1)
+        time.sleep(0.002)
+        if not window.in_startup:
+            break
+    assert not window.in_startup

@@ -16,19 +16,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.versions import set_lineage
 
 log = logging.getLogger(__name__)
 CONCURRENCY = 64
+DELETE_BATCH = 65_536  # removed ids turned into Python objects at a time
 
 
 @dataclass(frozen=True)
 class RefreshRows:
-    """The rows a refresh touched: ids the job rewrote (added or changed) and (id, split) pairs removed."""
+    """The rows a refresh touched. TOUCHED: ids the job rewrote (added or changed) or that were removed; only
+    those the previous version quarantined matter (its entries of other ids are carried over), so the caller may
+    give just those. REMOVED: (id, split) of the removed images, an Arrow table (as long as the dataset, at most)."""
 
     touched: set[str]
-    removed: list[tuple[str, str]]
+    removed: pa.Table
 
 
 def _run(session: Any, statement: Any, params: Iterable[tuple[Any, ...]]) -> int:
@@ -58,7 +64,7 @@ def _carry_quarantine(
     """Copy PREVIOUS's quarantine entries of files the refresh did not touch (still bad, not re-read) to VERSION."""
     if not previous:
         return 0
-    gone = rows.touched | {i for i, _ in rows.removed}
+    gone = rows.touched
     old = session.execute(
         f"SELECT id, split, rel_path, reason, detail FROM {ks}.quarantine WHERE dataset = %s AND version = %s",
         (dataset, previous),
@@ -79,13 +85,7 @@ def apply_refresh(
     ks = tables.keyspace
     lineage = set_lineage(session, ks, dataset, version, previous)
     carried = _carry_quarantine(session, ks, dataset, version, previous, rows)
-    deleted = 0
-    for split in sorted({s for _, s in rows.removed}):
-        ids = [uuid.UUID(i) for i, s in rows.removed if s == split]
-        meta = session.prepare(f"DELETE FROM {ks}.{tables.metadata_table(split)} WHERE id = ?")
-        data = session.prepare(f"DELETE FROM {ks}.{tables.data_table(split)} WHERE id = ?")
-        _run(session, meta, ((i,) for i in ids))
-        deleted += _run(session, data, ((i,) for i in ids))
+    deleted = delete_removed(session, tables, rows.removed)
     log.info(
         "refresh %s/%s: lineage %s, %d quarantine entries carried, %d rows deleted (no unchanged row touched)",
         dataset,
@@ -95,6 +95,22 @@ def apply_refresh(
         deleted,
     )
     return {"lineage": len(lineage), "restamped": 0, "quarantine_carried": carried, "deleted": deleted}
+
+
+def delete_removed(session: Any, tables: TableLayout, removed: pa.Table, batch: int = DELETE_BATCH) -> int:
+    """Delete the (id, split) rows of REMOVED, BATCH ids at a time (metadata row first, then data row); returns
+    how many."""
+    deleted = 0
+    ks = tables.keyspace
+    for split in sorted(pc.unique(removed.column("split")).to_pylist()):
+        ids = removed.filter(pc.equal(removed.column("split"), split)).column("id")
+        meta = session.prepare(f"DELETE FROM {ks}.{tables.metadata_table(split)} WHERE id = ?")
+        data = session.prepare(f"DELETE FROM {ks}.{tables.data_table(split)} WHERE id = ?")
+        for start in range(0, len(ids), batch):
+            chunk = [uuid.UUID(i) for i in ids.slice(start, batch).to_pylist()]
+            _run(session, meta, ((i,) for i in chunk))
+            deleted += _run(session, data, ((i,) for i in chunk))
+    return deleted
 
 
 def record_changes(

@@ -33,16 +33,19 @@ class Replan:
 def replan(
     old_plan: pa.Table,
     manifest: pa.Table,
-    touched: list[str],
+    touched: pa.Array | pa.ChunkedArray | list[str],
     shards: ShardSpec,
     spec: TransformSpec,
     refresh: int,
 ) -> Replan:
     """OLD_PLAN's untouched shards plus new shards for the samples of MANIFEST that are not in them. TOUCHED:
-    the ids removed or changed since OLD_PLAN (their shards are dropped)."""
+    the ids removed or changed since OLD_PLAN (their shards are dropped), best as an Arrow array: a removed source
+    or a new transform touches every row, and nothing here holds a Python object per row."""
     old_plan = old_plan.replace_schema_metadata(None)
     manifest = manifest.replace_schema_metadata(None).select(old_plan.schema.names[:-2])
-    touched_ids = pa.array(touched, pa.string())
+    if isinstance(touched, pa.ChunkedArray):
+        touched = touched.combine_chunks() if touched.num_chunks else pa.array([], pa.string())
+    touched_ids = touched if isinstance(touched, pa.Array) else pa.array(touched, pa.string())
     dirty = _names(old_plan.filter(pc.is_in(old_plan.column("id"), value_set=touched_ids)))
     keep = old_plan.filter(pc.invert(pc.is_in(old_plan.column("shard"), value_set=pa.array(dirty, pa.string()))))
     fresh = manifest.filter(pc.invert(pc.is_in(manifest.column("id"), value_set=keep.column("id"))))

@@ -76,6 +76,17 @@ def _jpeg(rng: np.random.Generator, spec: CountScaleSpec) -> bytes:
     return out.getvalue()
 
 
+def distinct_jpeg(spec: CountScaleSpec, key: int) -> bytes:
+    """An image of SPEC's kind (small, or ImageNet-size when SPEC.photo) that no generated path holds, seeded by KEY:
+    what a refresh benchmark writes over a changed or added file."""
+    rng = np.random.default_rng([spec.seed, 11, key])
+    if spec.photo:
+        from imgest.sources.devdata.images import jpeg_bytes
+
+        return jpeg_bytes(rng, rng.random(3), large=False)
+    return _jpeg(rng, spec)
+
+
 def _write_pool(root: str, spec: CountScaleSpec, first: int, last: int) -> int:
     """Photo-like ImageNet-size images FIRST..LAST-1 of the pool; returns bytes written."""
     from imgest.sources.devdata.images import jpeg_bytes
