@@ -57,14 +57,14 @@ def dataset(images: int) -> Path:
         write_sample(base_src, SampleSpec("imagefolder", CLASSES, max(1, base // CLASSES), 0, seed=1))
         (base_src / ".complete").touch()
     if images > base:
-        _link_copies(base_src, root / "src", images)
+        link_copies(base_src, root / "src", images)
         scan_to_dir(root / "src", manifest)
     else:
         scan_to_dir(base_src, manifest)
     return manifest
 
 
-def _link_copies(base: Path, out: Path, images: int) -> None:
+def link_copies(base: Path, out: Path, images: int) -> None:
     """OUT as IMAGES train files: BASE's files, then hard links to them named <stem>_r<k><suffix> (k = 1, 2, ...)."""
     originals = sorted(p for p in base.rglob("*") if p.is_file() and p.name != ".complete")
     made = 0

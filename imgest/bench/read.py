@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.pack import link_copies
 from imgest.bench.report import describe_machine, format_table, machine_info, write_json
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings, S3Settings, env_int
@@ -70,23 +70,6 @@ def prepare(images: int) -> dict[str, Any]:
     return where
 
 
-def _link_copies(base: Path, out: Path, images: int) -> None:
-    """OUT as IMAGES files: BASE's files, then hard links to them named <stem>_r<k><suffix> (k = 1, 2, ...), so
-    every copy has its own path (and so its own id at ingest) and the same bytes."""
-    originals = sorted(p for p in base.rglob("*") if p.is_file())
-    made = 0
-    for k in range(-(-images // len(originals))):
-        for src in originals:
-            if made == images:
-                return
-            dest = out / src.relative_to(base)
-            dest = dest.with_name(f"{dest.stem}_r{k}{dest.suffix}") if k else dest
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if not dest.exists():
-                os.link(src, dest)
-            made += 1
-
-
 def prepare_sweep(images: int, base: dict[str, Any]) -> dict[str, Any]:
     """The sweep's larger dataset: IMAGES train images linked from BASE's sources (see prepare), stored on S3 and
     in Cassandra only (cached in the state folder); returns where each copy is."""
@@ -103,7 +86,7 @@ def prepare_sweep(images: int, base: dict[str, Any]) -> dict[str, Any]:
     marker = root / "prepared.json"
     if marker.is_file():
         return where
-    _link_copies(Path(base["src"]), root / "src", images)
+    link_copies(Path(base["src"]), root / "src", images)  # every copy its own path and id, the same bytes
     common = [str(where["src"]), "--work-dir", str(where["work"]), "--dataset", where["dataset"]]
     for argv in (
         ["ingest", "shards", *common, "--dest", where["s3"], "--max-count", "500"],

@@ -63,7 +63,7 @@ def test_pack_datasets_above_the_base_link_its_images_under_new_names(tmp_path: 
     for i in range(3):
         (base / "train" / "n1").mkdir(parents=True, exist_ok=True)
         (base / "train" / "n1" / f"img{i}.JPEG").write_bytes(bytes([i]) * 10)
-    pack._link_copies(base, tmp_path / "out", 7)
+    pack.link_copies(base, tmp_path / "out", 7)
     made = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.JPEG"))
     assert len(made) == 7
     assert "train/n1/img0.JPEG" in made
