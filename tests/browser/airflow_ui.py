@@ -67,13 +67,13 @@ class TriggerForm:
         label = self.page.locator("label").filter(has_text=_label(title))
         return self.dialog.get_by_role("group").filter(has=label).locator("input").first
 
-    def switch_on(self, title: str) -> None:
-        """Turn a boolean Param's switch on (clicking its label, as a person would)."""
+    def switch_on(self, title: str, on: bool = True) -> None:
+        """Turn a boolean Param's switch on (or off with ON false), clicking its label as a person would."""
         box = self.field(title)
-        if not box.is_checked():
+        if box.is_checked() != on:
             box.locator("xpath=..").click()
-        if not box.is_checked():
-            raise AssertionError(f"the switch {title!r} did not turn on")
+        if box.is_checked() != on:
+            raise AssertionError(f"the switch {title!r} did not turn {'on' if on else 'off'}")
 
     def choose(self, title: str, option: str) -> None:
         """Pick the enum option whose label starts with OPTION from the dropdown TITLE."""

@@ -6,6 +6,8 @@ from the UI: the run page's task states, the validate task's log, the dialog's e
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
 from imgest.core import defaults
@@ -67,16 +69,23 @@ def test_dag_and_task_docs_are_shown(ui: AirflowUI) -> None:
 
 @pytest.mark.parametrize("target", ["cassandra", "shards"])
 def test_sample_with_defaults_runs_green(ui: AirflowUI, cassandra_server: CassandraServer, target: str) -> None:
+    """The default target with every default; the other with the read-back check switched off in the form (the
+    shard readers' check through the DAG is tests/dags/test_ingest_dag.py's): one switch turned off, and its
+    task skipped, shows the form passes a boolean the user changed."""
     form = ui.open_trigger_form()
     form.open_section("Source")
     form.switch_on("Use the generated sample")
     if target != defaults.TARGET:
         form.open_section("Target")
         form.choose("Target", target)
+        form.open_section("Checks")
+        form.switch_on("Read-back check", on=False)
     ui.shot(f"form-sample-{target}", form.dialog)
     run_id = form.submit()
     assert ui.wait_for_run(run_id) == "success"
     _assert_target_ran(ui.task_states(run_id), target)
+    read = ui.api(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/read_throughput/xcomEntries/return_value")
+    assert ("read_check is off" in str(read["value"])) == (target != defaults.TARGET), read  # the switch reached it
     ui.shot(f"run-{target}")
     expected = (
         f"cassandra://{cassandra_server.host}:{cassandra_server.native_port}/{defaults.KEYSPACE}/data"

@@ -138,17 +138,6 @@ def test_files_target_with_read_back_and_xnvme(airflow_home: AirflowServer, sour
     assert [len(p) for p in load_split(work / "split-files.npz").parts] == [21, 5]
 
 
-def test_bad_conf_fails_before_any_spark_work(airflow_home: AirflowServer) -> None:
-    # Both problems are cross-field (each value fits its Param's schema), so only validate can refuse them.
-    conf = {"sample": True, "source": "/nowhere", "target": "shards", "crop": 300, "resize": 256}
-    ok, _, _ = run_dag(airflow_home, conf)
-    assert not ok
-    states = _states(airflow_home)
-    assert states["validate"] == "failed"
-    assert states.get("scan") in (None, "upstream_failed")
-    assert states.get("ingest_shards") in (None, "upstream_failed")
-
-
 def test_bad_conf_message_lists_every_problem() -> None:
     with pytest.raises(ConfigError) as err:
         validate_conf({"target": "shards", "crop": 300, "s3_dest": "http://x", "split_ratios": "8,-2", "colour": 1})
