@@ -191,6 +191,9 @@ def s3_server() -> Iterator[S3Server]:
 def airflow_home(cassandra_server: CassandraServer, s3_server: S3Server) -> AirflowServer:
     """A migrated AIRFLOW_HOME whose connections point at the embedded services (no scheduler)."""
     server = AirflowServer.default()
+    if server.answers():  # e.g. left by a killed run: its scheduler would take over the runs `dags test` makes
+        print(f"\n[fixture] stopping the airflow standalone found running on {server.home}")
+        server.down()
     server.prepare(cassandra_server, s3_server)
     return server
 
