@@ -3,8 +3,8 @@
 ``CassandraReader`` streams the rows of a list of ids as batches ``(list of uint8 arrays, int32 labels)``:
 
 - requests go out asynchronously with prepared statements; with ``rows_per_request=1`` each is a single-partition
-  select routed to a replica (token-aware), with more each is a small ``IN`` query (fewer round trips and less
-  client CPU per row, one coordinator hop on a ring);
+  select routed to a replica (token-aware), with more each is an ``IN`` query of that many ids (64 by default:
+  fewer round trips and less CPU per row at the server, the proxy and the client; one coordinator hop on a ring);
 - the read-ahead window (rows requested and not yet consumed) sizes itself by default: delivery rate x round
   trip, grown from a slow start of ``slow_start`` batches, capped by ``max_window_mb`` of rows and by
   ``requests_in_flight`` (``imgest.readback.window``), so the reader keeps its rate 100 ms away without a
@@ -64,10 +64,12 @@ class CassandraReadOptions:
 
     batch_size: int = 64
     prefetch_buffers: int | None = None  # None: adaptive window; N: exactly N batches requested ahead
-    slow_start: int = 4  # batches in the first (and smallest) adaptive window
+    slow_start: int = 16  # batches in the first (and smallest) adaptive window (1,024 rows: 16 requests of 64)
     max_window_mb: int = 256  # memory bound of the adaptive window (rows requested and not yet consumed)
     requests_in_flight: int = 512  # cap on requests on the wire
-    rows_per_request: int = 16  # ids per request (1: single-partition, token-aware; more: an IN query)
+    # ids per request (1: single-partition, token-aware; more: an IN query); 64 costs the server, the proxy and
+    # the reader less CPU per row than 16, most under 50-100 ms (docs/readback.md, "What limits it")
+    rows_per_request: int = 64
     io_threads: int | None = None  # connections (driver Clusters); None: 2, more as the window's bytes grow
     max_io_threads: int = 8  # the most connections the adaptive default opens
     connection_mb: int = 4  # the adaptive default opens one connection per this many MB requested ahead

@@ -70,10 +70,19 @@ def test_cassandra_options_give_the_plugin_named_window() -> None:
     adaptive = CassandraReadOptions(batch_size=32, slow_start=2).window()
     assert adaptive.adaptive
     assert adaptive.size == 64
-    assert adaptive.cap == 512 * 16  # requests_in_flight x rows_per_request until row sizes are known
+    assert adaptive.cap == 512 * 64  # requests_in_flight x rows_per_request until row sizes are known
     fixed = CassandraReadOptions(batch_size=32, prefetch_buffers=16).window()
     assert not fixed.adaptive
     assert fixed.size == 512
+
+
+def test_default_cassandra_window_starts_with_16_requests_of_64_rows() -> None:
+    opts = CassandraReadOptions()
+    window = opts.window()
+    assert opts.rows_per_request == 64
+    assert window.size == 1024  # 16 batches of 64: the first round trip carries 16 IN queries of 64 ids
+    assert window.size // opts.rows_per_request == 16
+    assert window.cap == opts.requests_in_flight * 64
 
 
 def test_window_trace_follows_the_epoch_and_stays_short() -> None:
