@@ -2,8 +2,8 @@
 
 Parsing reads that one small TOML file and nothing else. Each run takes the dataset's write lock, scans the
 source again and, per target, compares with the last complete version: no change, no Spark job and no new
-version; otherwise the added and changed images are ingested, removed ones deleted (Cassandra) or their
-shards re-cut (shards), the new version verified and announced as an Asset, which triggers `check_datasets`.
+version; otherwise the added and changed images are ingested, removed ones deleted (Cassandra) or marked dead in
+their kept shards (shards), the new version verified and announced as an Asset, which triggers `check_datasets`.
 Malformed entries are reported by `refresh_datasets_errors.py` (an import error naming entry and field); the
 valid entries' DAGs still load from this file.
 """

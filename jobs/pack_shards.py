@@ -72,13 +72,14 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
 
 def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple[str, int]], int, str]:
     """Plan the shards and write the plan, one Parquet row group per shard; returns (path, shards, rows, key):
-    KEY is the plan's content key, the version prefix v/<key>/ of the shards this run writes."""
+    ROWS are the live rows (a refresh's plan also holds its kept shards' dead rows), KEY is the plan's content key,
+    the version prefix v/<key>/ of the shards this run writes."""
     plan_path = (args.manifest_dir / workdir.SHARD_PLAN).resolve()
     if args.plan:  # a refresh's plan, rewritten one row group per shard
         plan = copy_plan(args.plan, plan_path, cfg.spec)
     else:  # planned out of core: memory stays flat whatever the manifest's size
         plan = build_plan(args.manifest_dir / workdir.MANIFEST, plan_path, cfg.shards, cfg.spec)
-    return plan_path, plan.shards, plan.rows, plan.key
+    return plan_path, plan.shards, plan.live, plan.key
 
 
 def load(

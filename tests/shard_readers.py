@@ -19,11 +19,12 @@ def read_webdataset(tars: list[Path]) -> dict[str, dict[str, bytes]]:
     return samples
 
 
-def read_dali(tars: list[Path], exts: tuple[str, ...]) -> list[tuple[bytes, ...]]:
-    """Every sample's members EXTS, in order, through DALI's webdataset reader with our .idx files."""
+def read_dali(tars: list[Path], exts: tuple[str, ...], indexes: list[Path] | None = None) -> list[tuple[bytes, ...]]:
+    """Every sample's members EXTS, in order, through DALI's webdataset reader with our .idx files (INDEXES: the
+    manifest's, where a refresh indexed only a kept tar's live samples; by default the one beside each tar)."""
     from nvidia.dali import fn, pipeline_def
 
-    idx = [str(t.with_suffix(".idx")) for t in tars]
+    idx = [str(i) for i in indexes] if indexes else [str(t.with_suffix(".idx")) for t in tars]
 
     @pipeline_def(batch_size=1, num_threads=1, device_id=None)
     def pipe():  # type: ignore[no-untyped-def]

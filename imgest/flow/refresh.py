@@ -4,10 +4,10 @@
 
 ``plan_refresh`` compares the new scan with the baseline of the last complete version of the target
 (``<work>/refresh/<target>/``) and writes what the job needs: the delta manifest (added + changed images) for
-Cassandra, the shard plan (untouched shards kept, the rest re-cut) for shards. ``finish_refresh`` applies the rest
-(Cassandra: record the version's lineage, delete removed rows; unchanged rows are not touched), verifies the new
-version and only then moves the baseline forward. A failed refresh leaves the baseline where it was; the next run
-redoes the same version.
+Cassandra, the shard plan (every shard kept, its removed and changed samples marked dead, see replan) for shards.
+``finish_refresh`` applies the rest (Cassandra: record the version's lineage, delete removed rows; unchanged rows
+are not touched), verifies the new version and only then moves the baseline forward. A failed refresh leaves the
+baseline where it was; the next run redoes the same version.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -28,7 +29,7 @@ from imgest.core.errors import ConfigError
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.flow.registry import REFRESH_TARGETS
 from imgest.flow.request import IngestRequest
-from imgest.sources.diff import SourceChanges, diff_manifest, select_ids, write_table
+from imgest.sources.diff import SourceChanges, diff_manifest, write_rows, write_table
 from imgest.sources.manifest import manifest_metadata
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ BASELINE = "baseline.parquet"  # its manifest rows with source sha256
 PLAN = "plan.parquet"  # its shard plan (shards target)
 PENDING = "pending.json"  # the version being made: what finish_refresh needs
 NEXT_BASELINE = "baseline.next.parquet"
+SCANNED_BASELINE = "baseline.scan.parquet"  # the scan's rows with their sha256, written by the diff
 NEXT_PLAN = "plan.next.parquet"
 REMOVED = "removed.parquet"  # (id, split) of the images the pending version removes
 REMOVED_SCHEMA = pa.schema([("id", pa.string()), ("split", pa.string())])
@@ -76,7 +78,8 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     state = read_state(request.dataset, request.target)
     manifest = manifest_dir / workdir.MANIFEST
     root = Path(manifest_metadata(manifest)["root"])
-    changes, baseline = diff_manifest(manifest, rdir / BASELINE if state else None, root)
+    scanned = rdir / SCANNED_BASELINE
+    changes = diff_manifest(manifest, rdir / BASELINE if state else None, root, scanned)
     if state and _transform_changed(state["version"], request):
         log.warning(
             "%s/%s: the transform differs from version %s's (settings or JPEG decoder): every image is re-transformed",
@@ -84,16 +87,16 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
             request.target,
             state["version"],
         )
-        changes = changes.all_changed(baseline.column("id"))
+        changes = changes.all_changed(manifest)
     counts = changes.counts()
     if state and not changes.any:
+        scanned.unlink()
         log.info("%s/%s: no change since version %s (%s)", request.dataset, request.target, state["version"], counts)
         return {"changed": False, "version": state["version"], "counts": counts, "target": request.target}
     number = state["number"] + 1 if state else 1
     version = version_name(request, number)
-    write_table(baseline, rdir / NEXT_BASELINE)
-    del baseline
-    write_table(_removed_rows(rdir / BASELINE if state else None, changes), rdir / REMOVED)
+    scanned.replace(rdir / NEXT_BASELINE)
+    _write_removed(rdir / BASELINE if state else None, changes, rdir / REMOVED)
     pending = {
         "number": number,
         "version": version,
@@ -108,11 +111,15 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     return {"changed": True, "version": version, "counts": counts, "target": request.target, "job_args": args}
 
 
-def _removed_rows(baseline: Path | None, changes: SourceChanges) -> pa.Table:
-    """(id, split) of the removed images, from the last version's baseline (as many rows as were removed)."""
-    if baseline is None or not len(changes.removed):
-        return REMOVED_SCHEMA.empty_table()
-    return select_ids(pq.read_table(baseline, columns=["id", "split"]), changes.removed)
+def _write_removed(baseline: Path | None, changes: SourceChanges, path: Path) -> None:
+    """Write (id, split) of the removed images to PATH, from the last version's baseline, in its order (streamed:
+    the file has as many rows as were removed, the memory holds a batch)."""
+    if baseline is None or not len(changes.removed_at):
+        pq.write_table(REMOVED_SCHEMA.empty_table(), path)
+        return
+    rows = np.zeros(pq.ParquetFile(baseline).metadata.num_rows, bool)
+    rows[changes.removed_at] = True
+    write_rows(baseline, path, rows, columns=["id", "split"])
 
 
 def removed_rows(rdir: Path) -> pa.Table:
@@ -133,9 +140,7 @@ def _cassandra_args(
 
     delta = refresh_dir(request.dataset, request.target) / DELTA
     delta.mkdir(exist_ok=True)
-    table = pq.read_table(manifest_dir / workdir.MANIFEST)
-    write_table(select_ids(table, changes.rewritten()), delta / workdir.MANIFEST)
-    del table
+    write_rows(manifest_dir / workdir.MANIFEST, delta / workdir.MANIFEST, changes.rewritten_rows())
     for name in (workdir.CLASSES, workdir.SCAN_QUARANTINE, workdir.SCAN_REPORT):
         shutil.copyfile(manifest_dir / name, delta / name)
     args = cassandra_job_args(request, delta)
@@ -145,22 +150,39 @@ def _cassandra_args(
 def _shards_args(
     request: IngestRequest, manifest_dir: Path, changes: SourceChanges, pending: dict[str, Any]
 ) -> list[str]:
-    """The shard plan: the last version's untouched shards plus new ones (everything, the first time)."""
+    """The shard plan: the last version's shards kept, their removed and changed samples marked dead, plus new ones
+    (see replan); everything re-cut the first time and when the shard settings changed."""
+    from dataclasses import asdict
+
     from imgest.flow.steps import shards_job_args
     from imgest.sinks.shards.plan import build_plan
     from imgest.sinks.shards.replan import replan
 
     rdir = refresh_dir(request.dataset, request.target)
     old = rdir / PLAN
-    if pending["previous"] and old.is_file():
+    sharding = asdict(request.shards())
+    state = read_state(request.dataset, request.target) or {}
+    same_cut = state.get("sharding", sharding) == sharding  # a version before this was recorded: assume the same
+    pending["sharding"] = sharding
+    if pending["previous"] and old.is_file() and same_cut:
         table = pq.read_table(manifest_dir / workdir.MANIFEST)
         touched = changes.touched()
         result = replan(pq.read_table(old), table, touched, request.shards(), request.transform(), pending["number"])
         del table
         write_table(result.plan, rdir / NEXT_PLAN)
         pending.update(kept_shards=len(result.kept), dropped_shards=result.dropped, new_shards=result.new)
-        log.info("shards: %d kept, %d dropped, %d new", len(result.kept), len(result.dropped), len(result.new))
-    else:  # the first version: the ingest's own plan, written in bounded memory
+        pending.update(marked_shards=len(result.marked), dead_samples=result.dead)
+        log.info(
+            "shards: %d kept (%d with %d dead samples), %d re-cut, %d new",
+            len(result.kept),
+            len(result.marked),
+            result.dead,
+            len(result.dropped),
+            len(result.new),
+        )
+    else:  # the first version (or new shard settings): the ingest's own plan, written in bounded memory
+        if pending["previous"] and not same_cut:
+            log.warning("%s: shard settings changed since %s: every shard is re-cut", request.dataset, state["version"])
         build_plan(manifest_dir / workdir.MANIFEST, rdir / NEXT_PLAN, request.shards(), request.transform())
     info = {
         "name": pending["version"],

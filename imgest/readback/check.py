@@ -175,7 +175,8 @@ def s3_stream_epochs(
     """EPOCHS epochs of one streaming shard reader (its read-ahead window carries over, as in training), each
     through its own pipeline and verified; each result records the window the epoch used."""
     sopts = replace(sopts, batch_size=spec.batch_size)
-    stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts)
+    dead = {f"{prefix}/{s}" if prefix else s: keys for s, keys in rs.dead.items()}
+    stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts, dead)
     names = ("parallel_shards", "slow_start", "io_threads", "max_buffer_mb", "shuffle_buffer")
     knobs: dict[str, Any] = {k: getattr(sopts, k) for k in names}
     results = []
@@ -197,7 +198,8 @@ def s3_webdataset_run(
         return client.get_object(Bucket=bucket, Key=url[len(f"s3://{bucket}/") :])["Body"]
 
     urls = [f"s3://{bucket}/{k}" for k in s3_keys(rs, prefix)]
-    peer = webdataset_batches(urls, spec.batch_size, opener)
+    dead = {f"s3://{bucket}/{prefix}/{s}" if prefix else f"s3://{bucket}/{s}": keys for s, keys in rs.dead.items()}
+    peer = webdataset_batches(urls, spec.batch_size, opener, dead)
     return run_external("shards-s3-webdataset", rs, spec, peer, {"reader": "webdataset.WebDataset"}, on_batch=progress)
 
 

@@ -46,6 +46,8 @@ class ReadSet:
     bytes: int = 0
     root: str = ""  # files: the folder the paths are relative to
     shards: list[str] = field(default_factory=list)  # shards: the tars to read, relative to location (all hold rows)
+    indexes: list[str] = field(default_factory=list)  # shards: the DALI index of each tar (only its live samples)
+    dead: dict[str, frozenset[str]] = field(default_factory=dict)  # shards: tar -> keys a refresh took out of it
     table: str = ""  # cassandra: keyspace.data table
     version: str = ""
     sample: SampleReport | None = None  # which part of the split this is
@@ -151,12 +153,13 @@ def shards_set(
 ) -> ReadSet:
     """A published shard dataset (manifest.json + the samples table it names): a seeded subset of whole shards
     holding about SAMPLE samples (every shard when SAMPLE is 0), with every sample in them; sha256 comes with each
-    .json. ``ReadSet.shards`` holds the tars' objects relative to the destination (``v/<key>/<name>``)."""
+    .json. ``ReadSet.shards`` holds the tars' objects relative to the destination (``v/<key>/<name>``), ``indexes``
+    their DALI indexes and ``dead`` the samples a refresh took out of a kept tar (readers skip them)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from imgest.sinks.shards.store import samples_object, shard_object
+    from imgest.sinks.shards.store import samples_object, shard_object, shard_objects
 
     manifest = store.read_manifest()
     if manifest is None:
@@ -194,6 +197,8 @@ def shards_set(
         rows,
         sum(int(e["bytes"]) for e in picked),
         shards=[shard_object(e) for e in picked],
+        indexes=[shard_objects(e)[1] for e in picked],
+        dead={shard_object(e): frozenset(e["dead"]) for e in picked if e.get("dead")},
         sample=report,
     )
 

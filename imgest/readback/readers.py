@@ -84,7 +84,8 @@ def _webdataset_identify(spec: PipelineSpec) -> Identify:
 def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: Any) -> RunResult:
     """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix)."""
     paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
-    pipe = webdataset_pipeline(spec, paths, [p[:-4] + ".idx" for p in paths])
+    indexes = rs.indexes or [s[:-4] + ".idx" for s in rs.shards]  # a refresh's kept tar: the index of its live samples
+    pipe = webdataset_pipeline(spec, paths, [f"{base.rstrip('/')}/{i}" for i in indexes])
     settings = {"reader": "fn.readers.webdataset", "shards": len(paths)}
     kw.setdefault("verify_after", spec.verify_after)
     return measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)
@@ -96,14 +97,23 @@ def s3_stream_batches(stream: Any) -> Iterator[ExternalBatch]:
         yield images, labels, keys, [m.get("sha256") for m in metas]
 
 
-def webdataset_batches(urls: list[str], batch_size: int, opener: Callable[[str], Any]) -> Iterator[ExternalBatch]:
-    """Batches of webdataset.WebDataset streaming s3:// URLS, each opened with OPENER (the peer of our reader)."""
+def webdataset_batches(
+    urls: list[str],
+    batch_size: int,
+    opener: Callable[[str], Any],
+    dead: dict[str, frozenset[str]] | None = None,
+) -> Iterator[ExternalBatch]:
+    """Batches of webdataset.WebDataset streaming s3:// URLS, each opened with OPENER (the peer of our reader),
+    without the DEAD samples of each URL (a refresh's kept shards)."""
     import webdataset as wds
     from webdataset.gopen import gopen_schemes
 
     gopen_schemes["s3"] = lambda url, mode="rb", bufsize=8192, **kw: opener(url)
     batch: list[dict[str, Any]] = []
+    dead = dead or {}
     for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        if sample["__key__"] in dead.get(sample["__url__"], ()):
+            continue
         batch.append(sample)
         if len(batch) == batch_size:
             yield _wds_columns(batch)

@@ -12,7 +12,7 @@ records, and the sha256 stored with each sample where the format carries it (sha
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +24,7 @@ from imgest.core.errors import ImgestError
 from imgest.core.sampling import IdIndex
 from imgest.readback.cassandra import ReadError
 from imgest.readback.resume import Assignment, ReaderState, Units
-from imgest.readback.s3shards import Sample, ShardReadError, tar_samples
+from imgest.readback.s3shards import Sample, ShardReadError, live_samples, tar_samples
 
 log = logging.getLogger(__name__)
 ShardFetch = Callable[[list[tuple[str, int]]], Iterator[list[Sample]]]  # (name, samples) -> each shard's samples
@@ -102,8 +102,9 @@ class CassandraResume(_Resume):
         return following.assignment(self.units, self.rank, worker, workers).unit
 
 
-def folder_fetch(root: str | Path) -> ShardFetch:
-    """Shards read whole from a folder, one after another."""
+def folder_fetch(root: str | Path, dead: Mapping[str, Collection[str]] | None = None) -> ShardFetch:
+    """Shards read whole from a folder, one after another, without the DEAD samples of each (``shard_dead``)."""
+    dead = dead or {}
 
     def fetch(shards: list[tuple[str, int]]) -> Iterator[list[Sample]]:
         for name, _ in shards:
@@ -112,20 +113,23 @@ def folder_fetch(root: str | Path) -> ShardFetch:
                 data = path.read_bytes()
             except OSError as exc:
                 raise ShardReadError(f"cannot read shard {path}: {exc}") from None
-            yield list(tar_samples(data, str(path)))
+            yield list(live_samples(tar_samples(data, str(path)), dead.get(name)))
 
     return fetch
 
 
-def s3_fetch(settings: Any, bucket: str, prefix: str, options: Any = None) -> ShardFetch:
-    """Shards through imgest's S3ShardStream (its GETs ahead, in parallel), given the shard list in order."""
+def s3_fetch(
+    settings: Any, bucket: str, prefix: str, options: Any = None, dead: Mapping[str, Collection[str]] | None = None
+) -> ShardFetch:
+    """Shards through imgest's S3ShardStream (its GETs ahead, in parallel), given the shard list in order, without
+    the DEAD samples of each (``shard_dead``)."""
     from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 
     base = replace(options or S3StreamOptions(), shuffle_buffer=0, shard_id=0, num_shards=1)
 
     def fetch(shards: list[tuple[str, int]]) -> Iterator[list[Sample]]:
-        keys = [f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name for name, _ in shards]
-        stream = S3ShardStream(settings, bucket, keys, base)
+        keys = [_s3_key(prefix, name) for name, _ in shards]
+        stream = S3ShardStream(settings, bucket, keys, base, {_s3_key(prefix, n): d for n, d in (dead or {}).items()})
         flat = (s for columns in stream.epoch_batches() for s in zip(*columns, strict=True))
         for key, (_, size) in zip(keys, shards, strict=True):
             got = [s for _, s in zip(range(size), flat, strict=False)]
@@ -136,6 +140,18 @@ def s3_fetch(settings: Any, bucket: str, prefix: str, options: Any = None) -> Sh
             raise ShardReadError(f"shards under s3://{bucket}/{prefix} hold more samples than their manifest says")
 
     return fetch
+
+
+def _s3_key(prefix: str, name: str) -> str:
+    return f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
+
+
+def shard_dead(manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """shard object -> keys of its dead samples, for the shards of a published manifest that a refresh kept with
+    some samples taken out (their ``samples`` counts only the live ones)."""
+    from imgest.sinks.shards.store import shard_object
+
+    return {shard_object(e): frozenset(e["dead"]) for e in manifest["shards"] if e.get("dead")}
 
 
 def shard_units(manifest: dict[str, Any], split: str | None = "train") -> Units:

@@ -3,7 +3,8 @@
 The read path the S3-shard prior art describes: a pool of threads each GETs a whole shard object (one request,
 no per-sample round trips), the tar is parsed from memory, and samples pass through a seeded shuffle buffer of
 ``shuffle_buffer`` samples that spans several shards. ``shard_id`` / ``num_shards`` split the shard list between
-training processes.
+training processes. ``dead`` names, per object key, the samples a refresh took out of a kept shard (its manifest
+entry's ``dead`` keys): they are skipped.
 
 How many shards are fetched ahead sizes itself by default (``imgest.readback.window``): shards delivered per
 second x the shortest GET x 3, grown from ``slow_start`` shards and capped by ``max_buffer_mb`` of shard bytes and
@@ -20,7 +21,7 @@ import random
 import tarfile
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,13 @@ def tar_samples(data: bytes, where: str) -> Iterator[Sample]:
         yield _sample(key, parts, where)
 
 
+def live_samples(samples: Iterator[Sample], dead: Collection[str] | None) -> Iterator[Sample]:
+    """SAMPLES without those whose key is in DEAD (a kept shard's dead samples; None or empty: every sample)."""
+    if not dead:
+        return samples
+    return (s for s in samples if s[2] not in dead)
+
+
 def _sample(key: str, parts: dict[str, bytes | memoryview], where: str) -> Sample:
     image = next((v for k, v in parts.items() if k not in ("cls", "json")), None)
     if image is None or "cls" not in parts:
@@ -123,8 +131,16 @@ def _sample(key: str, parts: dict[str, bytes | memoryview], where: str) -> Sampl
 class S3ShardStream:
     """Batches (images, labels, keys, metas) streamed from shard objects on S3."""
 
-    def __init__(self, settings: S3Settings, bucket: str, keys: Sequence[str], opts: S3StreamOptions | None = None):
+    def __init__(
+        self,
+        settings: S3Settings,
+        bucket: str,
+        keys: Sequence[str],
+        opts: S3StreamOptions | None = None,
+        dead: Mapping[str, Collection[str]] | None = None,
+    ):
         self.settings, self.bucket = settings, bucket
+        self.dead = {k: frozenset(v) for k, v in (dead or {}).items() if v}  # object key -> dead sample keys
         self.opts = opts or S3StreamOptions()
         self.keys = list(keys)[self.opts.shard_id :: self.opts.num_shards]
         self._client = settings.client(max_pool_connections=max(10, self.threads))
@@ -187,7 +203,7 @@ class S3ShardStream:
                     with lock:
                         pending.popleft()
                         pump()
-                    yield from tar_samples(data, f"s3://{self.bucket}/{key}")
+                    yield from live_samples(tar_samples(data, f"s3://{self.bucket}/{key}"), self.dead.get(key))
             finally:
                 with lock:
                     keys = iter(())  # nothing more once the consumer stops

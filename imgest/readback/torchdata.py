@@ -92,7 +92,7 @@ class ShardDataset(_Dataset):
         s3: S3Settings | None = None,
         decode: bool = False,
     ) -> None:
-        from imgest.readback.resumable import shard_units
+        from imgest.readback.resumable import shard_dead, shard_units
         from imgest.sinks.shards.store import open_store, shard_object
 
         self.location, self.s3 = location, s3
@@ -103,13 +103,14 @@ class ShardDataset(_Dataset):
             wanted = set(shards)
             manifest = {**manifest, "shards": [e for e in manifest["shards"] if shard_object(e) in wanted]}
         super().__init__(shard_units(manifest, split), state, rank, decode)
+        self.dead = shard_dead(manifest)  # a refresh's kept shards: samples no longer live
 
     def _batches(self, worker: int, workers: int) -> Iterator[Delivered]:
         if self.location.startswith("s3://"):
             bucket, _, prefix = self.location[len("s3://") :].partition("/")
-            fetch = s3_fetch(self.s3 or S3Settings.from_env(), bucket, prefix)
+            fetch = s3_fetch(self.s3 or S3Settings.from_env(), bucket, prefix, dead=self.dead)
         else:
-            fetch = folder_fetch(self.location)
+            fetch = folder_fetch(self.location, self.dead)
         return ShardResume(self.units, fetch, self.state, self.rank).batches(worker, workers, mark=False)
 
 

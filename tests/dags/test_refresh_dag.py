@@ -131,7 +131,8 @@ def _lineage(cassandra: CassandraServer, version: str) -> list[str]:
 
 
 def _shards(s3: S3Server) -> tuple[dict, dict[str, str]]:
-    """The live manifest.json and id -> sha256 of the image member of every sample of its shards."""
+    """The live manifest.json and id -> sha256 of the image member of every live sample of its shards (a kept
+    shard's dead samples, listed in its entry, are skipped)."""
     store = open_store(DEST, s3.settings())
     manifest = store.read_manifest()
     assert manifest is not None
@@ -141,9 +142,10 @@ def _shards(s3: S3Server) -> tuple[dict, dict[str, str]]:
         assert chunks is not None
         body = b"".join(chunks)
         assert hashlib.sha256(body).hexdigest() == shard["sha256"]
+        dead = set(shard.get("dead", []))
         with tarfile.open(fileobj=io.BytesIO(body)) as tar:
             for member in tar.getmembers():
-                if member.name.endswith(".jpg"):
+                if member.name.endswith(".jpg") and member.name.removesuffix(".jpg") not in dead:
                     key = member.name.removesuffix(".jpg")
                     assert key not in images
                     images[key] = hashlib.sha256(tar.extractfile(member).read()).hexdigest()  # type: ignore[union-attr]
@@ -285,11 +287,14 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
         assert cli.returncode == 1, cli.stdout + cli.stderr
         assert f"dataset 'rfa' is being written by pid {os.getpid()}" in cli.stderr
         _wait_running(scheduler, "refresh_rfa", "lock", waiting)
-        time.sleep(8)  # the lock task polls every 5 s, logging who holds the dataset
+        holder = f"is being written by pid {os.getpid()}"
+        deadline = time.monotonic() + 60
+        while holder not in _task_log(scheduler, "refresh_rfa", "lock") and time.monotonic() < deadline:
+            time.sleep(0.5)  # the lock task logs who holds the dataset, then polls every 5 s
         assert waiting.poll() is None  # still waiting for the lock
     out = waiting.communicate(timeout=600)[0]
     assert waiting.returncode == 0, out[-3000:]
-    assert f"is being written by pid {os.getpid()}" in out + _task_log(scheduler, "refresh_rfa", "lock"), out[-3000:]
+    assert holder in out + _task_log(scheduler, "refresh_rfa", "lock"), out[-3000:]
     assert open_store("s3://imgest/refresh-test/rfa-cli", s3_server.settings()).read_manifest() is None
 
 

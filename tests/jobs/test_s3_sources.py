@@ -246,14 +246,13 @@ def test_hostile_keys_are_refused_with_their_reason(source: S3Settings, tmp_path
 
 
 def test_refresh_compares_etag_and_size_not_the_upload_time(source: S3Settings, tmp_path: Path) -> None:
-    from imgest.sources.diff import diff_manifest, write_table
+    from imgest.sources.diff import diff_manifest
 
     write_sample(tmp_path / "tree", SampleSpec("imagefolder", classes=2, per_class=3, val_per_class=1, seed=6))
     url = upload(source, tmp_path / "tree", "tests/refresh/")
     scan_to_dir(url, tmp_path / "a", "auto", "ds")
     root = Path(manifest_metadata(tmp_path / "a" / "manifest.parquet")["root"])
-    changes, baseline = diff_manifest(tmp_path / "a" / "manifest.parquet", None, root)
-    write_table(baseline, tmp_path / "baseline.parquet")
+    changes = diff_manifest(tmp_path / "a" / "manifest.parquet", None, root, tmp_path / "baseline.parquet")
     assert len(changes.added) == 8
     client = source.client()
     keys = sorted(o.key for o in list_objects(client, BUCKET, "tests/refresh/train/"))
@@ -261,7 +260,9 @@ def test_refresh_compares_etag_and_size_not_the_upload_time(source: S3Settings, 
     other = (tmp_path / "tree" / keys[2].removeprefix("tests/refresh/")).read_bytes()
     client.put_object(Bucket=BUCKET, Key=keys[1], Body=other)  # new bytes (another image's)
     scan_to_dir(url, tmp_path / "b", "auto", "ds")
-    changes, _ = diff_manifest(tmp_path / "b" / "manifest.parquet", tmp_path / "baseline.parquet", root)
+    changes = diff_manifest(
+        tmp_path / "b" / "manifest.parquet", tmp_path / "baseline.parquet", root, tmp_path / "next.parquet"
+    )
     assert changes.counts() == {"added": 0, "changed": 1, "removed": 0, "unchanged": 7}
     assert changes.touched_same_bytes == 0  # the re-upload kept its ETag: not even read
 

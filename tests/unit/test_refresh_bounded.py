@@ -133,9 +133,11 @@ def _outputs(target: str, plan: dict) -> dict[str, str]:
 EXPECTED = {
     "shards": {
         "counts": '{"added": 20, "changed": 10, "removed": 300, "unchanged": 299690}',
-        "plan": "cf0cbb118e27ac4b040d2c8e76ab65c32cbcd672005532860346944578c85fc3",
-        "shards": "348 kept, 252 dropped, 252 new",
-        "shard_names": "0320bc4fd152658919e3b3119ead71c541fadf0b2b3641c3574c8201e488b047",
+        # deletion vectors (issue #24): every shard kept, its removed and changed rows marked dead; one new shard
+        # for the 10 changed and 20 added images (the re-cut plan was cf0cbb11..., "348 kept, 252 dropped, 252 new")
+        "plan": "ce0efc02c22e36fa5de5907c2784e945122834454088c681e0fd50722dde7cc4",
+        "shards": "600 kept, 0 dropped, 1 new",
+        "shard_names": "dbb63d5d9f8db609f0ade0fea40c027ca811e9a8321a42fbb2cbf5f15e23be6a",
         "removed": "d251753dfdf485210bfb092d175f58b09881aad629076f7ec372d2c4e2883969",
     },
     "cassandra": {

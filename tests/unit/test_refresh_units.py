@@ -7,6 +7,7 @@ import shutil
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -17,7 +18,7 @@ from imgest.flow.registry import load_registry
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
 from imgest.sinks.shards.replan import replan
 from imgest.sources.devdata.sample import SampleSpec, write_sample
-from imgest.sources.diff import diff_manifest, write_table
+from imgest.sources.diff import diff_manifest
 from imgest.sources.scan import scan_to_dir
 from imgest.transform.image import TransformSpec
 
@@ -57,22 +58,22 @@ def _scan(src: Path, out: Path) -> Path:
 def test_diff_finds_added_changed_removed_and_ignores_touched(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_sample(src, SampleSpec("imagefolder", classes=2, per_class=4, val_per_class=1, seed=3))
-    changes, baseline = diff_manifest(_scan(src, tmp_path / "w1"), None, src)
+    changes = diff_manifest(_scan(src, tmp_path / "w1"), None, src, tmp_path / "baseline.parquet")
     assert changes.counts() == {"added": 10, "changed": 0, "removed": 0, "unchanged": 0}
-    write_table(baseline, tmp_path / "baseline.parquet")
     files = sorted((src / "train").rglob("*.JPEG"))
     shutil.copyfile(files[0], files[0].with_name("new.JPEG"))  # added
     files[1].write_bytes(files[2].read_bytes())  # changed bytes
     files[3].unlink()  # removed
     later = time.time() + 10
     os.utime(files[4], (later, later))  # touched: same bytes, new mtime
-    changes, _ = diff_manifest(_scan(src, tmp_path / "w2"), tmp_path / "baseline.parquet", src)
+    changes = diff_manifest(_scan(src, tmp_path / "w2"), tmp_path / "baseline.parquet", src, tmp_path / "next.parquet")
     assert changes.counts() == {"added": 1, "changed": 1, "removed": 1, "unchanged": 8}
     assert changes.touched_same_bytes == 1
     # Suspects are hashed a chunk at a time: any chunk size gives the same changes and the same new baseline.
     manifest = tmp_path / "w2" / "manifest.parquet"
-    small, new_small = diff_manifest(manifest, tmp_path / "baseline.parquet", src, chunk=1)
-    large, new_large = diff_manifest(manifest, tmp_path / "baseline.parquet", src)
+    small = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "small.parquet", chunk=1)
+    large = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "large.parquet")
+    new_small, new_large = pq.read_table(tmp_path / "small.parquet"), pq.read_table(tmp_path / "large.parquet")
     assert (small.added, small.changed, small.removed, small.counts()) == (
         large.added,
         large.changed,
@@ -84,7 +85,7 @@ def test_diff_finds_added_changed_removed_and_ignores_touched(tmp_path: Path) ->
     assert all(len(h) == 64 for h in hashes.values())  # every current file's source sha256 is in the baseline
 
 
-def test_replan_keeps_untouched_shards_and_recuts_the_rest(tmp_path: Path) -> None:
+def test_replan_keeps_touched_shards_with_dead_rows_and_recuts_past_the_threshold(tmp_path: Path) -> None:
     src = tmp_path / "src"
     write_sample(src, SampleSpec("imagefolder", classes=2, per_class=10, val_per_class=0, seed=4))
     manifest = _scan(src, tmp_path / "w")
@@ -93,15 +94,21 @@ def test_replan_keeps_untouched_shards_and_recuts_the_rest(tmp_path: Path) -> No
     table = pq.read_table(manifest)
     first = old.slice(0, 1).column("id")[0].as_py()  # in train-000000
     result = replan(old, table.filter(pc.not_equal(table.column("id"), first)), [first], spec, tspec, refresh=2)
-    assert result.dropped == ["train-000000.tar"]
-    assert result.kept == [f"train-{i:06d}.tar" for i in range(1, 5)]
-    assert result.new == ["train-000005.tar"]  # the 3 survivors of shard 0, after the highest index
+    assert (result.dropped, result.new, result.marked, result.dead) == ([], [], ["train-000000.tar"], 1)
+    assert result.kept == [f"train-{i:06d}.tar" for i in range(5)]
     plan = result.plan
-    assert plan.num_rows == 19
-    assert sorted(plan.column("id").to_pylist()) == sorted(i for i in table.column("id").to_pylist() if i != first)
-    kept_rows = plan.filter(pc.not_equal(plan.column("shard"), "train-000005.tar")).to_pylist()
-    old_rows = old.filter(pc.not_equal(old.column("shard"), "train-000000.tar")).to_pylist()
-    assert kept_rows == old_rows  # same rows, same positions: same digest, nothing rewritten
+    assert plan.num_rows == 20  # the removed row stays, dead: the kept tar's digest covers it
+    assert plan.filter(plan.column("dead")).column("id").to_pylist() == [first]
+    assert plan.drop_columns(["dead"]).to_pylist() == old.to_pylist()  # same rows, same positions
+    # a second row of shard 0 gone: 2 of 4 dead is past COMPACT_DEAD_FRACTION, so shard 0 is re-cut
+    second = old.slice(1, 1).column("id")[0].as_py()
+    left = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=pa.array([first, second]))))
+    again = replan(plan, left, [second], spec, tspec, refresh=3)
+    assert (again.dropped, again.new, again.marked, again.dead) == (["train-000000.tar"], ["train-000005.tar"], [], 0)
+    assert again.kept == [f"train-{i:06d}.tar" for i in range(1, 5)]
+    live = again.plan.filter(pc.invert(again.plan.column("dead")))
+    assert sorted(live.column("id").to_pylist()) == sorted(left.column("id").to_pylist())
+    assert again.plan.num_rows == live.num_rows == 18
 
 
 def test_lock_refuses_a_second_writer_and_frees_a_dead_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

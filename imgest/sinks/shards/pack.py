@@ -17,7 +17,7 @@ from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
-from imgest.sinks.shards.plan import ShardSpec, shard_digest
+from imgest.sinks.shards.plan import DEAD, ShardSpec, shard_digest
 from imgest.sinks.shards.store import (
     ShardStore,
     history_name,
@@ -26,7 +26,7 @@ from imgest.sinks.shards.store import (
     shard_object,
     version_prefix,
 )
-from imgest.sinks.shards.tar_writer import ShardTarWriter
+from imgest.sinks.shards.tar_writer import INDEX_VERSION, ShardTarWriter, index_key
 from imgest.sources.manifest import Candidate, ClassInfo
 from imgest.transform.image import TransformSpec
 from imgest.transform.pipeline import process_candidates
@@ -76,6 +76,7 @@ class ShardRecord:
     reused: str = ""  # "", "resumed" (written by an interrupted run) or "published" (already live)
     labels: dict[str, int] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)  # keys of the tar's samples that are no longer live (sorted)
 
 
 def sample_members(
@@ -109,7 +110,7 @@ def reused_shard(name: str, digest: str, split: str, cfg: PackConfig, store: Sha
     """The record of shard NAME when it is already published (its object still there, same size) or written
     under this run's prefix with the same inputs, else None."""
     live = cfg.published.get(name)
-    if live is not None and live.get("digest") == digest:
+    if live is not None and live.get("digest") == digest and not live.get("dead"):
         path = shard_object(live)
         if store.size(path) == live["bytes"]:
             log.info("shard %s is already published as %s with the same inputs; kept", name, path)
@@ -167,7 +168,15 @@ def pack_shard(
     on_sample: Callable[[int], None] | None = None,
 ) -> ShardRecord:
     """Build shard NAME from ROWS (in planned order) and write it to ``v/<key>/NAME`` unless it is already
-    published or written there with the same inputs."""
+    published or written there with the same inputs. ROWS with dead ones (a refresh's kept shard, see replan) keep
+    the published tar with a new index of its live samples (kept_with_deletions); when that tar is not there with
+    the same inputs, the live rows are written to a new tar."""
+    if any(r.get(DEAD) for r in rows):
+        kept = kept_with_deletions(name, rows, cfg, store)
+        if kept is not None:
+            return kept
+        log.warning("shard %s: no published tar with the same inputs to keep; its live samples are rewritten", name)
+        rows = [r for r in rows if not r.get(DEAD)]
     digest = shard_digest(rows, cfg.spec)
     split = rows[0]["split"]
     reused = reused_shard(name, digest, split, cfg, store)
@@ -217,6 +226,54 @@ def pack_shard(
     )
 
 
+def kept_with_deletions(
+    name: str, rows: list[dict[str, Any]], cfg: PackConfig, store: ShardStore
+) -> ShardRecord | None:
+    """The record of shard NAME kept as published with the dead ROWS taken out, or None when the live manifest has
+    no tar of NAME with the same inputs (every row, dead or live, in its order). No byte of the tar is rewritten: its
+    live samples are listed in a new DALI index ``v/<key>/NAME.idx`` (never the published index's name), its dead
+    keys in the record. A shard with no new dead sample keeps its published entry: its index is neither read nor
+    written, so a refresh costs nothing for the shards an earlier one marked."""
+    live = cfg.published.get(name)
+    digest = shard_digest(rows, cfg.spec)
+    if live is None or live.get("digest") != digest or store.size(shard_object(live)) != live["bytes"]:
+        return None
+    dead = {str(r["id"]) for r in rows if r.get(DEAD)}
+    record = ShardRecord(
+        name,
+        str(rows[0]["split"]),
+        live["samples"],
+        live["bytes"],
+        live["sha256"],
+        digest,
+        shard_object(live),
+        str(live["index"]),
+        live.get("info") or workdir.shard_info(shard_object(live)),
+        reused="published",
+        labels=live.get("labels", {}),
+        quarantine=[q for q in live.get("quarantine", []) if q.get("id") not in dead],
+        dead=list(live.get("dead", [])),
+    )
+    if not dead - set(record.dead):  # no new dead sample: the published entry stays right, nothing is read
+        return record
+    raw = store.read_bytes(record.index)
+    if raw is None:
+        log.warning("shard %s: its index %s is missing", name, record.index)
+        return None
+    lines = raw.decode().splitlines()[1:]
+    kept = [line for line in lines if index_key(line) not in dead]
+    dead_keys = sorted(set(record.dead) | {index_key(line) for line in lines if index_key(line) in dead})
+    if dead_keys == record.dead:  # the new dead rows were never in the tar (quarantined)
+        return record
+    record.index = workdir.shard_index(f"{cfg.prefix()}/{name}")
+    store.put_bytes(record.index, "".join(f"{line}\n" for line in [f"{INDEX_VERSION} {len(kept)}", *kept]).encode())
+    in_tar = {index_key(line) for line in kept}
+    record.samples, record.dead = len(kept), dead_keys
+    record.labels = dict(Counter(str(r["label"]) for r in rows if str(r["id"]) in in_tar and not r.get(DEAD)))
+    log.info("shard %s: kept as %s, %d samples dead, indexed by %s", name, record.path, len(dead_keys), record.index)
+    return record
+
+
 def info_bytes(digest: str, labels: Counter[str], quarantine: list[dict[str, Any]]) -> bytes:
     """The sidecar of a shard: its input digest, samples per label and quarantined inputs (deterministic)."""
     info = {"digest": digest, "labels": dict(labels), "quarantine": quarantine}
@@ -263,6 +320,7 @@ def build_manifest(
                 "digest": r.digest,
                 "labels": r.labels,
                 "quarantine": r.quarantine,
+                **({"dead": r.dead} if r.dead else {}),
             }
             for r in records
         ],
@@ -281,9 +339,10 @@ SAMPLES_GROUP_ROWS = 65_536  # rows per row group of samples.parquet
 
 
 def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
-    """samples.parquet: id, label, split, shard and position of every packed sample (quarantined samples are left
-    out). PLAN, in shard order, is a table or the path of a plan file; a file is read a row group at a time, so
-    memory holds one group and the compressed output, whatever the dataset's size."""
+    """samples.parquet: id, label, split, shard and position in its tar of every live packed sample (quarantined
+    samples and a refresh's dead rows are left out). PLAN, in shard order, is a table or the path of a plan file; a
+    file is read a row group at a time, so memory holds one group and the compressed output, whatever the dataset's
+    size."""
     import io
 
     import pyarrow as pa
@@ -296,7 +355,8 @@ def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
     else:
         source = pq.ParquetFile(plan)
         base = source.schema_arrow
-        pieces = (source.read_row_group(g, columns=columns) for g in range(source.num_row_groups))
+        read = [*columns, DEAD] if DEAD in base.names else columns
+        pieces = (source.read_row_group(g, columns=read) for g in range(source.num_row_groups))
     schema = pa.schema([base.field(c) for c in columns] + [pa.field("position", pa.int32())], metadata=base.metadata)
     dropped = pa.array(sorted({q["id"] for r in records for q in r.quarantine}), pa.string())
     buf = io.BytesIO()
@@ -313,14 +373,16 @@ def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
 
 
 def _positioned(pieces: Iterable[Any], columns: list[str], dropped: Any) -> Iterable[Any]:
-    """The kept rows of every piece of a plan with their position in their shard (counted on across pieces)."""
+    """The live rows of every piece of a plan with their position in their shard's tar (counted on across pieces;
+    a dead row still holds its place in the tar)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     last, count = None, 0
     for piece in pieces:
-        kept = piece.filter(pc.invert(pc.is_in(piece.column("id"), value_set=dropped))).select(columns)
+        kept = piece.filter(pc.invert(pc.is_in(piece.column("id"), value_set=dropped)))
+        kept = kept.select([*columns, DEAD] if DEAD in kept.column_names else columns)
         if not kept.num_rows:
             continue
         codes = pc.dictionary_encode(kept.column("shard")).combine_chunks().indices.to_numpy()
@@ -330,7 +392,11 @@ def _positioned(pieces: Iterable[Any], columns: list[str], dropped: Any) -> Iter
         if kept.column("shard")[0].as_py() == last:  # the shard goes on from the previous piece
             position[starts == 0] += count
         last, count = kept.column("shard")[-1].as_py(), int(position[-1]) + 1
-        yield kept.append_column("position", pa.array(position, pa.int32()))
+        kept = kept.append_column("position", pa.array(position, pa.int32()))
+        if DEAD in kept.column_names:
+            kept = kept.filter(pc.invert(kept.column(DEAD))).drop_columns([DEAD])
+        if kept.num_rows:
+            yield kept
 
 
 def publish(store: ShardStore, manifest: dict[str, Any], samples: bytes | None = None) -> bool:

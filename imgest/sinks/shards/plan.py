@@ -37,6 +37,7 @@ JSON_BOUND = 1024  # the .json member of a sample stays below this
 PLAN_BUCKET_ROWS = 65_536  # a split of more rows is shuffled in buckets of about this many (bounded memory)
 SPILL_BATCH_ROWS = 65_536  # manifest rows grouped into buckets at a time while planning
 READ_BATCH_ROWS = 8_192  # manifest rows decoded at a time (larger reads hold more memory in the allocator)
+DEAD = "dead"  # a refresh plan's column: True for a row of a kept shard that is no longer live (see replan)
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,19 @@ def shard_name(split: str, index: int) -> str:
 
 @dataclass(frozen=True)
 class PlanFile:
-    """A shard plan written by build_plan: its file, [(shard name, row group)] in order, its row count and its
-    version key (see version_key)."""
+    """A shard plan written by build_plan: its file, [(shard name, row group)] in order, its row count, its
+    version key (see version_key) and how many of its rows are dead (a refresh's kept shards, see replan)."""
 
     path: Path
     shards: list[tuple[str, int]]
     rows: int
     key: str
+    dead: int = 0
+
+    @property
+    def live(self) -> int:
+        """The rows the plan's shards deliver: every row but the dead ones."""
+        return self.rows - self.dead
 
 
 def build_plan(
@@ -236,6 +243,7 @@ class _PlanWriter:
         self.key = _key_hash(spec)
         self.order: list[tuple[str, int]] = []
         self.rows = 0
+        self.dead = 0
         self._name: str | None = None
         self._pending: list[pa.Table] = []
         self._writer = pq.ParquetWriter(self.partial, schema, compression="zstd")
@@ -254,7 +262,7 @@ class _PlanWriter:
 
     def result(self) -> PlanFile:
         """The written plan (after the with block)."""
-        return PlanFile(self.out, self.order, self.rows, self.key.hexdigest()[:16])
+        return PlanFile(self.out, self.order, self.rows, self.key.hexdigest()[:16], self.dead)
 
     def add(
         self, rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, state: tuple[int, int, int]
@@ -288,6 +296,8 @@ class _PlanWriter:
         _key_update(self.key, table)
         self.order.append((self._name, len(self.order)))
         self.rows += table.num_rows
+        if DEAD in table.column_names:
+            self.dead += int(pc.sum(pc.cast(table.column(DEAD), pa.int64())).as_py() or 0)
         self._name, self._pending = None, []
 
 
@@ -409,11 +419,15 @@ def _key_hash(spec: TransformSpec) -> Any:
 
 
 def _key_update(h: Any, plan: pa.Table) -> None:
-    """Feed PLAN's rows to the version key H, one chunk of text at a time."""
+    """Feed PLAN's rows to the version key H, one chunk of text at a time (a dead row's line says so: a plan that
+    marks other rows dead is another version)."""
     columns = ["shard", "id", "size", "mtime", "label"]
-    for batch in plan.select(columns).to_batches(max_chunksize=65_536):
+    dead = DEAD in plan.column_names
+    for batch in plan.select([*columns, DEAD] if dead else columns).to_batches(max_chunksize=65_536):
         values = [batch.column(c).to_pylist() for c in columns]
-        h.update("".join(f"{s}|{i}|{z}|{m}|{lab}\n" for s, i, z, m, lab in zip(*values, strict=True)).encode())
+        flags = batch.column(DEAD).to_pylist() if dead else [False] * batch.num_rows
+        lines = zip(*values, flags, strict=True)
+        h.update("".join(f"{s}|{i}|{z}|{m}|{lab}{'|dead' if d else ''}\n" for s, i, z, m, lab, d in lines).encode())
 
 
 def read_shard_rows(path: Path, row_group: int) -> list[dict[str, object]]:

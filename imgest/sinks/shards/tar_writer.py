@@ -30,6 +30,11 @@ class ShardFile:
     samples: int
 
 
+def index_key(line: str) -> str:
+    """The sample key of one sample line of a DALI index (``ext offset size key.ext ...``)."""
+    return line.split(" ", 4)[3].partition(".")[0]
+
+
 def member_overhead(size: int) -> int:
     """Bytes a member of SIZE takes in the tar: header plus data padded to the block size."""
     return BLOCK + -(-size // BLOCK) * BLOCK

@@ -2,8 +2,10 @@
 
 Shards are hashed by a small pool of threads, each streaming one shard in 1 MiB chunks (at most ``workers``
 shards in flight, so memory stays at a few chunks whatever the shard size); the .idx and .info.json sidecars
-and the samples table are checked for presence. At ImageNet's count this is a few hundred shards: every byte
-is re-read and hashed by default, the cost of an honest check after an ingest.
+and the samples table are checked for presence. A shard kept by a refresh with dead samples (see ``replan``) is
+checked against its first version's sha256 (its tar is never rewritten) and its new index must list exactly its
+live samples: as many as the entry says, none of its dead keys. At ImageNet's count this is a few hundred shards:
+every byte is re-read and hashed by default, the cost of an honest check after an ingest.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from imgest.core.errors import ImgestError
 from imgest.sinks.shards.store import ShardStore, samples_object, shard_object, shard_objects
+from imgest.sinks.shards.tar_writer import index_key
 
 log = logging.getLogger(__name__)
 DEFAULT_WORKERS = 8  # shards hashed at once (one S3 GET stream or file each); below boto3's 10 pooled connections
@@ -69,7 +72,23 @@ def shard_problem(store: ShardStore, entry: dict[str, Any]) -> tuple[str | None,
     if h.hexdigest() != entry["sha256"]:
         return f"{path}: sha256 differs", size
     absent = [name for name in shard_objects(entry)[1:] if store.size(name) is None]
-    return (f"{path}: missing {', '.join(absent)}" if absent else None), size
+    if absent:
+        return f"{path}: missing {', '.join(absent)}", size
+    return (index_problem(store, entry) if entry.get("dead") else None), size
+
+
+def index_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
+    """What is wrong with the index of ENTRY, a shard with dead samples, or None: it must list exactly the entry's
+    live sample count, none of them a dead key."""
+    name = str(entry["index"])
+    lines = (store.read_bytes(name) or b"").decode().splitlines()
+    head = lines[0].split() if lines else []
+    if len(head) != 2 or head[1] != str(len(lines) - 1) or len(lines) - 1 != entry["samples"]:
+        listed = len(lines) - 1
+        return f"{name}: lists {listed} samples (header {' '.join(head)!r}), manifest.json says {entry['samples']}"
+    dead = set(entry["dead"])
+    listed = [index_key(line) for line in lines[1:] if index_key(line) in dead]
+    return f"{name}: lists dead samples {', '.join(listed[:3])}" if listed else None
 
 
 def _bounded(

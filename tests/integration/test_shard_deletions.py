@@ -1,0 +1,314 @@
+"""A refresh with deletion vectors, in a folder and on the real S3 server: a shard that lost a sample keeps its tar
+(not one byte rewritten) with a new index of its live samples and its dead keys in manifest.json; a shard past the
+compaction threshold is re-cut; only the changed and added samples are packed into new shards. Every reader of
+shards then delivers exactly the live samples, each once, a changed one with its new bytes, and resumes at 40 %."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from imgest.core.quarantine import QuarantineLog
+from imgest.readback.check import s3_keys
+from imgest.readback.datasets import shards_set
+from imgest.readback.readers import webdataset_batches
+from imgest.readback.resumable import ShardResume, folder_fetch, s3_fetch, shard_dead, shard_units
+from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
+from imgest.services.s3 import S3Server
+from imgest.sinks.shards.gc import collect
+from imgest.sinks.shards.pack import (
+    PackConfig,
+    build_manifest,
+    pack_shard,
+    publish,
+    published_entries,
+    samples_table,
+)
+from imgest.sinks.shards.plan import ShardSpec, plan_shards, version_key
+from imgest.sinks.shards.replan import replan
+from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore, manifest_objects
+from imgest.sinks.shards.verify import verify_shards
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import manifest_metadata, read_classes
+from imgest.sources.scan import scan_to_dir
+from imgest.transform.image import TransformSpec
+from tests.readback.test_resume import Ledger, _Batches, _stop_and_restore
+from tests.shard_readers import read_dali
+
+SHARDS = ShardSpec(max_count=10, seed=3)
+SPEC = TransformSpec(mode="unchanged")  # stored bytes are the source bytes: the sha256 of the file on disk
+PREFIX = "tests/shard-deletions"
+
+
+def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
+    """What the pack job does with PLAN, in one process; returns the published manifest."""
+    manifest = work / "manifest.parquet"
+    key = version_key(plan, SPEC)
+    root = manifest_metadata(manifest)["root"]
+    cfg = PackConfig(root, "del", store.location, SPEC, SHARDS, published_entries(store), key=key)
+    rows = plan.to_pylist()
+    names = sorted({r["shard"] for r in rows})
+    records = [pack_shard(n, [r for r in rows if r["shard"] == n], cfg, store) for n in names]
+    doc = build_manifest(records, cfg, read_classes(work / "classes.json"), QuarantineLog())
+    publish(store, doc, samples_table(plan, records))
+    return doc
+
+
+def _jpeg(color: tuple[int, int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (48, 40), color).save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+def _refreshed(root: Path, store: ShardStore) -> dict[str, Any]:
+    """Version 1 of a 60-image dataset, then a refresh: shard 0 loses a changed sample, shard 1 a removed one,
+    shard 2 three removed ones (past the threshold), two images added. Returns what the test checks."""
+    src = root / "src"
+    write_sample(src, SampleSpec("imagefolder", classes=3, per_class=20, val_per_class=0, seed=5))
+    scan_to_dir(src, root / "m1")
+    old_plan = plan_shards(root / "m1" / "manifest.parquet", SHARDS, SPEC)
+    first = _pack(root / "m1", store, old_plan)
+    rows = old_plan.to_pylist()
+    in_shard = {n: [r for r in rows if r["shard"] == n] for n in sorted({r["shard"] for r in rows})}
+    changed = in_shard["train-000000.tar"][3]
+    removed = [in_shard["train-000001.tar"][5], *in_shard["train-000002.tar"][:3]]
+    (src / changed["rel_path"]).write_bytes(_jpeg((200, 10, 10)))
+    for row in removed:
+        (src / row["rel_path"]).unlink()
+    folder = (src / changed["rel_path"]).parent
+    (folder / "added_1.JPEG").write_bytes(_jpeg((10, 200, 10)))
+    (folder / "added_2.JPEG").write_bytes(_jpeg((10, 10, 200)))
+    scan_to_dir(src, root / "m2")
+    table = pq.read_table(root / "m2" / "manifest.parquet")
+    touched = [changed["id"], *(r["id"] for r in removed)]
+    result = replan(old_plan, table, touched, SHARDS, SPEC, refresh=2)
+    second = _pack(root / "m2", store, result.plan)
+    expected = {
+        r["id"]: (r["label"], hashlib.sha256((src / r["rel_path"]).read_bytes()).hexdigest()) for r in table.to_pylist()
+    }
+    return {
+        "root": root,
+        "first": first,
+        "second": second,
+        "result": result,
+        "changed": changed["id"],
+        "removed": [r["id"] for r in removed],
+        "expected": expected,
+    }
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("deletions")
+    store = LocalStore(root / "shards")
+    yield {**_refreshed(root, store), "store": store, "location": str(root / "shards")}
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def on_s3(tmp_path_factory: pytest.TempPathFactory, s3_server: S3Server) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("s3deletions")
+    store = S3Store(s3_server.settings(), s3_server.bucket, PREFIX)
+    _clear(s3_server)
+    yield {**_refreshed(root, store), "store": store, "s3": s3_server}
+    _clear(s3_server)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _clear(s3: S3Server) -> None:
+    client = s3.settings().client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=PREFIX + "/")
+    keys = [{"Key": o["Key"]} for page in pages for o in page.get("Contents", [])]
+    for at in range(0, len(keys), 1000):
+        client.delete_objects(Bucket=s3.bucket, Delete={"Objects": keys[at : at + 1000], "Quiet": True})
+
+
+def test_refresh_keeps_touched_tars_and_packs_only_the_change(folder: dict[str, Any]) -> None:
+    first, second, result = folder["first"], folder["second"], folder["result"]
+    assert result.dropped == ["train-000002.tar"]  # 3 of 10 dead: past the threshold, re-cut
+    assert result.marked == ["train-000000.tar", "train-000001.tar"]
+    before = {e["name"]: e for e in first["shards"]}
+    after = {e["name"]: e for e in second["shards"]}
+    kept = [n for n in before if n != "train-000002.tar"]
+    for name in kept:  # the same tar object, not one byte rewritten
+        assert {k: after[name][k] for k in ("path", "bytes", "sha256", "digest")} == {
+            k: before[name][k] for k in ("path", "bytes", "sha256", "digest")
+        }
+    assert after["train-000000.tar"]["dead"] == [folder["changed"]]
+    assert after["train-000001.tar"]["dead"] == [folder["removed"][0]]
+    assert after["train-000000.tar"]["samples"] == after["train-000001.tar"]["samples"] == 9
+    assert after["train-000000.tar"]["index"] == f"v/{second['key']}/train-000000.idx"  # a new object, not the old
+    assert not any("dead" in after[n] for n in kept[2:])
+    new = sorted(set(after) - set(before))
+    assert new == result.new
+    # the new shards hold the changed sample, the two added ones and the 7 live samples of the re-cut shard
+    assert sum(after[n]["samples"] for n in new) == 10
+    assert second["samples"] == {"train": 58}
+    assert sum(e["samples"] for e in second["shards"]) == 58
+    store = folder["store"]
+    report = verify_shards(store)
+    assert report.ok, report.mismatches
+    table = pq.read_table(io.BytesIO(store.read_bytes(second["samples_table"])))
+    assert Counter(table.column("id").to_pylist()) == Counter(list(folder["expected"]))  # live ids, each once
+    where = {r["id"]: r["shard"] for r in table.to_pylist()}
+    assert where[folder["changed"]] in new
+    # gc keeps the kept tars of version 1: the live manifest names them
+    report_gc = collect(store, keep=0, min_age=0)
+    assert report_gc.deleted > 0
+    assert all(store.size(name) is not None for name in manifest_objects(second))
+    assert verify_shards(store).ok
+
+
+def test_verify_catches_an_index_that_lists_a_dead_sample(folder: dict[str, Any], tmp_path: Path) -> None:
+    entry = next(e for e in folder["second"]["shards"] if e.get("dead"))
+    store = folder["store"]
+    good = store.read_bytes(entry["index"])
+    assert good is not None
+    copy = LocalStore(tmp_path)
+    for name in manifest_objects(folder["second"]):
+        body = store.read_bytes(name)
+        assert body is not None
+        copy.put_bytes(name, body)
+    copy.write_manifest(folder["second"])
+    lines = good.decode().splitlines()
+    bad = json.loads(json.dumps(folder["second"]))
+    target = next(e for e in bad["shards"] if e["name"] == entry["name"])
+    target["dead"] = [lines[1].split()[3].partition(".")[0]]  # a live sample claimed dead
+    copy.write_manifest(bad)
+    report = verify_shards(copy)
+    assert [m for m in report.mismatches if "lists dead samples" in m], report.mismatches
+
+
+def _check_samples(samples: list[tuple[Any, int, str, dict[str, Any]]], expected: dict[str, tuple[int, str]]) -> None:
+    seen = Counter()
+    for image, label, key, meta in samples:
+        assert (label, hashlib.sha256(image.tobytes()).hexdigest()) == expected[key], key
+        assert meta["sha256"] == expected[key][1]
+        seen[key] += 1
+    assert seen == Counter(list(expected))
+
+
+def _resume(units: Any, fetch: Any, expected: dict[str, tuple[int, str]]) -> None:
+    for world_after in (2, 3):
+        ledger = Ledger(expected)
+        _stop_and_restore(lambda state, rank: _Batches(ShardResume(units, fetch, state, rank, 4)), ledger, world_after)
+        ledger.check_epoch()
+
+
+def test_folder_readers_deliver_the_live_samples(folder: dict[str, Any]) -> None:
+    manifest, expected = folder["second"], folder["expected"]
+    units = shard_units(manifest)
+    fetch = folder_fetch(folder["location"], shard_dead(manifest))
+    samples = [s for shard in fetch(list(zip(units.names, units.sizes.tolist(), strict=True))) for s in shard]
+    _check_samples(samples, expected)
+    _resume(units, fetch, expected)
+    with pytest.raises(Exception, match="holds 10 samples, its manifest says 9"):  # a reader blind to dead keys
+        list(ShardResume(units, folder_fetch(folder["location"]), _state(), 0).batches())
+
+
+def _state() -> Any:
+    from imgest.readback.resume import ReaderState
+
+    return ReaderState(seed=1, world_size=1)
+
+
+def test_dali_webdataset_reads_only_the_indexed_live_samples(folder: dict[str, Any]) -> None:
+    rs = shards_set(folder["store"], split=None)
+    base = Path(folder["location"])
+    got = read_dali([base / s for s in rs.shards], ("jpg", "cls", "json"), [base / i for i in rs.indexes])
+    expected = folder["expected"]
+    seen = Counter()
+    for image, cls, meta in got:
+        key = json.loads(meta)["id"]
+        assert (int(cls), hashlib.sha256(image).hexdigest()) == expected[key], key
+        seen[key] += 1
+    assert seen == Counter(list(expected))
+    assert set(rs.id_list()) == set(expected)
+
+
+def test_torch_dataset_delivers_the_live_samples_and_resumes(folder: dict[str, Any]) -> None:
+    pytest.importorskip("torch", reason="imgest[torch] is part of the dev install (requirements/torch.txt)")
+    from imgest.readback.torchdata import ShardDataset
+    from tests.readback.test_torch_datasets import _epoch
+
+    _epoch(lambda state, rank: ShardDataset(folder["location"], state, rank, split="train"), folder["expected"])
+
+
+@pytest.mark.services
+def test_s3_readers_deliver_the_live_samples(on_s3: dict[str, Any]) -> None:
+    manifest, expected, s3 = on_s3["second"], on_s3["expected"], on_s3["s3"]
+    assert on_s3["result"].marked == ["train-000000.tar", "train-000001.tar"]
+    assert verify_shards(on_s3["store"]).ok
+    units = shard_units(manifest)
+    fetch = s3_fetch(s3.settings(), s3.bucket, PREFIX, dead=shard_dead(manifest))
+    samples = [s for shard in fetch(list(zip(units.names, units.sizes.tolist(), strict=True))) for s in shard]
+    _check_samples(samples, expected)
+    _resume(units, fetch, expected)
+    rs = shards_set(on_s3["store"], split=None)
+    dead = {f"{PREFIX}/{s}": keys for s, keys in rs.dead.items()}
+    stream = S3ShardStream(s3.settings(), s3.bucket, s3_keys(rs, PREFIX), S3StreamOptions(batch_size=7), dead)
+    streamed = [
+        (image, label, key, meta)
+        for images, labels, keys, metas in stream.epoch_batches()
+        for image, label, key, meta in zip(images, labels.tolist(), keys, metas, strict=True)
+    ]
+    _check_samples(streamed, expected)
+    client = s3.settings().client()
+    urls = [f"s3://{s3.bucket}/{k}" for k in s3_keys(rs, PREFIX)]
+    peer_dead = {f"s3://{s3.bucket}/{PREFIX}/{s}": keys for s, keys in rs.dead.items()}
+    opener = lambda url: client.get_object(Bucket=s3.bucket, Key=url[len(f"s3://{s3.bucket}/") :])["Body"]  # noqa: E731
+    peer = Counter(k for _, _, ids, _ in webdataset_batches(urls, 8, opener, peer_dead) for k in ids)
+    assert peer == Counter(list(expected))
+    pytest.importorskip("torch", reason="imgest[torch] is part of the dev install (requirements/torch.txt)")
+    from imgest.readback.torchdata import ShardDataset
+    from tests.readback.test_torch_datasets import _epoch
+
+    location = f"s3://{s3.bucket}/{PREFIX}"
+    _epoch(lambda state, rank: ShardDataset(location, state, rank, s3=s3.settings()), expected)
+
+
+def test_a_changed_sample_is_dead_in_its_old_shard_and_live_in_a_new_one(folder: dict[str, Any]) -> None:
+    plan = folder["result"].plan
+    rows = plan.filter(pc.equal(plan.column("id"), folder["changed"])).to_pylist()
+    assert len(rows) == 2
+    shard_of = {r["dead"]: r["shard"] for r in rows}
+    assert shard_of[True] == "train-000000.tar"
+    assert shard_of[False] in folder["result"].new
+
+
+def test_a_third_refresh_rewrites_only_the_index_of_a_shard_with_new_dead_samples(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "shards")
+    done = _refreshed(tmp_path, store)
+    root, plan = done["root"], done["result"].plan
+    live = plan.filter(pc.and_(pc.equal(plan.column("shard"), "train-000001.tar"), pc.invert(plan.column("dead"))))
+    gone = live.slice(0, 1).to_pylist()[0]
+    (root / "src" / gone["rel_path"]).unlink()
+    scan_to_dir(root / "src", root / "m3")
+    third_plan = replan(plan, pq.read_table(root / "m3" / "manifest.parquet"), [gone["id"]], SHARDS, SPEC, refresh=3)
+    assert (third_plan.dropped, third_plan.new, third_plan.marked) == ([], [], ["train-000000.tar", "train-000001.tar"])
+    indexes = sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*.idx"))
+    third = _pack(root / "m3", store, third_plan.plan)
+    before = {e["name"]: e for e in done["second"]["shards"]}
+    after = {e["name"]: e for e in third["shards"]}
+    assert after["train-000000.tar"] == before["train-000000.tar"]  # no new dead sample: the entry as it was
+    assert after["train-000001.tar"]["index"] == f"v/{third['key']}/train-000001.idx"
+    assert after["train-000001.tar"]["dead"] == sorted([*before["train-000001.tar"]["dead"], gone["id"]])
+    assert after["train-000001.tar"]["samples"] == 8
+    new_indexes = sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*.idx"))
+    assert sorted(set(new_indexes) - set(indexes)) == [f"v/{third['key']}/train-000001.idx"]  # the only index written
+    assert verify_shards(store).ok
+    rs = shards_set(store, split=None)
+    assert gone["id"] not in set(rs.id_list())
+    assert len(rs) == 57
