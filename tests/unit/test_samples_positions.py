@@ -33,7 +33,8 @@ def _record(name: str, quarantine: tuple[str, ...] = (), dead: tuple[str, ...] =
 
 def _positions(plan: pa.Table, records: list[ShardRecord]) -> dict[tuple[str, str], int]:
     table = pq.read_table(io.BytesIO(samples_table(plan, records)))
-    return {(s, i): p for s, i, p in zip(*(table.column(c).to_pylist() for c in ("shard", "id", "position")))}
+    shards, ids, positions = (table.column(c).to_pylist() for c in ("shard", "id", "position"))
+    return {(s, i): p for s, i, p in zip(shards, ids, positions, strict=True)}
 
 
 def test_a_quarantined_sample_fixed_by_a_refresh_holds_no_place_in_its_old_tar() -> None:
