@@ -150,8 +150,9 @@ def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"step {step} failed (exit {proc.returncode}); log: {log_file}")
-    if "spark_driver" not in sampler.peaks.single:  # the kernel's peak also counts reaped children (the JVM)
-        sampler.peaks.single["task"] = max(sampler.peaks.single.get("task", 0), usage.ru_maxrss * 1024)
+    hwm = state_file.parent / f"step-{step}.hwm"  # the step process's own peak (scale_step.own_peak_rss)
+    if hwm.is_file():
+        sampler.peaks.single["task"] = max(sampler.peaks.single.get("task", 0), int(hwm.read_text()))
     result = json.loads((state_file.parent / f"step-{step}.json").read_text())
     load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine shows here (1, 5, 15 min)
     return {

@@ -126,7 +126,17 @@ def run_step(step: str, state_file: Path) -> Path:
     result = run(state)
     out = state_file.parent / f"step-{step}.json"
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (state_file.parent / f"step-{step}.hwm").write_text(f"{own_peak_rss()}\n")
     return out
+
+
+def own_peak_rss() -> int:
+    """This process's peak RSS in bytes since its exec (VmHWM). Not ru_maxrss: Linux carries the parent's
+    high-water mark across fork and exec into it, so a small step started by a large benchmark reads large."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -243,8 +243,7 @@ def _finish_cassandra(
         # Only the previous version's quarantined ids are looked up in what the refresh touched (bounded by the
         # quarantine, not the dataset): the delta and the removed rows stay Arrow columns.
         quarantined = quarantined_ids(session, tables.keyspace, request.dataset, pending["previous"])
-        delta = pq.read_table(rdir / DELTA / workdir.MANIFEST, columns=["id"]).column("id")
-        touched = _among(delta, quarantined) | _among(removed.column("id"), quarantined)
+        touched = _among_file(rdir / DELTA / workdir.MANIFEST, quarantined) | _among(removed.column("id"), quarantined)
         rows = RefreshRows(touched, removed)
         applied = apply_refresh(session, tables, request.dataset, pending["version"], pending["previous"], rows)
         # the job recorded the delta's counts only: the version's rows are counted in the table (token ranges)
@@ -253,6 +252,17 @@ def _finish_cassandra(
             raise VerificationError(f"refresh {pending['version']} does not match the scan: {report.to_dict()}")
         record_changes(session, tables.keyspace, request.dataset, pending["version"], pending["counts"], report.found)
     return {**report.to_dict(), **applied}
+
+
+def _among_file(path: Path, wanted: set[str]) -> set[str]:
+    """The ids of the parquet file PATH that are in WANTED, read a batch at a time (nothing read when WANTED is
+    empty, as after a first version)."""
+    if not wanted:
+        return set()
+    found: set[str] = set()
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=65_536, columns=["id"]):
+        found |= _among(batch.column(0), wanted)
+    return found
 
 
 def _among(ids: pa.ChunkedArray | pa.Array, wanted: set[str]) -> set[str]:

@@ -96,7 +96,8 @@ class CassandraReadOptions:
         fixed = self.prefetch_buffers is not None
         initial = (self.prefetch_buffers if fixed else self.slow_start) * self.batch_size  # type: ignore[operator]
         cap = self.requests_in_flight * self.rows_per_request
-        return AdaptiveWindow("rows", max(1, min(initial, cap)), cap, adaptive=not fixed, start=start)
+        least = initial if fixed else min(initial, self.batch_size)  # max_window_mb may cut the slow start to a batch
+        return AdaptiveWindow("rows", max(1, min(initial, cap)), cap, adaptive=not fixed, start=start, least=least)
 
 
 def epoch_order(ids: Sequence[str], labels: np.ndarray, opts: CassandraReadOptions, epoch: int) -> np.ndarray:

@@ -77,7 +77,9 @@ class AdaptiveWindow:
         gain: float = 1.5,
         startup_gain: float = 2.0,
         start: float | None = None,
+        least: float | None = None,
     ) -> None:
+        self.least = float(initial if least is None else least)  # the smallest window a lower cap may leave
         self.floor, self.cap, self.gain, self.adaptive = float(initial), float(max(cap, initial)), gain, adaptive
         self.stats_unit = unit
         self.startup_gain = startup_gain
@@ -105,8 +107,10 @@ class AdaptiveWindow:
         return time.perf_counter(), self.delivered
 
     def set_cap(self, cap: float) -> None:
-        """Lower or raise the memory bound (say once the size of a row or a shard is known)."""
-        self.cap = max(self.floor, cap)
+        """Lower or raise the memory bound (say once the size of a row or a shard is known): it holds over the slow
+        start's first window too, down to the least window (``least``, say one batch)."""
+        self.cap = max(self.least, cap)
+        self.floor = min(self.floor, self.cap)
         if self.size > self.cap:
             self.size = self.cap
             self.stats.capped = True

@@ -191,8 +191,9 @@ def _index_baseline(baseline: pq.ParquetFile | None, path: Path | None) -> _KeyI
             keep[later] = False
             return _KeyIndex(keys[keep], rows[keep], seed, size, aliases, alias_of)
     raise BaselineError(
-        f"{path}: different ids share a 64-bit key under every seed {KEY_SEEDS}: delete the baseline "
-        "file to compare nothing (the next refresh then ingests every image again)"
+        f"{path}: different ids share a 64-bit key under every seed {KEY_SEEDS}: delete the folder holding it "
+        f"({path.parent if path else 'refresh/<target>'}: baseline, plan and state) so that the next refresh "
+        "makes a new first version of every image, or report this (it should never happen)"
     )
 
 

@@ -217,13 +217,13 @@ def test_samples_table_streams_a_plan_file_with_positions_across_groups(manifest
     built = build_plan(manifest, tmp_path / "plan.parquet", ShardSpec(max_count=70, seed=1), UNCHANGED, 300)
     plan = pq.read_table(built.path)
     pq.write_table(plan, tmp_path / "odd.parquet", row_group_size=33)  # shards straddle row groups
-    ids = plan.column("id").to_pylist()
+    ids, shards = plan.column("id").to_pylist(), plan.column("shard").to_pylist()
 
-    class Quarantined:
-        def __init__(self) -> None:
-            self.quarantine = [{"id": ids[0]}, {"id": ids[71]}, {"id": ids[-1]}]
+    class Quarantined:  # a shard's record with one quarantined sample
+        def __init__(self, row: int) -> None:
+            self.name, self.quarantine, self.dead = shards[row], [{"id": ids[row]}], []
 
-    records = [Quarantined()]
+    records = [Quarantined(0), Quarantined(71), Quarantined(len(ids) - 1)]
     for source in (built.path, tmp_path / "odd.parquet", plan):
         table = pq.read_table(io.BytesIO(samples_table(source, records)))  # type: ignore[arg-type]
         assert table.num_rows == plan.num_rows - 3

@@ -191,3 +191,16 @@ def test_samples_of_a_consumer_that_does_not_keep_up_neither_shrink_the_window_n
         if not window.in_startup:
             break
     assert not window.in_startup
+
+
+def test_max_window_mb_cuts_a_large_slow_start_down_to_one_batch() -> None:
+    # slow_start 16 x batch 256 = 4,096 rows: about 450 MB of ImageNet-size JPEGs, over the 256 MB bound
+    window = CassandraReadOptions(batch_size=256).window()
+    assert window.size == 4096
+    window.set_cap(256 * 2**20 / 110_000)  # rows of 110 KB that fit 256 MB: 2,440
+    assert window.size == window.cap == 256 * 2**20 / 110_000
+    window.set_cap(100)  # below a batch: the window keeps one batch, or no batch could ever be made
+    assert window.size == window.cap == 256
+    fixed = CassandraReadOptions(batch_size=256, prefetch_buffers=4).window()
+    fixed.set_cap(100)
+    assert fixed.size == 1024  # a fixed window is what the user asked for

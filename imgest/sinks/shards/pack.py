@@ -171,17 +171,19 @@ def pack_shard(
     published or written there with the same inputs. ROWS with dead ones (a refresh's kept shard, see replan) keep
     the published tar with a new index of its live samples (kept_with_deletions); when that tar is not there with
     the same inputs, the live rows are written to a new tar."""
+    planned = len(rows)
     if any(r.get(DEAD) for r in rows):
         kept = kept_with_deletions(name, rows, cfg, store)
         if kept is not None:
             return kept
-        log.warning("shard %s: no published tar with the same inputs to keep; its live samples are rewritten", name)
-        rows = [r for r in rows if not r.get(DEAD)]
+        rows = [r for r in rows if not r.get(DEAD)]  # its live rows, packed (or kept) as a shard of their own
     digest = shard_digest(rows, cfg.spec)
     split = rows[0]["split"]
     reused = reused_shard(name, digest, split, cfg, store)
     if reused is not None:
         return reused
+    if len(rows) < planned:
+        log.warning("shard %s: no published tar with the same inputs to keep; its live samples are rewritten", name)
     path = f"{cfg.prefix()}/{name}"
     quarantine = QuarantineLog()
     labels: Counter[str] = Counter()
@@ -358,11 +360,12 @@ def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
         read = [*columns, DEAD] if DEAD in base.names else columns
         pieces = (source.read_row_group(g, columns=read) for g in range(source.num_row_groups))
     schema = pa.schema([base.field(c) for c in columns] + [pa.field("position", pa.int32())], metadata=base.metadata)
-    dropped = pa.array(sorted({q["id"] for r in records for q in r.quarantine}), pa.string())
+    absent = _pairs((r.name, q["id"]) for r in records for q in r.quarantine)  # live rows not in their tar
+    dead = _pairs((r.name, key) for r in records for key in r.dead)  # dead rows still in their tar
     buf = io.BytesIO()
     with pq.ParquetWriter(buf, schema, compression="zstd") as writer:
         pending: list[Any] = []
-        for table in _positioned(pieces, columns, dropped):
+        for table in _positioned(pieces, columns, absent, dead):
             pending.append(table.cast(schema))
             if sum(t.num_rows for t in pending) >= SAMPLES_GROUP_ROWS:
                 writer.write_table(pa.concat_tables(pending))
@@ -372,16 +375,37 @@ def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
     return buf.getvalue()
 
 
-def _positioned(pieces: Iterable[Any], columns: list[str], dropped: Any) -> Iterable[Any]:
+def _pairs(pairs: Iterable[tuple[str, str]]) -> Any:
+    """(shard, id) PAIRS as an Arrow array of ``shard/id`` strings (the keys _in_tar looks rows up by)."""
+    import pyarrow as pa
+
+    return pa.array(sorted({f"{shard}/{key}" for shard, key in pairs}), pa.string())
+
+
+def _in_tar(piece: Any, absent: Any, dead: Any) -> Any:
+    """Which rows of PIECE have a sample in their shard's tar: a live row unless its shard's record quarantined it
+    (ABSENT), a dead row only where its shard's record lists it among the tar's dead keys (DEAD: a row quarantined
+    when the tar was written, or a shard whose live rows were rewritten, has none)."""
+    import pyarrow.compute as pc
+
+    keys = pc.binary_join_element_wise(piece.column("shard"), piece.column("id"), "/")
+    live = pc.invert(pc.is_in(keys, value_set=absent))
+    if DEAD not in piece.column_names:
+        return live
+    return pc.if_else(piece.column(DEAD), pc.is_in(keys, value_set=dead), live)
+
+
+def _positioned(pieces: Iterable[Any], columns: list[str], absent: Any, dead: Any) -> Iterable[Any]:
     """The live rows of every piece of a plan with their position in their shard's tar (counted on across pieces;
-    a dead row still holds its place in the tar)."""
+    a dead row still in the tar holds its place there). Whether a row is in the tar is asked per shard: after a
+    refresh one id can be dead in a kept shard and live, or quarantined, in a new one."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     last, count = None, 0
     for piece in pieces:
-        kept = piece.filter(pc.invert(pc.is_in(piece.column("id"), value_set=dropped)))
+        kept = piece.filter(_in_tar(piece, absent, dead))
         kept = kept.select([*columns, DEAD] if DEAD in kept.column_names else columns)
         if not kept.num_rows:
             continue

@@ -84,7 +84,7 @@ def index_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
     lines = (store.read_bytes(name) or b"").decode().splitlines()
     head = lines[0].split() if lines else []
     if len(head) != 2 or head[1] != str(len(lines) - 1) or len(lines) - 1 != entry["samples"]:
-        listed = len(lines) - 1
+        listed = max(len(lines) - 1, 0)
         return f"{name}: lists {listed} samples (header {' '.join(head)!r}), manifest.json says {entry['samples']}"
     dead = set(entry["dead"])
     listed = [index_key(line) for line in lines[1:] if index_key(line) in dead]
