@@ -29,20 +29,11 @@ from imgest.sinks.shards.plan import id_hashes
 from imgest.sources import diff
 from imgest.sources.diff import HASH_COLUMN
 from imgest.sources.manifest import SCHEMA, image_id
+from tests.unit.test_refresh_bounded import _digest
 
 DATASET = "syn-flat"
 SMALL = 2000
 IMAGENET = 1_331_167
-
-
-def _digest(table: pa.Table) -> str:
-    """sha256 of TABLE's rows, column by column (metadata ignored)."""
-    h = hashlib.sha256()
-    for name in table.column_names:
-        h.update(name.encode())
-        for value in table.column(name).to_pylist():
-            h.update(repr(value).encode())
-    return h.hexdigest()
 
 
 def _small_rows(root: Path) -> list[dict]:
@@ -248,6 +239,7 @@ print(json.dumps({"plan": plan, "traced": traced, "arrow": pool.max_memory() - s
 """
 
 
+@pytest.mark.slow  # 1.33 M rows: the full tier's, not the quick one's
 def test_plan_at_imagenet_count_holds_a_few_bytes_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
     conf, work = _large_scenario(tmp_path)
