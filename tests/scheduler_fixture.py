@@ -22,6 +22,7 @@ DEST = "s3://imgest/refresh-test/rfx"
 # A real schedule whose first run is years away: the scheduler must not start a run of its own during the test.
 SCHEDULE = "0 0 29 2 *"
 REFRESH_DAGS = {"refresh_rfx", "refresh_rfa", "refresh_rfb"}
+CHECK_DAG = "check_datasets"
 CLEANUP_ENV = "AIRFLOW__SCHEDULER__PARSING_CLEANUP_INTERVAL"
 _stoppers: list[Callable[[], None]] = []
 
@@ -69,17 +70,28 @@ def listed_dags(server: AirflowServer) -> set[str]:
 def pause_refresh_dags(server: AirflowServer, timeout: float = 180) -> None:
     """The scheduler must not run the runs `airflow dags test` creates (both would execute their tasks): pause
     the refresh DAGs once the DAG processor has listed them. Both the wait and the pause go to the metadata DB
-    (the column `airflow dags pause` sets): an `airflow` CLI call costs 5 s of CPU. `dags test` runs paused DAGs;
-    check_datasets stays unpaused, so the Assets still trigger it."""
+    (the column `airflow dags pause` sets): an `airflow` CLI call costs 5 s of CPU. `dags test` runs paused DAGs.
+    check_datasets is paused too: the browser tests' runs announce Assets, and the check each would trigger reads
+    the sample back with every reader while later tests run; the refresh tests, which test that trigger, resume
+    it (resume_checks). A paused DAG is not queued by an Asset event, so no check is left waiting."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not listed_dags(server) >= REFRESH_DAGS:
+    while time.monotonic() < deadline and not listed_dags(server) >= REFRESH_DAGS | {CHECK_DAG}:
         time.sleep(1)
-    marks = ",".join("?" * len(REFRESH_DAGS))
+    _set_paused(server, REFRESH_DAGS | {CHECK_DAG}, True)
+
+
+def resume_checks(server: AirflowServer) -> None:
+    """Let the Asset events of the runs from now on trigger check_datasets (paused by pause_refresh_dags)."""
+    _set_paused(server, {CHECK_DAG}, False)
+
+
+def _set_paused(server: AirflowServer, dags: set[str], paused: bool) -> None:
+    marks = ",".join("?" * len(dags))
     with sqlite3.connect(server.home / "airflow.db", timeout=60) as db:
-        db.execute(f"UPDATE dag SET is_paused = 1 WHERE dag_id IN ({marks})", sorted(REFRESH_DAGS))
+        db.execute(f"UPDATE dag SET is_paused = ? WHERE dag_id IN ({marks})", [int(paused), *sorted(dags)])
     with sqlite3.connect(server.home / "airflow.db") as db:
-        paused = {r[0] for r in db.execute("SELECT dag_id FROM dag WHERE is_paused")}
-    assert paused >= REFRESH_DAGS, paused
+        now = {r[0] for r in db.execute("SELECT dag_id FROM dag WHERE is_paused")}
+    assert (now >= dags) if paused else not (now & dags), now
 
 
 def scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServer]:

@@ -282,8 +282,7 @@ def latency_sweep(
     opts = ReadCheckOptions(batch_size=batch_size)
     rows: list[dict[str, Any]] = []
 
-    def row(cond: Condition, depth: int | None, run: Any) -> None:  # RUN() once per repeat; medians kept
-        repeats_ = [run() for _ in range(repeats)]  # each: one RunResult per epoch
+    def row(cond: Condition, depth: int | None, repeats_: list[list[RunResult]]) -> None:  # medians kept
         adaptive = depth is None and repeats_[0][0].reader in ADAPTIVE
         base = {
             "condition": cond.name,
@@ -302,24 +301,31 @@ def latency_sweep(
 
     cset, sset = sets["cassandra"], sets["s3"]
     wc, ws = (window_sets or sets)["cassandra"], (window_sets or sets)["s3"]
-    for cond in conds:
-        cond.apply(proxy, ["cassandra", "s3"])
-        runs = {
-            "cassandra": lambda: cassandra_epochs(c_proxied, wc, spec, opts.cassandra, epochs),
-            "shards-s3-stream": lambda: s3_stream_epochs(ws, s_proxied, w_bucket, w_prefix, spec, opts.s3, epochs),
-            "cassandra-simple": lambda: [cassandra_simple_run(c_proxied, cset, spec)],
-            "shards-s3-webdataset": lambda: [s3_webdataset_run(sset, s_proxied, bucket, prefix, spec)],
-        }
-        for name, run in runs.items():
-            if name in readers:
-                row(cond, None, run)
-        for depth in depths:
-            copts = replace(opts.cassandra, prefetch_buffers=depth)
-            sopts = replace(opts.s3, parallel_shards=depth)
-            if "cassandra" in readers:
-                row(cond, depth, lambda c=copts: [cassandra_run(c_proxied, wc, spec, c)])
-            if "shards-s3-stream" in readers:
-                row(cond, depth, lambda s=sopts: [s3_stream_run(ws, s_proxied, w_bucket, w_prefix, spec, s)])
+    runs = {
+        "cassandra": lambda: cassandra_epochs(c_proxied, wc, spec, opts.cassandra, epochs),
+        "shards-s3-stream": lambda: s3_stream_epochs(ws, s_proxied, w_bucket, w_prefix, spec, opts.s3, epochs),
+        "cassandra-simple": lambda: [cassandra_simple_run(c_proxied, cset, spec)],
+        "shards-s3-webdataset": lambda: [s3_webdataset_run(sset, s_proxied, bucket, prefix, spec)],
+    }
+    points: list[tuple[int | None, Any]] = [(None, run) for name, run in runs.items() if name in readers]
+    for depth in depths:
+        copts = replace(opts.cassandra, prefetch_buffers=depth)
+        sopts = replace(opts.s3, parallel_shards=depth)
+        if "cassandra" in readers:
+            points.append((depth, lambda c=copts: [cassandra_run(c_proxied, wc, spec, c)]))
+        if "shards-s3-stream" in readers:
+            points.append((depth, lambda s=sopts: [s3_stream_run(ws, s_proxied, w_bucket, w_prefix, spec, s)]))
+    # Every round visits every condition in turn (not all rounds of one condition, then the next): a machine whose
+    # speed drifts during the sweep (a shared host) shifts every condition alike, and the ratios to 0 ms hold.
+    results: dict[tuple[int, int], list[list[RunResult]]] = {}
+    for _ in range(repeats):
+        for c, cond in enumerate(conds):
+            cond.apply(proxy, ["cassandra", "s3"])
+            for p, (_, run) in enumerate(points):
+                results.setdefault((c, p), []).append(run())
+    for c, cond in enumerate(conds):
+        for p, (depth, _) in enumerate(points):
+            row(cond, depth, results[(c, p)])
     Condition("0 ms", 0).apply(proxy, ["cassandra", "s3"])
     return rows
 
@@ -544,8 +550,8 @@ def measure_all(
     readers: tuple[str, ...] = SWEPT,
 ) -> dict[str, Any]:
     """Prepare, then every reader ROUNDS times (after a warm-up round; not with SWEEP_ONLY) and the network
-    sweep (ROUNDS repeats per point, EPOCHS epochs per run of the adaptive readers, which read a dataset of
-    SWEEP_IMAGES when larger than IMAGES), pinned."""
+    sweep (ROUNDS repeats per point, the conditions in turn within each, EPOCHS epochs per run of the adaptive
+    readers, which read a dataset of SWEEP_IMAGES when larger than IMAGES), pinned."""
     from imgest.readback.pinning import pinned
     from imgest.services import CassandraServer, S3Server
     from imgest.services.latency import LatencyProxy

@@ -29,7 +29,7 @@ from imgest.core.errors import ConfigError
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.flow.registry import REFRESH_TARGETS
 from imgest.flow.request import IngestRequest
-from imgest.sources.diff import SourceChanges, diff_manifest, write_rows, write_table
+from imgest.sources.diff import SourceChanges, diff_manifest, write_rows
 from imgest.sources.manifest import manifest_metadata
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def _shards_args(
 
     from imgest.flow.steps import shards_job_args
     from imgest.sinks.shards.plan import build_plan
-    from imgest.sinks.shards.replan import replan
+    from imgest.sinks.shards.replan import replan_file
 
     rdir = refresh_dir(request.dataset, request.target)
     old = rdir / PLAN
@@ -165,11 +165,16 @@ def _shards_args(
     same_cut = state.get("sharding", sharding) == sharding  # a version before this was recorded: assume the same
     pending["sharding"] = sharding
     if pending["previous"] and old.is_file() and same_cut:
-        table = pq.read_table(manifest_dir / workdir.MANIFEST)
-        touched = changes.touched()
-        result = replan(pq.read_table(old), table, touched, request.shards(), request.transform(), pending["number"])
-        del table
-        write_table(result.plan, rdir / NEXT_PLAN)
+        result = replan_file(
+            old,
+            manifest_dir / workdir.MANIFEST,
+            changes.rewritten_rows(),
+            changes.touched(),
+            request.shards(),
+            request.transform(),
+            pending["number"],
+            rdir / NEXT_PLAN,
+        )
         pending.update(kept_shards=len(result.kept), dropped_shards=result.dropped, new_shards=result.new)
         pending.update(marked_shards=len(result.marked), dead_samples=result.dead)
         log.info(
@@ -209,7 +214,7 @@ def finish_refresh(
     else:
         from imgest.flow.steps import verify_shards
 
-        report = verify_shards(request.shard_dest, s3)
+        report = verify_shards(request.shard_dest, s3, hash_kept=False)  # kept shards: hashed when written
     (rdir / NEXT_BASELINE).replace(rdir / BASELINE)
     if (rdir / NEXT_PLAN).is_file():
         (rdir / NEXT_PLAN).replace(rdir / PLAN)

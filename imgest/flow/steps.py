@@ -145,13 +145,14 @@ def prepare_bucket(dest: str, settings: S3Settings | None) -> str:
     return dest
 
 
-def verify_shards(dest: str, settings: S3Settings | None) -> dict[str, Any]:
-    """Every shard listed in DEST's manifest.json is there with its sha256, or ShardVerificationError."""
+def verify_shards(dest: str, settings: S3Settings | None, hash_kept: bool = True) -> dict[str, Any]:
+    """Every shard listed in DEST's manifest.json is there with its sha256, or ShardVerificationError (HASH_KEPT
+    False: the shards kept from earlier versions with their size, see sinks.shards.verify)."""
     from imgest.sinks.shards.store import open_store
     from imgest.sinks.shards.verify import ShardVerificationError
     from imgest.sinks.shards.verify import verify_shards as verify_store
 
-    report = verify_store(open_store(dest, settings))
+    report = verify_store(open_store(dest, settings), hash_kept=hash_kept)
     log.info("verification: %s", json.dumps(report.to_dict()))
     if not report.ok:
         raise ShardVerificationError(f"published shards do not match manifest.json: {report.to_dict()}")

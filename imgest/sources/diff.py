@@ -406,11 +406,3 @@ def write_rows(source: Path, path: Path, rows: np.ndarray, columns: list[str] | 
                 writer.write_table(part.cast(schema))
                 written += part.num_rows
     return written
-
-
-def write_table(table: pa.Table, path: Path) -> None:
-    """Write TABLE to PATH atomically (a crash leaves the old file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(path)

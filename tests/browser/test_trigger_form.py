@@ -67,42 +67,40 @@ def test_dag_and_task_docs_are_shown(ui: AirflowUI) -> None:
     ui.shot("task-docs-validate", task_docs)
 
 
-@pytest.mark.parametrize("target", ["cassandra", "shards"])
-def test_sample_with_defaults_runs_green(ui: AirflowUI, cassandra_server: CassandraServer, target: str) -> None:
-    """The default target with every default; the other with the read-back check switched off in the form (the
-    shard readers' check through the DAG is tests/dags/test_ingest_dag.py's): one switch turned off, and its
-    task skipped, shows the form passes a boolean the user changed."""
+def test_sample_with_defaults_runs_green(ui: AirflowUI, cassandra_server: CassandraServer) -> None:
+    """The default target with every default, run by the scheduler; the shard target's run through the DAG is
+    tests/dags/test_ingest_dag.py's, and the form's switches reaching the run's conf is the next test's."""
+    target = defaults.TARGET
     form = ui.open_trigger_form()
     form.open_section("Source")
     form.switch_on("Use the generated sample")
-    if target != defaults.TARGET:
-        form.open_section("Target")
-        form.choose("Target", target)
-        form.open_section("Checks")
-        form.switch_on("Read-back check", on=False)
     ui.shot(f"form-sample-{target}", form.dialog)
     run_id = form.submit()
     assert ui.wait_for_run(run_id) == "success"
     _assert_target_ran(ui.task_states(run_id), target)
     read = ui.api(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances/read_throughput/xcomEntries/return_value")
-    assert ("read_check is off" in str(read["value"])) == (target != defaults.TARGET), read  # the switch reached it
+    assert "read_check is off" not in str(read["value"]), read
     ui.shot(f"run-{target}")
-    expected = (
-        f"cassandra://{cassandra_server.host}:{cassandra_server.native_port}/{defaults.KEYSPACE}/data"
-        if target == "cassandra"
-        else defaults.shard_dest(defaults.DATASET)
-    )
+    expected = f"cassandra://{cassandra_server.host}:{cassandra_server.native_port}/{defaults.KEYSPACE}/data"
     assert ui.wait_for_asset(expected).is_visible()
     ui.shot(f"assets-{target}")
 
 
 def test_crop_larger_than_resize_fails_validate_with_its_message(ui: AirflowUI) -> None:
+    """The shard target, the read-back check switched off and a crop larger than the resize: the run's conf holds
+    what the user chose (a select and a boolean changed in the form), and validate refuses it before any Spark."""
     form = ui.open_trigger_form()
     form.open_section("Source")
     form.switch_on("Use the generated sample")
+    form.open_section("Target")
+    form.choose("Target", "shards")
+    form.open_section("Checks")
+    form.switch_on("Read-back check", on=False)
     form.open_section("Transform")
     form.fill("Center-crop size", "300")
     run_id = form.submit()
+    conf = ui.api(f"dags/{DAG_ID}/dagRuns/{quote(run_id)}")["conf"]
+    assert (conf["target"], conf["read_check"], conf["crop"], conf["sample"]) == ("shards", False, 300, True), conf
     assert ui.wait_for_run(run_id) == "failed"
     states = ui.task_states(run_id)
     assert states["validate"] == "failed"

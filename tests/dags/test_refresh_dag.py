@@ -30,7 +30,7 @@ from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store import open_store, samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import image_id
-from tests.scheduler_fixture import DEST, KEYSPACE, listed_dags, refresh_sources
+from tests.scheduler_fixture import DEST, KEYSPACE, listed_dags, refresh_sources, resume_checks
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -43,6 +43,8 @@ def source(airflow_scheduler: AirflowServer) -> Path:
 
 @pytest.fixture(scope="module")
 def scheduler(airflow_scheduler: AirflowServer) -> AirflowServer:
+    """The shared scheduler, with check_datasets resumed: these tests check that the Assets trigger it."""
+    resume_checks(airflow_scheduler)
     return airflow_scheduler
 
 

@@ -191,6 +191,36 @@ def test_verify_catches_an_index_that_lists_a_dead_sample(folder: dict[str, Any]
     assert [m for m in report.mismatches if "lists dead samples" in m], report.mismatches
 
 
+def test_a_refresh_check_hashes_what_its_version_wrote(folder: dict[str, Any], tmp_path: Path) -> None:
+    """hash_kept=False (a refresh's finish): the new version's shards are hashed, each kept one is checked for its
+    size, sidecars and index; a kept tar of the wrong size is caught, one of its size but other bytes only by the
+    full check (`imgest verify`)."""
+    second = folder["second"]
+    own = [e for e in second["shards"] if e["path"].startswith(f"v/{second['key']}/")]
+    kept = [e for e in second["shards"] if e not in own]
+    assert own
+    assert kept
+    report = verify_shards(folder["store"], hash_kept=False)
+    assert report.ok, report.mismatches
+    assert (report.hashed_bytes, report.kept_unhashed) == (sum(e["bytes"] for e in own), len(kept))
+    copy = LocalStore(tmp_path)
+    for name in manifest_objects(second):
+        body = folder["store"].read_bytes(name)
+        assert body is not None
+        copy.put_bytes(name, body)
+    copy.write_manifest(second)
+    tar = kept[0]["path"]
+    body = bytearray(copy.read_bytes(tar) or b"")
+    body[600] ^= 0xFF  # inside the first member's bytes: same size, other bytes
+    copy.put_bytes(tar, bytes(body))
+    assert verify_shards(copy, hash_kept=False).ok
+    assert verify_shards(copy).mismatches == [f"{tar}: sha256 differs"]
+    copy.put_bytes(tar, bytes(body[:-512]))
+    assert verify_shards(copy, hash_kept=False).mismatches == [
+        f"{tar}: {len(body) - 512} bytes, manifest.json says {len(body)}"
+    ]
+
+
 def _check_samples(samples: list[tuple[Any, int, str, dict[str, Any]]], expected: dict[str, tuple[int, str]]) -> None:
     seen = Counter()
     for image, label, key, meta in samples:

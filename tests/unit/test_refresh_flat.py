@@ -261,3 +261,47 @@ def test_plan_at_imagenet_count_holds_a_few_bytes_a_row(tmp_path: Path, monkeypa
     # whole-table plan peaked at 660 Arrow bytes a row (837 MiB at this count).
     assert out["traced"] < 24 * IMAGENET + 4 * 2**20, out
     assert out["arrow"] < 48 * 2**20, out
+
+
+def _large_shard_scenario(tmp: Path) -> tuple[dict, Path]:
+    """_large_scenario for the shards target: the first version's plan cut 1,000 rows a shard."""
+    conf, work = _large_scenario(tmp)
+    conf = {**conf, "target": "shards", "s3_dest": "s3://imgest/syn-flat"}
+    cassandra, shards = refresh.refresh_dir(DATASET, "cassandra"), refresh.refresh_dir(DATASET, "shards")
+    cassandra.rename(shards)
+    old = pq.read_table(shards / refresh.BASELINE).drop_columns([HASH_COLUMN])
+    index = np.arange(IMAGENET)
+    names = pa.array([f"train-{i:06d}.tar" for i in range(IMAGENET // 1000 + 1)])
+    old = old.append_column("shard", pc.take(names, pa.array(index // 1000)))
+    old = old.append_column("pos", pa.array((index % 1000).astype(np.int32)))
+    pq.write_table(old, shards / refresh.PLAN, row_group_size=65_536)  # a refresh's plan: any row groups
+    return conf, work
+
+
+@pytest.mark.slow
+def test_shard_replan_at_imagenet_count_holds_a_few_bytes_a_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shards target's plan: every old shard kept (its removed and changed rows marked dead), one new shard for
+    the 30 written rows, in memory that does not grow with the plan (the whole-table re-plan peaked at 1.5 GiB)."""
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
+    conf, work = _large_shard_scenario(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", _MEASURE, json.dumps(conf), str(work)], capture_output=True, text=True, check=True
+    )
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    removed = IMAGENET // 1000
+    rdir = refresh.refresh_dir(DATASET, "shards")
+    pending = json.loads((rdir / refresh.PENDING).read_text())
+    assert (pending["kept_shards"], pending["marked_shards"], pending["dropped_shards"]) == (1332, removed, [])
+    assert (pending["new_shards"], pending["dead_samples"]) == (["train-001332.tar"], removed + 10)
+    plan = pq.ParquetFile(rdir / refresh.NEXT_PLAN)
+    assert plan.metadata.num_rows == IMAGENET + 30
+    assert plan.metadata.num_row_groups == 1333  # one row group a shard, in shard order
+    last = plan.read_row_group(1332, columns=["id", "shard", "dead"])
+    assert sorted(last.column("id").to_pylist()) == [
+        str(i).zfill(36) for i in [*range(10), *range(IMAGENET, IMAGENET + 20)]
+    ]
+    assert not pc.any(last.column("dead")).as_py()
+    assert out["traced"] < 24 * IMAGENET + 4 * 2**20, out
+    assert out["arrow"] < 48 * 2**20, out

@@ -109,7 +109,7 @@ def build_plan(
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".plan-spill-", dir=out.parent) as tmp:
         spill = _spill(source, Path(tmp) / "rows.arrow", buckets, shards.seed)
-        with _PlanWriter(out, schema, spec) as writer, pa.OSFile(str(spill.path)) as fh:
+        with PlanWriter(out, schema, spec) as writer, pa.OSFile(str(spill.path)) as fh:
             reader = pa.ipc.open_file(fh)
             for split in sorted(counts):
                 state = (0, 0, 0)
@@ -232,7 +232,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-class _PlanWriter:
+class PlanWriter:
     """Writes a plan in shard order, one row group per shard, to OUT (a partial file renamed when complete); a shard
     whose rows come in pieces is held until it closes (at most one shard's rows in memory). Feeds the version key
     as it writes."""
@@ -248,7 +248,7 @@ class _PlanWriter:
         self._pending: list[pa.Table] = []
         self._writer = pq.ParquetWriter(self.partial, schema, compression="zstd")
 
-    def __enter__(self) -> _PlanWriter:
+    def __enter__(self) -> PlanWriter:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
@@ -313,7 +313,7 @@ def copy_plan(plan: Path, out: Path, spec: TransformSpec) -> PlanFile:
     """Rewrite the plan file PLAN (rows in shard order, any row groups: a refresh's) to OUT with one row group per
     shard, streaming a batch at a time; returns it with its version key."""
     source = pq.ParquetFile(plan)
-    with _PlanWriter(out, source.schema_arrow, spec) as writer:
+    with PlanWriter(out, source.schema_arrow, spec) as writer:
         for batch in source.iter_batches(batch_size=READ_BATCH_ROWS):
             writer.add_planned(pa.Table.from_batches([batch]))
     return writer.result()

@@ -16,31 +16,42 @@ in place, so a reader of the old manifest.json keeps working until the new one i
 
 from __future__ import annotations
 
+import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from imgest.core.errors import ConfigError
-from imgest.sinks.shards.plan import DEAD, ShardSpec, cut_shards, shard_index_of
+from imgest.sinks.shards.plan import DEAD, PlanWriter, ShardSpec, cut_shards, shard_index_of
+from imgest.sources.diff import BaselineError
 from imgest.transform.image import TransformSpec
 
 COMPACT_DEAD_FRACTION = 0.25  # a shard with more dead rows than this fraction of its rows is re-cut
 PLAN_COLUMNS = ("shard", "pos", DEAD)  # the columns a plan adds to the manifest's
+READ_ROWS = 16_384  # rows of the old plan or the manifest decoded at a time
+
+Rows = pa.Table | Path  # a plan or manifest: a table (tests, small datasets) or its Parquet file (streamed)
 
 
 @dataclass(frozen=True)
 class Replan:
-    """The new plan and what happened to the old shards: KEPT (whole or with dead rows), DROPPED (re-cut), NEW;
-    MARKED: the kept shards with dead rows, DEAD: the dead rows of the plan."""
+    """What happened to the old shards: KEPT (whole or with dead rows), DROPPED (re-cut), NEW; MARKED: the kept shards
+    with dead rows, DEAD: the dead rows of the plan; ROWS: the plan's rows. PLAN is the new plan as one table when
+    replan was given tables (None when it wrote a file)."""
 
-    plan: pa.Table
     kept: list[str]
     dropped: list[str]
     new: list[str]
     marked: list[str]
     dead: int
+    rows: int
+    plan: pa.Table | None = None
 
 
 def with_dead(plan: pa.Table) -> pa.Table:
@@ -59,43 +70,164 @@ def replan(
     refresh: int,
     compact: float = COMPACT_DEAD_FRACTION,
 ) -> Replan:
-    """OLD_PLAN's shards, with the rows of TOUCHED (the ids removed or changed since OLD_PLAN) marked dead, plus new
-    shards for the samples of MANIFEST that are not live in them; a shard with more than COMPACT of its rows dead is
-    re-cut. TOUCHED is best an Arrow array: a removed source or a new transform touches every row, and nothing here
-    holds a Python object per row."""
+    """replan_file on tables (tests and small datasets): the rows written are MANIFEST's that OLD_PLAN does not
+    hold or TOUCHED names; the result carries the new plan as a table."""
+    touched_ids = _array(touched)
+    written = pc.or_(
+        pc.invert(pc.is_in(manifest.column("id"), value_set=_array(old_plan.column("id")))),
+        pc.is_in(manifest.column("id"), value_set=touched_ids),
+    )
+    with tempfile.TemporaryDirectory(prefix="replan-") as tmp:
+        out = Path(tmp) / "plan.parquet"
+        rewritten = written.to_numpy(zero_copy_only=False).astype(bool)
+        result = replan_file(old_plan, manifest, rewritten, touched_ids, shards, spec, refresh, out, compact)
+        plan = pq.read_table(out).replace_schema_metadata(None)
+    return Replan(result.kept, result.dropped, result.new, result.marked, result.dead, result.rows, plan)
+
+
+def replan_file(
+    old_plan: Rows,
+    manifest: Rows,
+    rewritten: np.ndarray,
+    touched: pa.Array | pa.ChunkedArray | list[str],
+    shards: ShardSpec,
+    spec: TransformSpec,
+    refresh: int,
+    out: Path,
+    compact: float = COMPACT_DEAD_FRACTION,
+) -> Replan:
+    """Write to OUT (one row group per shard, in shard order, as build_plan) OLD_PLAN's shards with the rows of
+    TOUCHED (the ids removed or changed since OLD_PLAN) marked dead, plus new shards for the samples of MANIFEST
+    that are not live in them: the rows of the mask REWRITTEN (added or changed, manifest order) and the live rows
+    of a shard re-cut because more than COMPACT of its rows are dead.
+
+    Memory follows the change, not the dataset: the old plan is read three times a batch at a time (dead counts
+    per shard; the live ids of the re-cut shards; the kept rows, merged in shard order with the new ones), the
+    manifest once, keeping only the rows to cut. TOUCHED is best an Arrow array (no Python object per row)."""
     if not 0 <= compact < 1:
         raise ConfigError(f"compaction threshold {compact} must be at least 0 and below 1 (a fraction of dead rows)")
-    old_plan = with_dead(old_plan.replace_schema_metadata(None))
-    columns = [c for c in old_plan.column_names if c not in PLAN_COLUMNS]
-    manifest = manifest.replace_schema_metadata(None).select(columns)
     touched_ids = _array(touched)
-    dead = pc.or_(old_plan.column(DEAD), pc.is_in(old_plan.column("id"), value_set=touched_ids))
-    old_plan = old_plan.set_column(old_plan.column_names.index(DEAD), DEAD, dead)
-    counts = (
-        old_plan.select(["shard"])
-        .append_column("n", pc.cast(dead, pa.int64()))
-        .group_by("shard")
-        .aggregate([("n", "sum"), ("n", "count")])
-    )
-    fraction = pc.divide(pc.cast(counts.column("n_sum"), pa.float64()), pc.cast(counts.column("n_count"), pa.float64()))
-    dirty = sorted(counts.filter(pc.greater(fraction, compact)).column("shard").to_pylist())
-    keep = old_plan.filter(pc.invert(pc.is_in(old_plan.column("shard"), value_set=pa.array(dirty, pa.string()))))
-    live = keep.filter(pc.invert(keep.column(DEAD)))
-    fresh = manifest.filter(pc.invert(pc.is_in(manifest.column("id"), value_set=live.column("id"))))
-    highest: dict[str, int] = {}
-    for pair in old_plan.select(["split", "shard"]).group_by(["split", "shard"]).aggregate([]).to_pylist():
-        highest[pair["split"]] = max(highest.get(pair["split"], -1), shard_index_of(pair["shard"]))
-    parts = [keep]
+    counts: dict[str, list[int]] = {}  # shard -> [dead rows, rows]
+    highest: dict[str, int] = {}  # split -> highest shard index
+    for batch in _batches(old_plan, ["split", "shard", "id", DEAD]):
+        dead = _dead(batch, touched_ids)
+        per = pa.table({"shard": batch.column("shard"), "split": batch.column("split"), "n": pc.cast(dead, pa.int64())})
+        for row in per.group_by(["shard", "split"]).aggregate([("n", "sum"), ("n", "count")]).to_pylist():
+            seen = counts.setdefault(row["shard"], [0, 0])
+            seen[0] += row["n_sum"]
+            seen[1] += row["n_count"]
+            highest[row["split"]] = max(highest.get(row["split"], -1), shard_index_of(row["shard"]))
+    dirty = sorted(name for name, (d, n) in counts.items() if d > compact * n)
+    dirty_names = pa.array(dirty, pa.string())
+    recut_ids: list[pa.Array] = []  # the live ids of the re-cut shards: cut again with the new samples
+    live_kept = 0
+    for batch in _batches(old_plan, ["shard", "id", DEAD]):
+        live = pc.invert(_dead(batch, touched_ids))
+        in_dirty = pc.is_in(batch.column("shard"), value_set=dirty_names)
+        recut_ids.append(batch.column("id").filter(pc.and_(live, in_dirty)))
+        live_kept += pc.sum(pc.cast(pc.and_(live, pc.invert(in_dirty)), pa.int64())).as_py() or 0
+    fresh = _fresh(manifest, rewritten, _concat(recut_ids), live_kept)
+    schema = _plan_schema(old_plan)
+    parts = []
     for split in sorted(pc.unique(fresh.column("split")).to_pylist()):
         rows = fresh.filter(pc.equal(fresh.column("split"), split))
         seed = [shards.seed, zlib.crc32(split.encode()), refresh]
-        cut = with_dead(cut_shards(rows, split, shards, spec, seed, highest.get(split, -1) + 1))
-        parts.append(cut.cast(old_plan.schema))
-    plan = pa.concat_tables(parts).sort_by([("shard", "ascending"), ("pos", "ascending")])
-    kept = _names(keep)
-    marked = _names(keep.filter(keep.column(DEAD)))
-    dead_rows = pc.sum(pc.cast(keep.column(DEAD), pa.int64())).as_py() or 0
-    return Replan(plan, kept, dirty, sorted(set(_names(plan)) - set(kept)), marked, dead_rows)
+        parts.append(with_dead(cut_shards(rows, split, shards, spec, seed, highest.get(split, -1) + 1)).cast(schema))
+    new = pa.concat_tables(parts).sort_by([("shard", "ascending"), ("pos", "ascending")]) if parts else None
+    kept: set[str] = set()
+    marked: set[str] = set()
+    dead_rows = 0
+    with PlanWriter(out, schema, spec) as writer:
+        for batch in _batches(old_plan):
+            table = pa.Table.from_batches([batch]).replace_schema_metadata(None)
+            dead = _dead(batch, touched_ids)
+            table = with_dead(table)
+            table = table.set_column(table.column_names.index(DEAD), DEAD, dead)
+            table = table.filter(pc.invert(pc.is_in(table.column("shard"), value_set=dirty_names))).cast(schema)
+            if not table.num_rows:
+                continue
+            kept.update(pc.unique(table.column("shard")).to_pylist())
+            gone = table.filter(table.column(DEAD))
+            marked.update(pc.unique(gone.column("shard")).to_pylist())
+            dead_rows += gone.num_rows
+            new, before = _split_before(new, table.column("shard")[-1].as_py())
+            if before is not None:
+                table = pa.concat_tables([table, before]).sort_by([("shard", "ascending"), ("pos", "ascending")])
+            writer.add_planned(table)
+        if new is not None and new.num_rows:
+            writer.add_planned(new)
+    written = writer.result()
+    names = [name for name, _ in written.shards]
+    return Replan(sorted(kept), dirty, sorted(set(names) - kept), sorted(marked), dead_rows, written.rows)
+
+
+def _fresh(manifest: Rows, rewritten: np.ndarray, recut: pa.Array, live_kept: int) -> pa.Table:
+    """The rows of MANIFEST to cut into new shards: those of the mask REWRITTEN and those whose id is in RECUT.
+    Every other row must be live in a kept shard (LIVE_KEPT of them): a plan that disagrees with its manifest is
+    refused, not guessed at."""
+    parts, start, total = [], 0, 0
+    for batch in _batches(manifest):
+        mask = pa.array(rewritten[start : start + batch.num_rows])
+        start += batch.num_rows
+        total += batch.num_rows
+        if len(recut):
+            mask = pc.or_(mask, pc.is_in(batch.column("id"), value_set=recut))
+        if pc.any(mask).as_py():
+            parts.append(pa.Table.from_batches([batch.filter(mask)]).replace_schema_metadata(None))
+    if start != len(rewritten):
+        raise ValueError(f"the rewritten mask has {len(rewritten)} rows, the manifest {start}")
+    fresh = pa.concat_tables(parts) if parts else _empty(manifest)
+    if fresh.num_rows + live_kept != total:
+        raise BaselineError(
+            f"the last version's shard plan holds {live_kept} live rows that stay, but {total - fresh.num_rows} of "
+            "the manifest's rows are unchanged: the plan and the baseline disagree; delete the dataset's refresh "
+            "folder (baseline, plan and state) so that the next refresh makes a new first version"
+        )
+    return fresh
+
+
+def _split_before(new: pa.Table | None, last: str) -> tuple[pa.Table | None, pa.Table | None]:
+    """(the rows of NEW, sorted by shard, from shard LAST on; those before it) (None where there are none)."""
+    if new is None or not new.num_rows:
+        return new, None
+    cut = int(pc.sum(pc.cast(pc.less(new.column("shard"), last), pa.int64())).as_py() or 0)
+    if not cut:
+        return new, None
+    return new.slice(cut), new.slice(0, cut)
+
+
+def _dead(batch: pa.RecordBatch, touched: pa.Array) -> pa.Array:
+    """The dead flags of a plan BATCH once TOUCHED is removed (rows dead before stay dead)."""
+    hit = pc.is_in(batch.column("id"), value_set=touched)
+    if DEAD not in batch.schema.names:
+        return hit
+    return pc.or_(batch.column(DEAD), hit)
+
+
+def _batches(rows: Rows, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """ROWS a batch of READ_ROWS at a time (COLUMNS of them that exist; all by default)."""
+    if isinstance(rows, pa.Table):
+        names = rows.column_names if columns is None else [c for c in columns if c in rows.column_names]
+        yield from rows.select(names).to_batches(max_chunksize=READ_ROWS)
+        return
+    source = pq.ParquetFile(rows)
+    names = None if columns is None else [c for c in columns if c in source.schema_arrow.names]
+    yield from source.iter_batches(batch_size=READ_ROWS, columns=names)
+
+
+def _plan_schema(old_plan: Rows) -> pa.Schema:
+    schema = old_plan.schema if isinstance(old_plan, pa.Table) else pq.ParquetFile(old_plan).schema_arrow
+    schema = schema.remove_metadata()
+    return schema if DEAD in schema.names else schema.append(pa.field(DEAD, pa.bool_()))
+
+
+def _empty(manifest: Rows) -> pa.Table:
+    schema = manifest.schema if isinstance(manifest, pa.Table) else pq.ParquetFile(manifest).schema_arrow
+    return schema.remove_metadata().empty_table()
+
+
+def _concat(arrays: list[pa.Array]) -> pa.Array:
+    return pa.concat_arrays(arrays) if arrays else pa.array([], pa.string())
 
 
 def _array(ids: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
@@ -103,8 +235,3 @@ def _array(ids: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
     if isinstance(ids, pa.ChunkedArray):
         return ids.combine_chunks() if ids.num_chunks else pa.array([], pa.string())
     return ids if isinstance(ids, pa.Array) else pa.array(ids, pa.string())
-
-
-def _names(plan: pa.Table) -> list[str]:
-    """The shard names of PLAN's rows, sorted, each once (no Python object per row)."""
-    return sorted(pc.unique(plan.column("shard")).to_pylist())

@@ -5,14 +5,17 @@ shards in flight, so memory stays at a few chunks whatever the shard size); the 
 and the samples table are checked for presence. A shard kept by a refresh with dead samples (see ``replan``) is
 checked against its first version's sha256 (its tar is never rewritten) and its new index must list exactly its
 live samples: as many as the entry says, none of its dead keys. At ImageNet's count this is a few hundred shards:
-every byte is re-read and hashed by default, the cost of an honest check after an ingest.
+every byte is re-read and hashed by default, the cost of an honest check after an ingest. A refresh's check
+(``hash_kept=False``) hashes what its version wrote (the shards under its own ``v/<key>/``) and checks each kept
+shard, hashed by the version that wrote it, for presence and size: its cost follows the change; `imgest verify`
+re-hashes everything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ class ShardVerifyReport:
     samples: int = 0
     bytes: int = 0
     hashed_bytes: int = 0
+    kept_unhashed: int = 0  # kept shards checked for presence and size only (hash_kept=False)
     workers: int = DEFAULT_WORKERS
     mismatches: list[str] = field(default_factory=list)
 
@@ -51,6 +55,7 @@ class ShardVerifyReport:
             "samples": self.samples,
             "bytes": self.bytes,
             "hashed_bytes": self.hashed_bytes,
+            "kept_unhashed": self.kept_unhashed,
             "workers": self.workers,
             "mismatches": self.mismatches,
         }
@@ -77,6 +82,21 @@ def shard_problem(store: ShardStore, entry: dict[str, Any]) -> tuple[str | None,
     return (index_problem(store, entry) if entry.get("dead") else None), size
 
 
+def kept_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
+    """What is wrong with the objects of ENTRY, a shard kept from the version that hashed it, or None: the tar of its
+    size (no byte read), its sidecars present, its index listing its live samples."""
+    path = shard_object(entry)
+    size = store.size(path)
+    if size is None:
+        return f"{path}: missing"
+    if size != entry["bytes"]:
+        return f"{path}: {size} bytes, manifest.json says {entry['bytes']}"
+    absent = [name for name in shard_objects(entry)[1:] if store.size(name) is None]
+    if absent:
+        return f"{path}: missing {', '.join(absent)}"
+    return index_problem(store, entry) if entry.get("dead") else None
+
+
 def index_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
     """What is wrong with the index of ENTRY, a shard with dead samples, or None: it must list exactly the entry's
     live sample count, none of them a dead key."""
@@ -92,34 +112,48 @@ def index_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
 
 
 def _bounded(
-    pool: ThreadPoolExecutor, store: ShardStore, entries: list[dict[str, Any]], limit: int
+    pool: ThreadPoolExecutor,
+    check: Callable[[dict[str, Any]], tuple[str | None, int]],
+    entries: list[dict[str, Any]],
+    limit: int,
 ) -> Iterator[tuple[str | None, int]]:
-    """shard_problem of every entry, at most LIMIT in flight, in completion order."""
+    """CHECK of every entry, at most LIMIT in flight, in completion order."""
     pending: set[Future[tuple[str | None, int]]] = set()
     for entry in entries:
         if len(pending) >= limit:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             yield from (f.result() for f in done)
-        pending.add(pool.submit(shard_problem, store, entry))
+        pending.add(pool.submit(check, entry))
     for future in pending:
         yield future.result()
 
 
-def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS) -> ShardVerifyReport:
+def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS, hash_kept: bool = True) -> ShardVerifyReport:
     """Check every shard listed in manifest.json: present, of its size, sha256-equal (WORKERS hashed at once),
-    with its sidecars; and the samples table present. Memory stays flat (chunks, bounded in flight)."""
+    with its sidecars; and the samples table present. Memory stays flat (chunks, bounded in flight). HASH_KEPT
+    False: a shard outside the version's own folder (kept from an earlier version, which hashed it) is checked
+    for presence and size, its sidecars and index as any other."""
     manifest = store.read_manifest()
     if manifest is None:
         raise ShardVerificationError(f"no manifest.json at {store.location}: the dataset is not published")
     workers = max(1, workers)
     report = ShardVerifyReport(store.location, workers=workers)
     entries = manifest["shards"]
+    own = f"v/{manifest.get('key')}/"
     for entry in entries:
         report.shards += 1
         report.samples += entry["samples"]
         report.bytes += entry["bytes"]
+        if not hash_kept and not shard_object(entry).startswith(own):
+            report.kept_unhashed += 1
+
+    def check(entry: dict[str, Any]) -> tuple[str | None, int]:
+        if hash_kept or shard_object(entry).startswith(own):
+            return shard_problem(store, entry)
+        return kept_problem(store, entry), 0
+
     with ThreadPoolExecutor(workers, thread_name_prefix="imgest-verify") as pool:
-        for problem, hashed in _bounded(pool, store, entries, workers):
+        for problem, hashed in _bounded(pool, check, entries, workers):
             report.hashed_bytes += hashed
             if problem:
                 report.mismatches.append(problem)
