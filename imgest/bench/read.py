@@ -518,14 +518,15 @@ def _plot_sweep(left: Any, right: Any, sweep: list[dict[str, Any]]) -> None:
         right.bar([i + j * width for i in range(len(conds))], ratios_, width, label=label)
     left.set_xticks(range(len(conds)), conds, rotation=20, ha="right")
     left.set_ylabel("images/s, raw bytes (epoch rate, median of rounds)")
-    left.set_title("Readers through Toxiproxy: added round trip, bandwidth, jitter")
-    left.legend(fontsize=7)
+    left.set_title("Readers through Toxiproxy: " + ", ".join(conds[1:] if len(conds) > 1 else conds))
+    left.set_ylim(bottom=0)  # from zero: a loss of a few percent looks like one
+    left.legend(fontsize=7, loc="lower left")
     right.set_xticks([i + 0.4 - width / 2 for i in range(len(conds))], conds, rotation=20, ha="right")
     for goal in (0.85, 0.75):
         right.axhline(goal, color="grey", linestyle=":", linewidth=1)
     right.set_ylabel("share of the reader's 0 ms rate")
     right.set_title("Kept under latency (targets 0.85 at 50 ms, 0.75 at 100 ms)")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="lower left")
 
 
 def server_pids() -> list[int]:

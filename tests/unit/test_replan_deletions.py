@@ -15,7 +15,8 @@ import pytest
 
 from imgest.core.errors import ConfigError
 from imgest.sinks.shards.plan import DEAD, ShardSpec, plan_shards, version_key
-from imgest.sinks.shards.replan import COMPACT_DEAD_FRACTION, replan
+from imgest.sinks.shards.replan import COMPACT_DEAD_FRACTION, replan, replan_file
+from imgest.sources.diff import BaselineError
 from imgest.sources.manifest import SCHEMA, image_id
 from imgest.transform.image import TransformSpec
 
@@ -142,3 +143,14 @@ def test_plan_file_counts_live_rows(first: tuple[pa.Table, pa.Table], tmp_path: 
     copied = copy_plan(tmp_path / "refresh.parquet", tmp_path / "copy.parquet", SPEC)
     assert (copied.rows, copied.dead, copied.live) == (result.plan.num_rows, result.dead, new.num_rows)
     assert copied.key == version_key(result.plan, SPEC)
+
+
+def test_a_plan_that_disagrees_with_the_manifest_is_refused(first: tuple[pa.Table, pa.Table], tmp_path: Path) -> None:
+    """The rows written must be what the manifest holds beyond the kept shards' live rows: a mask that misses the
+    added rows (a baseline and a plan out of step) is refused, naming what to delete, instead of dropping them."""
+    table, old = first
+    new, changed, _, removed = _change(table, 30, seed=4)
+    missed = np.zeros(new.num_rows, bool)  # the added rows not marked as written
+    with pytest.raises(BaselineError, match="delete the dataset's refresh folder"):
+        replan_file(old, new, missed, pa.array(changed + removed), SHARDS, SPEC, 2, tmp_path / "plan.parquet")
+    assert not (tmp_path / "plan.parquet").exists()

@@ -126,8 +126,9 @@ def replan_file(
         in_dirty = pc.is_in(batch.column("shard"), value_set=dirty_names)
         recut_ids.append(batch.column("id").filter(pc.and_(live, in_dirty)))
         live_kept += pc.sum(pc.cast(pc.and_(live, pc.invert(in_dirty)), pa.int64())).as_py() or 0
-    fresh = _fresh(manifest, rewritten, _concat(recut_ids), live_kept)
     schema = _plan_schema(old_plan)
+    columns = [name for name in schema.names if name not in PLAN_COLUMNS]  # a newer manifest may hold more
+    fresh = _fresh(manifest, columns, rewritten, _concat(recut_ids), live_kept)
     parts = []
     for split in sorted(pc.unique(fresh.column("split")).to_pylist()):
         rows = fresh.filter(pc.equal(fresh.column("split"), split))
@@ -161,22 +162,22 @@ def replan_file(
     return Replan(sorted(kept), dirty, sorted(set(names) - kept), sorted(marked), dead_rows, written.rows)
 
 
-def _fresh(manifest: Rows, rewritten: np.ndarray, recut: pa.Array, live_kept: int) -> pa.Table:
-    """The rows of MANIFEST to cut into new shards: those of the mask REWRITTEN and those whose id is in RECUT.
-    Every other row must be live in a kept shard (LIVE_KEPT of them): a plan that disagrees with its manifest is
-    refused, not guessed at."""
+def _fresh(manifest: Rows, columns: list[str], rewritten: np.ndarray, recut: pa.Array, live_kept: int) -> pa.Table:
+    """COLUMNS of the rows of MANIFEST to cut into new shards: those of the mask REWRITTEN and those whose id is in
+    RECUT. Every other row must be live in a kept shard (LIVE_KEPT of them): a plan that disagrees with its manifest
+    is refused, not guessed at."""
     parts, start, total = [], 0, 0
-    for batch in _batches(manifest):
+    for batch in _batches(manifest, columns):
         mask = pa.array(rewritten[start : start + batch.num_rows])
         start += batch.num_rows
         total += batch.num_rows
         if len(recut):
             mask = pc.or_(mask, pc.is_in(batch.column("id"), value_set=recut))
         if pc.any(mask).as_py():
-            parts.append(pa.Table.from_batches([batch.filter(mask)]).replace_schema_metadata(None))
+            parts.append(pa.Table.from_batches([batch.filter(mask)]).select(columns).replace_schema_metadata(None))
     if start != len(rewritten):
         raise ValueError(f"the rewritten mask has {len(rewritten)} rows, the manifest {start}")
-    fresh = pa.concat_tables(parts) if parts else _empty(manifest)
+    fresh = pa.concat_tables(parts) if parts else _empty(manifest).select(columns)
     if fresh.num_rows + live_kept != total:
         raise BaselineError(
             f"the last version's shard plan holds {live_kept} live rows that stay, but {total - fresh.num_rows} of "
