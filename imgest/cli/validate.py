@@ -37,6 +37,7 @@ def validate_xnvme_cmd(args: argparse.Namespace) -> int:
         splits=tuple(args.split) if args.split else None,
         sample=args.sample,
         seed=args.seed,
+        cold=args.cold,
     )
     images = planned_images(args.dataset_dir, list(cfg.splits) if cfg.splits else None, cfg.sample)
     passes = len(cfg.engines) * (1 + cfg.rounds) + (2 * len(args.sweep) * max(1, cfg.rounds) if args.sweep else 0)
@@ -98,6 +99,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=["none", "ext4", "xfs"],
         default="none",
         help="check a copy on a fresh loop-mounted filesystem (needs root) instead of DATASET_DIR in place",
+    )
+    vx.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the checked images' pages from the page cache before every timed pass (posix_fadvise; with "
+        "--loop-fs the loop image's too), so the device answers, not memory (default: warm, from the cache)",
     )
     vx.add_argument("--sweep", type=_ints, help="queue depths to sweep for the xNVMe engines, e.g. 1,2,4,8,16,32,64")
     vx.set_defaults(func=validate_xnvme_cmd)

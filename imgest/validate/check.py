@@ -21,6 +21,7 @@ import numpy as np
 
 from imgest.core import defaults
 from imgest.core.errors import ImgestError
+from imgest.validate.cache import evict
 from imgest.validate.dataset import SplitView, load_splits
 from imgest.validate.pipeline import external_pipeline, reference_pipeline, run_batches, samples_of
 
@@ -39,7 +40,8 @@ class ValidationError(ImgestError):
 class CheckConfig:
     """The knobs of one check; every engine runs at the same batch size.
 
-    SAMPLE images of each split are checked, a seeded (SEED) class-balanced sample; 0 checks every image.
+    SAMPLE images of each split are checked, a seeded (SEED) class-balanced sample; 0 checks every image. COLD
+    times every pass with the images (and EVICT_ALSO) dropped from the page cache first: the device answers.
     """
 
     batch_size: int = defaults.XNVME_BATCH_SIZE
@@ -53,6 +55,8 @@ class CheckConfig:
     splits: tuple[str, ...] | None = None
     sample: int = defaults.CHECK_SAMPLE
     seed: int = defaults.CHECK_SAMPLE_SEED
+    cold: bool = False  # drop the checked images' cached pages before every timed pass (validate.cache)
+    evict_also: tuple[str, ...] = ()  # files dropped with them when cold: a loop filesystem's image
 
 
 @dataclass
@@ -187,6 +191,12 @@ def external_pass(
     return seconds
 
 
+def make_cold(split: SplitView, cfg: CheckConfig) -> None:
+    """With CFG.cold, drop SPLIT's images (and CFG.evict_also) from the page cache before a timed pass."""
+    if cfg.cold:
+        evict([*(split.root / rel for rel in split.iter_paths()), *cfg.evict_also])
+
+
 def run_engine(
     name: str,
     read: Any,
@@ -205,6 +215,8 @@ def run_engine(
         passes = []
         for round_ in range(1 + cfg.rounds):
             check = verify if round_ == 0 else None
+            if round_ > 0:
+                make_cold(split, cfg)
             if read is None:
                 seconds = reference_pass(split, cfg, advance, check)
             else:

@@ -33,6 +33,7 @@ class LoopMount:
     device: Path
     mountpoint: Path
     fstype: str
+    image: Path | None = None  # the filesystem image file behind the loop device
 
 
 def _run(cmd: list[str], what: str) -> str:
@@ -76,7 +77,7 @@ def loop_mounted(work: Path, size_mb: int, fstype: str = "ext4") -> Iterator[Loo
             _run(["mount", "-t", fstype, str(device), str(mountpoint)], f"mounting {device}")
             try:
                 log.info("loop filesystem %s on %s mounted at %s", fstype, device, mountpoint)
-                yield LoopMount(device, mountpoint, fstype)
+                yield LoopMount(device, mountpoint, fstype, image)
             finally:
                 _run(["umount", str(mountpoint)], f"unmounting {mountpoint}")
         finally:

@@ -72,6 +72,7 @@ def report_dict(report: CheckReport) -> dict[str, Any]:
         "config": asdict(report.config),
         "machine": machine_info(),
         "timing": "seconds inside pipe.run() per pass, median of the timed passes; the verifying pass is untimed",
+        "cache": _cache(report),
         **selection(report),
         "engines": rows,
         "skipped": {r.engine: r.reason for r in report.results if r.status == "skipped"},
@@ -90,10 +91,18 @@ def report_dict(report: CheckReport) -> dict[str, Any]:
     }
 
 
+def _cache(report: CheckReport) -> str:
+    if not report.config.cold:
+        return "warm: the images are read from the page cache after the verifying pass"
+    also = f" and {', '.join(report.config.evict_also)}" if report.config.evict_also else ""
+    return f"cold: every timed pass reads the images from the device (their pages{also} dropped before it)"
+
+
 def summary_text(doc: dict[str, Any]) -> str:
     """The engines table, the sweep table when there is one, skips and mismatches, as text."""
     what = "every image" if doc["full"] else f"a seeded class-balanced sample of {doc['sample']} per split"
-    parts = [f"checked {doc['checked']} images ({what})", format_table(doc["engines"], COLUMNS)]
+    cache = f"; page cache {doc['cache']}" if doc.get("cache") else ""
+    parts = [f"checked {doc['checked']} images ({what}){cache}", format_table(doc["engines"], COLUMNS)]
     if doc["queue_depth_sweep"]:
         parts.append(
             format_table(
@@ -120,11 +129,49 @@ def write_outputs(report: CheckReport, json_path: Path, plot_path: Path | None, 
     if plot_path is not None and ran:
         bar_chart(
             plot_path,
-            f"xNVMe validation: read engines into one DALI pipeline (batch {report.config.batch_size})",
+            f"xNVMe validation: read engines into one DALI pipeline (batch {report.config.batch_size}, "
+            f"{'cold' if report.config.cold else 'warm'} page cache)",
             [r["engine"] for r in ran],
             {"img/s": [r["img_s"] for r in ran]},
             "images/s",
         )
+    if plot_path is not None and doc["queue_depth_sweep"]:
+        sweep_plot(sweep_plot_path(plot_path), doc)
     if map_path is not None and report.block_map is not None:
         write_block_map(map_path, report.block_map)
     return doc
+
+
+def sweep_plot_path(plot_path: Path) -> Path:
+    """Where the queue-depth sweep's plot goes beside the engines' plot: <name>-sweep.png."""
+    return plot_path.with_name(f"{plot_path.stem}-sweep{plot_path.suffix}")
+
+
+def sweep_plot(path: Path, doc: dict[str, Any]) -> None:
+    """images/s of each xNVMe engine against its queue depth (log scale), with python_file and DALI's file reader
+    (one read at a time) as horizontal lines: where queue depth pays."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for engine in ("xnvme_file", "xnvme_block"):
+        rows = sorted((r for r in doc["queue_depth_sweep"] if r["engine"] == engine), key=lambda r: r["queue_depth"])
+        if rows:
+            ax.plot([r["queue_depth"] for r in rows], [r["img_s"] for r in rows], marker="o", label=engine)
+    styles = {"python_file": ":", "dali_file": "--"}
+    for row in doc["engines"]:
+        if row["engine"] in styles and row["img_s"]:
+            label = f"{row['engine']} ({row['img_s']:.0f})"
+            ax.axhline(row["img_s"], color="grey", linestyle=styles[row["engine"]], label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("queue depth (reads in flight)")
+    ax.set_ylabel("images/s (median of timed passes)")
+    cache = str(doc.get("cache", "warm")).split(":", 1)[0]
+    ax.set_title(f"xNVMe engines against queue depth, {cache} page cache")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

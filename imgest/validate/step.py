@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ def validate_xnvme_step(
     CONFIG.sample images of each split are read (a seeded, class-balanced sample; 0: every image). LOOP_FS (ext4
     or xfs) first copies those images onto a fresh loop-mounted filesystem of that type and checks the copy, so the
     block engine has a block device it may read; where that is not permitted the block engine is skipped with the
-    reason. SWEEP adds a queue-depth sweep of the xNVMe engines. Returns the report's summary; raises
+    reason. SWEEP adds a queue-depth sweep of the xNVMe engines. CONFIG.cold times every pass with the images (and
+    the loop image) dropped from the page cache first. Returns the report's summary; raises
     ValidationError (after writing the report) when any engine read a wrong byte or label.
     """
     cfg = config or CheckConfig()
@@ -66,6 +68,8 @@ def validate_xnvme_step(
                 mount = stack.enter_context(loop_mounted(out_dir / "loopfs", size, loop_fs))
                 splits = copy_checked(dataset_dir, mount, splits)
                 root = splits[0].root
+                if cfg.cold and mount.image is not None:  # its blocks are cached under the image file too
+                    cfg = replace(cfg, evict_also=(*cfg.evict_also, str(mount.image)))
             except LoopUnavailableError as exc:
                 log.warning("no loop-mounted %s filesystem: %s", loop_fs, exc)
                 skip["xnvme_block"] = f"no loop-mounted {loop_fs} filesystem: {exc}"
@@ -76,6 +80,7 @@ def validate_xnvme_step(
     summary = {
         "ok": doc["ok"],
         "loop_fs": loop_fs,
+        "cache": "cold" if cfg.cold else "warm",
         "report": str(json_path),
         "plot": str(plot_path),
         "engines": {

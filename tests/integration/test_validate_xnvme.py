@@ -141,6 +141,42 @@ def test_step_writes_report_plot_and_relative_block_map(dataset: Path, tmp_path:
     assert (doc["sample"], doc["checked"], doc["full"]) == (0, 24, True)
 
 
+def test_cold_passes_drop_the_images_and_the_loop_image_from_the_cache_first(
+    dataset: Path, tmp_path: Path, xnvme_loaded: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--cold: before every timed pass (engines and sweep) the checked images on the loop filesystem and the loop
+    image behind them leave the page cache (spied: the real eviction runs); every engine still reads every byte."""
+    if os.geteuid() != 0:
+        pytest.skip("loop devices and mount need root")
+    from imgest.validate import cache, check
+
+    evicted: list[list[str]] = []
+
+    def spy(paths: object) -> int:
+        names = [str(p) for p in paths]  # type: ignore[attr-defined]
+        evicted.append(names)
+        return cache.evict(names)
+
+    monkeypatch.setattr(check, "evict", spy)
+    cfg = CheckConfig(batch_size=8, rounds=2, queue_depth=8, sample=0, cold=True)
+    summary = validate_xnvme_step(dataset, tmp_path, config=cfg, loop_fs="ext4", sweep=[1, 8])
+    if "xnvme_block" in summary["skipped"]:
+        pytest.skip(summary["skipped"]["xnvme_block"])
+    assert summary["cache"] == "cold"
+    assert {e: v["status"] for e, v in summary["engines"].items()} == dict.fromkeys(ALL, "ok")
+    splits = len(load_splits(dataset))
+    # 4 engines x 2 timed rounds, then 2 xNVMe engines x 2 depths x 2 rounds, per split
+    assert len(evicted) == (4 * 2 + 2 * 2 * 2) * splits
+    image = str(tmp_path / "loopfs" / "ext4.img")
+    assert all(names[-1] == image for names in evicted)
+    assert {len(names) - 1 for names in evicted} <= {len(s) for s in load_splits(dataset)}
+    assert all("/loopfs/mnt-ext4/" in name for names in evicted for name in names[:-1])
+    doc = json.loads((tmp_path / "validate_xnvme.json").read_text())
+    assert doc["config"]["cold"] is True
+    assert doc["cache"].startswith("cold:")
+    assert (tmp_path / "validate_xnvme-sweep.png").read_bytes()[:4] == b"\x89PNG"  # img/s against queue depth
+
+
 def test_no_block_device_skips_the_block_engine_with_the_reason(dataset: Path) -> None:
     shm = Path("/dev/shm")
     if not shm.is_dir() or os.major(os.stat(shm).st_dev) != 0:

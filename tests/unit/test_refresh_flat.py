@@ -239,14 +239,18 @@ print(json.dumps({"plan": plan, "traced": traced, "arrow": pool.max_memory() - s
 """
 
 
-@pytest.mark.slow  # 1.33 M rows: the full tier's, not the quick one's
-def test_plan_at_imagenet_count_holds_a_few_bytes_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
-    conf, work = _large_scenario(tmp_path)
+def _measured(conf: dict, work: Path) -> dict:
+    """plan_refresh(CONF, WORK) run by _MEASURE in a process of its own: the plan and its memory peaks."""
     run = subprocess.run(
         [sys.executable, "-c", _MEASURE, json.dumps(conf), str(work)], capture_output=True, text=True, check=True
     )
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # 1.33 M rows: the full tier's, not the quick one's
+def test_plan_at_imagenet_count_holds_a_few_bytes_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
+    out = _measured(*_large_scenario(tmp_path))
     removed = IMAGENET // 1000
     kept = IMAGENET - removed
     assert out["plan"]["counts"] == {"added": 20, "changed": 10, "removed": removed, "unchanged": kept - 10}
@@ -285,11 +289,7 @@ def test_shard_replan_at_imagenet_count_holds_a_few_bytes_a_row(
     """The shards target's plan: every old shard kept (its removed and changed rows marked dead), one new shard for
     the 30 written rows, in memory that does not grow with the plan (the whole-table re-plan peaked at 1.5 GiB)."""
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
-    conf, work = _large_shard_scenario(tmp_path)
-    run = subprocess.run(
-        [sys.executable, "-c", _MEASURE, json.dumps(conf), str(work)], capture_output=True, text=True, check=True
-    )
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = _measured(*_large_shard_scenario(tmp_path))
     removed = IMAGENET // 1000
     rdir = refresh.refresh_dir(DATASET, "shards")
     pending = json.loads((rdir / refresh.PENDING).read_text())
