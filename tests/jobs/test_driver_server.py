@@ -26,6 +26,7 @@ def _shas(dest: Path) -> list[str]:
     return pq.read_table(data_root(dest) / "samples.parquet", columns=["sha256"]).column("sha256").to_pylist()
 
 
+@pytest.mark.slow  # runs Spark jobs: the full tier's (the quick tier runs no Spark job)
 def test_jobs_run_in_the_reused_driver_and_go_to_spark_submit_when_it_is_busy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

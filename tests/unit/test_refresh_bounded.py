@@ -149,8 +149,8 @@ EXPECTED = {
 
 
 # shards: 300 scattered images removed (most shards kept); cassandra: a new transform (every image changed) and a
-# third of the images removed.
-CASES = [("shards", False, 1000), ("cassandra", True, 3)]
+# third of the images removed. The shards case (23 s) runs in the full tier only.
+CASES = [pytest.param("shards", False, 1000, marks=pytest.mark.slow), ("cassandra", True, 3)]
 
 
 @pytest.mark.parametrize(("target", "transform_changed", "removed_every"), CASES)

@@ -182,6 +182,7 @@ print(written, read, after_write - base, rss_mib() - base)
 """
 
 
+@pytest.mark.slow  # 1.28 M rows: the full tier's, not the quick one's
 def test_manifest_streams_1_3_million_rows_in_flat_memory(tmp_path: Path) -> None:
     """An ImageNet-sized manifest (1,281,167 rows) costs about what a tenth of it does: memory is flat."""
     import subprocess

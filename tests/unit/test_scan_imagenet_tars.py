@@ -250,6 +250,7 @@ with tarfile.open(sys.argv[1], "w") as tar:
 """
 
 
+@pytest.mark.slow  # 10x the members: the full tier's
 def test_val_tar_headers_stream_in_flat_memory(tmp_path: Path) -> None:
     """Listing 10x the members costs about the same memory: no TarInfo is kept per member."""
 
