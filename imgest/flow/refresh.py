@@ -151,7 +151,8 @@ def _shards_args(
     request: IngestRequest, manifest_dir: Path, changes: SourceChanges, pending: dict[str, Any]
 ) -> list[str]:
     """The shard plan: the last version's shards kept, their removed and changed samples marked dead, plus new ones
-    (see replan); everything re-cut the first time and when the shard settings changed."""
+    (see replan); everything re-cut the first time, when the shard settings changed and when no image is unchanged
+    (a new transform): then the first version's out-of-core plan, since the re-plan holds the rows it cuts."""
     from dataclasses import asdict
 
     from imgest.flow.steps import shards_job_args
@@ -164,7 +165,7 @@ def _shards_args(
     state = read_state(request.dataset, request.target) or {}
     same_cut = state.get("sharding", sharding) == sharding  # a version before this was recorded: assume the same
     pending["sharding"] = sharding
-    if pending["previous"] and old.is_file() and same_cut:
+    if pending["previous"] and old.is_file() and same_cut and changes.unchanged:
         result = replan_file(
             old,
             manifest_dir / workdir.MANIFEST,
@@ -185,7 +186,7 @@ def _shards_args(
             len(result.dropped),
             len(result.new),
         )
-    else:  # the first version (or new shard settings): the ingest's own plan, written in bounded memory
+    else:  # the first version, new shard settings or nothing kept: the ingest's own plan, in bounded memory
         if pending["previous"] and not same_cut:
             log.warning("%s: shard settings changed since %s: every shard is re-cut", request.dataset, state["version"])
         build_plan(manifest_dir / workdir.MANIFEST, rdir / NEXT_PLAN, request.shards(), request.transform())

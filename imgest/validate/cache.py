@@ -11,8 +11,6 @@ file, in the cache of the filesystem holding the image; both are dropped.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,14 +27,3 @@ def evict(paths: Iterable[Path | str]) -> int:
             os.close(fd)
         count += 1
     return count
-
-
-def resident_bytes(path: Path | str) -> int | None:
-    """Bytes of PATH in the page cache (util-linux's ``fincore``), or None where fincore is not installed."""
-    tool = shutil.which("fincore")
-    if tool is None:
-        return None
-    out = subprocess.run(
-        [tool, "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True, text=True, check=True
-    )
-    return int(out.stdout.strip() or 0)

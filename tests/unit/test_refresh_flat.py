@@ -267,19 +267,39 @@ def test_plan_at_imagenet_count_holds_a_few_bytes_a_row(tmp_path: Path, monkeypa
     assert out["arrow"] < 48 * 2**20, out
 
 
-def _large_shard_scenario(tmp: Path) -> tuple[dict, Path]:
-    """_large_scenario for the shards target: the first version's plan cut 1,000 rows a shard."""
-    conf, work = _large_scenario(tmp)
-    conf = {**conf, "target": "shards", "s3_dest": "s3://imgest/syn-flat"}
+def _as_shards(conf: dict) -> dict:
+    """CONF's scenario (a Cassandra refresh folder) made a shards one: the previous version's plan is its baseline
+    cut 1,000 rows a shard, in baseline order."""
     cassandra, shards = refresh.refresh_dir(DATASET, "cassandra"), refresh.refresh_dir(DATASET, "shards")
     cassandra.rename(shards)
     old = pq.read_table(shards / refresh.BASELINE).drop_columns([HASH_COLUMN])
-    index = np.arange(IMAGENET)
-    names = pa.array([f"train-{i:06d}.tar" for i in range(IMAGENET // 1000 + 1)])
+    index = np.arange(old.num_rows)
+    names = pa.array([f"train-{i:06d}.tar" for i in range(old.num_rows // 1000 + 1)])
     old = old.append_column("shard", pc.take(names, pa.array(index // 1000)))
     old = old.append_column("pos", pa.array((index % 1000).astype(np.int32)))
     pq.write_table(old, shards / refresh.PLAN, row_group_size=65_536)  # a refresh's plan: any row groups
-    return conf, work
+    return {**conf, "target": "shards", "s3_dest": "s3://imgest/syn-flat"}
+
+
+def _large_shard_scenario(tmp: Path) -> tuple[dict, Path]:
+    """_large_scenario for the shards target."""
+    conf, work = _large_scenario(tmp)
+    return _as_shards(conf), work
+
+
+def test_a_new_transform_replans_the_shards_out_of_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row changed (a new transform) keeps no shard: the plan is cut as a first version's is (build_plan, in
+    bounded memory), not by the re-plan, which would hold every row of the manifest to cut it."""
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
+    conf, work = _small_scenario(tmp_path)
+    conf = {**_as_shards(conf), "image_mode": "unchanged"}  # the baseline's version was written in jpeg mode
+    plan = refresh.plan_refresh(conf, work)
+    assert plan["counts"]["unchanged"] == 0
+    pending = json.loads((refresh.refresh_dir(DATASET, "shards") / refresh.PENDING).read_text())
+    assert "kept_shards" not in pending  # not re-planned
+    written = pq.ParquetFile(refresh.refresh_dir(DATASET, "shards") / refresh.NEXT_PLAN)
+    assert written.metadata.num_rows == pq.read_metadata(work / workdir.MANIFEST).num_rows
+    assert "dead" not in written.schema_arrow.names
 
 
 @pytest.mark.slow

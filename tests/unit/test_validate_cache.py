@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from imgest.validate.cache import evict, resident_bytes
+from imgest.validate.cache import evict
+
+
+def resident_bytes(path: Path) -> int | None:
+    """Bytes of PATH in the page cache (util-linux's ``fincore``), or None where fincore is not installed."""
+    tool = shutil.which("fincore")
+    if tool is None:
+        return None
+    out = subprocess.run(
+        [tool, "--bytes", "--noheadings", "--output", "RES", str(path)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip() or 0)
 
 
 def test_evicted_files_are_no_longer_cached(tmp_path: Path) -> None:
