@@ -35,7 +35,7 @@ from imgest.sinks.shards.pack import (
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import ShardSpec, build_plan, copy_plan, read_shard_rows
+from imgest.sinks.shards.plan import ShardSpec, build_plan, read_shard_rows, take_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3objects import shippable_root
@@ -75,8 +75,8 @@ def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple
     ROWS are the live rows (a refresh's plan also holds its kept shards' dead rows), KEY is the plan's content key,
     the version prefix v/<key>/ of the shards this run writes."""
     plan_path = (args.manifest_dir / workdir.SHARD_PLAN).resolve()
-    if args.plan:  # a refresh's plan, rewritten one row group per shard
-        plan = copy_plan(args.plan, plan_path, cfg.spec)
+    if args.plan:  # a refresh's plan: copied as written (one row group per shard, its key beside it)
+        plan = take_plan(args.plan, plan_path, cfg.spec)
     else:  # planned out of core: memory stays flat whatever the manifest's size
         plan = build_plan(args.manifest_dir / workdir.MANIFEST, plan_path, cfg.shards, cfg.spec)
     return plan_path, plan.shards, plan.live, plan.key

@@ -218,7 +218,11 @@ def finish_refresh(
         report = verify_shards(request.shard_dest, s3, hash_kept=False)  # kept shards: hashed when written
     (rdir / NEXT_BASELINE).replace(rdir / BASELINE)
     if (rdir / NEXT_PLAN).is_file():
+        from imgest.sinks.shards.plan import sidecar
+
         (rdir / NEXT_PLAN).replace(rdir / PLAN)
+        if sidecar(rdir / NEXT_PLAN).is_file():
+            sidecar(rdir / NEXT_PLAN).replace(sidecar(rdir / PLAN))
     state = {k: v for k, v in pending.items() if k not in ("removed", "removed_file")}
     state["completed_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     (rdir / STATE).write_text(json.dumps(state, indent=1) + "\n")

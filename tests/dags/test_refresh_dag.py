@@ -48,9 +48,13 @@ def scheduler(airflow_scheduler: AirflowServer) -> AirflowServer:
     return airflow_scheduler
 
 
-def _refresh(airflow: AirflowServer, name: str = "rfx") -> dict[str, str | None]:
+def _refresh(airflow: AirflowServer, name: str = "rfx", output: list[str] | None = None) -> dict[str, str | None]:
+    """Run refresh_NAME with `airflow dags test` (its task logs go to its output, appended to OUTPUT when given);
+    returns task -> state."""
     proc = airflow.airflow("dags", "test", f"refresh_{name}", check=False)
     assert proc.returncode == 0, (proc.stdout or "")[-3000:] + (proc.stderr or "")[-3000:]
+    if output is not None:
+        output.append((proc.stdout or "") + (proc.stderr or ""))
     return {task: state for task, state, _ in task_durations(airflow, f"refresh_{name}")}
 
 
@@ -176,13 +180,15 @@ def test_refresh_applies_exactly_the_changes(
     before = len(_wait_checks(scheduler, v1))  # the Assets of r1 triggered check_datasets
 
     ids = _change_source(source, tmp_path)
-    states = _refresh(scheduler)
+    output: list[str] = []
+    states = _refresh(scheduler, output=output)
     assert states["cassandra.ingest"] == states["shards.ingest"] == "success", states
     plans = task_results(scheduler, "refresh_rfx", ("cassandra.plan", "shards.plan"))
     expected = {"added": 10, "changed": 3, "removed": 2, "unchanged": 19}
     assert plans["cassandra.plan"]["counts"] == plans["shards.plan"]["counts"] == expected
     version = plans["cassandra.plan"]["version"]
     assert version.endswith("-r2")
+    assert "as written" in output[0]  # the job took the re-plan's file, not a rewrite of it
     # Cassandra: 24 + 10 - 2 rows; removed gone; changed rows hold the new source's bytes. Only the added and
     # changed rows were written (version r2); the unchanged ones were not touched (still r1), and belong to r2
     # through its lineage: finish costs in proportion to the change.

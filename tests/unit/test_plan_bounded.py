@@ -24,7 +24,10 @@ from imgest.sinks.shards.plan import (
     plan_shards,
     sample_bound,
     shard_name,
+    sidecar,
+    take_plan,
     version_key,
+    written_plan,
 )
 from imgest.transform.image import TransformSpec
 
@@ -176,6 +179,32 @@ def test_plan_file_has_a_row_group_per_shard_and_copies_keep_the_key(manifest: P
     copied = copy_plan(tmp_path / "refresh.parquet", tmp_path / "copy.parquet", UNCHANGED)
     assert (copied.key, copied.shards, copied.rows) == (built.key, built.shards, built.rows)
     assert pq.read_table(copied.path).equals(table)
+
+
+def test_a_written_plan_is_taken_as_is_and_any_other_is_rewritten(
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pack job takes a refresh's plan byte for byte when its sidecar (written by PlanWriter) matches the file
+    and the transform: the same shards, rows and key as a rewrite, without reading the plan; a plan without one, a
+    sidecar of another file or another transform falls back to the rewrite."""
+    built = build_plan(manifest, tmp_path / "plan.parquet", ShardSpec(max_count=70, seed=1), UNCHANGED, 300)
+    assert sidecar(built.path).is_file()
+    rewritten = copy_plan(built.path, tmp_path / "rewritten.parquet", UNCHANGED)
+    calls: list[Path] = []
+    monkeypatch.setattr(plan_module, "copy_plan", lambda plan, out, spec: calls.append(plan) or rewritten)
+    taken = take_plan(built.path, tmp_path / "job" / "plan.parquet", UNCHANGED)
+    assert calls == []
+    assert (taken.key, taken.shards, taken.rows, taken.dead) == (rewritten.key, rewritten.shards, rewritten.rows, 0)
+    assert taken.path.read_bytes() == built.path.read_bytes()
+    assert written_plan(taken.path, UNCHANGED) == taken
+    other = TransformSpec("jpeg", 64, 56, 90)
+    assert written_plan(built.path, other) is None
+    take_plan(built.path, tmp_path / "other.parquet", other)
+    pq.write_table(pq.read_table(built.path), tmp_path / "bare.parquet", row_group_size=33)
+    take_plan(tmp_path / "bare.parquet", tmp_path / "bare-copy.parquet", UNCHANGED)
+    (tmp_path / "plan.parquet").write_bytes((tmp_path / "bare.parquet").read_bytes())  # the sidecar is stale now
+    assert written_plan(built.path, UNCHANGED) is None
+    assert calls == [built.path, tmp_path / "bare.parquet"]
 
 
 def test_empty_manifest_plans_nothing(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -241,6 +242,7 @@ class PlanWriter:
         self.out, self.schema = out, schema
         self.partial = out.with_name(out.name + ".partial")
         self.key = _key_hash(spec)
+        self.transform = spec.as_dict()
         self.order: list[tuple[str, int]] = []
         self.rows = 0
         self.dead = 0
@@ -256,7 +258,9 @@ class PlanWriter:
             self._flush()
         self._writer.close()
         if kind is None:
+            size = self.partial.stat().st_size
             self.partial.replace(self.out)
+            _write_sidecar(self.result(), size, self.transform)
         else:
             self.partial.unlink(missing_ok=True)
 
@@ -299,6 +303,60 @@ class PlanWriter:
         if DEAD in table.column_names:
             self.dead += int(pc.sum(pc.cast(table.column(DEAD), pa.int64())).as_py() or 0)
         self._name, self._pending = None, []
+
+
+def sidecar(plan: Path) -> Path:
+    """The JSON file beside a plan that PlanWriter wrote: its shards, rows, key, size and transform."""
+    return plan.with_name(plan.name + ".json")
+
+
+def _write_sidecar(plan: PlanFile, size: int, transform: dict[str, Any]) -> None:
+    info = {"shards": plan.shards, "rows": plan.rows, "key": plan.key, "dead": plan.dead}
+    info.update(size=size, transform=transform)
+    partial = sidecar(plan.path).with_name(sidecar(plan.path).name + ".partial")
+    partial.write_text(json.dumps(info))
+    partial.replace(sidecar(plan.path))
+
+
+def written_plan(plan: Path, spec: TransformSpec) -> PlanFile | None:
+    """PLAN as PlanWriter wrote it for SPEC (one row group per shard, its key known), from its sidecar; None when it
+    has none, or one that does not match the file (size, rows, row groups) or SPEC."""
+    try:
+        info = json.loads(sidecar(plan).read_text())
+        meta = pq.ParquetFile(plan).metadata
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    shards = [(str(name), int(group)) for name, group in info.get("shards", [])]
+    if (
+        info.get("transform") != spec.as_dict()
+        or info.get("size") != plan.stat().st_size
+        or info.get("rows") != meta.num_rows
+        or len(shards) != meta.num_row_groups
+    ):
+        return None
+    return PlanFile(plan, shards, int(info["rows"]), str(info["key"]), int(info.get("dead", 0)))
+
+
+def take_plan(plan: Path, out: Path, spec: TransformSpec) -> PlanFile:
+    """The plan file PLAN (a refresh's) at OUT, one row group per shard: copied byte for byte when PlanWriter wrote
+    it for SPEC (its sidecar says so, and carries the key), else rewritten by copy_plan (a batch at a time)."""
+    written = written_plan(plan, spec)
+    if written is None:
+        log.info("%s has no matching sidecar: rewriting it one row group per shard", plan)
+        return copy_plan(plan, out, spec)
+    log.info(
+        "taking the plan %s as written: %d shards, %d rows (%d dead), key %s",
+        plan,
+        len(written.shards),
+        written.rows,
+        written.dead,
+        written.key,
+    )
+    if plan.resolve() != out.resolve():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(plan, out)
+        shutil.copyfile(sidecar(plan), sidecar(out))
+    return PlanFile(out, written.shards, written.rows, written.key, written.dead)
 
 
 def _runs(values: np.ndarray) -> list[tuple[int, int]]:
