@@ -21,7 +21,7 @@ test: install-dev
 # The quick tier: every test that needs no server, no Spark job, no browser and no GPU (a few minutes).
 test-quick: install-dev
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -m "not services and not slow and not browser and not gpu"
+	.venv/bin/python -m pytest --durations=15 -m "not services and not slow and not browser and not gpu"
 
 # The trigger form in Debian's Chromium against airflow standalone; screenshots in .imgest/artifacts/browser/.
 test-browser: install-dev

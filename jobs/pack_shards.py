@@ -30,12 +30,12 @@ from imgest.sinks.shards.pack import (
     PackConfig,
     ShardRecord,
     build_manifest,
-    pack_shards,
+    pack_planned,
     publish,
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import ShardSpec, build_plan, read_shard_rows, take_plan
+from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3objects import shippable_root
@@ -95,8 +95,7 @@ def load(
             done.add(1)
             nbytes.add(size)
 
-        groups = ((name, read_shard_rows(plan_path, group)) for name, group in it)
-        return pack_shards(groups, cfg, lambda: open_store(cfg.dest, cfg.s3), on_sample)
+        return pack_planned(plan_path, it, cfg, lambda: open_store(cfg.dest, cfg.s3), on_sample)
 
     with progress_log(log, "pack", done, nbytes, rows):
         return list(sc.parallelize(shards, slices).mapPartitions(partition).collect())

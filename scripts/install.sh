@@ -69,17 +69,33 @@ for cand in "${PYTHON:-}" python3.11 python3.12 python3; do
 done
 [ -n "$py" ] || { echo "imgest install: Python 3.11 or newer is required (set PYTHON=/path/to/python3.11)." >&2; exit 1; }
 
+# An install whose inputs (lock, packaging, C sources, these scripts) are what the last one used is a no-op, so
+# `make test-quick` does not pay for it on every run; delete .venv/.imgest-install-* to force one. An install where an
+# optional part failed (libxnvme, the class-data archive) writes no stamp, so the next one tries that part again.
+mode=runtime
+[ "${1:-}" = "--dev" ] && mode=dev
+stamp=".venv/.imgest-install-$mode"
+inputs=$(cat "$lock" requirements/torch.txt pyproject.toml setup.py imgest/transform/_fastjpeg.c scripts/*.sh \
+  | sha256sum | cut -c1-16)
+if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
+  echo "imgest install: .venv up to date with $lock (inputs $inputs)"
+  exit 0
+fi
+
 [ -x .venv/bin/python ] || "$py" -m venv .venv
+rm -f "$stamp"
 .venv/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
 .venv/bin/uv pip install -q --python .venv/bin/python -r "$lock"
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 # The imgest[torch] extra (PyTorch datasets over stored data) for its tests: PyPI's CUDA wheel, which runs on CPU.
 [ "${1:-}" = "--dev" ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements/torch.txt
 # libxnvme for `imgest validate xnvme`: optional, so a failed build only skips the xNVMe engines.
-bash scripts/build_xnvme.sh || echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2
+complete=1
+bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2; }
 # The test tools' own programs: the TCP latency proxy for the read-back checks.
 [ "${1:-}" = "--dev" ] && bash scripts/build_toxiproxy.sh
 # Spark's driver classes as a class-data-sharing archive: every job's JVM then starts with a third of the CPU.
-.venv/bin/python -m imgest.spark.cds || echo "imgest install: continuing without the Spark class-data archive" >&2
+.venv/bin/python -m imgest.spark.cds || { complete=0; echo "imgest install: continuing without the Spark class-data archive" >&2; }
 decoder=$(.venv/bin/python -c 'from imgest.transform import fastjpeg; print(fastjpeg.default_decoder())')
+[ "$complete" = 1 ] && echo "$inputs" > "$stamp"
 echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version), JPEG decoder: $decoder)"

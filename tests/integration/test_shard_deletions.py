@@ -27,16 +27,17 @@ from imgest.readback.readers import webdataset_batches
 from imgest.readback.resumable import ShardResume, folder_fetch, s3_fetch, shard_dead, shard_units
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 from imgest.services.s3 import S3Server
+from imgest.sinks.shards import pack as pack_module
 from imgest.sinks.shards.gc import collect
 from imgest.sinks.shards.pack import (
     PackConfig,
     build_manifest,
-    pack_shard,
+    pack_planned,
     publish,
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import ShardSpec, plan_shards, version_key
+from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_rows, version_key
 from imgest.sinks.shards.replan import replan
 from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore, manifest_objects
 from imgest.sinks.shards.verify import verify_shards
@@ -58,12 +59,21 @@ def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
     key = version_key(plan, SPEC)
     root = manifest_metadata(manifest)["root"]
     cfg = PackConfig(root, "del", store.location, SPEC, SHARDS, published_entries(store), key=key)
-    rows = plan.to_pylist()
-    names = sorted({r["shard"] for r in rows})
-    records = [pack_shard(n, [r for r in rows if r["shard"] == n], cfg, store) for n in names]
+    with PlanWriter(work / "plan.parquet", plan.schema, SPEC) as writer:
+        writer.add_planned(plan)
+    assert writer.result().key == key
+    read: list[int] = []
+
+    def rows_read(path: Path, group: int) -> list[dict[str, object]]:
+        read.append(group)
+        return read_shard_rows(path, group)
+
+    with pytest.MonkeyPatch.context() as patch:  # which shards are read as Python rows (packed, not kept)
+        patch.setattr(pack_module, "read_shard_rows", rows_read)
+        records = pack_planned(work / "plan.parquet", writer.result().shards, cfg, lambda: store)
     doc = build_manifest(records, cfg, read_classes(work / "classes.json"), QuarantineLog())
     publish(store, doc, samples_table(plan, records))
-    return doc
+    return {**doc, "read_as_rows": sorted(name for name, group in writer.result().shards if group in read)}
 
 
 def _jpeg(color: tuple[int, int, int]) -> bytes:
@@ -153,6 +163,9 @@ def test_refresh_keeps_touched_tars_and_packs_only_the_change(folder: dict[str, 
     assert not any("dead" in after[n] for n in kept[2:])
     new = sorted(set(after) - set(before))
     assert new == result.new
+    # the job's way (pack_planned): the kept shards are decided from their columns, only new ones read as rows
+    assert first["read_as_rows"] == sorted(before)
+    assert second["read_as_rows"] == new
     # the new shards hold the changed sample, the two added ones and the 7 live samples of the re-cut shard
     assert sum(after[n]["samples"] for n in new) == 10
     assert second["samples"] == {"train": 58}

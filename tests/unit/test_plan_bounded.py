@@ -22,8 +22,12 @@ from imgest.sinks.shards.plan import (
     copy_plan,
     id_hashes,
     plan_shards,
+    read_shard_rows,
+    read_shard_table,
     sample_bound,
+    shard_digest,
     shard_name,
+    shard_table_digest,
     sidecar,
     take_plan,
     version_key,
@@ -205,6 +209,25 @@ def test_a_written_plan_is_taken_as_is_and_any_other_is_rewritten(
     (tmp_path / "plan.parquet").write_bytes((tmp_path / "bare.parquet").read_bytes())  # the sidecar is stale now
     assert written_plan(built.path, UNCHANGED) is None
     assert calls == [built.path, tmp_path / "bare.parquet"]
+
+
+def test_a_shards_digest_from_its_columns_is_the_digest_of_its_rows(manifest: Path, tmp_path: Path) -> None:
+    """The pack job decides whether a shard is kept from its plan rows' columns (shard_table_digest): the digest must
+    be the one pack_shard records from the rows as dicts, for float mtimes and every label."""
+    built = build_plan(manifest, tmp_path / "plan.parquet", ShardSpec(max_count=70, seed=1), UNCHANGED, 300)
+    spec = TransformSpec("jpeg", 64, 56, 90)
+    for _, group in built.shards:
+        table = read_shard_table(built.path, group, ["id", "size", "mtime", "label", "absent"])
+        assert table.column_names == ["id", "size", "mtime", "label"]
+        rows = read_shard_rows(built.path, group)
+        assert shard_table_digest(table, spec) == shard_digest(rows, spec)
+        assert shard_table_digest(table, spec) != shard_digest(rows, UNCHANGED)
+    # mtimes Arrow prints as repr does, a whole one ("1795694298.0"), and ones it would not (its own loop then)
+    for mtime in (0.0, -0.0, 1.0, 1e-4, 0.1, 1795694298.0, 1795694298.3954206, 9999999999.5, 1e10, 1.5e15 + 0.25):
+        for extra in (2.5e-7, float("nan"), 1.5):
+            table = pa.table({"id": ["a", "b"], "size": [1, 2], "mtime": [mtime, extra], "label": [3, 40]})
+            for part in (table, table.slice(1), pa.concat_tables([table, table.slice(1)])):
+                assert shard_table_digest(part, spec) == shard_digest(part.to_pylist(), spec), (mtime, extra)
 
 
 def test_empty_manifest_plans_nothing(tmp_path: Path) -> None:

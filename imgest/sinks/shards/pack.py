@@ -17,7 +17,14 @@ from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
-from imgest.sinks.shards.plan import DEAD, ShardSpec, shard_digest
+from imgest.sinks.shards.plan import (
+    DEAD,
+    ShardSpec,
+    read_shard_rows,
+    read_shard_table,
+    shard_digest,
+    shard_table_digest,
+)
 from imgest.sinks.shards.store import (
     ShardStore,
     history_name,
@@ -33,6 +40,7 @@ from imgest.transform.pipeline import process_candidates
 
 log = logging.getLogger(__name__)
 CANDIDATE_FIELDS = ("id", "split", "rel_path", "wnid", "label", "size", "mtime", "container", "offset")
+KEEP_COLUMNS = ["id", "split", "size", "mtime", "label", DEAD]  # what keep_published reads of a shard's plan rows
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,7 @@ def pack_shard(
     the same inputs, the live rows are written to a new tar."""
     planned = len(rows)
     if any(r.get(DEAD) for r in rows):
-        kept = kept_with_deletions(name, rows, cfg, store)
+        kept = kept_with_deletions(name, _table(rows), cfg, store)
         if kept is not None:
             return kept
         rows = [r for r in rows if not r.get(DEAD)]  # its live rows, packed (or kept) as a shard of their own
@@ -228,22 +236,69 @@ def pack_shard(
     )
 
 
-def kept_with_deletions(
-    name: str, rows: list[dict[str, Any]], cfg: PackConfig, store: ShardStore
-) -> ShardRecord | None:
+def _table(rows: list[dict[str, Any]]) -> Any:
+    """ROWS (plan rows as dicts) as an Arrow table of KEEP_COLUMNS."""
+    import pyarrow as pa
+
+    return pa.table({c: [r.get(c) for r in rows] for c in KEEP_COLUMNS})
+
+
+def keep_published(name: str, rows: Any, cfg: PackConfig, store: ShardStore) -> ShardRecord | None:
+    """The record of shard NAME when its published tar serves the planned ROWS as it is (an Arrow table with at
+    least KEEP_COLUMNS but the dead flag): the same inputs and no dead row (reused_shard), or dead rows
+    (kept_with_deletions); None when pack_shard must handle it (a new or changed shard, or one written under this
+    run's prefix). Reads the rows as columns, so a refresh that keeps most shards costs no Python object per row."""
+    import pyarrow.compute as pc
+
+    if name not in cfg.published or not rows.num_rows:
+        return None
+    if DEAD in rows.column_names and pc.any(rows.column(DEAD)).as_py():
+        return kept_with_deletions(name, rows, cfg, store)
+    digest = shard_table_digest(rows, cfg.spec)
+    live = cfg.published[name]
+    if live.get("digest") != digest or live.get("dead"):
+        return None
+    return reused_shard(name, digest, str(rows.column("split")[0].as_py()), cfg, store)
+
+
+def pack_planned(
+    plan: Path,
+    shards: Iterable[tuple[str, int]],
+    cfg: PackConfig,
+    store_factory: Callable[[], ShardStore],
+    on_sample: Callable[[int], None] | None = None,
+) -> list[ShardRecord]:
+    """The records of SHARDS ((name, row group) of the plan file PLAN) of one Spark partition: a shard kept as
+    published is decided from its rows' columns (keep_published), any other is packed from its rows (pack_shard)."""
+    import pyarrow.parquet as pq
+
+    store = store_factory()
+    source = pq.ParquetFile(plan)
+    records = []
+    for name, group in shards:
+        record = keep_published(name, read_shard_table(source, group, KEEP_COLUMNS), cfg, store)
+        records.append(record or pack_shard(name, read_shard_rows(plan, group), cfg, store, on_sample))
+    return records
+
+
+def kept_with_deletions(name: str, rows: Any, cfg: PackConfig, store: ShardStore) -> ShardRecord | None:
     """The record of shard NAME kept as published with the dead ROWS taken out, or None when the live manifest has
     no tar of NAME with the same inputs (every row, dead or live, in its order). No byte of the tar is rewritten: its
     live samples are listed in a new DALI index ``v/<key>/NAME.idx`` (never the published index's name), its dead
     keys in the record. A shard with no new dead sample keeps its published entry: its index is neither read nor
     written, so a refresh costs nothing for the shards an earlier one marked."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     live = cfg.published.get(name)
-    digest = shard_digest(rows, cfg.spec)
+    digest = shard_table_digest(rows, cfg.spec)
     if live is None or live.get("digest") != digest or store.size(shard_object(live)) != live["bytes"]:
         return None
-    dead = {str(r["id"]) for r in rows if r.get(DEAD)}
+    flags = pc.fill_null(rows.column(DEAD), False)
+    dead = {str(i) for i in pc.filter(rows.column("id"), flags).to_pylist()}
     record = ShardRecord(
         name,
-        str(rows[0]["split"]),
+        str(rows.column("split")[0].as_py()),
         live["samples"],
         live["bytes"],
         live["sha256"],
@@ -271,7 +326,8 @@ def kept_with_deletions(
     store.put_bytes(record.index, "".join(f"{line}\n" for line in [f"{INDEX_VERSION} {len(kept)}", *kept]).encode())
     in_tar = {index_key(line) for line in kept}
     record.samples, record.dead = len(kept), dead_keys
-    record.labels = dict(Counter(str(r["label"]) for r in rows if str(r["id"]) in in_tar and not r.get(DEAD)))
+    counted = pc.and_(pc.is_in(rows.column("id"), value_set=pa.array(sorted(in_tar), pa.string())), pc.invert(flags))
+    record.labels = dict(Counter(str(label) for label in pc.filter(rows.column("label"), counted).to_pylist()))
     log.info("shard %s: kept as %s, %d samples dead, indexed by %s", name, record.path, len(dead_keys), record.index)
     return record
 
@@ -280,17 +336,6 @@ def info_bytes(digest: str, labels: Counter[str], quarantine: list[dict[str, Any
     """The sidecar of a shard: its input digest, samples per label and quarantined inputs (deterministic)."""
     info = {"digest": digest, "labels": dict(labels), "quarantine": quarantine}
     return json.dumps(info, sort_keys=True).encode()
-
-
-def pack_shards(
-    groups: Iterable[tuple[str, list[dict[str, Any]]]],
-    cfg: PackConfig,
-    store_factory: Callable[[], ShardStore],
-    on_sample: Callable[[int], None] | None = None,
-) -> list[ShardRecord]:
-    """pack_shard for each (name, rows) group of one Spark partition."""
-    store = store_factory()
-    return [pack_shard(name, rows, cfg, store, on_sample) for name, rows in groups]
 
 
 def build_manifest(

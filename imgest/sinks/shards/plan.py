@@ -454,11 +454,41 @@ def shard_index_of(name: str) -> int:
     return int(name.removesuffix(".tar").rsplit("-", 1)[1])
 
 
+DIGEST_COLUMNS = ("id", "size", "mtime", "label")  # what a shard's digest is made of, with the transform
+
+
 def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
     """Identity of a shard's inputs: member ids, source sizes and mtimes, transform. Same digest, same bytes."""
+    return _digest(spec, ([row[c] for c in DIGEST_COLUMNS] for row in rows))
+
+
+def shard_table_digest(rows: pa.Table, spec: TransformSpec) -> str:
+    """shard_digest of a shard's plan rows as an Arrow table, the same text hashed, written by Arrow's kernels: no
+    Python object per row. Arrow and repr print the same shortest digits in fixed notation for magnitudes in
+    [1e-4, 1e10) (every mtime in seconds until the year 2286); an mtime outside them (or not finite) sends the shard
+    to shard_digest's own loop."""
+    mtime = rows.column("mtime")
+    size = pc.abs(mtime)
+    fixed = pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e10))
+    if mtime.null_count or not pc.all(pc.or_(fixed, pc.equal(mtime, 0.0))).as_py():
+        return _digest(spec, zip(*(rows.column(c).to_pylist() for c in DIGEST_COLUMNS), strict=True))
+    text = pc.cast(mtime, pa.string())  # shortest round-trip digits, as repr; a whole number lacks repr's ".0"
+    text = pc.if_else(pc.equal(pc.floor(mtime), mtime), pc.binary_join_element_wise(text, "0", "."), text)
+    columns = [pc.cast(rows.column(c), pa.string()) for c in ("id", "size")]
+    lines = pc.binary_join_element_wise(*columns, text, pc.cast(rows.column("label"), pa.string()), "|")
+    lines = pc.binary_join_element_wise(lines, "", "\n")
     h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
-    for row in rows:
-        h.update(f"{row['id']}|{row['size']}|{row['mtime']}|{row['label']}\n".encode())
+    for chunk in lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]:
+        if len(chunk):
+            offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
+            start, end = int(offsets[0]), int(offsets[-1])
+            h.update(memoryview(chunk.buffers()[2])[start:end])
+    return h.hexdigest()
+
+
+def _digest(spec: TransformSpec, values: Iterator[Any]) -> str:
+    h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
+    h.update("".join(f"{i}|{size}|{mtime}|{label}\n" for i, size, mtime, label in values).encode())
     return h.hexdigest()
 
 
@@ -490,4 +520,13 @@ def _key_update(h: Any, plan: pa.Table) -> None:
 
 def read_shard_rows(path: Path, row_group: int) -> list[dict[str, object]]:
     """The planned rows of one shard, in shard order."""
-    return pq.ParquetFile(path).read_row_group(row_group).to_pylist()
+    return read_shard_table(path, row_group).to_pylist()
+
+
+def read_shard_table(path: Path | pq.ParquetFile, row_group: int, columns: list[str] | None = None) -> pa.Table:
+    """The planned rows of one shard, in shard order, as a table (COLUMNS of it when given and in the plan). PATH
+    may be the plan already open (its footer is read once for many shards)."""
+    source = path if isinstance(path, pq.ParquetFile) else pq.ParquetFile(path)
+    if columns is not None:
+        columns = [c for c in columns if c in source.schema_arrow.names]
+    return source.read_row_group(row_group, columns=columns)
