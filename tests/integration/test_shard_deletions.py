@@ -159,6 +159,9 @@ def test_refresh_keeps_touched_tars_and_packs_only_the_change(folder: dict[str, 
     assert after["train-000000.tar"]["dead"] == [folder["changed"]]
     assert after["train-000001.tar"]["dead"] == [folder["removed"][0]]
     assert after["train-000000.tar"]["samples"] == after["train-000001.tar"]["samples"] == 9
+    for name in ("train-000000.tar", "train-000001.tar"):  # the labels of the live samples in the tar
+        lost = Counter(str(r["label"]) for r in result.plan.to_pylist() if r["shard"] == name and r["dead"])
+        assert Counter(after[name]["labels"]) == Counter(before[name]["labels"]) - lost
     assert after["train-000000.tar"]["index"] == f"v/{second['key']}/train-000000.idx"  # a new object, not the old
     assert not any("dead" in after[n] for n in kept[2:])
     new = sorted(set(after) - set(before))

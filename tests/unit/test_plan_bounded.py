@@ -230,6 +230,26 @@ def test_a_shards_digest_from_its_columns_is_the_digest_of_its_rows(manifest: Pa
                 assert shard_table_digest(part, spec) == shard_digest(part.to_pylist(), spec), (mtime, extra)
 
 
+def test_the_version_key_by_arrow_kernels_is_the_rows_loops(
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan's version key is hashed from text that Arrow's kernels write (_lines): the same key as the loop
+    over the rows as Python values, with dead rows, whole and fractional mtimes."""
+    built = pq.read_table(build_plan(manifest, tmp_path / "plan.parquet", ShardSpec(max_count=70), UNCHANGED, 300).path)
+    mtimes = [1795694298.0, 0.5, 1795694298.3954206, 0.0]
+    tables = [
+        built,
+        built.append_column("dead", pa.array([i % 3 == 0 for i in range(built.num_rows)])),
+        built.set_column(
+            built.schema.get_field_index("mtime"), "mtime", pa.array([mtimes[i % 4] for i in range(built.num_rows)])
+        ),
+    ]
+    fast = [version_key(table, UNCHANGED) for table in tables]
+    assert len(set(fast)) == 3
+    monkeypatch.setattr(plan_module, "_lines", lambda rows, columns: None)
+    assert [version_key(table, UNCHANGED) for table in tables] == fast
+
+
 def test_empty_manifest_plans_nothing(tmp_path: Path) -> None:
     schema = pq.read_schema(_manifest(tmp_path / "one.parquet", train=1))
     pq.write_table(schema.empty_table(), tmp_path / "empty.parquet")

@@ -317,19 +317,46 @@ def kept_with_deletions(name: str, rows: Any, cfg: PackConfig, store: ShardStore
     if raw is None:
         log.warning("shard %s: its index %s is missing", name, record.index)
         return None
-    lines = raw.decode().splitlines()[1:]
-    kept = [line for line in lines if index_key(line) not in dead]
-    dead_keys = sorted(set(record.dead) | {index_key(line) for line in lines if index_key(line) in dead})
-    if dead_keys == record.dead:  # the new dead rows were never in the tar (quarantined)
+    cut = _index_lines(raw, dead - set(record.dead))  # the lines of the samples dead since, found by their key
+    if not cut:  # the new dead rows were never in the tar (quarantined)
         return record
+    header, _, body = raw.partition(b"\n")
+    pieces, at = [], 0
+    for start, end in sorted(cut.values()):
+        pieces.append(body[at:start])
+        at = end
+    pieces.append(body[at:])
+    record.samples = int(header.split()[1]) - len(cut)
     record.index = workdir.shard_index(f"{cfg.prefix()}/{name}")
-    store.put_bytes(record.index, "".join(f"{line}\n" for line in [f"{INDEX_VERSION} {len(kept)}", *kept]).encode())
-    in_tar = {index_key(line) for line in kept}
-    record.samples, record.dead = len(kept), dead_keys
-    counted = pc.and_(pc.is_in(rows.column("id"), value_set=pa.array(sorted(in_tar), pa.string())), pc.invert(flags))
-    record.labels = dict(Counter(str(label) for label in pc.filter(rows.column("label"), counted).to_pylist()))
+    store.put_bytes(record.index, b"".join([f"{INDEX_VERSION} {record.samples}\n".encode(), *pieces]))
+    dead_keys = sorted(set(record.dead) | set(cut))
+    record.dead = dead_keys
+    absent = pa.array(sorted({str(q.get("id")) for q in record.quarantine}), pa.string())  # live, never in the tar
+    counted = pc.and_(pc.invert(flags), pc.invert(pc.is_in(rows.column("id"), value_set=absent)))
+    counts = pc.value_counts(pc.filter(rows.column("label"), counted)).to_pylist()
+    record.labels = {str(c["values"]): int(c["counts"]) for c in counts}
     log.info("shard %s: kept as %s, %d samples dead, indexed by %s", name, record.path, len(dead_keys), record.index)
     return record
+
+
+def _index_lines(raw: bytes, keys: set[str]) -> dict[str, tuple[int, int]]:
+    """key -> (start, end) of its sample line in the body of DALI index RAW (after the header line), for each of KEYS
+    listed there. A key is found by its member names (`` <key>.``: keys are ids without dots or spaces), so only
+    the lines of KEYS are looked at, not the index's thousands of others."""
+    body = raw.partition(b"\n")[2]
+    found = {}
+    for key in keys:
+        at = body.find(f" {key}.".encode())
+        if at < 0:
+            continue
+        start = body.rfind(b"\n", 0, at) + 1
+        stop = body.find(b"\n", at)
+        stop = len(body) if stop < 0 else stop
+        named = index_key(body[start:stop].decode())
+        if named != key:
+            raise ValueError(f"index line at byte {start} names {named}, not {key}")
+        found[key] = (start, min(stop + 1, len(body)))
+    return found
 
 
 def info_bytes(digest: str, labels: Counter[str], quarantine: list[dict[str, Any]]) -> bytes:

@@ -463,27 +463,45 @@ def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
 
 
 def shard_table_digest(rows: pa.Table, spec: TransformSpec) -> str:
-    """shard_digest of a shard's plan rows as an Arrow table, the same text hashed, written by Arrow's kernels: no
-    Python object per row. Arrow and repr print the same shortest digits in fixed notation for magnitudes in
-    [1e-4, 1e10) (every mtime in seconds until the year 2286); an mtime outside them (or not finite) sends the shard
-    to shard_digest's own loop."""
-    mtime = rows.column("mtime")
-    size = pc.abs(mtime)
-    fixed = pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e10))
-    if mtime.null_count or not pc.all(pc.or_(fixed, pc.equal(mtime, 0.0))).as_py():
+    """shard_digest of a shard's plan rows as an Arrow table, the same text hashed, written by Arrow's kernels (no
+    Python object per row; see _lines)."""
+    lines = _lines(rows, list(DIGEST_COLUMNS))
+    if lines is None:
         return _digest(spec, zip(*(rows.column(c).to_pylist() for c in DIGEST_COLUMNS), strict=True))
-    text = pc.cast(mtime, pa.string())  # shortest round-trip digits, as repr; a whole number lacks repr's ".0"
-    text = pc.if_else(pc.equal(pc.floor(mtime), mtime), pc.binary_join_element_wise(text, "0", "."), text)
-    columns = [pc.cast(rows.column(c), pa.string()) for c in ("id", "size")]
-    lines = pc.binary_join_element_wise(*columns, text, pc.cast(rows.column("label"), pa.string()), "|")
-    lines = pc.binary_join_element_wise(lines, "", "\n")
     h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
+    _feed(h, pc.binary_join_element_wise(lines, "", "\n"))
+    return h.hexdigest()
+
+
+def _lines(rows: pa.Table, columns: list[str]) -> pa.ChunkedArray | pa.Array | None:
+    """Each row's COLUMNS joined by '|' as Python's str prints them, by Arrow's kernels; None where they may differ.
+    Arrow and repr print a float's shortest digits in fixed notation for magnitudes in [1e-4, 1e10) (every mtime
+    in seconds until the year 2286), Arrow without repr's ".0" on a whole number (added here); a float outside that
+    range, not finite, or a null makes it None (the caller's own loop then)."""
+    text = []
+    for name in columns:
+        values = rows.column(name)
+        if values.null_count:
+            return None
+        if pa.types.is_floating(values.type):
+            size = pc.abs(values)
+            fixed = pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e10))
+            if len(values) and not pc.all(pc.or_(fixed, pc.equal(values, 0.0))).as_py():
+                return None
+            printed = pc.cast(values, pa.string())
+            whole = pc.binary_join_element_wise(printed, "0", ".")
+            text.append(pc.if_else(pc.equal(pc.floor(values), values), whole, printed))
+        else:
+            text.append(pc.cast(values, pa.string()))
+    return pc.binary_join_element_wise(*text, "|")
+
+
+def _feed(h: Any, lines: pa.ChunkedArray | pa.Array) -> None:
+    """Feed the bytes of string array LINES, one after another, to hash H (its data buffer, no copy per row)."""
     for chunk in lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]:
         if len(chunk):
             offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
-            start, end = int(offsets[0]), int(offsets[-1])
-            h.update(memoryview(chunk.buffers()[2])[start:end])
-    return h.hexdigest()
+            h.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
 
 
 def _digest(spec: TransformSpec, values: Iterator[Any]) -> str:
@@ -511,6 +529,12 @@ def _key_update(h: Any, plan: pa.Table) -> None:
     marks other rows dead is another version)."""
     columns = ["shard", "id", "size", "mtime", "label"]
     dead = DEAD in plan.column_names
+    lines = _lines(plan, columns)
+    if lines is not None and not (dead and plan.column(DEAD).null_count):
+        if dead:
+            lines = pc.if_else(plan.column(DEAD), pc.binary_join_element_wise(lines, "dead", "|"), lines)
+        _feed(h, pc.binary_join_element_wise(lines, "", "\n"))
+        return
     for batch in plan.select([*columns, DEAD] if dead else columns).to_batches(max_chunksize=65_536):
         values = [batch.column(c).to_pylist() for c in columns]
         flags = batch.column(DEAD).to_pylist() if dead else [False] * batch.num_rows
