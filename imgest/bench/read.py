@@ -318,11 +318,23 @@ def latency_sweep(
     # Every round visits every condition in turn (not all rounds of one condition, then the next): a machine whose
     # speed drifts during the sweep (a shared host) shifts every condition alike, and the ratios to 0 ms hold.
     results: dict[tuple[int, int], list[list[RunResult]]] = {}
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for c, cond in enumerate(conds):
             cond.apply(proxy, ["cassandra", "s3"])
-            for p, (_, run) in enumerate(points):
-                results.setdefault((c, p), []).append(run())
+            for p, (depth, run) in enumerate(points):
+                got = run()
+                results.setdefault((c, p), []).append(got)
+                rates = ", ".join(f"{r.epoch_rate:.0f}" for r in got)
+                window = "adaptive" if depth is None else depth
+                log.info(
+                    "round %d/%d, %s, %s window %s: %s images/s",
+                    round_ + 1,
+                    repeats,
+                    cond.name,
+                    got[0].reader,
+                    window,
+                    rates,
+                )
     for c, cond in enumerate(conds):
         for p, (depth, _) in enumerate(points):
             row(cond, depth, results[(c, p)])
