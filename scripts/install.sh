@@ -71,19 +71,19 @@ done
 
 # An install whose inputs (lock, packaging, C sources, these scripts) are what the last one used is a no-op, so
 # `make test-quick` does not pay for it on every run; delete .venv/.imgest-install-* to force one. An install where an
-# optional part failed (libxnvme, the class-data archive) writes no stamp, so the next one tries that part again.
+# optional part failed (libxnvme, the class-data archive, the region decoder) writes no stamp, so the next one tries that part again.
 mode=runtime
 [ "${1:-}" = "--dev" ] && mode=dev
 stamp=".venv/.imgest-install-$mode"
 inputs=$(cat "$lock" requirements/torch.txt pyproject.toml setup.py imgest/transform/_fastjpeg.c scripts/*.sh \
   | sha256sum | cut -c1-16)
-if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ]; then
+if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] && .venv/bin/python -c 'import imgest' 2>/dev/null; then
   echo "imgest install: .venv up to date with $lock (inputs $inputs)"
   exit 0
 fi
 
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-rm -f "$stamp"
+rm -f .venv/.imgest-install-*  # both modes share .venv: an install of either makes the other's stamp stale
 .venv/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
 .venv/bin/uv pip install -q --python .venv/bin/python -r "$lock"
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
@@ -97,5 +97,6 @@ bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing wi
 # Spark's driver classes as a class-data-sharing archive: every job's JVM then starts with a third of the CPU.
 .venv/bin/python -m imgest.spark.cds || { complete=0; echo "imgest install: continuing without the Spark class-data archive" >&2; }
 decoder=$(.venv/bin/python -c 'from imgest.transform import fastjpeg; print(fastjpeg.default_decoder())')
+[ "$decoder" = pillow ] && complete=0  # the region decoder was not built: the next install tries again
 [ "$complete" = 1 ] && echo "$inputs" > "$stamp"
 echo "imgest install: .venv ready from $lock ($(.venv/bin/python --version), $(.venv/bin/imgest --version), JPEG decoder: $decoder)"

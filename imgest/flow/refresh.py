@@ -223,6 +223,8 @@ def finish_refresh(
         (rdir / NEXT_PLAN).replace(rdir / PLAN)
         if sidecar(rdir / NEXT_PLAN).is_file():
             sidecar(rdir / NEXT_PLAN).replace(sidecar(rdir / PLAN))
+        else:
+            sidecar(rdir / PLAN).unlink(missing_ok=True)
     state = {k: v for k, v in pending.items() if k not in ("removed", "removed_file")}
     state["completed_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     (rdir / STATE).write_text(json.dumps(state, indent=1) + "\n")

@@ -37,7 +37,7 @@ from imgest.sinks.shards.pack import (
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_rows, version_key
+from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table, version_key
 from imgest.sinks.shards.replan import replan
 from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore, manifest_objects
 from imgest.sinks.shards.verify import verify_shards
@@ -64,12 +64,13 @@ def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
     assert writer.result().key == key
     read: list[int] = []
 
-    def rows_read(path: Path, group: int) -> list[dict[str, object]]:
-        read.append(group)
-        return read_shard_rows(path, group)
+    def table_read(source: Any, group: int, columns: list[str] | None = None) -> pa.Table:
+        if columns is None:  # every column: a shard read to be packed (keep_published reads KEEP_COLUMNS)
+            read.append(group)
+        return read_shard_table(source, group, columns)
 
-    with pytest.MonkeyPatch.context() as patch:  # which shards are read as Python rows (packed, not kept)
-        patch.setattr(pack_module, "read_shard_rows", rows_read)
+    with pytest.MonkeyPatch.context() as patch:  # which shards are read whole, as rows to pack (not kept)
+        patch.setattr(pack_module, "read_shard_table", table_read)
         records = pack_planned(work / "plan.parquet", writer.result().shards, cfg, lambda: store)
     doc = build_manifest(records, cfg, read_classes(work / "classes.json"), QuarantineLog())
     publish(store, doc, samples_table(plan, records))

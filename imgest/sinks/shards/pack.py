@@ -20,7 +20,6 @@ from imgest.core.settings import S3Settings
 from imgest.sinks.shards.plan import (
     DEAD,
     ShardSpec,
-    read_shard_rows,
     read_shard_table,
     shard_digest,
     shard_table_digest,
@@ -277,7 +276,7 @@ def pack_planned(
     records = []
     for name, group in shards:
         record = keep_published(name, read_shard_table(source, group, KEEP_COLUMNS), cfg, store)
-        records.append(record or pack_shard(name, read_shard_rows(plan, group), cfg, store, on_sample))
+        records.append(record or pack_shard(name, read_shard_table(source, group).to_pylist(), cfg, store, on_sample))
     return records
 
 

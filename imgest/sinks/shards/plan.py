@@ -259,6 +259,7 @@ class PlanWriter:
         self._writer.close()
         if kind is None:
             size = self.partial.stat().st_size
+            sidecar(self.out).unlink(missing_ok=True)  # never beside a plan it does not describe
             self.partial.replace(self.out)
             _write_sidecar(self.result(), size, self.transform)
         else:
@@ -324,9 +325,9 @@ def written_plan(plan: Path, spec: TransformSpec) -> PlanFile | None:
     try:
         info = json.loads(sidecar(plan).read_text())
         meta = pq.ParquetFile(plan).metadata
-    except (OSError, ValueError, pa.ArrowException):
+        shards = [(str(name), int(group)) for name, group in info.get("shards", [])]
+    except (OSError, ValueError, TypeError, AttributeError, pa.ArrowException):
         return None
-    shards = [(str(name), int(group)) for name, group in info.get("shards", [])]
     if (
         info.get("transform") != spec.as_dict()
         or info.get("size") != plan.stat().st_size
@@ -483,7 +484,9 @@ def _lines(rows: pa.Table, columns: list[str]) -> pa.ChunkedArray | pa.Array | N
         values = rows.column(name)
         if values.null_count:
             return None
-        if pa.types.is_floating(values.type):
+        if pa.types.is_floating(values.type) and not pa.types.is_float64(values.type):
+            return None  # a narrower float prints otherwise than repr of its value
+        if pa.types.is_float64(values.type):
             size = pc.abs(values)
             fixed = pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e10))
             if len(values) and not pc.all(pc.or_(fixed, pc.equal(values, 0.0))).as_py():
