@@ -316,7 +316,7 @@ def kept_with_deletions(name: str, rows: Any, cfg: PackConfig, store: ShardStore
     if raw is None:
         log.warning("shard %s: its index %s is missing", name, record.index)
         return None
-    cut = _index_lines(raw, dead - set(record.dead))  # the lines of the samples dead since, found by their key
+    cut = _index_lines(raw, dead - set(record.dead), record.index)  # the samples dead since, found by key
     if not cut:  # the new dead rows were never in the tar (quarantined)
         return record
     header, _, body = raw.partition(b"\n")
@@ -338,10 +338,10 @@ def kept_with_deletions(name: str, rows: Any, cfg: PackConfig, store: ShardStore
     return record
 
 
-def _index_lines(raw: bytes, keys: set[str]) -> dict[str, tuple[int, int]]:
-    """key -> (start, end) of its sample line in the body of DALI index RAW (after the header line), for each of KEYS
-    listed there. A key is found by its member names (`` <key>.``: keys are ids without dots or spaces), so only
-    the lines of KEYS are looked at, not the index's thousands of others."""
+def _index_lines(raw: bytes, keys: set[str], where: str) -> dict[str, tuple[int, int]]:
+    """key -> (start, end) of its sample line in the body of DALI index RAW (the object WHERE; after the header line),
+    for each of KEYS listed there. A key is found by its member names (`` <key>.``: keys are ids without dots or
+    spaces), so only the lines of KEYS are looked at, not the index's thousands of others."""
     body = raw.partition(b"\n")[2]
     found = {}
     for key in keys:
@@ -353,7 +353,7 @@ def _index_lines(raw: bytes, keys: set[str]) -> dict[str, tuple[int, int]]:
         stop = len(body) if stop < 0 else stop
         named = index_key(body[start:stop].decode())
         if named != key:
-            raise ValueError(f"index line at byte {start} names {named}, not {key}")
+            raise ValueError(f"shard index {where}: the line at byte {start} names {named}, not {key}")
         found[key] = (start, min(stop + 1, len(body)))
     return found
 

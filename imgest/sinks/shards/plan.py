@@ -90,7 +90,7 @@ class PlanFile:
 def build_plan(
     manifest: Path, out: Path, shards: ShardSpec, spec: TransformSpec, bucket_rows: int = PLAN_BUCKET_ROWS
 ) -> PlanFile:
-    """Plan the shards of MANIFEST and write the plan to OUT (one Parquet row group per shard, see read_shard_rows) in
+    """Plan the shards of MANIFEST and write the plan to OUT (one Parquet row group per shard, see read_shard_table) in
     memory bounded by BUCKET_ROWS rows, whatever the manifest's size.
 
     Each split is shuffled in buckets: a split of n rows gets K = ceil(n / BUCKET_ROWS) buckets; a row goes to
@@ -543,11 +543,6 @@ def _key_update(h: Any, plan: pa.Table) -> None:
         flags = batch.column(DEAD).to_pylist() if dead else [False] * batch.num_rows
         lines = zip(*values, flags, strict=True)
         h.update("".join(f"{s}|{i}|{z}|{m}|{lab}{'|dead' if d else ''}\n" for s, i, z, m, lab, d in lines).encode())
-
-
-def read_shard_rows(path: Path, row_group: int) -> list[dict[str, object]]:
-    """The planned rows of one shard, in shard order."""
-    return read_shard_table(path, row_group).to_pylist()
 
 
 def read_shard_table(path: Path | pq.ParquetFile, row_group: int, columns: list[str] | None = None) -> pa.Table:
