@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -294,13 +295,25 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
         )
         assert cli.returncode == 1, cli.stdout + cli.stderr
         assert f"dataset 'rfa' is being written by pid {os.getpid()}" in cli.stderr
-        _wait_running(scheduler, "refresh_rfa", "lock", waiting)
         holder = f"is being written by pid {os.getpid()}"
-        deadline = time.monotonic() + 60
-        while holder not in _task_log(scheduler, "refresh_rfa", "lock") and time.monotonic() < deadline:
-            time.sleep(0.5)  # the lock task logs who holds the dataset, then polls every 5 s
+        lines: list[str] = []
+        seen = threading.Event()
+
+        def follow() -> None:  # `airflow dags test` prints its tasks' logs as they run
+            for line in waiting.stdout or ():
+                lines.append(line)
+                if holder in line:
+                    seen.set()
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        _wait_running(scheduler, "refresh_rfa", "lock", waiting)
+        # the lock task logs who holds the dataset, then polls every 5 s
+        assert seen.wait(120) or holder in _task_log(scheduler, "refresh_rfa", "lock"), "".join(lines)[-3000:]
         assert waiting.poll() is None  # still waiting for the lock
-    out = waiting.communicate(timeout=600)[0]
+    waiting.wait(timeout=600)
+    reader.join(timeout=60)
+    out = "".join(lines)
     assert waiting.returncode == 0, out[-3000:]
     assert holder in out + _task_log(scheduler, "refresh_rfa", "lock"), out[-3000:]
     assert open_store("s3://imgest/refresh-test/rfa-cli", s3_server.settings()).read_manifest() is None
