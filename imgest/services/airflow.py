@@ -10,6 +10,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,8 +163,6 @@ class AirflowServer:
         """Config, `airflow db migrate`, and the connections; returns seconds taken. A home already prepared by
         this Airflow version with the same connections (PREPARED names both) only gets its config rewritten:
         each `airflow` command costs seconds of CPU."""
-        import time
-
         t0 = time.monotonic()
         self.write_config()
         connections = self.connections(cassandra, s3)
@@ -200,6 +199,17 @@ class AirflowServer:
         except OSError:
             return False
 
+    def warm_execution_api(self, timeout: float = 120.0) -> float:
+        """Ask the task execution API once: the API server builds it at its first request (6 s on two idle cores),
+        and a task that meets that first request times out and retries (14 s for the first task of the first run)."""
+        t0 = time.monotonic()
+        try:
+            with urllib.request.urlopen(f"{self.url}/execution/health", timeout=timeout) as resp:
+                resp.read()
+        except OSError as exc:  # the tasks will build it then; nothing depends on this call
+            log.warning("airflow execution API did not answer %s/execution/health: %s", self.url, exc)
+        return time.monotonic() - t0
+
     def login(self) -> str:
         """'admin / PASSWORD' from the file `airflow standalone` generates, when it exists."""
         path = self.home / PASSWORDS_FILE
@@ -221,6 +231,7 @@ class AirflowServer:
                 [str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(), cwd=self.home
             )
         waited = self.process.wait_ready(self.answers, timeout, f"HTTP on {self.url}")
+        self.warm_execution_api()
         self.tighten()
         return UpResult(
             self.name,
