@@ -85,7 +85,21 @@ fi
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 rm -f .venv/.imgest-install-*  # both modes share .venv: an install of either makes the other's stamp stale
 .venv/bin/python -m pip install -q --disable-pip-version-check "uv==0.13.8"
-.venv/bin/uv pip install -q --python .venv/bin/python -r "$lock"
+# pyspark and pyspark-client are published as sdists only: their wheels are built once into the wheelhouse, where
+# this install and the wheel test (tests/packaging) find them. uv otherwise built both at every install (28 s) and
+# kept every build in its cache (81 builds of pyspark, 45 GB, on this project's machine).
+wheelhouse=${IMGEST_HOME:-$PWD/.imgest}/wheelhouse
+mkdir -p "$wheelhouse"
+missing=""
+for req in $(grep -E '^(pyspark|pyspark-client)==' "$lock"); do
+  name=${req%%==*}; version=${req#*==}
+  ls "$wheelhouse/${name//-/_}-$version-"*.whl >/dev/null 2>&1 || missing="$missing $req"
+done
+if [ -n "$missing" ]; then
+  .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheelhouse" $missing \
+    || echo "imgest install: could not build$missing into $wheelhouse; uv builds them instead" >&2
+fi
+.venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" -r "$lock"
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 # The imgest[torch] extra (PyTorch datasets over stored data) for its tests: PyPI's CUDA wheel, which runs on CPU.
 [ "${1:-}" = "--dev" ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements/torch.txt

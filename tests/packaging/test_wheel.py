@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imgest.core.paths import repo_root
+from imgest.core.paths import repo_root, state_dir
 
 pytestmark = pytest.mark.slow
 ROOT = repo_root()
@@ -35,7 +35,11 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = tmp_path_factory.mktemp("venv") / "v"
     uv = Path(sys.executable).parent / "uv"
     _run(uv, "venv", "-q", "--python", sys.executable, env)
-    _run(uv, "pip", "install", "-q", "--python", env / "bin" / "python", "-r", ROOT / "requirements" / "runtime.lock")
+    # the wheels scripts/install.sh built of the lock's sdist-only packages (pyspark), when it built them
+    wheelhouse = state_dir() / "wheelhouse"
+    links = ["--find-links", wheelhouse] if wheelhouse.is_dir() else []
+    lock = ROOT / "requirements" / "runtime.lock"
+    _run(uv, "pip", "install", "-q", "--python", env / "bin" / "python", *links, "-r", lock)
     _run(uv, "pip", "install", "-q", "--python", env / "bin" / "python", "--no-deps", wheel)
     return env
 
