@@ -14,14 +14,17 @@ install-bench: install-dev
 demo: install
 	.venv/bin/imgest demo
 
+# Two workers (pytest-xdist); tests/xdist_groups.py keeps the tests that share a server or a fixture on one.
+XDIST = -n 2 --dist loadscope --no-loadscope-reorder
+
 test: install-dev
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest --durations=30
+	.venv/bin/python -m pytest $(XDIST) --durations=30
 
 # The quick tier: every test that needs no server, no Spark job, no browser and no GPU (a few minutes).
 test-quick: install-dev
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest --durations=15 -m "not services and not slow and not browser and not gpu"
+	.venv/bin/python -m pytest $(XDIST) --durations=15 -m "not services and not slow and not browser and not gpu"
 
 # The trigger form in Debian's Chromium against airflow standalone; screenshots in .imgest/artifacts/browser/.
 test-browser: install-dev

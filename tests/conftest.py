@@ -6,11 +6,16 @@ Also the suite's tiers and its skip policy:
 - under ``CI`` a skip fails the test unless its reason is one these machines cannot meet (CI_ALLOWED_SKIPS): a
   check that names an engine or reader must run it;
 - tests marked ``peers`` need the benchmark peers (``make install-bench``); without them they are deselected,
-  and the summary says so.
+  and the summary says so;
+- ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadscope``, tests/xdist_groups.py). Tests that
+  share a server's state or a fixture wider than a test run on one worker, one after another (xdist_groups
+  below). The workers share the embedded servers: the first to need one starts it under a file lock, a test on
+  the Spark cluster holds it alone, and the controller stops what the workers started once both are done.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import secrets
@@ -18,16 +23,20 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
-from imgest.services import AirflowServer, CassandraServer, S3Server
+from imgest.services import AirflowServer, CassandraServer, S3Server, get_service
 from imgest.services.base import Service
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.spark import driver_server
+from tests import xdist_groups as groups
 from tests.scheduler_fixture import scheduler, stop_after_last_user, uses_scheduler
 
 SERVICE_FIXTURES = frozenset(
@@ -50,39 +59,110 @@ os.environ.setdefault("IMGEST_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 # Local Spark jobs run one after another in one reused driver (imgest.spark.driver_server) instead of a
 # spark-submit each: 5-20 s less per job, about seventy jobs. Tests of spark-submit itself call it directly;
 # IMGEST_TEST_SPARK_SUBMIT=1 sends every job through spark-submit.
+# Under pytest-xdist each worker has a driver of its own (the variable the controller set is replaced).
 if os.environ.get("IMGEST_TEST_SPARK_SUBMIT") != "1":
-    os.environ.setdefault(
-        driver_server.SOCKET_ENV, str(Path(tempfile.mkdtemp(prefix="imgest-driver-")) / "driver.sock")
-    )
+    _socket = str(Path(tempfile.mkdtemp(prefix="imgest-driver-")) / "driver.sock")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[driver_server.SOCKET_ENV] = _socket
+    else:
+        os.environ.setdefault(driver_server.SOCKET_ENV, _socket)
 _PEERS_DROPPED = pytest.StashKey[int]()
+# Passed from each xdist worker to the controller (config.workeroutput): services it started, tests it dropped.
+_STARTED_KEY, _DROPPED_KEY = "imgest_started_services", "imgest_peers_dropped"
+_from_workers: dict[str, set[str] | int] = {"started": set(), "dropped": 0}
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the reused Spark driver the session's jobs started, and remove its folder."""
+    """Stop the reused Spark driver the session's jobs started, and remove its folder; in the xdist controller,
+    stop the services the workers started (each worker has finished by now)."""
     path = driver_server.socket_path()
     if path is not None and path.parent.name.startswith("imgest-driver-"):
         driver_server.stop(path)
         shutil.rmtree(path.parent, ignore_errors=True)
+    groups.finish()
+    started = _from_workers["started"]
+    if isinstance(started, set) and started:
+        stop_services([get_service(name) for name in sorted(started)])
+        started.clear()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist controller: note what a finished worker started and dropped (its config.workeroutput)."""
+    output = getattr(node, "workeroutput", None) or {}
+    started = _from_workers["started"]
+    assert isinstance(started, set)
+    started.update(output.get(_STARTED_KEY, ()))
+    _from_workers["dropped"] = max(int(_from_workers["dropped"]), int(output.get(_DROPPED_KEY, 0)))
+
+
+def _module(item: pytest.Item) -> str:
+    return groups.module_of(item.nodeid)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    groups.start(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist controller: schedule by the groups of xdist_groups (tests/xdist_groups.py)."""
+    return groups.make_scheduler(config, log) if config.getvalue("dist") == "loadscope" else None
+
+
+def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Module -> its group under ``make test``'s xdist (a group's tests run on one worker, in collection order).
+    Whole modules, so that module fixtures run once: "airflow-scheduler" for the modules that use `airflow
+    standalone` (the scheduler, the browser), "airflow-dags" for those on the `dags test` home, "readback" for
+    tests/readback (one stored sample, one latency-proxy port), else the module alone. The Spark cluster is
+    shared, one test at a time (_one_cluster_user)."""
+    marks: dict[str, set[str]] = {}
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("browser") is not None:
+            uses.add("airflow_scheduler")
+        marks.setdefault(_module(item), set()).update(uses)
+    groups = {}
+    for module, uses in marks.items():
+        if "airflow_scheduler" in uses:
+            groups[module] = "airflow-scheduler"
+        elif "airflow_home" in uses:
+            groups[module] = "airflow-dags"
+        else:
+            groups[module] = "readback" if module.startswith("tests/readback/") else module
+    return groups
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark service tests; deselect the benchmark-peer tests when the peers are not installed."""
     peers = importlib.util.find_spec("litdata") is not None
-    items.sort(key=lambda item: not uses_scheduler(item))  # stable: the scheduler's users run together, first
     kept, dropped = [], []
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
         (kept if peers or item.get_closest_marker("peers") is None else dropped).append(item)
+    # Stable sorts: the two Airflow groups first (the longest), then the other groups with a service or a slow
+    # test, then the rest, so that the two workers end together; the scheduler's users first of all.
+    group_of = xdist_groups(kept)
+    heavy = {group_of[_module(i)] for i in kept if i.get_closest_marker("services") or i.get_closest_marker("slow")}
+    kept.sort(key=lambda item: not uses_scheduler(item))
+    kept.sort(
+        key=lambda item: (not group_of[_module(item)].startswith("airflow-"), group_of[_module(item)] not in heavy)
+    )
+    order: dict[str, int] = {}
+    kept.sort(key=lambda item: order.setdefault(group_of[_module(item)], len(order)))
+    groups.publish(group_of)
+    items[:] = kept
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
         config.stash[_PEERS_DROPPED] = len(dropped)
+        if hasattr(config, "workeroutput"):
+            config.workeroutput[_DROPPED_KEY] = len(dropped)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    dropped = config.stash.get(_PEERS_DROPPED, 0)
+    dropped = config.stash.get(_PEERS_DROPPED, 0) or int(_from_workers["dropped"])
     if dropped:
         terminalreporter.write_line(
             f"{dropped} test(s) of the benchmark peers deselected: LitData is not installed (make install-bench)"
@@ -134,68 +214,101 @@ def airflow_scheduler(
     yield from scheduler(tmp_path_factory)
 
 
-started_services: list[Service] = []  # stopped together when the session ends
+started_services: list[str] = []  # names of the services this process started
+
+
+def stop_services(services: list[Service]) -> None:
+    """Stop SERVICES together (each drains while the others do; one after another took 25 s of the suite)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(services))) as pool:
+        list(pool.map(lambda service: service.down(), services))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_started_services() -> Iterator[None]:
-    """Set up first, torn down last: the services this session started stop together (each drains while the
-    others do; one after another took 25 s of the suite)."""
+def _stop_started_services(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Set up first, torn down last: the services this session started stop together. An xdist worker hands
+    them to the controller instead, which stops them after the last worker (the other may still use them)."""
     yield
-    with ThreadPoolExecutor(max_workers=max(1, len(started_services))) as pool:
-        list(pool.map(lambda service: service.down(), started_services))
+    workeroutput = getattr(request.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[_STARTED_KEY] = list(started_services)
+    else:
+        stop_services([get_service(name) for name in started_services])
     started_services.clear()
 
 
-def serve(service: Service) -> Iterator[Service]:
-    """Yield SERVICE, started if it was not answering; stopped at the session's end only if this started it."""
-    if not service.answers():
-        result = service.up()
-        if result.started:
-            started_services.append(service)
-        print(f"\n[fixture] {result.message}")
+@contextmanager
+def _file_lock(name: str) -> Iterator[None]:
+    """Hold .imgest/test-locks/NAME.lock (flock) for the block: one holder among the session's xdist workers."""
+    locks = state_dir() / "test-locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def serve(name: str) -> Iterator[Service]:
+    """Yield the service NAME (imgest.services.get_service), started if it was not answering; stopped at the
+    session's end only if this session started it. The check and the start hold a file lock: two xdist workers
+    that need the same server start it once."""
+    service = get_service(name)
+    with _file_lock(name):
+        if not service.answers():
+            result = service.up()
+            if result.started:
+                started_services.append(name)
+            print(f"\n[fixture] {result.message}")
     yield service
 
 
 @pytest.fixture(scope="session")
 def cassandra_server() -> Iterator[CassandraServer]:
     """The embedded Cassandra node (AllowAllAuthenticator) on 127.0.0.1."""
-    yield from serve(CassandraServer.default())  # type: ignore[misc]
+    yield from serve("cassandra")  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def cassandra_auth_server() -> Iterator[CassandraServer]:
     """A second node with PasswordAuthenticator (superuser cassandra/cassandra)."""
-    yield from serve(CassandraServer.default(auth=True))  # type: ignore[misc]
+    yield from serve("cassandra-auth")  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def cassandra_tls_server() -> Iterator[CassandraServer]:
     """A node that speaks TLS only on its native port, with a CA and certificate made at its first start."""
-    yield from serve(CassandraServer.default(tls=True))  # type: ignore[misc]
+    yield from serve("cassandra-tls")  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def spark_cluster() -> Iterator[SparkCluster]:
     """The Spark standalone master and its two clean workers."""
-    yield from serve(SparkCluster.default())  # type: ignore[misc]
+    yield from serve("spark")  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """The embedded SeaweedFS S3 server with enforced keys."""
-    yield from serve(S3Server.default())  # type: ignore[misc]
+    yield from serve("s3")  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
 def airflow_home(cassandra_server: CassandraServer, s3_server: S3Server) -> AirflowServer:
-    """A migrated AIRFLOW_HOME whose connections point at the embedded services (no scheduler)."""
-    server = AirflowServer.default()
-    if server.answers():  # e.g. left by a killed run: its scheduler would take over the runs `dags test` makes
-        print(f"\n[fixture] stopping the airflow standalone found running on {server.home}")
-        server.down()
+    """A migrated AIRFLOW_HOME whose connections point at the embedded services, for `airflow dags test`. It is
+    not the home of `airflow standalone` (airflow_scheduler), whose scheduler would take over the runs `dags test`
+    makes: the two run at once on two xdist workers."""
+    server = AirflowServer(home=state_dir() / "airflow-dags-test")
     server.prepare(cassandra_server, s3_server)
     return server
+
+
+@pytest.fixture(autouse=True)
+def _one_cluster_user(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the Spark cluster has it to itself (a file lock across xdist workers): its two one-core workers
+    would otherwise queue one test's application behind the other's, and the process watch would see both."""
+    if "spark_cluster" not in request.fixturenames:
+        yield
+        return
+    with _file_lock("spark-cluster-user"):
+        yield
 
 
 @pytest.fixture(scope="session")
