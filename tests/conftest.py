@@ -214,7 +214,8 @@ def airflow_scheduler(
     yield from scheduler(tmp_path_factory)
 
 
-started_services: list[str] = []  # names of the services this process started
+started_services: list[Service] = []  # started by this process, used by its tests only: stopped at its end
+shared_started: list[str] = []  # imgest.services names this process started for every worker (serve)
 
 
 def stop_services(services: list[Service]) -> None:
@@ -226,14 +227,17 @@ def stop_services(services: list[Service]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _stop_started_services(request: pytest.FixtureRequest) -> Iterator[None]:
     """Set up first, torn down last: the services this session started stop together. An xdist worker hands
-    them to the controller instead, which stops them after the last worker (the other may still use them)."""
+    the shared ones to the controller instead, which stops them after the last worker (the other may still use
+    them)."""
     yield
     workeroutput = getattr(request.config, "workeroutput", None)
     if workeroutput is not None:
-        workeroutput[_STARTED_KEY] = list(started_services)
+        workeroutput[_STARTED_KEY] = list(shared_started)
+        stop_services(started_services)
     else:
-        stop_services([get_service(name) for name in started_services])
+        stop_services([*started_services, *map(get_service, shared_started)])
     started_services.clear()
+    shared_started.clear()
 
 
 @contextmanager
@@ -246,16 +250,20 @@ def _file_lock(name: str) -> Iterator[None]:
         yield
 
 
-def serve(name: str) -> Iterator[Service]:
-    """Yield the service NAME (imgest.services.get_service), started if it was not answering; stopped at the
-    session's end only if this session started it. The check and the start hold a file lock: two xdist workers
-    that need the same server start it once."""
-    service = get_service(name)
-    with _file_lock(name):
+def serve(wanted: str | Service) -> Iterator[Service]:
+    """Yield the service WANTED, started if it was not answering; stopped at the session's end only if this
+    session started it. A name (imgest.services.get_service) is a server every xdist worker may use: the check
+    and the start hold a file lock, so that it starts once, and the controller stops it after both workers. A
+    service object is one group's own (tests/xdist_groups.py): its worker stops it."""
+    service = get_service(wanted) if isinstance(wanted, str) else wanted
+    with _file_lock(service.name):
         if not service.answers():
             result = service.up()
             if result.started:
-                started_services.append(name)
+                if isinstance(wanted, str):
+                    shared_started.append(wanted)
+                else:
+                    started_services.append(service)
             print(f"\n[fixture] {result.message}")
     yield service
 
@@ -272,10 +280,16 @@ def cassandra_auth_server() -> Iterator[CassandraServer]:
     yield from serve("cassandra-auth")  # type: ignore[misc]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cassandra_tls_server() -> Iterator[CassandraServer]:
-    """A node that speaks TLS only on its native port, with a CA and certificate made at its first start."""
-    yield from serve("cassandra-tls")  # type: ignore[misc]
+    """A node that speaks TLS only on its native port, with a CA and certificate made at its first start. One
+    module uses it: started for that module, stopped at its end if this started it (an idle node costs 2.5 CPU
+    seconds a minute)."""
+    server = CassandraServer.default(tls=True)
+    started = not server.answers() and server.up().started
+    yield server
+    if started:
+        server.down()
 
 
 @pytest.fixture(scope="session")

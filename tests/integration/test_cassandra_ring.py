@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,39 +21,35 @@ from imgest.sinks.cassandra.verify import verify
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest
 from imgest.sources.scan import scan_to_dir
-from tests.conftest import started_services
 from tests.jobs.conftest import read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 KS = "imgest_test_ring"
 
 
-class _KillAtEnd:
-    """Stops a ring this session started by SIGKILL at the session's end: it holds only test data (Cassandra
-    replays its commit log at the next start), and a drained stop waits about 20 s for the peers' messaging."""
-
-    def __init__(self, ring: CassandraRing) -> None:
-        self.ring = ring
-
-    def down(self) -> bool:
-        return any([self.ring.kill(i) is not None for i in range(len(self.ring.nodes))])
+_started: set[int] = set()  # id() of the rings this module started (killed when the module ends)
 
 
 @pytest.fixture(scope="module")
-def ring() -> CassandraRing:
-    """The ring (start times printed); killed at the session's end, with the other services, if this started it."""
+def ring() -> Iterator[CassandraRing]:
+    """The ring (start times printed). A ring this module started is killed by SIGKILL when the module ends: it
+    holds only test data (Cassandra replays its commit log at the next start), a drained stop waits about 20 s
+    for the peers' messaging, and three idle nodes would cost 7 CPU seconds a minute for the rest of the suite."""
     ring = CassandraRing.default()
     if not ring.answers():
         result = ring.up()
         if result.started:
-            started_services.append(_KillAtEnd(ring))  # type: ignore[arg-type]
+            _started.add(id(ring))
         print(f"\n[fixture] {result.message}")
-    return ring
+    yield ring
+    if id(ring) in _started:
+        for i in range(len(ring.nodes)):
+            ring.kill(i)
 
 
 def _killed_at_end(ring: CassandraRing) -> bool:
-    """Whether this session started RING (so it is killed at the session's end, whatever state its nodes are in)."""
-    return any(isinstance(s, _KillAtEnd) and s.ring is ring for s in started_services)
+    """Whether this module started RING (so it is killed at the module's end, whatever state its nodes are in)."""
+    return id(ring) in _started
 
 
 def _settings(ring: CassandraRing, consistency: str) -> CassandraSettings:
