@@ -169,7 +169,10 @@ class AirflowUI:
         return TriggerForm(self.page, dialog)
 
     def wait_for_run(self, run_id: str, limit_s: float = 900.0) -> str:
-        """Poll the run until it ends; returns its final state (a run still going after LIMIT_S fails the test)."""
+        """Poll the run until it ends; returns its final state (a run still going after LIMIT_S fails the test).
+        The page is left for about:blank meanwhile: the DAG page refreshes a running run every few seconds, and
+        each refresh costs Chromium's renderer and the API server CPU that the run's own tasks need."""
+        self.page.goto("about:blank")
         deadline = time.monotonic() + limit_s
         state = "queued"
         while time.monotonic() < deadline:
