@@ -122,20 +122,21 @@ def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
         if item.get_closest_marker("browser") is not None:
             uses.add("airflow_scheduler")
         marks.setdefault(_module(item), set()).update(uses)
-    groups = {}
+    group_of = {}
     for module, uses in marks.items():
         if "airflow_scheduler" in uses:
-            groups[module] = "airflow-scheduler"
+            group_of[module] = "airflow-scheduler"
         elif "airflow_home" in uses:
-            groups[module] = "airflow-dags"
+            group_of[module] = "airflow-dags"
         else:
-            groups[module] = "readback" if module.startswith("tests/readback/") else module
-    return groups
+            group_of[module] = "readback" if module.startswith("tests/readback/") else module
+    return group_of
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark service tests; deselect the benchmark-peer tests when the peers are not installed."""
+    """Mark service tests; deselect the benchmark-peer tests when the peers are not installed; order the tests by
+    their xdist group and publish the groups to the controller (tests/xdist_groups.py)."""
     peers = importlib.util.find_spec("litdata") is not None
     kept, dropped = [], []
     for item in items:
