@@ -37,6 +37,9 @@ def toxiproxy_binary() -> Path:
     return path
 
 
+API_TIMEOUT_S = 60.0
+
+
 @dataclass(frozen=True)
 class LatencyProxy:
     """toxiproxy-server on API_PORT with proxies added on demand."""
@@ -58,22 +61,26 @@ class LatencyProxy:
     def api(self) -> str:
         return f"http://{self.host}:{self.api_port}"
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = API_TIMEOUT_S) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.api + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            # 60 s: toxiproxy applies a toxic change to every open link first, which took over 10 s once on two
+            # busy cores (the suite's two workers); a call that still does not answer is an error naming it.
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 text = resp.read()
         except urllib.error.HTTPError as exc:
             raise ServiceError(f"latency proxy {method} {path}: HTTP {exc.code} {exc.read()[:200]!r}") from None
+        except TimeoutError:
+            raise ServiceError(f"latency proxy {method} {path}: no answer from {self.api} in {timeout:.0f} s") from None
         return json.loads(text) if text else None
 
     def answers(self) -> bool:
         if not port_open(self.host, self.api_port):
             return False
         try:
-            self._call("GET", "/proxies")
+            self._call("GET", "/proxies", timeout=10)
             return True
         except (ServiceError, OSError):
             return False
