@@ -44,13 +44,19 @@ def ring_tokens(nodes: int, vnodes: int = VNODES) -> list[tuple[int, ...]]:
 
 
 def tool_jvm_options() -> list[str]:
-    """JVM flags nodetool needs on Java 17 (the server's module exports/opens) and logging to stderr only.
+    """JVM flags nodetool needs on Java 17 (the server's module exports/opens), logging to stderr only and C1
+    only (a client that lives a few seconds: C2's compiler threads would cost more CPU than they ever save).
 
     The server's logback.xml writes to ${cassandra.logdir}; a tool run with it and no logdir would create a
     folder named ``cassandra.logdir_IS_UNDEFINED`` in the current directory.
     """
     opens = [flag for flag in jvm_options() if flag.startswith("--add-")]
-    return [*opens, f"-Dlogback.configurationFile={conf_file('logback-tools.xml').as_uri()}", "-Xmx256m"]
+    return [
+        *opens,
+        f"-Dlogback.configurationFile={conf_file('logback-tools.xml').as_uri()}",
+        "-Xmx256m",
+        "-XX:TieredStopAtLevel=1",
+    ]
 
 
 @dataclass(frozen=True)

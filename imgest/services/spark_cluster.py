@@ -46,6 +46,8 @@ def clean_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]
         "SPARK_LOCAL_IP": EMBEDDED_HOST,
         "SPARK_CONF_DIR": str(home / "conf"),
         "SPARK_LOG_DIR": str(home / "logs"),
+        # the master's and workers' own JVMs take the flags imgest gives Spark's drivers and executors
+        "SPARK_DAEMON_JAVA_OPTS": os.environ.get("IMGEST_SPARK_JAVA_OPTIONS", "").strip(),
     }
     if os.environ.get("JAVA_HOME"):
         env["JAVA_HOME"] = os.environ["JAVA_HOME"]
