@@ -76,7 +76,8 @@ if os.environ.get("IMGEST_TEST_SPARK_SUBMIT") != "1":
 _PEERS_DROPPED = pytest.StashKey[int]()
 # Passed from each xdist worker to the controller (config.workeroutput): services it started, tests it dropped.
 _STARTED_KEY, _DROPPED_KEY = "imgest_started_services", "imgest_peers_dropped"
-_from_workers: dict[str, set[str] | int] = {"started": set(), "dropped": 0}
+_workers_started: set[str] = set()  # service names the workers started (the controller stops them at its end)
+_workers_dropped = 0  # peer tests the workers deselected (the same number on each)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -87,20 +88,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         driver_server.stop(path)
         shutil.rmtree(path.parent, ignore_errors=True)
     groups.finish()
-    started = _from_workers["started"]
-    if isinstance(started, set) and started:
-        stop_services([get_service(name) for name in sorted(started)])
-        started.clear()
+    if _workers_started:
+        stop_services([get_service(name) for name in sorted(_workers_started)])
+        _workers_started.clear()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """xdist controller: note what a finished worker started and dropped (its config.workeroutput)."""
+    global _workers_dropped
     output = getattr(node, "workeroutput", None) or {}
-    started = _from_workers["started"]
-    assert isinstance(started, set)
-    started.update(output.get(_STARTED_KEY, ()))
-    _from_workers["dropped"] = max(int(_from_workers["dropped"]), int(output.get(_DROPPED_KEY, 0)))
+    _workers_started.update(output.get(_STARTED_KEY, ()))
+    _workers_dropped = max(_workers_dropped, int(output.get(_DROPPED_KEY, 0)))
 
 
 def _module(item: pytest.Item) -> str:
@@ -170,7 +169,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    dropped = config.stash.get(_PEERS_DROPPED, 0) or int(_from_workers["dropped"])
+    dropped = config.stash.get(_PEERS_DROPPED, 0) or _workers_dropped
     if dropped:
         terminalreporter.write_line(
             f"{dropped} test(s) of the benchmark peers deselected: LitData is not installed (make install-bench)"

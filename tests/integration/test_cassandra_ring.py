@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 KS = "imgest_test_ring"
 
 
-_started: set[int] = set()  # id() of the rings this module started (killed when the module ends)
+_started = False  # whether this module started the ring (it is killed when the module ends)
 
 
 @pytest.fixture(scope="module")
@@ -35,21 +35,21 @@ def ring() -> Iterator[CassandraRing]:
     """The ring (start times printed). A ring this module started is killed by SIGKILL when the module ends: it
     holds only test data (Cassandra replays its commit log at the next start), a drained stop waits about 20 s
     for the peers' messaging, and three idle nodes would cost 7 CPU seconds a minute for the rest of the suite."""
+    global _started
     ring = CassandraRing.default()
     if not ring.answers():
         result = ring.up()
-        if result.started:
-            _started.add(id(ring))
+        _started = result.started
         print(f"\n[fixture] {result.message}")
     yield ring
-    if id(ring) in _started:
+    if _started:
         for i in range(len(ring.nodes)):
             ring.kill(i)
 
 
-def _killed_at_end(ring: CassandraRing) -> bool:
-    """Whether this module started RING (so it is killed at the module's end, whatever state its nodes are in)."""
-    return id(ring) in _started
+def _killed_at_end() -> bool:
+    """Whether this module started the ring (so it is killed at the module's end, whatever state its nodes are in)."""
+    return _started
 
 
 def _settings(ring: CassandraRing, consistency: str) -> CassandraSettings:
@@ -149,7 +149,7 @@ def test_two_nodes_down_fail_naming_level_and_live_replicas(ring: CassandraRing,
             assert _wait_state(ring, host, "DN") == "DN"
         rc, log = run_job("ingest_cassandra", _job_args(ring, tmp_path / "manifest", tmp_path / "s.json", "QUORUM"))
     finally:
-        if not _killed_at_end(ring):  # a ring the session found running is left as it was found
+        if not _killed_at_end():  # a ring the session found running is left as it was found
             _restart(ring, 1, 2)
     assert rc != 0
     # the first statement to fail is the version's lightweight transaction (SERIAL) or a write (QUORUM)
