@@ -47,3 +47,18 @@ def test_unchanged_check_travels_from_the_request_to_the_job_arguments(tmp_path:
     assert (args.mode, args.unchanged_check) == ("unchanged", "header")
     with pytest.raises(ConfigError, match="unchanged check"):
         IngestRequest(sample=True, image_mode="unchanged", unchanged_check="none").transform()
+
+
+def test_every_param_is_checked_as_draft_7_and_still_refuses_what_its_schema_refuses() -> None:
+    import jsonschema
+    from airflow.sdk import Param
+
+    from imgest.flow.request import param_specs
+
+    for name, spec in param_specs().items():
+        schema = {k: v for k, v in spec.items() if k != "default"}
+        assert jsonschema.validators.validator_for(schema) is jsonschema.Draft7Validator, name
+        jsonschema.Draft7Validator.check_schema(schema)
+        assert Param(**spec).resolve(spec["default"], suppress_exception=False) == spec["default"], name
+    with pytest.raises(Exception, match="less than the minimum"):
+        Param(**param_specs()["resize"]).resolve(0, suppress_exception=False)
