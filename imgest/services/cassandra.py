@@ -186,6 +186,10 @@ class CassandraServer:
             f"-Dcassandra.config={config.as_uri()}",
             f"-Dcassandra.storagedir={self.home / 'data'}",
             f"-Dcassandra.logdir={self.home / 'logs'}",
+            # an out-of-memory heap dump (the size of the heap) and a crash report go to this node's logs, not
+            # into whatever folder the node was started from
+            f"-XX:HeapDumpPath={self.home / 'logs'}",
+            f"-XX:ErrorFile={self.home / 'logs' / 'hs_err_pid%p.log'}",
             f"-Dlogback.configurationFile={conf_file('logback.xml').as_uri()}",
             "-Dcassandra-foreground=yes",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",

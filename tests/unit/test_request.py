@@ -52,6 +52,7 @@ def test_unchanged_check_travels_from_the_request_to_the_job_arguments(tmp_path:
 def test_every_param_is_checked_as_draft_7_and_still_refuses_what_its_schema_refuses() -> None:
     import jsonschema
     from airflow.sdk import Param
+    from airflow.sdk.exceptions import ParamValidationError
 
     from imgest.flow.request import param_specs
 
@@ -60,5 +61,5 @@ def test_every_param_is_checked_as_draft_7_and_still_refuses_what_its_schema_ref
         assert jsonschema.validators.validator_for(schema) is jsonschema.Draft7Validator, name
         jsonschema.Draft7Validator.check_schema(schema)
         assert Param(**spec).resolve(spec["default"], suppress_exception=False) == spec["default"], name
-    with pytest.raises(Exception, match="less than the minimum"):
+    with pytest.raises(ParamValidationError, match="less than the minimum"):
         Param(**param_specs()["resize"]).resolve(0, suppress_exception=False)

@@ -70,6 +70,7 @@ def test_ring_nodes_have_own_address_folders_and_seed(tmp_path: Path, monkeypatc
         assert "-Xmx1G" in command
         assert f"-Dcassandra.jmx.local.port={node.jmx_port}" in command
         assert f"-Dcassandra.storagedir={node.home / 'data'}" in command
+        assert f"-XX:HeapDumpPath={node.home / 'logs'}" in command  # not the caller's folder
 
 
 def test_ring_nodes_own_fixed_interleaved_tokens_and_skip_bootstrap(

@@ -41,7 +41,6 @@ def test_modules_sharing_airflow_or_the_readback_sample_share_a_group() -> None:
 
 
 def test_the_controller_splits_by_what_a_worker_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("xdist")
     monkeypatch.setenv(groups.GROUPS_ENV, str(tmp_path / "groups.json"))
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     groups.publish({"tests/dags/test_a.py": "airflow-dags", "tests/dags/test_b.py": "airflow-dags"})
