@@ -19,6 +19,7 @@ from imgest.core.defaults import LOCAL_MASTER
 from imgest.core.errors import ServiceError
 from imgest.core.paths import dags_dir, private, state_dir
 from imgest.core.settings import EMBEDDED_HOST, env_int
+from imgest.services import airflow_cli
 from imgest.services.base import ServiceStatus, UpResult
 from imgest.services.cassandra import CassandraServer
 from imgest.services.process import ManagedProcess, port_open, require_free_port
@@ -93,9 +94,13 @@ class AirflowServer:
         return env
 
     def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run the `airflow` CLI with this home; a failure raises ServiceError with its last output."""
-        cmd = [str(Path(sys.executable).parent / "airflow"), *args]
-        proc = subprocess.run(cmd, env=self.env(), text=True, capture_output=capture, check=False, umask=0o077)
+        """Run the `airflow` CLI with this home; a failure raises ServiceError with its last output. Under the
+        test suite the command runs in a warm process that has imported Airflow already (airflow_cli)."""
+        env = self.env()
+        proc = airflow_cli.run(list(args), env, capture)
+        if proc is None:
+            cmd = [str(Path(sys.executable).parent / "airflow"), *args]
+            proc = subprocess.run(cmd, env=env, text=True, capture_output=capture, check=False, umask=0o077)
         if check and proc.returncode != 0:
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-5:]
             raise ServiceError(f"airflow {' '.join(args)} failed (exit {proc.returncode}): " + " | ".join(tail))

@@ -22,13 +22,14 @@ import logging
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from imgest.core import unixserver
 
 log = logging.getLogger(__name__)
 
@@ -131,63 +132,19 @@ def _client_lock(path: Path) -> Iterator[bool]:
 
 def _connect(path: Path, master: str) -> socket.socket | None:
     """A connection to the server at PATH, started for MASTER first if none answers; None if it cannot start."""
-    conn = _try_connect(path)
+    conn = unixserver.try_connect(path)
     if conn is not None:
         return conn
-    out = path.with_suffix(".log")
-    with open(out, "a") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "imgest.spark.driver_server", "--socket", str(path), "--master", master],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    path.with_suffix(".pid").write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        conn = _try_connect(path)
-        if conn is not None:
-            return conn
-        time.sleep(0.2)
-    log.warning("the reused Spark driver did not start (see %s); using spark-submit", out)
-    return None
-
-
-def _try_connect(path: Path) -> socket.socket | None:
-    if not path.exists():
-        return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(str(path))
-    except OSError:
-        conn.close()
-        return None
+    argv = [sys.executable, "-m", "imgest.spark.driver_server", "--socket", str(path), "--master", master]
+    conn = unixserver.start(path, argv, None, START_TIMEOUT_S)
+    if conn is None:
+        log.warning("the reused Spark driver did not start; using spark-submit")
     return conn
 
 
 def stop(path: Path, timeout: float = 30.0) -> bool:
     """Stop the server at PATH (if any) and wait for it; True when one was running."""
-    conn = _try_connect(path)
-    pid_file = path.with_suffix(".pid")
-    if conn is None:
-        return False
-    with conn:
-        conn.sendall(b'{"stop": true}\n')
-        conn.makefile("rb").readline()
-    pid = int(pid_file.read_text()) if pid_file.is_file() else None
-    deadline = time.monotonic() + timeout
-    while pid is not None and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):  # the caller that started it reaps it
-            os.waitpid(pid, os.WNOHANG)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    for leftover in (path, pid_file):
-        leftover.unlink(missing_ok=True)
-    return True
+    return unixserver.stop(path, timeout)
 
 
 # ---------------------------------------------------------------------------------------------- the server side

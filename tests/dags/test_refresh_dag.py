@@ -26,7 +26,8 @@ from imgest.core.settings import CassandraSettings
 from imgest.flow.checks import check_out_dir
 from imgest.flow.demo import task_durations, task_results
 from imgest.flow.registry import load_registry
-from imgest.services import AirflowServer, CassandraServer, S3Server
+from imgest.services import AirflowServer, CassandraServer, S3Server, airflow_cli
+from imgest.services.airflow_cli import WarmCommand
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store import open_store, samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
@@ -252,16 +253,10 @@ def test_refresh_applies_exactly_the_changes(
 
 
 def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s3_server: S3Server) -> None:
-    airflow = [str(Path(sys.executable).parent / "airflow"), "dags", "test"]
     for name in ("rfa", "rfb"):
         shutil.rmtree(state_dir() / "work" / name, ignore_errors=True)
     # Two datasets at once: both runs overlap in time and both are right.
-    procs = {
-        n: subprocess.Popen(
-            [*airflow, f"refresh_{n}"], env=scheduler.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        for n in ("rfa", "rfb")
-    }
+    procs = {n: _dags_test(scheduler, f"refresh_{n}") for n in ("rfa", "rfb")}
     outputs = {n: p.communicate(timeout=900)[0] for n, p in procs.items()}
     assert all(p.returncode == 0 for p in procs.values()), {n: o[-2000:] for n, o in outputs.items()}
     spans = {n: _run_span(scheduler, f"refresh_{n}") for n in procs}
@@ -273,9 +268,7 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
         assert manifest["version"]["changes"]["added"] == 12
     # One dataset twice: while this process holds rfa, a DAG run of rfa waits and a CLI ingest of rfa is refused.
     with dataset_lock("rfa", "the test's own writer"):
-        waiting = subprocess.Popen(
-            [*airflow, "refresh_rfa"], env=scheduler.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        waiting = _dags_test(scheduler, "refresh_rfa")
         src = load_registry().entry("rfa").settings["source"]
         cli = subprocess.run(
             [
@@ -319,8 +312,18 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
     assert open_store("s3://imgest/refresh-test/rfa-cli", s3_server.settings()).read_manifest() is None
 
 
+def _dags_test(airflow: AirflowServer, dag_id: str) -> subprocess.Popen | WarmCommand:
+    """Start `airflow dags test DAG_ID` (in the warm CLI when the suite has one), its output on one pipe."""
+    env = airflow.env()
+    warm = airflow_cli.popen(["dags", "test", dag_id], env)
+    if warm is not None:
+        return warm
+    cmd = [str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def _wait_running(
-    airflow: AirflowServer, dag_id: str, task_id: str, proc: subprocess.Popen, timeout: float = 300
+    airflow: AirflowServer, dag_id: str, task_id: str, proc: subprocess.Popen | WarmCommand, timeout: float = 300
 ) -> None:
     """Wait until TASK_ID of the newest run of DAG_ID is running (PROC is that `airflow dags test`)."""
     deadline = time.monotonic() + timeout
