@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 from imgest.core.paths import state_dir
 from imgest.services import AirflowServer
@@ -63,26 +63,39 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
-@pytest.fixture
-def ui(
-    browser: Browser,
-    airflow_ui: AirflowServer,
-    admin_login: tuple[str, str],
-    artifacts: Path,
-    request: pytest.FixtureRequest,
-) -> Iterator[AirflowUI]:
-    """A fresh browser context, logged in as admin; on a failure the page is kept as <test>-failure.png."""
+@pytest.fixture(scope="package")
+def session_context(
+    browser: Browser, airflow_ui: AirflowServer, admin_login: tuple[str, str], artifacts: Path
+) -> Iterator[tuple[BrowserContext, str]]:
+    """One browser context for the package, logged in as admin once (its cookie and API token): each test opens
+    pages of its own in it, and the UI's scripts, cached by the context, are not fetched and compiled again."""
     context = browser.new_context(viewport={"width": 1400, "height": 1600})
     context.set_default_timeout(30_000)
     page = context.new_page()
     ui = AirflowUI(page, airflow_ui.url, artifacts)
     ui.login(*admin_login)
     ui.wait_for_dag()
+    page.close()
+    yield context, ui.token
+    context.close()
+
+
+@pytest.fixture
+def ui(
+    session_context: tuple[BrowserContext, str],
+    airflow_ui: AirflowServer,
+    artifacts: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[AirflowUI]:
+    """A fresh page of the logged-in context; on a failure the page is kept as <test>-failure.png."""
+    context, token = session_context
+    page = context.new_page()
+    ui = AirflowUI(page, airflow_ui.url, artifacts, token)
     yield ui
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         ui.shot(f"{request.node.name}-failure")
-    context.close()
+    page.close()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
