@@ -42,26 +42,42 @@ log = logging.getLogger(__name__)
 DIR_ENV = "IMGEST_AIRFLOW_CLI_DIR"
 START_TIMEOUT_S = 180.0
 IDLE_EXIT_S = 3600.0  # a server nobody stopped (a killed test session) goes away on its own
-# Modules a command imports lazily, imported once by the server: the CLI's parser and the commands the suite runs.
+# Modules a command imports lazily, imported once by the server: the CLI's parser and the commands the suite runs,
+# then what imgest's DAG files and their tasks import in a `dags test` (webdataset alone is 2 s: it imports torch).
+# None of them starts a thread or reads the environment at import.
 WARM_MODULES = (
     "airflow.__main__",
     "airflow.cli.commands.dag_command",
     "airflow.cli.commands.connection_command",
     "airflow.cli.commands.db_command",
     "airflow.sdk.definitions.dag",
+    "imgest.flow.request",
+    "cassandra.cluster",
+    "boto3",
+    "pyarrow.parquet",
+    "PIL.Image",
+    "webdataset",
+    "nvidia.dali",
+    "matplotlib.pyplot",
 )
 
 
-def _key(env: dict[str, str]) -> str:
-    """What a server's imports depend on: the Python, AIRFLOW_HOME and the AIRFLOW__ settings, PYTHONPATH."""
-    wanted = {k: v for k, v in env.items() if k.startswith("AIRFLOW") or k == "PYTHONPATH"}
+def server_key(env: dict[str, str]) -> str:
+    """What a server's imports depend on: the Python, AIRFLOW_HOME, the AIRFLOW__ settings and PYTHONPATH. Not the
+    connections and variables of the environment (AIRFLOW_CONN_*, AIRFLOW_VAR_*): Airflow reads those when a task
+    asks for one, in the child."""
+    wanted = {
+        k: v
+        for k, v in env.items()
+        if (k.startswith("AIRFLOW") and not k.startswith(("AIRFLOW_CONN_", "AIRFLOW_VAR_"))) or k == "PYTHONPATH"
+    }
     text = json.dumps([sys.executable, sorted(wanted.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _socket_for(env: dict[str, str]) -> Path | None:
     folder = os.environ.get(DIR_ENV, "").strip()
-    return Path(folder) / f"{_key(env)}.sock" if folder else None
+    return Path(folder) / f"{server_key(env)}.sock" if folder else None
 
 
 class WarmCommand:
@@ -187,16 +203,22 @@ def stop_all(folder: Path) -> int:
 
 
 def warm() -> float:
-    """Import Airflow, its CLI and the commands the suite runs, and build the task execution API once (its
-    versioned models are cached for the process); returns the CPU seconds it took."""
+    """Import Airflow, its CLI, the commands the suite runs and what their tasks import; build the in-process task
+    execution API that `dags test` serves its tasks from, with Cadwyn's versioned routes (4 s, built at an app's
+    first request otherwise), as the one every InProcessExecutionAPI of a child returns. Returns the CPU seconds."""
     t0 = time.process_time()
     for name in WARM_MODULES:
-        importlib.import_module(name)
-    from airflow.api_fastapi.execution_api.app import create_task_execution_api_app
+        with contextlib.suppress(ImportError):  # an optional one (DALI, webdataset) missing: the child imports less
+            importlib.import_module(name)
+    from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
     from airflow.cli import cli_parser
 
     cli_parser.get_parser()
-    create_task_execution_api_app()
+    app = InProcessExecutionAPI().app  # the app, its DAG bag and its in-process auth, as `dags test` builds them
+    initialize = getattr(app, "_cadwyn_initialize", None)
+    if callable(initialize) and not getattr(app, "_cadwyn_initialized", True):
+        initialize()
+    InProcessExecutionAPI.app = property(lambda _self: app)  # type: ignore[assignment,method-assign]
     return time.process_time() - t0
 
 

@@ -1,9 +1,10 @@
 """The suite's warm `airflow` CLI (imgest.services.airflow_cli): a command runs in a forked child of a process that
 imported Airflow once, with the caller's environment, folder, umask and output, and answers as the script does
-(exit code, stdout apart from stderr); another Airflow home gets a server of its own."""
+(exit code, stdout apart from stderr); a server serves one Airflow configuration."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -15,56 +16,58 @@ from imgest.core.paths import dags_dir
 from imgest.services import AirflowServer, airflow_cli
 
 
-def _commands(folder: Path) -> list[str]:
-    """The commands the warm servers under FOLDER ran, from their logs."""
-    return [
-        m[1]
-        for p in sorted(folder.glob("*.log"))
-        for m in re.finditer(r"command \d+: airflow (.*) \(pid", p.read_text())
-    ]
+def _commands(log: Path) -> list[str]:
+    """The commands the warm server whose log is LOG ran."""
+    return [m[1] for m in re.finditer(r"command \d+: airflow (.*) \(pid", log.read_text())]
 
 
-@pytest.mark.slow  # imports Airflow in two servers (seconds of CPU each)
-def test_commands_run_warm_as_the_script_runs_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "cli"
-    monkeypatch.setenv(airflow_cli.DIR_ENV, str(folder))
+def test_commands_run_warm_as_the_script_runs_them(
+    airflow_home: AirflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the DAG tests' home, so on the server their `dags test` runs use (no warm-up of its own)."""
+    assert os.environ.get(airflow_cli.DIR_ENV), "the suite runs airflow commands warm (tests/conftest.py)"
     monkeypatch.chdir(tmp_path)
-    one = AirflowServer(home=tmp_path / "one", port=18601)
-    one.write_config()
-    try:
-        version = one.airflow("version")
-        assert re.fullmatch(r"3\.\d+\.\d+\n", version.stdout), version
-        assert version.returncode == 0
+    version = airflow_home.airflow("version")
+    assert re.fullmatch(r"3\.\d+\.\d+\n", version.stdout), version
+    assert version.returncode == 0
 
-        missing = one.airflow("connections", "get", "nope", check=False)  # stdout and stderr apart, exit 1
-        assert (missing.returncode, missing.stdout, missing.stderr.strip()) == (1, "", "Connection not found.")
+    missing = airflow_home.airflow("connections", "get", "nope", check=False)  # stdout and stderr apart, exit 1
+    assert (missing.returncode, missing.stdout, missing.stderr.strip()) == (1, "", "Connection not found.")
 
-        home = one.airflow("config", "get-value", "core", "dags_folder")  # the caller's AIRFLOW_HOME and config
-        assert home.stdout.strip() == str(dags_dir())
-        monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", str(tmp_path))  # another setting: another server
-        assert one.airflow("config", "get-value", "core", "dags_folder").stdout.strip() == str(tmp_path)
-        monkeypatch.delenv("AIRFLOW__CORE__DAGS_FOLDER")
+    home = airflow_home.airflow("config", "get-value", "core", "dags_folder")  # the caller's home and config
+    assert home.stdout.strip() == str(dags_dir())
+    monkeypatch.setenv("AIRFLOW_CONN_WARM_TEST", "generic://someone@somewhere:1234")  # read by the child
+    conn = json.loads(airflow_home.airflow("connections", "get", "warm_test", "-o", "json").stdout)
+    assert (conn[0]["host"], str(conn[0]["port"])) == ("somewhere", "1234")
 
-        one.airflow("db", "migrate")
-        db = one.home / "airflow.db"
-        assert db.is_file()
-        assert stat.S_IMODE(db.stat().st_mode) & 0o077 == 0  # the umask the caller asked for (0o077)
+    airflow_home.airflow("connections", "export", "exported.json")  # in the caller's folder, with its umask
+    exported = tmp_path / "exported.json"
+    assert "cassandra_default" in json.loads(exported.read_text())
+    assert stat.S_IMODE(exported.stat().st_mode) & 0o077 == 0  # the umask AirflowServer.airflow asks for
 
-        both = {n: airflow_cli.popen(["dags", "list", "-o", "plain"], one.env()) for n in ("a", "b")}
-        outputs = {n: c.communicate(timeout=120)[0] for n, c in both.items() if c is not None}
-        assert set(outputs) == {"a", "b"}  # two at once, each with its own output
-        assert all(c.returncode == 0 for c in both.values() if c is not None), outputs
-    finally:
-        stopped = airflow_cli.stop_all(folder)
-    assert stopped == 2  # one server per configuration
-    ran = _commands(folder)
-    assert ran.count("version") == 1
-    assert ran.count("dags list -o plain") == 2
-    assert ran.count("config get-value core dags_folder") == 2
-    assert not list(folder.glob("*.sock"))
+    both = {n: airflow_cli.popen(["dags", "list", "-o", "plain"], airflow_home.env()) for n in ("a", "b")}
+    outputs = {n: c.communicate(timeout=120)[0] for n, c in both.items() if c is not None}
+    assert set(outputs) == {"a", "b"}  # two at once, each with its own output
+    assert all(c.returncode == 0 for c in both.values() if c is not None), outputs
+
+    socket = Path(os.environ[airflow_cli.DIR_ENV]) / f"{airflow_cli.server_key(airflow_home.env())}.sock"
+    ran = _commands(socket.with_suffix(".log"))  # every command above ran in the one warm server
+    for command in ("version", "connections get nope", "connections get warm_test -o json", "dags list -o plain"):
+        assert command in ran, (command, ran)
+    assert ran.count("dags list -o plain") >= 2
 
 
-def test_without_the_variable_commands_run_as_subprocesses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_serves_one_airflow_configuration() -> None:
+    base = {"AIRFLOW_HOME": "/h", "PATH": "/bin", "PYTEST_CURRENT_TEST": "a"}
+    key = airflow_cli.server_key(base)
+    assert airflow_cli.server_key({**base, "PATH": "/usr/bin", "PYTEST_CURRENT_TEST": "b"}) == key
+    assert airflow_cli.server_key({**base, "AIRFLOW_CONN_X": "generic://h", "AIRFLOW_VAR_Y": "1"}) == key
+    assert airflow_cli.server_key({**base, "AIRFLOW_HOME": "/other"}) != key  # Airflow reads these at import
+    assert airflow_cli.server_key({**base, "AIRFLOW__CORE__DAGS_FOLDER": "/d"}) != key
+    assert airflow_cli.server_key({**base, "PYTHONPATH": "/p"}) != key
+
+
+def test_without_the_variable_commands_run_as_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(airflow_cli.DIR_ENV, raising=False)
     assert airflow_cli.run(["version"], dict(os.environ)) is None
     assert airflow_cli.popen(["version"], dict(os.environ)) is None

@@ -5,7 +5,9 @@ keys) reaches a log, the Spark event log or the process list. The read-back chec
 task, not on the cluster, and tests/dags/test_ingest_dag.py runs it for each target. The shard pack on the
 cluster from an S3 source the workers reach only through the task is tests/jobs/test_s3_sources.py's, the DAG's
 shard branch tests/dags/test_ingest_dag.py's: one DAG run on the cluster covers what the DAG adds (the
-connection naming the cluster)."""
+connection naming the cluster). The source holds the planted defects, so the quarantine runs on the executors
+too; the CLI's way to the cluster (`--master spark://...`) is tests/jobs/test_s3_sources.py's and
+tests/integration/test_cassandra_tls.py's."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from imgest.sources.s3objects import list_objects
 from tests.cluster_watch import ClusterWatch, assert_clean
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-STORED = 3 * 4 + 3 * 2  # train + val, no planted defects
+STORED = 3 * 4 + 3 * 2 + 8  # train + val + the eight awkward-but-valid planted images
+QUARANTINED = 5  # the planted undecodable, truncated, empty, too-large and wrong-format files
 
 
 SOURCE_BUCKET, SOURCE_PREFIX = "imgest-src", "tests/cluster-dag-source/"
@@ -36,7 +39,7 @@ SOURCE_BUCKET, SOURCE_PREFIX = "imgest-src", "tests/cluster-dag-source/"
 def source(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The sample uploaded to S3; the local copy is deleted, so only S3 can serve it."""
     root = tmp_path_factory.mktemp("clusterdagsrc")
-    write_sample(root, SampleSpec("cls-loc", classes=3, per_class=4, val_per_class=2, seed=41))
+    write_sample(root, SampleSpec("cls-loc", classes=3, per_class=4, val_per_class=2, seed=41, defects=True))
     client = s3_server.settings().client()
     if SOURCE_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=SOURCE_BUCKET)
@@ -88,6 +91,7 @@ def test_cassandra_target_on_the_cluster(
         assert states[task] == "success", (task, states)
     with cassandra_session(settings) as session:
         assert session.execute(f"SELECT count(*) FROM {ks}.data").one()[0] == STORED
-        assert session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status == "complete"
+        record = session.execute(f"SELECT status, quarantine_count FROM {ks}.dataset_versions").one()
+    assert (record.status, record.quarantine_count) == ("complete", QUARANTINED)
     logs = [airflow_home.home / "logs", state_dir() / "work" / "dagcluster-c", event_log]
     assert_clean(watch, on_cluster, [password, *s3_server.credentials()], logs)

@@ -1,4 +1,4 @@
-"""The embedded Cassandra 5.0 node: large blobs, authentication, and jar caching."""
+"""The embedded Cassandra 5.0 node: large blobs, authentication, jar caching, and the shared client sessions."""
 
 from __future__ import annotations
 
@@ -62,3 +62,21 @@ def test_no_password_against_auth_node_is_refused(cassandra_auth_server: Cassand
         cassandra_session(_settings(cassandra_auth_server)),
     ):
         pass
+
+
+def test_one_session_per_process_and_settings(cassandra_role: tuple[CassandraSettings, str]) -> None:
+    from dataclasses import replace
+
+    from imgest.sinks.cassandra import client
+
+    settings, _ = cassandra_role
+    first = client.shared_session(settings)
+    assert client.shared_session(replace(settings)) is first  # equal settings (as unpickled per task): reused
+    other = client.shared_session(replace(settings, consistency="ONE"))
+    assert other is not first
+    assert other.execute("SELECT release_version FROM system.local").one() is not None
+    client.close_shared_sessions()
+    assert first.is_shutdown
+    assert other.is_shutdown
+    assert client.shared_session(settings) is not first  # a shut-down session is replaced, not handed out
+    client.close_shared_sessions()

@@ -35,8 +35,10 @@ def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 def test_wrong_cassandra_password_is_one_line_before_spark(
     cassandra_auth_server: CassandraServer, source: Path, tmp_path: Path
 ) -> None:
-    env = {"IMGEST_CASSANDRA_USER": "cassandra", "IMGEST_CASSANDRA_PASSWORD": "wrong-pw-zz9"}
+    (tmp_path / "pw").write_text("wrong-pw-zz9\n")  # the CLI's --password-file (the Spark jobs get it by environment)
+    env = {"IMGEST_CASSANDRA_USER": "", "IMGEST_CASSANDRA_PASSWORD": ""}
     argv = ["ingest", "cassandra", str(source), "--port", str(cassandra_auth_server.native_port)]
+    argv += ["--user", "cassandra", "--password-file", str(tmp_path / "pw")]
     done = _run([*argv, "--keyspace", "hostile", "--work-dir", str(tmp_path / "w")], env)
     first = done.stderr.splitlines()[0]
     assert done.returncode == 1

@@ -303,7 +303,10 @@ def test_cluster_packs_shards_from_an_s3_source_the_workers_reach_only_through_t
     from imgest.cli import main
     from tests.cluster_watch import ClusterWatch, assert_clean
 
-    write_sample(tmp_path / "tree", SampleSpec("cls-loc", classes=3, per_class=6, val_per_class=2, seed=31))
+    """The shard pack on the cluster (the Cassandra ingest there is tests/dags/test_cluster_dag.py's), from a source
+    with the planted defects: the quarantine runs on the executors."""
+    spec = SampleSpec("cls-loc", classes=3, per_class=6, val_per_class=2, seed=31, defects=True)
+    write_sample(tmp_path / "tree", spec)
     url = upload(source, tmp_path / "tree", "tests/cluster/")
     shutil.rmtree(tmp_path / "tree")  # no local copy anywhere: the source is the bucket
     dest, client = "s3://imgest/tests/cluster-s3-source", s3_server.settings().client()
@@ -314,7 +317,11 @@ def test_cluster_packs_shards_from_an_s3_source_the_workers_reach_only_through_t
     with ClusterWatch(spark_cluster) as watch:
         assert main([*argv, "--dest", dest, "--max-count", "10"]) == 0
     doc = json.loads(client.get_object(Bucket="imgest", Key="tests/cluster-s3-source/manifest.json")["Body"].read())
-    assert sum(doc["samples"].values()) == 18 + 6
+    assert sum(doc["samples"].values()) == 18 + 6 + 8  # train + val + the eight awkward-but-valid planted images
+    assert doc["quarantine"]["count"] == 5 + 1  # the five undecodable and the scan's no-label file
+    assert all(s["samples"] <= 10 for s in doc["shards"])
+    listed = {o.key for o in list_objects(client, "imgest", "tests/cluster-s3-source/")}
+    assert all(f"tests/cluster-s3-source/{s['path']}" in listed for s in doc["shards"])
     assert main(["verify", "shards", dest]) == 0
     assert_clean(watch, spark_cluster, list(s3_server.credentials()), [work])
 
