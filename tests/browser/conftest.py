@@ -69,7 +69,8 @@ def session_context(
 ) -> Iterator[tuple[BrowserContext, str]]:
     """One browser context for the package, logged in as admin once (its cookie and API token): each test opens
     pages of its own in it, and the UI's scripts, cached by the context, are not fetched and compiled again."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    # Reduced motion: the UI's transitions and spinners are not animated frame by frame in software rendering.
+    context = browser.new_context(viewport={"width": 1400, "height": 1600}, reduced_motion="reduce")
     context.set_default_timeout(30_000)
     page = context.new_page()
     ui = AirflowUI(page, airflow_ui.url, artifacts)

@@ -45,8 +45,7 @@ def source(airflow_scheduler: AirflowServer) -> Path:
 
 @pytest.fixture(scope="module")
 def scheduler(airflow_scheduler: AirflowServer) -> AirflowServer:
-    """The shared scheduler, with check_datasets resumed: these tests check that the Assets trigger it."""
-    resume_checks(airflow_scheduler)
+    """The shared scheduler (check_datasets paused: the test that checks that the Assets trigger it resumes it)."""
     return airflow_scheduler
 
 
@@ -167,6 +166,7 @@ def test_refresh_applies_exactly_the_changes(
     source: Path,
     tmp_path: Path,
 ) -> None:
+    resume_checks(scheduler)  # this test checks that the Assets trigger check_datasets
     with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)
     shutil.rmtree(state_dir() / "work" / "rfx", ignore_errors=True)
