@@ -106,12 +106,24 @@ class WarmCommand:
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, None]:
-        """Its whole output (stdout and stderr together, from `popen`) once it has ended."""
+        """Its whole output (stdout and stderr together, from `popen`) once it has ended; raises
+        subprocess.TimeoutExpired, with the output so far, when that takes more than TIMEOUT seconds."""
         assert self.stdout is not None, "communicate needs a command started by popen"
-        text = self.stdout.read()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd, chunks = self.stdout.fileno(), []
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                so_far = b"".join(chunks).decode(errors="replace")
+                raise subprocess.TimeoutExpired(self.args, timeout or 0, output=so_far)
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
         self.stdout.close()
-        self.wait(timeout)
-        return text, None
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.wait(left)
+        return b"".join(chunks).decode(errors="replace"), None
 
     def _read(self) -> None:
         while b"\n" not in self._buffer:
