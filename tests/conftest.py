@@ -80,11 +80,9 @@ if os.environ.get("IMGEST_TEST_SPARK_SUBMIT") != "1":
         os.environ.setdefault(driver_server.SOCKET_ENV, _socket)
 # `airflow` commands (dags test, db migrate, connections) run in a warm process per Airflow home that imported
 # Airflow once (imgest.services.airflow_cli): 8 CPU seconds less per `dags test`, about twenty commands.
-_airflow_cli = tempfile.mkdtemp(prefix="imgest-airflow-cli-")
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ[airflow_cli.DIR_ENV] = _airflow_cli
-else:
-    os.environ.setdefault(airflow_cli.DIR_ENV, _airflow_cli)
+# Under pytest-xdist each worker has servers of its own (the folder the controller set is replaced).
+if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get(airflow_cli.DIR_ENV):
+    os.environ[airflow_cli.DIR_ENV] = tempfile.mkdtemp(prefix="imgest-airflow-cli-")
 _PEERS_DROPPED = pytest.StashKey[int]()
 # Passed from each xdist worker to the controller (config.workeroutput): services it started, tests it dropped.
 _STARTED_KEY, _DROPPED_KEY = "imgest_started_services", "imgest_peers_dropped"
@@ -103,8 +101,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if folder.name.startswith("imgest-airflow-cli-"):
         airflow_cli.stop_all(folder)
         shutil.rmtree(folder, ignore_errors=True)
-    if _airflow_cli != str(folder):
-        shutil.rmtree(_airflow_cli, ignore_errors=True)  # the controller's, unused by its workers
     groups.finish()
     if _workers_started:
         stop_services([get_service(name) for name in sorted(_workers_started)])

@@ -83,10 +83,14 @@ def pause_refresh_dags(server: AirflowServer, timeout: float = 180) -> None:
     _set_paused(server, REFRESH_DAGS | {CHECK_DAG}, True)
 
 
-def resume_checks(server: AirflowServer, resume: bool = True) -> None:
-    """Let the Asset events of the runs from now on trigger check_datasets (paused by pause_refresh_dags); with
-    RESUME false, pause it again."""
-    _set_paused(server, {CHECK_DAG}, not resume)
+def resume_checks(server: AirflowServer) -> None:
+    """Let the Asset events of the runs from now on trigger check_datasets (paused by pause_refresh_dags)."""
+    _set_paused(server, {CHECK_DAG}, False)
+
+
+def pause_checks(server: AirflowServer) -> None:
+    """Stop the Asset events of the runs from now on triggering check_datasets."""
+    _set_paused(server, {CHECK_DAG}, True)
 
 
 def _set_paused(server: AirflowServer, dags: set[str], paused: bool) -> None:

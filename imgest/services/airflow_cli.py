@@ -1,16 +1,18 @@
 """A warm `airflow` CLI for the test suite: one process per Airflow configuration that has imported Airflow once
 and forks a child for each command.
 
-Every `airflow` command is a fresh Python process that imports Airflow and its CLI (4 s of CPU on two cores),
-and `airflow dags test` then builds the in-process task execution API (another 4 s, mostly Cadwyn's versioned
-models) before its first task. The suite runs about twenty such commands. With $IMGEST_AIRFLOW_CLI_DIR set,
-`AirflowServer.airflow` sends the command to a server that has done both: it forks, and the child takes the
+Every `airflow` command is a fresh Python process that imports Airflow and its CLI (4 s of CPU on two cores);
+`airflow dags test` then builds the in-process task execution API (another 4 s, mostly Cadwyn's versioned
+routes) and its tasks import DALI, webdataset (and so torch) and matplotlib. The suite runs about twenty such
+commands. With $IMGEST_AIRFLOW_CLI_DIR set, `AirflowServer.airflow` sends the command to a server that has done
+all of that once (`warm`): it forks, and the child takes the
 caller's environment, working folder, umask and output descriptors, then runs the entry point of the `airflow`
 script (``airflow.__main__.main``) with the command's arguments. The command is the same; only the imports were
 paid in advance. Airflow itself forks warm processes the same way (its LocalExecutor and task supervisor).
 
-A server serves the environment it was started with (AIRFLOW_HOME and every AIRFLOW__ setting, which Airflow
-reads at import); a command with another gets a server of its own. Without the variable, or when a server
+A server serves the configuration it was started with (AIRFLOW_HOME and every AIRFLOW__ setting, which Airflow
+reads at import; not the connections and variables of the environment, which the child reads); a command with
+another gets a server of its own. Without the variable, or when a server
 cannot start, the command runs as a subprocess of the `airflow` script.
 """
 
@@ -29,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -190,8 +193,6 @@ def run(args: list[str], env: dict[str, str], capture: bool = True) -> subproces
 
 @contextlib.contextmanager
 def _output(capture: bool) -> Any:
-    import tempfile
-
     if not capture:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -138,7 +138,7 @@ def _connect(path: Path, master: str) -> socket.socket | None:
     argv = [sys.executable, "-m", "imgest.spark.driver_server", "--socket", str(path), "--master", master]
     conn = unixserver.start(path, argv, None, START_TIMEOUT_S)
     if conn is None:
-        log.warning("the reused Spark driver did not start; using spark-submit")
+        log.warning("the reused Spark driver did not start (see %s); using spark-submit", path.with_suffix(".log"))
     return conn
 
 

@@ -32,7 +32,7 @@ from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store import open_store, samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import image_id
-from tests.scheduler_fixture import DEST, KEYSPACE, listed_dags, refresh_sources, resume_checks
+from tests.scheduler_fixture import DEST, KEYSPACE, listed_dags, pause_checks, refresh_sources, resume_checks
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -253,7 +253,7 @@ def test_refresh_applies_exactly_the_changes(
 
 
 def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s3_server: S3Server) -> None:
-    resume_checks(scheduler, False)  # the checks their Assets would trigger are the test above's, not this one's
+    pause_checks(scheduler)  # the checks their Assets would trigger are the test above's, not this one's
     for name in ("rfa", "rfb"):
         shutil.rmtree(state_dir() / "work" / name, ignore_errors=True)
     # Two datasets at once: both runs overlap in time and both are right.
