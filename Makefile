@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-quick test-browser docs install install-dev install-bench lint lock services-down clean
+.PHONY: demo test test-quick test-browser docs install install-dev install-bench install-peers lint lock services-down clean
 
 install:
 	bash scripts/install.sh
@@ -11,13 +11,18 @@ install-dev:
 install-bench: install-dev
 	.venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.lock
 
+# The cassandra-dali-plugin peer (fn.crs4.cassandra, crs4.cassandra_utils) built from its PyPI sdist into .venv; the
+# build is cached in ~/.cache/imgest/peers by the sha256 of its inputs (first build 2-7 min, then seconds).
+install-peers: install-dev
+	bash scripts/build_crs4_plugin.sh
+
 demo: install
 	.venv/bin/imgest demo
 
 # Two workers (pytest-xdist); tests/xdist_groups.py keeps the tests that share a server or a fixture on one.
 XDIST = -n 2 --dist loadscope --no-loadscope-reorder
 
-test: install-dev
+test: install-dev install-peers
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest $(XDIST) --durations=30
 

@@ -216,7 +216,18 @@ def cassandra_set(
     """The rows of one version of DATASET in TABLES (a TableLayout); the newest complete version by default. A
     seeded class-balanced SAMPLE of them (every row when SAMPLE is 0); the metadata is paged, in chunks."""
     ks = tables.keyspace
-    records = list(session.execute(f"SELECT version, status FROM {ks}.dataset_versions WHERE dataset = %s", (dataset,)))
+    from cassandra import InvalidRequest
+
+    from imgest.sinks.cassandra.versions import not_imgest
+
+    try:
+        records = list(
+            session.execute(f"SELECT version, status FROM {ks}.dataset_versions WHERE dataset = %s", (dataset,))
+        )
+    except InvalidRequest as exc:
+        if "table dataset_versions does not exist" in str(exc):
+            raise NotReadableError(str(not_imgest(ks))) from None
+        raise
     if version is not None:
         records = [r for r in records if r.version == version]
     if not records:

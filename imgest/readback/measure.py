@@ -131,11 +131,13 @@ def measure(
     settings: dict[str, Any] | None = None,
     on_batch: Callable[[int], None] | None = None,
     verify_after: bool = False,
+    verifier: Verifier | None = None,
 ) -> RunResult:
-    """Run one epoch of PIPE, verifying every sample against RS; the wall figures include the verification (equal
-    for all), the epoch rate does not. VERIFY_AFTER: verify after the epoch (the epoch's bytes held in memory)."""
+    """Run one epoch of PIPE, verifying every sample against RS (with VERIFIER, by default a Verifier by id); the
+    wall figures include the verification (equal for all), the epoch rate does not. VERIFY_AFTER: verify after the
+    epoch (the epoch's bytes held in memory)."""
     jpeg_at = 0 if mode == "raw" else 2
-    verifier = Verifier(rs)
+    verifier = verifier or Verifier(rs)
     result = RunResult(name, mode, "cpu" if pipe.device_id is None else "gpu", settings=settings or {})
     latencies: list[float] = []
     rates: list[float] = []

@@ -198,16 +198,16 @@ def apply_schema(session: Any, tables: TableLayout, splits: list[str], replicati
     for stmt in statements:
         session.execute(stmt, timeout=60)
     ks = tables.keyspace
-    _add_column(session, f"{ks}.dataset_versions", "checks", "map<text, text>")
-    _add_column(session, f"{ks}.dataset_versions", "changes", "map<text, int>")  # a refresh's counts
-    _add_column(session, f"{ks}.dataset_versions", "lineage", "list<text>")  # a refreshed version's members
+    add_column(session, f"{ks}.dataset_versions", "checks", "map<text, text>")
+    add_column(session, f"{ks}.dataset_versions", "changes", "map<text, int>")  # a refresh's counts
+    add_column(session, f"{ks}.dataset_versions", "lineage", "list<text>")  # a refreshed version's members
     for table in sorted({tables.metadata_table(s) for s in splits}):  # tables created before the columns existed
-        _add_column(session, f"{ks}.{table}", "dataset", "text")
-        _add_column(session, f"{ks}.{table}", "version", "text")
+        add_column(session, f"{ks}.{table}", "dataset", "text")
+        add_column(session, f"{ks}.{table}", "version", "text")
     return statements
 
 
-def _add_column(session: Any, table: str, column: str, cql_type: str) -> None:
+def add_column(session: Any, table: str, column: str, cql_type: str) -> None:
     """Add COLUMN to TABLE if it is missing (tables created by an older imgest)."""
     from cassandra import InvalidRequest
 

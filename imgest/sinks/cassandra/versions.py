@@ -61,6 +61,16 @@ class VersionRecord:
         return {t["metadata"] for t in self.tables.values()}
 
 
+def not_imgest(keyspace: str) -> VersionNotFoundError:
+    """The error for a keyspace without imgest's dataset_versions table, saying how to adopt its tables."""
+    return VersionNotFoundError(
+        f"keyspace {keyspace} has no dataset_versions table: its tables were not written by imgest (filled by "
+        "cassandra-dali-plugin's extract_serial.py or extract_spark.py?). Record them as an imgest version in place "
+        f"with: imgest adopt crs4 --data-table {keyspace}.<data table> --metadata-table {keyspace}.<metadata table> "
+        "--dataset NAME (docs/crs4-plugin.md)"
+    )
+
+
 def records(session: Any, keyspace: str, dataset: str | None = None) -> list[VersionRecord]:
     """Version records of KEYSPACE (of DATASET only when given), in clustering order."""
     from cassandra import InvalidRequest
@@ -71,6 +81,8 @@ def records(session: Any, keyspace: str, dataset: str | None = None) -> list[Ver
     try:
         rows = list(session.execute(f"SELECT {columns} FROM {ks}.dataset_versions{where}", args))
     except InvalidRequest as exc:  # a keyspace prepared by an imgest before lineage: no version has one
+        if "table dataset_versions does not exist" in str(exc):
+            raise not_imgest(ks) from None
         if "lineage" not in str(exc):
             raise
         columns = columns.removesuffix(", lineage")

@@ -1,0 +1,1 @@
+"""Peers: other projects' tools that imgest is measured against and must interoperate with."""
