@@ -33,7 +33,9 @@ from imgest.readback.measure import RunResult
 log = logging.getLogger(__name__)
 KEYSPACE = "bench_read"  # one keyspace per dataset size: verify and read-back count every row of a table
 ADAPTIVE = ("cassandra", "shards-s3-stream")  # the readers whose default window sizes itself
-SWEPT = (*ADAPTIVE, "cassandra-simple", "shards-s3-webdataset")  # the readers of the network sweep
+SWEPT = (*ADAPTIVE, "cassandra-simple", "shards-s3-webdataset")  # the readers of the network sweep (default)
+# cassandra-dali-plugin's fn.crs4.cassandra with each preset (make install-peers): imgest.peers.crs4_reader.PRESETS
+PLUGIN = ("crs4-plugin-defaults", "crs4-plugin-examples", "crs4-plugin-lfn")
 
 
 def prepare(images: int) -> dict[str, Any]:
@@ -307,6 +309,7 @@ def latency_sweep(
         "cassandra-simple": lambda: [cassandra_simple_run(c_proxied, cset, spec)],
         "shards-s3-webdataset": lambda: [s3_webdataset_run(sset, s_proxied, bucket, prefix, spec)],
     }
+    runs.update(plugin_runs(c_proxied, cset, wc, spec, epochs))
     points: list[tuple[int | None, Any]] = [(None, run) for name, run in runs.items() if name in readers]
     for depth in depths:
         copts = replace(opts.cassandra, prefetch_buffers=depth)
@@ -340,6 +343,19 @@ def latency_sweep(
             row(cond, depth, results[(c, p)])
     Condition("0 ms", 0).apply(proxy, ["cassandra", "s3"])
     return rows
+
+
+def plugin_runs(cassandra: CassandraSettings, small: ReadSet, large: ReadSet, spec: Any, epochs: int) -> dict[str, Any]:
+    """The plugin's reader per preset for the sweep: the presets that request ahead read LARGE for EPOCHS epochs
+    in a row (one pipeline, as in training); its operator defaults (one buffer ahead) read SMALL, once, as the
+    readers that request nothing ahead do."""
+    from imgest.peers.crs4_reader import PRESETS, crs4_epochs
+
+    return {
+        "crs4-plugin-defaults": lambda: crs4_epochs(cassandra, small, spec, PRESETS["defaults"], 1),
+        "crs4-plugin-examples": lambda: crs4_epochs(cassandra, large, spec, PRESETS["examples"], epochs),
+        "crs4-plugin-lfn": lambda: crs4_epochs(cassandra, large, spec, PRESETS["lfn"], epochs),
+    }
 
 
 EPOCH_NAMES = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth")

@@ -54,13 +54,13 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
     depths = [int(x) for x in args.depths.split(",") if x.strip()]
     conds = conditions(rtts, args.bandwidth_mb, args.jitter, args.limited_rtt) if rtts else []
-    from imgest.bench.read import SWEPT
+    from imgest.bench.read import PLUGIN, SWEPT
 
-    unknown = [r for r in args.sweep_readers.split(",") if r.strip() and r.strip() not in SWEPT]
+    unknown = [r for r in args.sweep_readers.split(",") if r.strip() and r.strip() not in (*SWEPT, *PLUGIN)]
     if unknown:
         from imgest.core.errors import ConfigError
 
-        raise ConfigError(f"--sweep-readers: {', '.join(unknown)} not among {', '.join(SWEPT)}")
+        raise ConfigError(f"--sweep-readers: {', '.join(unknown)} not among {', '.join((*SWEPT, *PLUGIN))}")
     if args.epochs < 1:
         from imgest.core.errors import ConfigError
 
@@ -303,7 +303,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     br.add_argument(
         "--sweep-readers",
         default="cassandra,shards-s3-stream,cassandra-simple,shards-s3-webdataset",
-        help="the readers of the network sweep, comma-separated (default: all four)",
+        help="the readers of the network sweep, comma-separated (default: these four; also crs4-plugin-defaults, "
+        "crs4-plugin-examples, crs4-plugin-lfn: cassandra-dali-plugin's reader, make install-peers)",
     )
     br.add_argument(
         "--sweep-only",
@@ -320,6 +321,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     br.set_defaults(func=bench_read_cmd)
 
+    from imgest.cli.bench_plugin import register_plugin
+
+    register_plugin(bench_parser)
     register_cluster(bench_parser)
     register_scale(bench_parser)
     register_source(bench_parser)

@@ -166,7 +166,7 @@ def crs4_epochs(
     for _ in range(epochs):
         verifier = ContentVerifier(rs, by_sha, tally, strict=not preset.ooo)
         kw: dict[str, Any] = {"verify_after": spec.verify_after, "verifier": verifier}
-        results.append(measure(f"crs4-plugin {preset.name}", pipe, spec.mode, rs, _label, len(rs), dict(knobs), **kw))
+        results.append(measure(f"crs4-plugin-{preset.name}", pipe, spec.mode, rs, _label, len(rs), dict(knobs), **kw))
     if preset.ooo:
         last = results[-1]
         ahead = (preset.prefetch_buffers + spec.prefetch_queue_depth) * spec.batch_size

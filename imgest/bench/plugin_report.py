@@ -1,0 +1,130 @@
+"""`imgest bench plugin`'s tables and plot (the measurement is imgest.bench.plugin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from imgest.bench.report import describe_machine, format_table
+
+READER_COLUMNS = [
+    ("reader", "reader"),
+    ("mode", "mode"),
+    ("images", "images"),
+    ("images_per_s", "img/s"),
+    ("min", "min"),
+    ("max", "max"),
+    ("cores_per_1k", "cpu/1k img/s"),
+    ("first_batch_ms", "1st batch ms"),
+    ("verified", "verified"),
+]
+SWEEP_COLUMNS = [
+    ("condition", "condition"),
+    ("epoch", "epoch"),
+    ("imgest_images_per_s", "imgest img/s"),
+    ("plugin_best", "plugin's best"),
+    ("plugin_images_per_s", "its img/s"),
+    ("ratio", "ratio"),
+    ("imgest_cores_per_1k", "imgest cpu/1k"),
+    ("plugin_cores_per_1k", "its cpu/1k"),
+]
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The tables, the quietness of each part and the targets."""
+    print(describe_machine(report["machine"]))
+    for part, quiet in report["quiet"].items():
+        verdict = "quiet" if quiet["quiet"] else "NOT QUIET"
+        print(
+            f"{part}: {quiet['seconds']:.0f} s, other processes {quiet['other_cores']:.2f} cores (kernel threads "
+            f"{quiet['kernel_cores']:.2f}), load "
+            f"{quiet['load_start'][0]:.2f} -> {quiet['load_end'][0]:.2f}: {verdict}"
+        )
+    if report.get("readers"):
+        print(format_table(report["readers"], READER_COLUMNS))
+    if report.get("sweep_compare"):
+        print(format_table(report["sweep_compare"], SWEEP_COLUMNS))
+    if "loop_read" in report:
+        lr = report["loop_read"]
+        print(
+            f"the plugin's loop_read.py on the imgest table: {lr['plugin_loop_read']['images_per_s']:.0f} images/s "
+            f"({lr['plugin_loop_read']['printed']}); imgest's reader: {lr['imgest_reader']['images_per_s']:.0f} "
+            f"images/s; ratio {lr['ratio']}"
+        )
+    if "writers" in report:
+        w = report["writers"]
+        for side in ("plugin", "imgest"):
+            one = w[side]
+            print(f"{one['writer']}: {one['rows']} rows in {one['seconds']} s = {one['images_per_s']} images/s")
+        print(f"writer ratio imgest / plugin: {w['ratio']}")
+    for name, met in report["targets"].items():
+        print(f"{'met' if met else 'NOT met'}: {name}")
+
+
+def plot(path: Path, report: dict[str, Any]) -> None:
+    """Readers at 0 ms (raw, train), the sweep per condition, and writers + loop_read side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(19, 5.5))
+    if report.get("readers"):
+        _readers(axes[0], report["readers"])
+    if report.get("latency_sweep"):
+        _sweep(axes[1], report["latency_sweep"])
+    _sides(axes[2], report)
+    quiet = all(q["quiet"] for q in report["quiet"].values())
+    fig.suptitle(f"imgest beside cassandra-dali-plugin 1.3.2 ({'quiet machine' if quiet else 'machine NOT quiet'})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _readers(ax: Any, rows: list[dict[str, Any]]) -> None:
+    readers = list(dict.fromkeys(r["reader"] for r in rows))
+    for k, mode in enumerate(("raw", "train")):
+        values = [next((r["images_per_s"] for r in rows if (r["reader"], r["mode"]) == (n, mode)), 0) for n in readers]
+        bars = ax.bar([i + k * 0.4 for i in range(len(readers))], values, 0.4, label=mode)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    labels = [n.replace("cassandra", "imgest (defaults)") if n == "cassandra" else n for n in readers]
+    ax.set_xticks([i + 0.2 for i in range(len(readers))], labels, rotation=20, ha="right")
+    ax.set_ylabel("images/s (epoch rate, median of rounds)")
+    ax.set_title("Readers at 0 ms, same rows, same DALI pipeline")
+    ax.legend(title="pipeline")
+
+
+def _sweep(ax: Any, sweep: list[dict[str, Any]]) -> None:
+    conds = list(dict.fromkeys(s["condition"] for s in sweep))
+    for reader in dict.fromkeys(s["reader"] for s in sweep):
+        mine = [s for s in sweep if s["reader"] == reader]
+        epoch = "second" if any(s["epoch"] == "second" for s in mine) else "first"
+        pts = [next((s["images_per_s"] for s in mine if (s["condition"], s["epoch"]) == (c, epoch)), 0) for c in conds]
+        label = ("imgest (adaptive window)" if reader == "cassandra" else reader) + f", {epoch} epoch"
+        ax.plot(range(len(conds)), pts, marker="o", label=label)
+    ax.set_xticks(range(len(conds)), conds, rotation=20, ha="right")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("images/s, raw bytes")
+    ax.set_title("Through Toxiproxy: added round trip")
+    ax.legend(fontsize=7)
+
+
+def _sides(ax: Any, report: dict[str, Any]) -> None:
+    names, ours, theirs = [], [], []
+    if "writers" in report:
+        names.append("writer\n(extract_spark.py vs ingest)")
+        theirs.append(report["writers"]["plugin"]["images_per_s"])
+        ours.append(report["writers"]["imgest"]["images_per_s"])
+    if "loop_read" in report:
+        names.append("its loop_read.py\nvs imgest reader")
+        theirs.append(report["loop_read"]["plugin_loop_read"]["images_per_s"])
+        ours.append(report["loop_read"]["imgest_reader"]["images_per_s"])
+    x = range(len(names))
+    for k, (values, label) in enumerate(((theirs, "cassandra-dali-plugin"), (ours, "imgest"))):
+        bars = ax.bar([i + k * 0.4 for i in x], values, 0.4, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks([i + 0.2 for i in x], names)
+    ax.set_ylabel("images/s")
+    ax.set_title("The plugin's own scripts beside imgest")
+    ax.legend()

@@ -1,0 +1,111 @@
+"""Was the machine quiet while a benchmark ran? The load average and the CPU time of every other process.
+
+A figure measured while something else used the cores says as much about that other thing as about the code, so
+every committed benchmark records, over its run: the load averages at the start and the end, the whole machine's
+busy CPU time (``/proc/stat``) and the part of it spent by this benchmark's own processes (this process, its
+children, and the servers it measures against, named by PID) and by kernel threads (the writeback and reclaim its
+own I/O causes; reported apart). The rest, in cores, is the other processes' share;
+above :data:`QUIET_CORES` the run is not quiet, and a report must not call a target met on it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+QUIET_CORES = 0.1  # other processes' CPU, in cores, over the run: at most a tenth of a core
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _busy_seconds() -> float:
+    """The machine's busy CPU time since boot: every /proc/stat 'cpu' field but idle and iowait."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    steal = fields[7] if len(fields) > 7 else 0  # time the hypervisor gave others: not ours, not idle
+    return (sum(fields[:8]) - idle - steal) / _TICK
+
+
+def _tree_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds of PIDS and every descendant (live ones, plus what exited children handed to their parent)."""
+    seen: set[int] = set()
+    total = 0.0
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    todo = [p for p in pids if p]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in stat[11:15]) / _TICK  # utime, stime, cutime, cstime
+        todo.extend(children.get(pid, []))
+    return total
+
+
+@dataclass
+class Quietness:
+    """The other processes' CPU over a run, and the load averages around it."""
+
+    seconds: float = 0.0
+    load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    busy_cores: float = 0.0  # the whole machine's busy CPU over the run, in cores
+    ours_cores: float = 0.0  # this benchmark's processes and servers
+    kernel_cores: float = 0.0  # kernel threads (writeback, page reclaim: mostly the benchmark's own I/O)
+    other_cores: float = 0.0  # everything else
+
+    @property
+    def quiet(self) -> bool:
+        return self.other_cores <= QUIET_CORES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "quiet": self.quiet, "quiet_limit_cores": QUIET_CORES}
+
+    def describe(self) -> str:
+        verdict = "quiet" if self.quiet else f"NOT quiet (other processes above {QUIET_CORES} cores)"
+        return (
+            f"machine over the run ({self.seconds:.0f} s): {self.busy_cores:.2f} cores busy, "
+            f"{self.ours_cores:.2f} of them this benchmark and its servers, {self.kernel_cores:.2f} kernel threads, "
+            f"{self.other_cores:.2f} other processes; "
+            f"load average {self.load_start[0]:.2f} -> {self.load_end[0]:.2f}: {verdict}"
+        )
+
+
+class QuietWatch:
+    """Measures a run's Quietness: ``with QuietWatch(server_pids) as w: ...`` then ``w.result``."""
+
+    def __init__(self, server_pids: Iterable[int] = ()) -> None:
+        self.pids = [os.getpid(), *server_pids]
+        self.result = Quietness()
+
+    def __enter__(self) -> QuietWatch:
+        self._t0, self._busy0, self._ours0 = time.monotonic(), _busy_seconds(), _tree_seconds(self.pids)
+        self._kernel0 = _tree_seconds([2])  # kthreadd and the kernel threads under it
+        self.result.load_start = os.getloadavg()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        busy, ours = _busy_seconds() - self._busy0, _tree_seconds(self.pids) - self._ours0
+        kernel = _tree_seconds([2]) - self._kernel0
+        r = self.result
+        r.seconds, r.load_end = round(wall, 1), os.getloadavg()
+        r.busy_cores, r.ours_cores = round(busy / wall, 3), round(ours / wall, 3)
+        r.kernel_cores = round(kernel / wall, 3)
+        r.other_cores = round(max(0.0, busy - ours - kernel) / wall, 3)
