@@ -31,6 +31,7 @@ from imgest.readback.measure import RunResult
 
 log = logging.getLogger(__name__)
 PLUGIN_PRESETS = ("defaults", "examples", "lfn")
+PARTS = ("readers", "sweep", "loop-read", "writers")
 WRITER_KEYSPACE = "bench_plugin_writer"
 
 
@@ -295,7 +296,7 @@ def measure_all(
             report["loop_read"] = loop_read(examples, cassandra, rs)
         report["quiet"]["loop_read"] = watch.result.to_dict()
     if "writers" in parts:
-        src = root / "writer-src"
+        src = root / f"writer-src-{images}"  # the train folder of the readers' dataset, hard-linked
         if not (src / "train").is_dir():
             src.mkdir(parents=True, exist_ok=True)
             subprocess.run(["cp", "-al", str(Path(where["src"]) / "train"), str(src / "train")], check=True)
@@ -312,6 +313,16 @@ def main(json_out: Path, plot_out: Path | None, parts: set[str], **kw: Any) -> d
     from imgest.bench.report import write_json
 
     report = measure_all(parts=parts, **kw)
+    if json_out.is_file() and parts != set(PARTS):  # a run of some parts updates those parts of the report
+        import json
+
+        kept = json.loads(json_out.read_text())
+        for key, value in report.items():
+            if key == "quiet":
+                kept.setdefault("quiet", {}).update(value)
+            elif key != "targets":
+                kept[key] = value
+        report = {**kept, "targets": targets(kept)}
     print_report(report)
     write_json(json_out, report)
     if plot_out:

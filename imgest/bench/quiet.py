@@ -58,6 +58,19 @@ def _tree_seconds(pids: Iterable[int]) -> float:
     return total
 
 
+def _subreaper(on: bool) -> None:
+    """Make this process the child subreaper of its descendants (Linux prctl PR_SET_CHILD_SUBREAPER): a process of
+    the benchmark's tree whose parent exits is re-parented here, not to init, so its CPU time (and, once exited,
+    the zombie's) is still counted as the benchmark's."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(
+        OSError, AttributeError
+    ):  # not Linux: orphans count as other processes (errs to 'not quiet')
+        ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)
+
+
 @dataclass
 class Quietness:
     """The other processes' CPU over a run, and the load averages around it."""
@@ -95,6 +108,7 @@ class QuietWatch:
         self.result = Quietness()
 
     def __enter__(self) -> QuietWatch:
+        _subreaper(True)  # orphans of our tree (a Spark job's Python workers after its JVM exits) stay ours
         self._t0, self._busy0, self._ours0 = time.monotonic(), _busy_seconds(), _tree_seconds(self.pids)
         self._kernel0 = _tree_seconds([2])  # kthreadd and the kernel threads under it
         self.result.load_start = os.getloadavg()
@@ -104,6 +118,7 @@ class QuietWatch:
         wall = max(time.monotonic() - self._t0, 1e-9)
         busy, ours = _busy_seconds() - self._busy0, _tree_seconds(self.pids) - self._ours0
         kernel = _tree_seconds([2]) - self._kernel0
+        _subreaper(False)
         r = self.result
         r.seconds, r.load_end = round(wall, 1), os.getloadavg()
         r.busy_cores, r.ours_cores = round(busy / wall, 3), round(ours / wall, 3)

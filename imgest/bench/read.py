@@ -595,7 +595,9 @@ def measure_all(
     window_sets = sweep_sets(window_where, cassandra, s3) if window_where is not where else sets
     opts = ReadCheckOptions(batch_size=batch_size)
     runs: list[tuple[list[RunResult], list[str]]] = []
-    with pinned(server_pids()) as pinning:
+    from imgest.bench.quiet import QuietWatch
+
+    with QuietWatch(server_pids()) as watch, pinned(server_pids()) as pinning:
         if not sweep_only:
             one_round(sets, where, cassandra, s3, opts)  # warm-up: page cache, JIT of the servers, connections
             runs = [one_round(sets, where, cassandra, s3, opts) for _ in range(rounds)]
@@ -619,8 +621,12 @@ def measure_all(
         )
     rows = medians([r for r, _ in runs]) if runs else []
     kept = kept_under_latency(sweep)
+    met = targets(kept)
+    if not watch.result.quiet:  # a target is only met on a quiet machine
+        met = {name: {**t, "met": False, "not_quiet": True} for name, t in met.items()}
     return {
         "machine": machine_info(),
+        "quiet": watch.result.to_dict(),
         "pinning": pinning,
         "method": "images/s is the epoch rate: the harmonic mean of the batch rates (each batch's images over the "
         "time its pipeline run() took), median of the rounds; cpu_cores is the reading process's CPU time over the "
@@ -640,7 +646,7 @@ def measure_all(
         "conditions": [c.__dict__ for c in conds],
         "latency_sweep": sweep,
         "latency_kept": kept,
-        "targets": targets(kept),
+        "targets": met,
         "anchors": anchors(sweep),
     }
 
@@ -662,6 +668,9 @@ def main(
     """Measure, print the tables, the target ratios and the anchors, write JSON (and the plot)."""
     report = measure_all(images, rounds, conds, depths, batch_size, sample, sweep_only, epochs, sweep_images, readers)
     print(describe_machine(report["machine"]))
+    from imgest.bench.quiet import Quietness
+
+    print(Quietness(**{k: v for k, v in report["quiet"].items() if k in Quietness.__dataclass_fields__}).describe())
     if report["readers"]:
         columns = [
             ("reader", "reader"),

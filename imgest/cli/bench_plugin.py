@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-PARTS = ("readers", "sweep", "loop-read", "writers")
-
 
 def bench_plugin_cmd(args: argparse.Namespace) -> int:
-    from imgest.bench.plugin import main
+    from imgest.bench.plugin import PARTS, main
     from imgest.bench.read import conditions
     from imgest.cli.bench import bench_done
     from imgest.core.errors import ConfigError
@@ -49,7 +47,11 @@ def register_plugin(bench_parser: Any) -> None:
         "parallelism 10, UNCHANGED) against `imgest ingest cassandra --mode unchanged --verify` on the same tree. "
         "Each part records the load and the other processes' CPU; a target is only met on a quiet machine.",
     )
-    bp.add_argument("--parts", default=",".join(PARTS), help=f"what to run (default all: {','.join(PARTS)})")
+    bp.add_argument(
+        "--parts",
+        default="readers,sweep,loop-read,writers",
+        help="what to run (default all four); a run of some parts into an existing --json updates only those parts",
+    )
     bp.add_argument("--images", type=int, default=8000, help="train images of the readers and writers (default 8000)")
     bp.add_argument("--sweep-images", type=int, default=72000, help="images per epoch of the sweep (default 72000)")
     bp.add_argument("--rounds", type=int, default=3, help="rounds; medians reported (default 3)")
