@@ -9,8 +9,8 @@ Four comparisons, each with both sides measured in the same run on the same rows
 - **writers**: the plugin's ``extract_spark.py`` as its README runs it (spark-submit, ``spark.default.parallelism=10``,
   ``UNCHANGED`` bytes) against ``imgest ingest cassandra`` (original bytes kept, its verification included), same
   source tree, same Spark master;
-- **the plugin's own benchmark**: its ``loop_read.py`` (as shipped, pointed at an imgest table with the id list its
-  ``cache_uuids.py`` made) beside imgest's reader on the same rows at the same batch size.
+- **the plugin's own benchmark**: its ``loop_read.py`` (as shipped, pointed at an imgest table and an id list in
+  the format its ``cache_uuids.py`` writes) beside imgest's reader on the same rows at the same batch size.
 Every run records whether the machine was quiet (imgest.bench.quiet); a target is only called met on a quiet run.
 """
 
@@ -81,6 +81,16 @@ def _submit_env() -> dict[str, str]:
     return submit_env("local[2]")
 
 
+def count_rows(settings: CassandraSettings, table: str) -> int:
+    """Rows of TABLE, by a token-range scan of the ids (``SELECT count(*)`` reads every blob on one coordinator:
+    a 1 GB-heap node runs out of memory on a few hundred MB of images)."""
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.scan import scan_columns
+
+    with cassandra_session(settings) as session:
+        return sum(batch.num_rows for batch in scan_columns(session, table, ["id"]))
+
+
 def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspace: str) -> dict[str, Any]:
     """The plugin's extract_spark.py as its README runs it, into fresh tables of KEYSPACE; wall time and rows."""
     from imgest.peers.crs4_scripts import plugin_tables_cql
@@ -99,8 +109,7 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
     wall = time.perf_counter() - t0
     if run.returncode != 0:
         raise RuntimeError(f"the plugin's extract_spark.py failed ({run.returncode}): {run.stderr[-2000:]}")
-    with cassandra_session(settings) as session:
-        rows = session.execute(f"SELECT count(*) FROM {keyspace}.data_train", timeout=120).one()[0]
+    rows = count_rows(settings, f"{keyspace}.data_train")
     return {"writer": "crs4 extract_spark.py (UNCHANGED, parallelism 10)", "seconds": round(wall, 2), "rows": rows}
 
 
@@ -119,23 +128,50 @@ def imgest_writer(src: Path, work: Path, settings: CassandraSettings, keyspace: 
     if cli(argv) != 0:
         raise RuntimeError(f"imgest {' '.join(argv)} failed")
     wall = time.perf_counter() - t0
-    with cassandra_session(settings) as session:
-        rows = session.execute(f"SELECT count(*) FROM {keyspace}.data", timeout=120).one()[0]
+    rows = count_rows(settings, f"{keyspace}.data")
     return {"writer": "imgest ingest cassandra --mode unchanged --verify", "seconds": round(wall, 2), "rows": rows}
 
 
+def _with_cpu(run: Any, server_pid: int | None) -> dict[str, Any]:
+    """RUN() (a writer returning its record) with the CPU per row of the server and of the writer's process tree."""
+    import os
+
+    from imgest.bench.quiet import TreeSampler, _tree_seconds
+
+    server0 = _tree_seconds([server_pid]) if server_pid else 0.0
+    with TreeSampler([os.getpid()]) as tree:
+        out = run()
+    server = (_tree_seconds([server_pid]) - server0) if server_pid else 0.0
+    rows = max(1, out["rows"])
+    return {
+        **out,
+        "server_cpu_ms_per_row": round(server / rows * 1000, 3),
+        "client_cpu_ms_per_row": round(tree.seconds() / rows * 1000, 3),
+    }
+
+
 def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int) -> dict[str, Any]:
-    """Both writers ROUNDS times, alternating; medians, images/s and the ratio (target imgest >= 2x)."""
+    """Both writers ROUNDS times, alternating; medians, images/s, CPU per row of the server and of each writer's
+    processes, and the ratio (target imgest >= 2x)."""
+    from imgest.services import CassandraServer
+
+    server = CassandraServer.default().process.pid()
     runs: dict[str, list[dict[str, Any]]] = {"plugin": [], "imgest": []}
     for _ in range(rounds):
-        runs["plugin"].append(plugin_writer(examples, src, settings, WRITER_KEYSPACE + "_crs4"))
-        runs["imgest"].append(imgest_writer(src, work, settings, WRITER_KEYSPACE + "_imgest"))
+        runs["plugin"].append(
+            _with_cpu(lambda: plugin_writer(examples, src, settings, WRITER_KEYSPACE + "_crs4"), server)
+        )
+        runs["imgest"].append(
+            _with_cpu(lambda: imgest_writer(src, work, settings, WRITER_KEYSPACE + "_imgest"), server)
+        )
     out: dict[str, Any] = {}
     for side, results in runs.items():
         seconds = statistics.median(r["seconds"] for r in results)
         rows = results[0]["rows"]
         out[side] = {**results[0], "seconds": seconds, "all_seconds": [r["seconds"] for r in results]}
         out[side]["images_per_s"] = round(rows / seconds, 1)
+        for key in ("server_cpu_ms_per_row", "client_cpu_ms_per_row"):
+            out[side][key] = statistics.median(r[key] for r in results)
     out["ratio"] = round(out["imgest"]["images_per_s"] / out["plugin"]["images_per_s"], 2)
     return out
 

@@ -55,7 +55,10 @@ def print_report(report: dict[str, Any]) -> None:
         w = report["writers"]
         for side in ("plugin", "imgest"):
             one = w[side]
-            print(f"{one['writer']}: {one['rows']} rows in {one['seconds']} s = {one['images_per_s']} images/s")
+            print(
+                f"{one['writer']}: {one['rows']} rows in {one['seconds']} s = {one['images_per_s']} images/s; CPU per "
+                f"row: server {one['server_cpu_ms_per_row']} ms, writer {one['client_cpu_ms_per_row']} ms"
+            )
         print(f"writer ratio imgest / plugin: {w['ratio']}")
     for name, met in report["targets"].items():
         print(f"{'met' if met else 'NOT met'}: {name}")
@@ -68,12 +71,13 @@ def plot(path: Path, report: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(19, 5.5))
-    if report.get("readers"):
-        _readers(axes[0], report["readers"])
+    fig, axes = plt.subplots(1, 4, figsize=(24, 5.5))
+    for ax, mode in zip(axes[:2], ("raw", "train"), strict=True):
+        if report.get("readers"):
+            _readers(ax, report["readers"], mode)
     if report.get("latency_sweep"):
-        _sweep(axes[1], report["latency_sweep"])
-    _sides(axes[2], report)
+        _sweep(axes[2], report["latency_sweep"])
+    _sides(axes[3], report)
     quiet = all(q["quiet"] for q in report["quiet"].values())
     fig.suptitle(f"imgest beside cassandra-dali-plugin 1.3.2 ({'quiet machine' if quiet else 'machine NOT quiet'})")
     fig.tight_layout()
@@ -82,17 +86,16 @@ def plot(path: Path, report: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def _readers(ax: Any, rows: list[dict[str, Any]]) -> None:
-    readers = list(dict.fromkeys(r["reader"] for r in rows))
-    for k, mode in enumerate(("raw", "train")):
-        values = [next((r["images_per_s"] for r in rows if (r["reader"], r["mode"]) == (n, mode)), 0) for n in readers]
-        bars = ax.bar([i + k * 0.4 for i in range(len(readers))], values, 0.4, label=mode)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    labels = [n.replace("cassandra", "imgest (defaults)") if n == "cassandra" else n for n in readers]
-    ax.set_xticks([i + 0.2 for i in range(len(readers))], labels, rotation=20, ha="right")
+def _readers(ax: Any, rows: list[dict[str, Any]], mode: str) -> None:
+    mine = [r for r in rows if r["mode"] == mode]
+    labels = ["imgest (defaults)" if r["reader"] == "cassandra" else r["reader"] for r in mine]
+    colors = ["tab:blue" if r["reader"] == "cassandra" else "tab:grey" for r in mine]
+    bars = ax.bar(range(len(mine)), [r["images_per_s"] for r in mine], color=colors)
+    ax.bar_label(bars, labels=[f"{r['images_per_s']:.0f}\n{r['cores_per_1k']:.2f} cpu/1k" for r in mine], fontsize=7)
+    ax.set_xticks(range(len(mine)), labels, rotation=20, ha="right")
     ax.set_ylabel("images/s (epoch rate, median of rounds)")
-    ax.set_title("Readers at 0 ms, same rows, same DALI pipeline")
-    ax.legend(title="pipeline")
+    what = "raw bytes" if mode == "raw" else "CPU decode + random resized crop + flip + normalize"
+    ax.set_title(f"Readers at 0 ms, direct: {what}", fontsize=9)
 
 
 def _sweep(ax: Any, sweep: list[dict[str, Any]]) -> None:
@@ -125,6 +128,7 @@ def _sides(ax: Any, report: dict[str, Any]) -> None:
         bars = ax.bar([i + k * 0.4 for i in x], values, 0.4, label=label)
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
     ax.set_xticks([i + 0.2 for i in x], names)
-    ax.set_ylabel("images/s")
+    ax.set_yscale("log")
+    ax.set_ylabel("images/s (log scale)")
     ax.set_title("The plugin's own scripts beside imgest")
     ax.legend()

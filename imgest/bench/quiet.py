@@ -2,10 +2,10 @@
 
 A figure measured while something else used the cores says as much about that other thing as about the code, so
 every committed benchmark records, over its run: the load averages at the start and the end, the whole machine's
-busy CPU time (``/proc/stat``) and the part of it spent by this benchmark's own processes (this process, its
-children, and the servers it measures against, named by PID) and by kernel threads (the writeback and reclaim its
-own I/O causes; reported apart). The rest, in cores, is the other processes' share;
-above :data:`QUIET_CORES` the run is not quiet, and a report must not call a target met on it.
+busy CPU time (``/proc/stat``) and the part of it spent by this benchmark's own processes (this process, every
+process started under it, and the servers it measures against, named by PID: :class:`TreeSampler`) and by kernel
+threads (the writeback and reclaim its own I/O causes; reported apart). The rest, in cores, is the other
+processes' share; above :data:`QUIET_CORES` the run is not quiet, and a report must not call a target met on it.
 """
 
 from __future__ import annotations
@@ -59,15 +59,11 @@ def _tree_seconds(pids: Iterable[int]) -> float:
 
 
 def _subreaper(on: bool) -> None:
-    """Make this process the child subreaper of its descendants (Linux prctl PR_SET_CHILD_SUBREAPER): a process of
-    the benchmark's tree whose parent exits is re-parented here, not to init, so its CPU time (and, once exited,
-    the zombie's) is still counted as the benchmark's."""
+    """Make this process the child subreaper of its descendants (Linux prctl PR_SET_CHILD_SUBREAPER)."""
     import contextlib
     import ctypes
 
-    with contextlib.suppress(
-        OSError, AttributeError
-    ):  # not Linux: orphans count as other processes (errs to 'not quiet')
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: orphans go to init (errs to 'not quiet')
         ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)
 
 
@@ -100,23 +96,92 @@ class Quietness:
         )
 
 
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """pid -> (parent pid, start time, own CPU seconds: utime + stime, not its children's) of every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry)] = (int(stat[1]), stat[19], (int(stat[11]) + int(stat[12])) / _TICK)
+    return out
+
+
+class TreeSampler:
+    """The CPU of a process tree, by sampling /proc every INTERVAL seconds from a thread: every process seen as a
+    descendant of ROOTS is remembered (by pid and start time) with the last CPU time read, so a process keeps
+    counting after its parent exits and it is re-parented. What a process spends after its last sample, and a
+    process that lives less than INTERVAL, is missed: the error leans towards 'not quiet'."""
+
+    def __init__(self, roots: Iterable[int], interval: float = 0.25) -> None:
+        import threading
+
+        self.roots, self.interval = {p for p in roots if p}, interval
+        self.first: dict[tuple[int, str], float] = {}
+        self.last: dict[tuple[int, str], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="quiet-sampler", daemon=True)
+
+    def sample(self) -> None:
+        procs = _processes()
+        members = {key[0] for key in self.last} | self.roots
+        changed = True
+        while changed:  # descendants of members, however deep
+            grown = {pid for pid, (ppid, _, _) in procs.items() if ppid in members and pid not in members}
+            members |= grown
+            changed = bool(grown)
+        for pid in members:
+            if pid in procs:
+                _, started, cpu = procs[pid]
+                self.first.setdefault((pid, started), cpu)
+                self.last[(pid, started)] = cpu
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> TreeSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def seconds(self) -> float:
+        """CPU seconds the tree spent between enter and exit."""
+        return sum(cpu - self.first[key] for key, cpu in self.last.items())
+
+
 class QuietWatch:
     """Measures a run's Quietness: ``with QuietWatch(server_pids) as w: ...`` then ``w.result``."""
 
     def __init__(self, server_pids: Iterable[int] = ()) -> None:
-        self.pids = [os.getpid(), *server_pids]
         self.result = Quietness()
+        self.tree = TreeSampler([os.getpid(), *server_pids])
 
     def __enter__(self) -> QuietWatch:
-        _subreaper(True)  # orphans of our tree (a Spark job's Python workers after its JVM exits) stay ours
-        self._t0, self._busy0, self._ours0 = time.monotonic(), _busy_seconds(), _tree_seconds(self.pids)
+        _subreaper(True)  # orphans of the tree are re-parented here, not to init: still ours, their zombies too
+        self._t0, self._busy0 = time.monotonic(), _busy_seconds()
+        self._ours0 = _tree_seconds(self.tree.roots)
         self._kernel0 = _tree_seconds([2])  # kthreadd and the kernel threads under it
         self.result.load_start = os.getloadavg()
+        self.tree.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.tree.__exit__()
         wall = max(time.monotonic() - self._t0, 1e-9)
-        busy, ours = _busy_seconds() - self._busy0, _tree_seconds(self.pids) - self._ours0
+        # two measures that each miss something (reaped CPU misses orphans reaped elsewhere; sampling misses what a
+        # process spends after its last sample): the larger is still an underestimate, which errs to 'not quiet'
+        busy = _busy_seconds() - self._busy0
+        ours = max(self.tree.seconds(), _tree_seconds(self.tree.roots) - self._ours0)
         kernel = _tree_seconds([2]) - self._kernel0
         _subreaper(False)
         r = self.result
