@@ -51,30 +51,6 @@ def reader_round(settings: CassandraSettings, rs: ReadSet, batch_size: int, mode
     return out
 
 
-def reader_rows(rounds: list[list[RunResult]]) -> list[dict[str, Any]]:
-    """Per (reader, mode): median images/s of the rounds, min, max, CPU per 1,000 images/s, first-batch time."""
-    rows = []
-    for i, first in enumerate(rounds[0]):
-        runs = [r[i] for r in rounds]
-        rates = [r.epoch_rate for r in runs]
-        rows.append(
-            {
-                "reader": first.reader,
-                "mode": first.mode,
-                "images": first.images,
-                "images_per_s": statistics.median(rates),
-                "min": min(rates),
-                "max": max(rates),
-                "cores_per_1k": statistics.median(r.cores_per_1k for r in runs),
-                "first_batch_ms": statistics.median(r.first_batch_ms for r in runs),
-                "verified": all(r.ok for r in runs),
-                "problems": [p for r in runs for p in r.problems][:3],
-                "settings": first.settings,
-            }
-        )
-    return rows
-
-
 def _submit_env() -> dict[str, str]:
     from imgest.spark.submit import submit_env
 
@@ -295,7 +271,16 @@ def measure_all(
     """Prepare the datasets (cached), then each of PARTS (readers, sweep, loop-read, writers), the machine's
     quietness recorded over each."""
     from imgest.bench.quiet import QuietWatch
-    from imgest.bench.read import PLUGIN, latency_sweep, prepare, prepare_sweep, read_sets, server_pids, sweep_sets
+    from imgest.bench.read import (
+        PLUGIN,
+        latency_sweep,
+        medians,
+        prepare,
+        prepare_sweep,
+        read_sets,
+        server_pids,
+        sweep_sets,
+    )
     from imgest.bench.report import machine_info
     from imgest.core.paths import state_dir
     from imgest.peers.crs4_scripts import prepare_examples
@@ -312,7 +297,7 @@ def measure_all(
     if "readers" in parts:
         with QuietWatch(server_pids()) as watch, pinned(server_pids()) as pin:
             reader_round(cassandra, rs, batch_size, ("raw",))  # warm-up: page cache, JIT of the server
-            report["readers"] = reader_rows(
+            report["readers"] = medians(
                 [reader_round(cassandra, rs, batch_size, ("raw", "train")) for _ in range(rounds)]
             )
         report["quiet"]["readers"], report["pinning"] = watch.result.to_dict(), pin

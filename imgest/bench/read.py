@@ -174,6 +174,7 @@ def medians(rounds: list[list[RunResult]]) -> list[dict[str, Any]]:
                 "batch_ms_p99": statistics.median(r.batch_ms_p99 for r in runs),
                 "cpu_cores": statistics.median(r.cpu_cores for r in runs),
                 "cores_per_1k": statistics.median(r.cores_per_1k for r in runs),
+                "first_batch_ms": statistics.median(r.first_batch_ms for r in runs),
                 "verified": all(r.ok for r in runs),
                 "problems": [p for r in runs for p in r.problems][:5],
                 "settings": first.settings,
