@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
-            begin_version(session, cfg, splits, args.replication)
+            before = begin_version(session, cfg, splits, args.replication)
+            cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
             record_scan_quarantine(session, cfg, scan_quarantine)
         from imgest.spark.submit import build_session
 

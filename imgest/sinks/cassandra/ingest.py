@@ -76,6 +76,9 @@ class CassandraIngestConfig:
     consistency: str = defaults.CONSISTENCY
     replace: bool = False  # replace another version of the dataset that lives in the same tables
     connection: CassandraSettings | None = None
+    # a version no earlier run claimed: none of its rows can be committed, so partitions skip the lookup of
+    # committed rows before writing (a synchronous read per LOOKUP_CHUNK rows); a rerun or resume looks them up
+    fresh: bool = False
 
     def settings(self) -> CassandraSettings:
         """Connection settings: the driver's (shipped with the task), else the environment's; hosts, port and
@@ -186,7 +189,7 @@ def ingest_partition(
             session, stmts.inserts, quarantine, cfg.max_in_flight, max_blob_bytes=cfg.max_blob_bytes, on_written=written
         ) as writer:
             for chunk in chunked(candidates, LOOKUP_CHUNK):
-                done = committed(session, stmts, chunk, cfg)
+                done = {} if cfg.fresh else committed(session, stmts, chunk, cfg)
 
                 def already_stored(cand: Candidate, src_sha256: str, done: dict = done) -> bool:
                     if done.get(cand.id) != (src_sha256, key):
