@@ -3,6 +3,8 @@ the out-of-order tally check."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,12 @@ def test_tally_allows_the_epoch_boundary_blur_and_nothing_more() -> None:
     assert any("fewer than 2" in p for p in problems)
     assert check_tally(rs, np.array([5, 1, 3, 3]), 3, blur=2) == []
     assert check_tally(rs, np.array([3, 3, 3, 2]), 3) == ["11 samples verified in 3 epochs of 4 rows"]
+
+
+def test_bench_plugin_names_what_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from imgest.cli import main
+
+    assert main(["bench", "plugin", "--json", str(tmp_path / "x.json"), "--parts", "readers,bogus"]) == 1
+    err = capsys.readouterr().err
+    assert "readers, sweep, loop-read, writers" in err or "make install-peers" in err
+    assert not (tmp_path / "x.json").exists()
