@@ -12,7 +12,7 @@ install-bench: install-dev
 	.venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.lock
 
 # The cassandra-dali-plugin peer (fn.crs4.cassandra, crs4.cassandra_utils) built from its PyPI sdist into .venv; the
-# build is cached in ~/.cache/imgest/peers by the sha256 of its inputs (first build 2-7 min, then seconds).
+# build is cached in ~/.cache/imgest/peers by the sha256 of its inputs (first build about 2 min on 2 cores, then about a second).
 install-peers: install-dev
 	bash scripts/build_crs4_plugin.sh
 

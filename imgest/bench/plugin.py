@@ -51,12 +51,6 @@ def reader_round(settings: CassandraSettings, rs: ReadSet, batch_size: int, mode
     return out
 
 
-def _submit_env() -> dict[str, str]:
-    from imgest.spark.submit import submit_env
-
-    return submit_env("local[2]")
-
-
 def count_rows(settings: CassandraSettings, table: str) -> int:
     """Rows of TABLE, by a token-range scan of the ids (``SELECT count(*)`` reads every blob on one coordinator:
     a 1 GB-heap node runs out of memory on a few hundred MB of images)."""
@@ -71,6 +65,7 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
     """The plugin's extract_spark.py as its README runs it, into fresh tables of KEYSPACE; wall time and rows."""
     from imgest.peers.crs4_scripts import plugin_tables_cql
     from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.spark.submit import submit_env
 
     with cassandra_session(settings) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
@@ -81,7 +76,7 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
     cmd += ["--py-files", "extract_common.py", "extract_spark.py", str(src), "--split-subdir=train"]
     cmd += ["--data-table", f"{keyspace}.data_train", "--metadata-table", f"{keyspace}.metadata_train"]
     t0 = time.perf_counter()
-    run = subprocess.run(cmd, cwd=folder, env=_submit_env(), capture_output=True, text=True, check=False)
+    run = subprocess.run(cmd, cwd=folder, env=submit_env("local[2]"), capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if run.returncode != 0:
         raise RuntimeError(f"the plugin's extract_spark.py failed ({run.returncode}): {run.stderr[-2000:]}")
@@ -112,12 +107,12 @@ def _with_cpu(run: Any, server_pid: int | None) -> dict[str, Any]:
     """RUN() (a writer returning its record) with the CPU per row of the server and of the writer's process tree."""
     import os
 
-    from imgest.bench.quiet import TreeSampler, _tree_seconds
+    from imgest.bench.quiet import TreeSampler, tree_seconds
 
-    server0 = _tree_seconds([server_pid]) if server_pid else 0.0
+    server0 = tree_seconds([server_pid]) if server_pid else 0.0
     with TreeSampler([os.getpid()]) as tree:
         out = run()
-    server = (_tree_seconds([server_pid]) - server0) if server_pid else 0.0
+    server = (tree_seconds([server_pid]) - server0) if server_pid else 0.0
     rows = max(1, out["rows"])
     return {
         **out,

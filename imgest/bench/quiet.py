@@ -21,7 +21,7 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _busy_seconds() -> float:
-    """The machine's busy CPU time since boot: every /proc/stat 'cpu' field but idle and iowait."""
+    """The machine's busy CPU time since boot: every /proc/stat 'cpu' field but idle, iowait and steal."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
@@ -29,33 +29,36 @@ def _busy_seconds() -> float:
     return (sum(fields[:8]) - idle - steal) / _TICK
 
 
-def _tree_seconds(pids: Iterable[int]) -> float:
-    """CPU seconds of PIDS and every descendant (live ones, plus what exited children handed to their parent)."""
-    seen: set[int] = set()
-    total = 0.0
-    children: dict[int, list[int]] = {}
+def _processes() -> dict[int, tuple[int, str, float, float]]:
+    """pid -> (parent pid, start time, own CPU seconds (utime + stime), its reaped children's (cutime + cstime))."""
+    out = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    todo = [p for p in pids if p]
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
+        if not entry.isdigit():
             continue
-        seen.add(pid)
         try:
-            with open(f"/proc/{pid}/stat") as f:
+            with open(f"/proc/{entry}/stat") as f:
                 stat = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += sum(int(x) for x in stat[11:15]) / _TICK  # utime, stime, cutime, cstime
-        todo.extend(children.get(pid, []))
-    return total
+        own = (int(stat[11]) + int(stat[12])) / _TICK
+        out[int(entry)] = (int(stat[1]), stat[19], own, (int(stat[13]) + int(stat[14])) / _TICK)
+    return out
+
+
+def _descendants(procs: dict[int, tuple[int, str, float, float]], roots: Iterable[int]) -> set[int]:
+    """ROOTS and every process under them in PROCS, however deep."""
+    members = {p for p in roots if p}
+    grown = members
+    while grown:
+        grown = {pid for pid, (ppid, *_) in procs.items() if ppid in members and pid not in members}
+        members |= grown
+    return members
+
+
+def tree_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds of PIDS and every live descendant, with what their exited children handed to them."""
+    procs = _processes()
+    return sum(procs[p][2] + procs[p][3] for p in _descendants(procs, pids) if p in procs)
 
 
 def _subreaper(on: bool) -> None:
@@ -86,6 +89,11 @@ class Quietness:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "quiet": self.quiet, "quiet_limit_cores": QUIET_CORES}
 
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> Quietness:
+        """The Quietness a to_dict() record (a report's ``quiet``) describes."""
+        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__})
+
     def describe(self) -> str:
         verdict = "quiet" if self.quiet else f"NOT quiet (other processes above {QUIET_CORES} cores)"
         return (
@@ -94,21 +102,6 @@ class Quietness:
             f"{self.other_cores:.2f} other processes; "
             f"load average {self.load_start[0]:.2f} -> {self.load_end[0]:.2f}: {verdict}"
         )
-
-
-def _processes() -> dict[int, tuple[int, str, float]]:
-    """pid -> (parent pid, start time, own CPU seconds: utime + stime, not its children's) of every process."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(entry)] = (int(stat[1]), stat[19], (int(stat[11]) + int(stat[12])) / _TICK)
-    return out
 
 
 class TreeSampler:
@@ -128,15 +121,9 @@ class TreeSampler:
 
     def sample(self) -> None:
         procs = _processes()
-        members = {key[0] for key in self.last} | self.roots
-        changed = True
-        while changed:  # descendants of members, however deep
-            grown = {pid for pid, (ppid, _, _) in procs.items() if ppid in members and pid not in members}
-            members |= grown
-            changed = bool(grown)
-        for pid in members:
+        for pid in _descendants(procs, {key[0] for key in self.last} | self.roots):
             if pid in procs:
-                _, started, cpu = procs[pid]
+                _, started, cpu, _ = procs[pid]
                 self.first.setdefault((pid, started), cpu)
                 self.last[(pid, started)] = cpu
 
@@ -169,8 +156,8 @@ class QuietWatch:
     def __enter__(self) -> QuietWatch:
         _subreaper(True)  # orphans of the tree are re-parented here, not to init: still ours, their zombies too
         self._t0, self._busy0 = time.monotonic(), _busy_seconds()
-        self._ours0 = _tree_seconds(self.tree.roots)
-        self._kernel0 = _tree_seconds([2])  # kthreadd and the kernel threads under it
+        self._ours0 = tree_seconds(self.tree.roots)
+        self._kernel0 = tree_seconds([2])  # kthreadd and the kernel threads under it
         self.result.load_start = os.getloadavg()
         self.tree.__enter__()
         return self
@@ -181,8 +168,8 @@ class QuietWatch:
         # two measures that each miss something (reaped CPU misses orphans reaped elsewhere; sampling misses what a
         # process spends after its last sample): the larger is still an underestimate, which errs to 'not quiet'
         busy = _busy_seconds() - self._busy0
-        ours = max(self.tree.seconds(), _tree_seconds(self.tree.roots) - self._ours0)
-        kernel = _tree_seconds([2]) - self._kernel0
+        ours = max(self.tree.seconds(), tree_seconds(self.tree.roots) - self._ours0)
+        kernel = tree_seconds([2]) - self._kernel0
         _subreaper(False)
         r = self.result
         r.seconds, r.load_end = round(wall, 1), os.getloadavg()

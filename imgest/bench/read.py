@@ -671,7 +671,7 @@ def main(
     print(describe_machine(report["machine"]))
     from imgest.bench.quiet import Quietness
 
-    print(Quietness(**{k: v for k, v in report["quiet"].items() if k in Quietness.__dataclass_fields__}).describe())
+    print(Quietness.from_dict(report["quiet"]).describe())
     if report["readers"]:
         columns = [
             ("reader", "reader"),

@@ -22,7 +22,7 @@ from imgest.core.settings import CassandraSettings
 from imgest.peers.crs4 import load_plugin
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult, Verifier, measure
-from imgest.readback.pipelines import READER, PipelineSpec, _build
+from imgest.readback.pipelines import READER, PipelineSpec, build_pipeline
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def crs4_pipeline(spec: PipelineSpec, reader_args: dict[str, Any]) -> Any:
         jpegs, labels = fn.crs4.cassandra(**reader_args)
         return jpegs, labels
 
-    return _build(spec, graph)
+    return build_pipeline(spec, graph)
 
 
 class ContentVerifier(Verifier):

@@ -24,7 +24,8 @@ import numpy as np
 from imgest.core import defaults, workdir
 from imgest.core.errors import ImgestError
 from imgest.core.sampling import BalancedSample, ClassCounts, Columns, SampleReport, balance, pick_shards
-from imgest.sinks.cassandra.versions import version_members, version_rows
+from imgest.sinks.cassandra.versions import VersionNotFoundError, version_members, version_rows
+from imgest.sinks.cassandra.versions import records as version_records
 
 log = logging.getLogger(__name__)
 CHUNK = 65_536  # metadata rows converted to columns at a time
@@ -216,18 +217,10 @@ def cassandra_set(
     """The rows of one version of DATASET in TABLES (a TableLayout); the newest complete version by default. A
     seeded class-balanced SAMPLE of them (every row when SAMPLE is 0); the metadata is paged, in chunks."""
     ks = tables.keyspace
-    from cassandra import InvalidRequest
-
-    from imgest.sinks.cassandra.versions import not_imgest
-
     try:
-        records = list(
-            session.execute(f"SELECT version, status FROM {ks}.dataset_versions WHERE dataset = %s", (dataset,))
-        )
-    except InvalidRequest as exc:
-        if "table dataset_versions does not exist" in str(exc):
-            raise NotReadableError(str(not_imgest(ks))) from None
-        raise
+        records = version_records(session, ks, dataset)
+    except VersionNotFoundError as exc:  # not an imgest keyspace: the message says how to adopt it
+        raise NotReadableError(str(exc)) from None
     if version is not None:
         records = [r for r in records if r.version == version]
     if not records:

@@ -60,7 +60,9 @@ def _train(jpegs: Any, spec: PipelineSpec) -> Any:
     )
 
 
-def _build(spec: PipelineSpec, graph: Callable[[], tuple[Any, ...]], checkpoint: str | None = None) -> Any:
+def build_pipeline(spec: PipelineSpec, graph: Callable[[], tuple[Any, ...]], checkpoint: str | None = None) -> Any:
+    """A built DALI pipeline of SPEC around GRAPH (a reader returning encoded images, labels and any extra outputs):
+    raw bytes, or the training graph with the bytes beside it; CHECKPOINT restores a saved position."""
     from nvidia.dali import Pipeline
 
     saving: dict[str, Any] = {"enable_checkpointing": True} if spec.checkpointing or checkpoint else {}
@@ -94,7 +96,7 @@ def file_pipeline(
         args = {"random_shuffle": False, "pad_last_batch": True, **reader}
         return fn.readers.file(files=list(files), labels=[int(x) for x in labels], name=READER, **args)
 
-    return _build(spec, graph, checkpoint)
+    return build_pipeline(spec, graph, checkpoint)
 
 
 def webdataset_pipeline(
@@ -119,7 +121,7 @@ def webdataset_pipeline(
         )
         return jpegs, cls, meta
 
-    return _build(spec, graph, checkpoint)
+    return build_pipeline(spec, graph, checkpoint)
 
 
 def external_pipeline(spec: PipelineSpec, source: Callable[[], tuple[list[Any], Any]]) -> Any:
@@ -129,4 +131,4 @@ def external_pipeline(spec: PipelineSpec, source: Callable[[], tuple[list[Any], 
     def graph() -> tuple[Any, ...]:
         return tuple(fn.external_source(source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT32]))
 
-    return _build(spec, graph)
+    return build_pipeline(spec, graph)

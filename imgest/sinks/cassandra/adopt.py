@@ -22,6 +22,7 @@ from typing import Any
 
 from imgest.core.errors import ImgestError
 from imgest.sinks.cassandra.schema import TableLayout, add_column, identifier, render
+from imgest.sinks.cassandra.versions import advance_status
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +199,9 @@ def adopt_tables(
     record = json.dumps({split_name: {"data": data_table, "metadata": metadata_table}})
     transform = json.dumps({"adopted": "cassandra-dali-plugin tables: the stored bytes as they are"})
     now = datetime.now(UTC)
-    session.execute(
+    session.execute(  # status only moves forward: a rerun over a complete adoption keeps it complete
         f"INSERT INTO {ks}.dataset_versions (dataset, version, status, tables, transform, started_at) "
-        "VALUES (%s, %s, 'writing', %s, %s, %s)",
+        "VALUES (%s, %s, 'writing', %s, %s, %s) IF NOT EXISTS",
         (dataset, version, record, transform, now),
     )
     label_counts = _record_bytes(session, report)
@@ -208,18 +209,18 @@ def adopt_tables(
     classes = max([*names, *label_counts], default=-1) + 1
     report.class_map = [names.get(k, str(k)) for k in range(classes)]
     session.execute(
-        f"UPDATE {ks}.dataset_versions SET status = 'complete', split_counts = %s, label_counts = %s, class_map = %s, "
-        "quarantine_count = 0, finished_at = %s, verified_at = %s, checks = %s WHERE dataset = %s AND version = %s",
+        f"UPDATE {ks}.dataset_versions SET split_counts = %s, label_counts = %s, class_map = %s, quarantine_count = 0, "
+        "finished_at = %s, checks = %s WHERE dataset = %s AND version = %s",
         (
             report.split_counts,
             {str(k): v for k, v in label_counts.items()},
             report.class_map,
-            datetime.now(UTC),
             datetime.now(UTC),
             {"adopted": f"{report.rows} rows, sha256 of the stored bytes recorded"},
             dataset,
             version,
         ),
     )
+    advance_status(session, ks, dataset, version, "complete", ("writing", "written", "complete"))
     log.info("adopted %s + %s as %s version %s: %d rows", data_table, metadata_table, dataset, version, report.rows)
     return report
