@@ -145,10 +145,13 @@ def test_plugin_extract_serial_keyspace_is_named_then_adopted(
     assert "imgest adopt crs4" in capsys.readouterr().err  # says what is missing and what to run
 
     assert cli(["adopt", "crs4", *tables, *port, "--dataset", "plugin"]) == 0
+    assert cli(["adopt", "crs4", *tables, *port, "--dataset", "plugin"]) == 0  # a rerun: the same version, complete
     with cassandra_session(settings) as session:
         rs = cassandra_set(session, TableLayout(PLUGIN_KS, layout="per-split"), "plugin")
+        versions = list(session.execute(f"SELECT status FROM {PLUGIN_KS}.dataset_versions"))
         meta = session.execute(f"SELECT or_label, label FROM {PLUGIN_KS}.metadata_train")
         names = {r.or_label: r.label for r in meta}
+    assert [v.status for v in versions] == ["complete"]
     assert len(rs) == stored["train"]
     results = cassandra_runs(settings, rs, ReadCheckOptions(batch_size=8))
     assert {r.reader for r in results} == {"cassandra", "cassandra-simple"}
