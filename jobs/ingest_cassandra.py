@@ -20,6 +20,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.phases import PhaseClock
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
@@ -33,11 +34,12 @@ from imgest.sinks.cassandra.ingest import (
     transform_key,
 )
 from imgest.sinks.cassandra.schema import TableLayout
-from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3objects import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import emit_summary, manifest_frame, progress_log
+from imgest.spark.manifest_rdd import candidate_rdd
+from imgest.spark.submit import emit_summary, progress_log
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -83,9 +85,9 @@ def connection_settings(args: argparse.Namespace) -> CassandraSettings:
     ).shippable()
 
 
-def load(df: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
+def load(candidates: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
     """Run ingest_partition on every partition; log rows/s and MB/s while it runs."""
-    sc = df.sparkSession.sparkContext
+    sc = candidates.context
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
 
     def partition(it: Any) -> list[PartitionResult]:
@@ -93,11 +95,11 @@ def load(df: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
             done.add(1)
             nbytes.add(size)
 
-        return [ingest_partition((Candidate(**r.asDict()) for r in it), cfg, on_row)]
+        return [ingest_partition(it, cfg, on_row)]
 
     with progress_log(log, "ingest", done, nbytes, rows):
         total = PartitionResult()
-        for part in df.rdd.mapPartitions(partition).collect():
+        for part in candidates.mapPartitions(partition).collect():
             total.merge(part)
         return total
 
@@ -112,15 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         classes = [c.wnid for c in read_classes(args.manifest_dir / workdir.CLASSES)]
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
+        phases = PhaseClock()
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             before = begin_version(session, cfg, splits, args.replication)
             cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
             record_scan_quarantine(session, cfg, scan_quarantine)
+        phases.lap("schema_and_claim")
         from imgest.spark.submit import build_session
 
         spark = build_session("imgest-ingest-cassandra")
+        phases.lap("spark_session")
         t0 = time.monotonic()
-        df, rows = manifest_frame(spark, args.manifest_dir, args.partitions)
+        candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions)
+        phases.lap("manifest")
         log.info(
             "ingesting %d rows of %s version %s into %s (%s) at %s",
             rows,
@@ -130,8 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg.tables.layout,
             cfg.consistency,
         )
-        total = load(df, cfg, rows)
+        total = load(candidates, cfg, rows)
         seconds = time.monotonic() - t0
+        phases.lap("write")
         accounted = total.stored + total.skipped + len(total.quarantine)
         if accounted != rows:
             raise ImgestError(
@@ -142,12 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise nothing_ingestible(args.manifest_dir, "cassandra", rows, total.quarantine)
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             finish_version(session, cfg, total, classes)
+        phases.lap("finish_version")
         report = {
             "dataset": cfg.dataset,
             "version": cfg.version,
             "keyspace": cfg.tables.keyspace,
             "tables": cfg.tables.tables(splits),
             **summary(total, seconds, scan_quarantine),
+            "phase_seconds": phases.laps,
         }
         emit_summary(report, args.summary_json)
         spark.stop()

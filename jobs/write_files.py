@@ -35,11 +35,12 @@ from imgest.sinks.files.write import (
     write_atomic,
     write_partition,
 )
-from imgest.sources.manifest import Candidate, manifest_metadata, read_classes
+from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3objects import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import emit_summary, manifest_frame, progress_log
+from imgest.spark.manifest_rdd import candidate_rdd
+from imgest.spark.submit import emit_summary, progress_log
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.write_files")
@@ -61,10 +62,10 @@ def build_config(args: argparse.Namespace) -> FilesConfig:
     return FilesConfig(shippable_root(meta["root"]), dataset, str(args.dest.resolve()), spec, key)
 
 
-def load(df: Any, cfg: FilesConfig, rows: int) -> FilesPartResult:
+def load(candidates: Any, cfg: FilesConfig, rows: int) -> FilesPartResult:
     """Stage every image and each partition's part of samples.parquet; the driver gets one small summary per
     partition. Logs images/s and MB/s while it runs."""
-    sc = df.sparkSession.sparkContext
+    sc = candidates.context
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
 
     def partition(index: int, it: Any) -> list[FilesPartResult]:
@@ -72,11 +73,11 @@ def load(df: Any, cfg: FilesConfig, rows: int) -> FilesPartResult:
             done.add(1)
             nbytes.add(size)
 
-        return [write_partition(index, (Candidate(**r.asDict()) for r in it), cfg, on_image)]
+        return [write_partition(index, it, cfg, on_image)]
 
     with progress_log(log, "write", done, nbytes, rows):
         total = FilesPartResult()
-        for part in df.rdd.mapPartitionsWithIndex(partition).collect():
+        for part in candidates.mapPartitionsWithIndex(partition).collect():
             total.merge(part)
         return total
 
@@ -105,10 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         spark = build_session("imgest-write-files")
         t0 = time.monotonic()
-        df, rows = manifest_frame(spark, args.manifest_dir, args.partitions)
+        candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions)
         log.info("writing %d images of %s as files under %s (version folder %s)", rows, cfg.dataset, cfg.dest, cfg.key)
         with staging(Path(cfg.dest), cfg.key) as staged:
-            total = load(df, cfg, rows)
+            total = load(candidates, cfg, rows)
             if total.rows + len(total.quarantine) != rows:
                 raise ImgestError(
                     f"counts do not reconcile: {rows} manifest rows, {total.rows} written and "

@@ -224,23 +224,6 @@ def progress_log(
         thread.join()
 
 
-def manifest_frame(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
-    """The manifest as a DataFrame spread over PARTITIONS (0: max(2 x cores, rows / 1000)), and its row count.
-
-    Partitions are ranges of (container, offset, rel_path), each sorted: a task reads neighbouring tar members
-    and keys in order, so an S3 source's ranged GETs are shared by neighbouring members (no archive is fetched
-    by every task) and a local tar is read forward."""
-    import math
-
-    from imgest.core import workdir
-
-    df = spark.read.parquet(str((manifest_dir / workdir.MANIFEST).resolve()))
-    rows = df.count()
-    n = partitions or max(2 * spark.sparkContext.defaultParallelism, math.ceil(rows / 1000))
-    order = ("container", "offset", "rel_path")
-    return df.repartitionByRange(max(1, min(n, rows)), *order).sortWithinPartitions(*order), rows
-
-
 def emit_summary(summary: dict[str, Any], path: Path | None) -> None:
     """Print a job's JSON summary (the driver log) and write it to PATH when given."""
     import json

@@ -32,6 +32,7 @@ class Processed:
     candidate: Candidate
     image: Transformed
     src_sha256: str
+    source: bytes = b""  # the bytes read (IMAGE.data is this very object when they are stored unchanged)
 
 
 def process_candidates(
@@ -60,4 +61,4 @@ def process_candidates(
             detail = bad.detail if inside_source(root, cand) else OUTSIDE_DETAIL
             quarantine.add(QuarantineEntry(cand.rel_path, cand.split, bad.reason, detail, cand.id))
             continue
-        yield Processed(cand, image, src_sha256)
+        yield Processed(cand, image, src_sha256, data)

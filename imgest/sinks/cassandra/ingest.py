@@ -209,7 +209,7 @@ def ingest_partition(
                         img.width,
                         img.height,
                         len(img.data),
-                        hashlib.sha256(img.data).hexdigest(),
+                        item.src_sha256 if img.data is item.source else hashlib.sha256(img.data).hexdigest(),
                         item.src_sha256,
                         key,
                         cfg.dataset,

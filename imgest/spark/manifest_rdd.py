@@ -1,0 +1,100 @@
+"""The manifest as Spark partitions of candidates.
+
+When the scan wrote the manifest in (container, offset, rel_path) order, which every scan does, each task
+reads its own range of rows from the Parquet file (only the row groups it overlaps): no JVM read, no count
+job, no sampling job and no shuffle, about 5 s less fixed cost per job on 2 cores. A manifest out of that
+order (written by hand or by an older scan) is spread by Spark's range repartition instead. Either way a
+partition holds neighbouring rows in order, so a task reads neighbouring tar members and S3 ranges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from imgest.sources.manifest import BATCH_ROWS, Candidate
+
+log = logging.getLogger(__name__)
+ORDER = ("container", "offset", "rel_path")
+ROWS_PER_PARTITION = 1000
+
+
+def manifest_rows(path: Path) -> int:
+    """Row count from the Parquet footer (reads no rows)."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _key(container: str | None, offset: int | None, rel_path: str) -> tuple[bool, str, int, str]:
+    """Spark's ascending order with nulls first."""
+    return (container is not None, container or "", -1 if offset is None else offset, rel_path)
+
+
+def in_order(path: Path) -> bool:
+    """True if the manifest's rows are in ORDER; streams the three columns batch by batch (flat memory)."""
+    import pyarrow.parquet as pq
+
+    last: tuple[bool, str, int, str] | None = None
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=list(ORDER)):
+        cols = batch.to_pydict()
+        for key in map(_key, cols["container"], cols["offset"], cols["rel_path"]):
+            if last is not None and key < last:
+                return False
+            last = key
+    return True
+
+
+def row_ranges(rows: int, partitions: int) -> list[tuple[int, int]]:
+    """PARTITIONS contiguous [start, stop) ranges covering ROWS rows, sizes within one of each other."""
+    n = max(1, min(partitions, rows))
+    return [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
+
+
+def read_rows(path: str, start: int, stop: int) -> Iterator[Candidate]:
+    """Candidates of rows [START, STOP) of the manifest at PATH, reading only the row groups they overlap."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    ends = list(_cumulative(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)))
+    group = bisect.bisect_right(ends, start)
+    while group < len(ends) and start < stop:
+        first = ends[group - 1] if group else 0
+        table = pf.read_row_group(group).slice(start - first, min(stop, ends[group]) - start)
+        for row in table.to_pylist():
+            yield Candidate(**row)
+        start, group = ends[group], group + 1
+
+
+def _cumulative(counts: Any) -> Iterator[int]:
+    total = 0
+    for n in counts:
+        total += n
+        yield total
+
+
+def default_partitions(rows: int, parallelism: int) -> int:
+    """max(2 x cores, one partition per ROWS_PER_PARTITION rows)."""
+    return max(2 * parallelism, math.ceil(rows / ROWS_PER_PARTITION))
+
+
+def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
+    """An RDD of Candidate (PARTITIONS partitions, 0: default_partitions) and the manifest's row count."""
+    from imgest.core import workdir
+
+    path = (manifest_dir / workdir.MANIFEST).resolve()
+    sc = spark.sparkContext
+    rows = manifest_rows(path)
+    n = partitions or default_partitions(rows, sc.defaultParallelism)
+    if in_order(path):
+        ranges = row_ranges(rows, n)
+        where = str(path)
+        return sc.parallelize(ranges, len(ranges)).flatMap(lambda r: read_rows(where, *r)), rows
+    log.info("manifest %s is not in %s order: Spark range-partitions it (a sampling job and a shuffle)", path, ORDER)
+    df = spark.read.parquet(str(path))
+    ordered = df.repartitionByRange(max(1, min(n, rows)), *ORDER).sortWithinPartitions(*ORDER)
+    return ordered.rdd.map(lambda r: Candidate(**r.asDict())), rows
