@@ -6,9 +6,9 @@ Four comparisons, each with both sides measured in the same run on the same rows
   raw bytes and CPU decode + augment, pinned the same way (servers on one core, the reader on the other);
 - **readers through a real TCP proxy** (Toxiproxy) adding 10 / 50 / 100 ms and jitter: the network sweep of
   ``imgest bench read`` with the plugin's presets among its readers, several epochs in a row;
-- **writers**: the plugin's ``extract_spark.py`` as its README runs it (spark-submit, ``spark.default.parallelism=10``,
-  ``UNCHANGED`` bytes) against ``imgest ingest cassandra`` (original bytes kept, its verification included), same
-  source tree, same Spark master;
+- **writers** (imgest.bench.plugin_writers): the plugin's ``extract_spark.py`` as its README runs it (spark-submit,
+  ``spark.default.parallelism=10``, ``UNCHANGED`` bytes) against ``imgest ingest cassandra`` (original bytes kept,
+  its verification included), same source tree at two sizes, same Spark master;
 - **the plugin's own benchmark**: its ``loop_read.py`` (as shipped, pointed at an imgest table and an id list in
   the format its ``cache_uuids.py`` writes) beside imgest's reader on the same rows at the same batch size.
 Every run records whether the machine was quiet (imgest.bench.quiet); a target is only called met on a quiet run.
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import statistics
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ from imgest.readback.measure import RunResult
 log = logging.getLogger(__name__)
 PLUGIN_PRESETS = ("defaults", "examples", "lfn")
 PARTS = ("readers", "sweep", "loop-read", "writers")
-WRITER_KEYSPACE = "bench_plugin_writer"
 
 
 def reader_round(settings: CassandraSettings, rs: ReadSet, batch_size: int, modes: tuple[str, ...]) -> list[RunResult]:
@@ -48,102 +45,6 @@ def reader_round(settings: CassandraSettings, rs: ReadSet, batch_size: int, mode
         out.append(cassandra_epochs(settings, rs, spec, CassandraReadOptions(), 2)[-1])
         for name in PLUGIN_PRESETS:
             out.append(crs4_epochs(settings, rs, spec, PRESETS[name], 2)[-1])
-    return out
-
-
-def count_rows(settings: CassandraSettings, table: str) -> int:
-    """Rows of TABLE, by a token-range scan of the ids (``SELECT count(*)`` reads every blob on one coordinator:
-    a 1 GB-heap node runs out of memory on a few hundred MB of images)."""
-    from imgest.sinks.cassandra.client import cassandra_session
-    from imgest.sinks.cassandra.scan import scan_columns
-
-    with cassandra_session(settings) as session:
-        return sum(batch.num_rows for batch in scan_columns(session, table, ["id"]))
-
-
-def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspace: str) -> dict[str, Any]:
-    """The plugin's extract_spark.py as its README runs it, into fresh tables of KEYSPACE; wall time and rows."""
-    from imgest.peers.crs4_scripts import plugin_tables_cql
-    from imgest.sinks.cassandra.client import cassandra_session
-    from imgest.spark.submit import submit_env
-
-    with cassandra_session(settings) as session:
-        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-        for statement in plugin_tables_cql(examples, keyspace):
-            session.execute(statement, timeout=60)
-    folder = examples / "imagenette"
-    cmd = ["spark-submit", "--master", "local[2]", "--conf", "spark.default.parallelism=10"]
-    cmd += ["--py-files", "extract_common.py", "extract_spark.py", str(src), "--split-subdir=train"]
-    cmd += ["--data-table", f"{keyspace}.data_train", "--metadata-table", f"{keyspace}.metadata_train"]
-    t0 = time.perf_counter()
-    run = subprocess.run(cmd, cwd=folder, env=submit_env("local[2]"), capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if run.returncode != 0:
-        raise RuntimeError(f"the plugin's extract_spark.py failed ({run.returncode}): {run.stderr[-2000:]}")
-    rows = count_rows(settings, f"{keyspace}.data_train")
-    return {"writer": "crs4 extract_spark.py (UNCHANGED, parallelism 10)", "seconds": round(wall, 2), "rows": rows}
-
-
-def imgest_writer(src: Path, work: Path, settings: CassandraSettings, keyspace: str) -> dict[str, Any]:
-    """`imgest ingest cassandra --mode unchanged --verify` of SRC into fresh tables; wall time (scan, job and
-    verification) and rows."""
-    from imgest.cli import main as cli
-    from imgest.sinks.cassandra.client import cassandra_session
-
-    with cassandra_session(settings) as session:
-        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
-    shutil.rmtree(work, ignore_errors=True)
-    argv = ["ingest", "cassandra", str(src), "--work-dir", str(work), "--dataset", "writer", "--keyspace", keyspace]
-    argv += ["--master", "local[2]", "--mode", "unchanged", "--verify", "--port", str(settings.port)]
-    t0 = time.perf_counter()
-    if cli(argv) != 0:
-        raise RuntimeError(f"imgest {' '.join(argv)} failed")
-    wall = time.perf_counter() - t0
-    rows = count_rows(settings, f"{keyspace}.data")
-    return {"writer": "imgest ingest cassandra --mode unchanged --verify", "seconds": round(wall, 2), "rows": rows}
-
-
-def _with_cpu(run: Any, server_pid: int | None) -> dict[str, Any]:
-    """RUN() (a writer returning its record) with the CPU per row of the server and of the writer's process tree."""
-    import os
-
-    from imgest.bench.quiet import TreeSampler, tree_seconds
-
-    server0 = tree_seconds([server_pid]) if server_pid else 0.0
-    with TreeSampler([os.getpid()]) as tree:
-        out = run()
-    server = (tree_seconds([server_pid]) - server0) if server_pid else 0.0
-    rows = max(1, out["rows"])
-    return {
-        **out,
-        "server_cpu_ms_per_row": round(server / rows * 1000, 3),
-        "client_cpu_ms_per_row": round(tree.seconds() / rows * 1000, 3),
-    }
-
-
-def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int) -> dict[str, Any]:
-    """Both writers ROUNDS times, alternating; medians, images/s, CPU per row of the server and of each writer's
-    processes, and the ratio (target imgest >= 2x)."""
-    from imgest.services import CassandraServer
-
-    server = CassandraServer.default().process.pid()
-    runs: dict[str, list[dict[str, Any]]] = {"plugin": [], "imgest": []}
-    for _ in range(rounds):
-        runs["plugin"].append(
-            _with_cpu(lambda: plugin_writer(examples, src, settings, WRITER_KEYSPACE + "_crs4"), server)
-        )
-        runs["imgest"].append(
-            _with_cpu(lambda: imgest_writer(src, work, settings, WRITER_KEYSPACE + "_imgest"), server)
-        )
-    out: dict[str, Any] = {}
-    for side, results in runs.items():
-        seconds = statistics.median(r["seconds"] for r in results)
-        rows = results[0]["rows"]
-        out[side] = {**results[0], "seconds": seconds, "all_seconds": [r["seconds"] for r in results]}
-        out[side]["images_per_s"] = round(rows / seconds, 1)
-        for key in ("server_cpu_ms_per_row", "client_cpu_ms_per_row"):
-            out[side][key] = statistics.median(r[key] for r in results)
-    out["ratio"] = round(out["imgest"]["images_per_s"] / out["plugin"]["images_per_s"], 2)
     return out
 
 
@@ -240,8 +141,10 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             key = f"reader at {row['condition']}, {row['epoch']} epoch{'s' if row['epoch'] == 'all' else ''} >= plugin"
             out[key] = bool(row["ratio"] and row["ratio"] >= 1) and quiet
     if "writers" in report:
-        out["writer >= 2x extract_spark.py (images/s, verification included)"] = (
-            report["writers"]["ratio"] >= 2 and quiet
+        w = report["writers"]
+        out["writer >= 2x extract_spark.py (images/s, verification included)"] = w["ratio"] >= 2 and quiet
+        out["writer >= 2x extract_spark.py at the steady rate (fixed costs apart)"] = (
+            w["steady_ratio_imgest"] >= 2 and quiet
         )
     if "loop_read" in report:
         out["imgest reader >= the plugin's loop_read.py on its own benchmark"] = (
@@ -265,6 +168,7 @@ def measure_all(
 ) -> dict[str, Any]:
     """Prepare the datasets (cached), then each of PARTS (readers, sweep, loop-read, writers), the machine's
     quietness recorded over each."""
+    from imgest.bench.plugin_writers import writers
     from imgest.bench.quiet import QuietWatch
     from imgest.bench.read import (
         PLUGIN,

@@ -52,14 +52,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"images/s; ratio {lr['ratio']}"
         )
     if "writers" in report:
-        w = report["writers"]
-        for side in ("plugin", "imgest"):
-            one = w[side]
-            print(
-                f"{one['writer']}: {one['rows']} rows in {one['seconds']} s = {one['images_per_s']} images/s; CPU per "
-                f"row: server {one['server_cpu_ms_per_row']} ms, writer {one['client_cpu_ms_per_row']} ms"
-            )
-        print(f"writer ratio imgest / plugin: {w['ratio']}")
+        print_writers(report["writers"])
     for name, met in report["targets"].items():
         print(f"{'met' if met else 'NOT met'}: {name}")
 
@@ -111,6 +104,32 @@ def _sweep(ax: Any, sweep: list[dict[str, Any]]) -> None:
     ax.set_ylabel("images/s, raw bytes")
     ax.set_title("Through Toxiproxy: added round trip")
     ax.legend(fontsize=7)
+
+
+def print_writers(w: dict[str, Any]) -> None:
+    """Each writer at both sizes, its fixed cost and steady rate, the ratios and the CPU-bound ceiling."""
+    for side in ("plugin", "imgest", "imgest-header"):
+        if side not in w:
+            continue
+        one = w[side]
+        small = one.get("small", {})
+        print(
+            f"{one['writer']}: {one['rows']} rows in {one['seconds']} s = {one['images_per_s']} images/s"
+            f" ({small.get('rows')} rows: {small.get('images_per_s')} images/s); fixed {one.get('fixed_s')} s,"
+            f" steady {one.get('steady_images_per_s')} images/s; CPU per row: server {one['server_cpu_ms_per_row']}"
+            f" ms, writer {one['client_cpu_ms_per_row']} ms"
+        )
+        if one.get("phase_seconds"):
+            print(f"  job phases (s): {one['phase_seconds']}")
+    for side in ("imgest", "imgest-header"):
+        if f"ratio_{side}" in w:
+            print(f"writer ratio {side} / plugin: {w[f'ratio_{side}']} as run, {w[f'steady_ratio_{side}']} steady")
+    if "cpu_bound_ceiling" in w:
+        c = w["cpu_bound_ceiling"]
+        print(
+            f"CPU-bound ceiling through this server: {c['images_per_s']} images/s on {c['cores']} cores"
+            f" = {c['ratio_to_plugin_steady']}x the plugin's steady rate, whatever the writer's own cost"
+        )
 
 
 def _sides(ax: Any, report: dict[str, Any]) -> None:

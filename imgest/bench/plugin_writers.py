@@ -1,0 +1,174 @@
+"""Writers side by side: the cassandra-dali-plugin's ``extract_spark.py`` (as its README runs it) against
+``imgest ingest cassandra --mode unchanged --verify`` on the same source tree, same Spark ``local[2]``.
+
+Each writer runs as the user runs it (a subprocess: spark-submit for the plugin, the ``imgest`` command for us),
+into fresh tables, at two sizes of the tree (all of it and an eighth), ROUNDS times alternating. Reported per
+writer: images/s at each size, the fixed cost and the steady rate from a line through the two sizes, CPU per
+row of the Cassandra server and of the writer's process tree, and for imgest the job's phase seconds.
+
+imgest runs twice: with its default check (every JPEG's entropy data decoded, so a truncated or corrupt file is
+quarantined instead of stored) and with ``--unchanged-check header`` (the closest to the plugin, which checks
+nothing). The report also gives the CPU-bound ceiling: with every core busy, no writer through the same server
+can exceed ``cores / (server CPU per row)`` images/s, whatever its client costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from imgest.core.settings import CassandraSettings
+
+WRITER_KEYSPACE = "bench_plugin_writer"
+SIDES = ("plugin", "imgest", "imgest-header")
+
+
+def count_rows(settings: CassandraSettings, table: str) -> int:
+    """Rows of TABLE by a token-range scan of its ids (no count(*): it times out on blob tables)."""
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.scan import scan_columns
+
+    with cassandra_session(settings) as session:
+        return sum(batch.num_rows for batch in scan_columns(session, table, ["id"]))
+
+
+def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspace: str) -> dict[str, Any]:
+    """The plugin's extract_spark.py as its README runs it, into fresh tables of KEYSPACE; wall time and rows."""
+    from imgest.peers.crs4_scripts import plugin_tables_cql
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.spark.submit import submit_env
+
+    with cassandra_session(settings) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+        for statement in plugin_tables_cql(examples, keyspace):
+            session.execute(statement, timeout=60)
+    folder = examples / "imagenette"
+    cmd = ["spark-submit", "--master", "local[2]", "--conf", "spark.default.parallelism=10"]
+    cmd += ["--py-files", "extract_common.py", "extract_spark.py", str(src), "--split-subdir=train"]
+    cmd += ["--data-table", f"{keyspace}.data_train", "--metadata-table", f"{keyspace}.metadata_train"]
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, cwd=folder, env=submit_env("local[2]"), capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"the plugin's extract_spark.py failed ({run.returncode}): {run.stderr[-2000:]}")
+    rows = count_rows(settings, f"{keyspace}.data_train")
+    return {"writer": "crs4 extract_spark.py (UNCHANGED, parallelism 10)", "seconds": round(wall, 2), "rows": rows}
+
+
+def imgest_writer(
+    src: Path, work: Path, settings: CassandraSettings, keyspace: str, check: str = "decode"
+) -> dict[str, Any]:
+    """`imgest ingest cassandra --mode unchanged --unchanged-check CHECK --verify` of SRC into fresh tables, run
+    as a command; wall time (scan, job and verification), rows and the job's phase seconds."""
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    with cassandra_session(settings) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
+    shutil.rmtree(work, ignore_errors=True)
+    argv = ["ingest", "cassandra", str(src), "--work-dir", str(work), "--dataset", "writer", "--keyspace", keyspace]
+    argv += ["--master", "local[2]", "--mode", "unchanged", "--unchanged-check", check, "--verify"]
+    argv += ["--port", str(settings.port)]
+    imgest = Path(sys.executable).with_name("imgest")
+    t0 = time.perf_counter()
+    run = subprocess.run([str(imgest), *argv], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise RuntimeError(f"imgest {' '.join(argv)} failed ({run.returncode}): {run.stderr[-2000:]}")
+    rows = count_rows(settings, f"{keyspace}.data")
+    summary = json.loads((work / "ingest_cassandra.json").read_text())
+    name = "imgest ingest cassandra --mode unchanged --verify"
+    name += "" if check == "decode" else f" --unchanged-check {check}"
+    return {"writer": name, "seconds": round(wall, 2), "rows": rows, "phase_seconds": summary.get("phase_seconds")}
+
+
+def with_cpu(run: Callable[[], dict[str, Any]], server_pid: int | None) -> dict[str, Any]:
+    """RUN() (a writer returning its record) with the CPU per row of the server and of this process's tree."""
+    from imgest.bench.quiet import TreeSampler, tree_seconds
+
+    server0 = tree_seconds([server_pid]) if server_pid else 0.0
+    with TreeSampler([os.getpid()]) as tree:
+        out = run()
+    server = (tree_seconds([server_pid]) - server0) if server_pid else 0.0
+    rows = max(1, out["rows"])
+    return {
+        **out,
+        "server_cpu_ms_per_row": round(server / rows * 1000, 3),
+        "client_cpu_ms_per_row": round(tree.seconds() / rows * 1000, 3),
+    }
+
+
+def subset(src: Path, out: Path, fraction: int) -> Path:
+    """OUT/train holding every FRACTION-th file of each class folder of SRC/train (hard links), made once."""
+    if not (out / "train").is_dir():
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for cls in sorted(p for p in (src / "train").iterdir() if p.is_dir()):
+            (tmp / "train" / cls.name).mkdir(parents=True)
+            for f in sorted(cls.iterdir())[::fraction]:
+                os.link(f, tmp / "train" / cls.name / f.name)
+        tmp.rename(out)
+    return out
+
+
+def _median_record(results: list[dict[str, Any]]) -> dict[str, Any]:
+    seconds = statistics.median(r["seconds"] for r in results)
+    best = min(results, key=lambda r: abs(r["seconds"] - seconds))
+    out = {**best, "seconds": seconds, "all_seconds": [r["seconds"] for r in results]}
+    out["images_per_s"] = round(out["rows"] / seconds, 1)
+    for key in ("server_cpu_ms_per_row", "client_cpu_ms_per_row"):
+        out[key] = statistics.median(r[key] for r in results)
+    return out
+
+
+def steady(small: dict[str, Any], full: dict[str, Any]) -> dict[str, float]:
+    """Fixed seconds and steady images/s of the line through the two sizes."""
+    per_row = (full["seconds"] - small["seconds"]) / max(1, full["rows"] - small["rows"])
+    fixed = max(0.0, full["seconds"] - per_row * full["rows"])
+    return {"fixed_s": round(fixed, 2), "steady_images_per_s": round(1 / per_row, 1) if per_row > 0 else 0.0}
+
+
+def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int) -> dict[str, Any]:
+    """Every writer of SIDES at two sizes of SRC, ROUNDS times alternating; medians, fits, ratios, ceiling."""
+    from imgest.services import CassandraServer
+
+    server = CassandraServer.default().process.pid()
+    small_src = subset(src, src.with_name(src.name + "-eighth"), 8)
+    run_one: dict[str, Callable[[Path], dict[str, Any]]] = {
+        "plugin": lambda s: plugin_writer(examples, s, settings, WRITER_KEYSPACE + "_crs4"),
+        "imgest": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest"),
+        "imgest-header": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", "header"),
+    }
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(rounds):
+        for size, tree in (("small", small_src), ("full", src)):
+            for side in SIDES:
+                runs.setdefault((side, size), []).append(with_cpu(partial(run_one[side], tree), server))
+    out: dict[str, Any] = {"sizes": {}}
+    for side in SIDES:
+        small, full = _median_record(runs[(side, "small")]), _median_record(runs[(side, "full")])
+        out[side] = {**full, **steady(small, full), "small": small}
+        out["sizes"][side] = [small["rows"], full["rows"]]
+    plugin = out["plugin"]
+    for side in ("imgest", "imgest-header"):
+        out[f"ratio_{side}"] = round(out[side]["images_per_s"] / plugin["images_per_s"], 2)
+        steady_plugin = plugin["steady_images_per_s"] or 1
+        out[f"steady_ratio_{side}"] = round(out[side]["steady_images_per_s"] / steady_plugin, 2)
+    out["ratio"] = out["ratio_imgest"]
+    cores = os.cpu_count() or 1
+    ceiling = cores / (out["imgest"]["server_cpu_ms_per_row"] / 1000) if out["imgest"]["server_cpu_ms_per_row"] else 0
+    out["cpu_bound_ceiling"] = {
+        "cores": cores,
+        "images_per_s": round(ceiling, 1),
+        "ratio_to_plugin_steady": round(ceiling / (plugin["steady_images_per_s"] or 1), 2),
+        "meaning": "no writer through the same server can exceed cores / (server CPU per row) with every core busy",
+    }
+    return out
