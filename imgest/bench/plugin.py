@@ -29,7 +29,7 @@ from imgest.readback.measure import RunResult
 
 log = logging.getLogger(__name__)
 PLUGIN_PRESETS = ("defaults", "examples", "lfn")
-PARTS = ("readers", "sweep", "loop-read", "writers")
+PARTS = ("readers", "sweep", "loop-read", "writers", "ring")
 
 
 def reader_round(settings: CassandraSettings, rs: ReadSet, batch_size: int, modes: tuple[str, ...]) -> list[RunResult]:
@@ -136,7 +136,7 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             leaner = ours["cores_per_1k"] <= min(r["cores_per_1k"] for r in theirs)
             out[f"reader {mode} at 0 ms >= the plugin's best preset ({best['reader']})"] = fastest and quiet
             out[f"reader {mode} at 0 ms: CPU per image <= every plugin preset"] = leaner and quiet
-    for row in report.get("sweep_compare", []):
+    for row in report.get("sweep_compare", []) + report.get("ring_compare", []):
         if row["epoch"] in ("second", "all"):
             key = f"reader at {row['condition']}, {row['epoch']} epoch{'s' if row['epoch'] == 'all' else ''} >= plugin"
             out[key] = bool(row["ratio"] and row["ratio"] >= 1) and quiet
@@ -164,9 +164,16 @@ def _services() -> tuple[CassandraSettings, Any]:
 
 
 def measure_all(
-    images: int, sweep_images: int, rounds: int, epochs: int, conds: list[Any], batch_size: int, parts: set[str]
+    images: int,
+    sweep_images: int,
+    rounds: int,
+    epochs: int,
+    conds: list[Any],
+    batch_size: int,
+    parts: set[str],
+    ring_rtts: list[float] | None = None,
 ) -> dict[str, Any]:
-    """Prepare the datasets (cached), then each of PARTS (readers, sweep, loop-read, writers), the machine's
+    """Prepare the datasets (cached), then each of PARTS (readers, sweep, loop-read, writers, ring), the machine's
     quietness recorded over each."""
     from imgest.bench.plugin_writers import writers
     from imgest.bench.quiet import QuietWatch
@@ -223,6 +230,15 @@ def measure_all(
         with QuietWatch(server_pids()) as watch:
             report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds))
         report["quiet"]["writers"] = watch.result.to_dict()
+    if "ring" in parts:
+        from imgest.bench.plugin_ring import ring_sweep
+
+        big = prepare_sweep(sweep_images, where)
+        rtts = ring_rtts or [0, 50]
+        with QuietWatch(server_pids()) as watch:
+            report["ring"] = ring_sweep(Path(big["src"]), root / "ring-work", rtts, rounds, epochs, batch_size)
+        report["quiet"]["ring"] = watch.result.to_dict()
+        report["ring_compare"] = sweep_compare(report["ring"]["rows"])
     report["targets"] = targets(report)
     return report
 

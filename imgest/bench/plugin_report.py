@@ -44,6 +44,13 @@ def print_report(report: dict[str, Any]) -> None:
         print(format_table(report["readers"], READER_COLUMNS))
     if report.get("sweep_compare"):
         print(format_table(report["sweep_compare"], SWEEP_COLUMNS))
+    if report.get("ring_compare"):
+        ring = report["ring"]
+        print(
+            f"three-node ring {', '.join(ring['nodes'])} behind proxies {', '.join(ring['proxies'])}, "
+            f"replication {ring['replication']}, {ring['images']} images per epoch:"
+        )
+        print(format_table(report["ring_compare"], SWEEP_COLUMNS))
     if "loop_read" in report:
         lr = report["loop_read"]
         print(

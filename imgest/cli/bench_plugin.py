@@ -30,6 +30,7 @@ def bench_plugin_cmd(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         conds=conds,
         batch_size=args.batch_size,
+        ring_rtts=[float(x) for x in args.ring_rtt.split(",") if x.strip()],
     )
     return bench_done(args, [name for name, met in report["targets"].items() if not met])
 
@@ -44,13 +45,14 @@ def register_plugin(bench_parser: Any) -> None:
         "long-fat-network preset), raw and CPU decode + augment, at 0 ms. sweep: both through Toxiproxy at each "
         "--rtt and a jittery case, --epochs in a row over --sweep-images. loop-read: the plugin's loop_read.py as "
         "shipped on an imgest table beside imgest's reader. writers: its extract_spark.py (spark-submit, "
-        "parallelism 10, UNCHANGED) against `imgest ingest cassandra --mode unchanged --verify` on the same tree. "
-        "Each part records the load and the other processes' CPU; a target is only met on a quiet machine.",
+        "parallelism 10, UNCHANGED) against `imgest ingest cassandra --mode unchanged --verify` on the same tree "
+        "at two sizes. ring: the readers on the local three-node ring, every node behind its own proxy, at each "
+        "--ring-rtt. Each part records the load and the other processes' CPU; a target is only met on a quiet machine.",
     )
     bp.add_argument(
         "--parts",
-        default="readers,sweep,loop-read,writers",
-        help="what to run (default all four); a run of some parts into an existing --json updates only those parts",
+        default="readers,sweep,loop-read,writers,ring",
+        help="what to run (default all five); a run of some parts into an existing --json updates only those parts",
     )
     bp.add_argument("--images", type=int, default=8000, help="train images of the readers and writers (default 8000)")
     bp.add_argument("--sweep-images", type=int, default=72000, help="images per epoch of the sweep (default 72000)")
@@ -58,6 +60,7 @@ def register_plugin(bench_parser: Any) -> None:
     bp.add_argument("--epochs", type=int, default=2, help="epochs in a row per sweep round (default 2)")
     bp.add_argument("--batch-size", type=int, default=64, help="batch size (default 64; divides both sizes)")
     bp.add_argument("--rtt", default="0,10,50,100", help="added round trips of the sweep, ms (default 0,10,50,100)")
+    bp.add_argument("--ring-rtt", default="0,50", help="added round trips on the three-node ring, ms (default 0,50)")
     bp.add_argument("--jitter", type=float, default=20, help="+- ms of the jittery case (0 to skip; default 20)")
     bp.add_argument("--limited-rtt", type=float, default=50, help="round trip of the jittery case (default 50)")
     bp.set_defaults(func=bench_plugin_cmd)

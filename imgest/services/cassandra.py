@@ -96,6 +96,7 @@ class CassandraServer:
     initial_tokens: tuple[int, ...] = ()  # fixed tokens (one per vnode): joins without bootstrap, see token_config
     ring_delay_ms: int = 1000  # how long gossip waits for peers; a joining ring node on a busy box needs more
     tls: bool = False  # TLS required on the native port, with a CA and certificate made in <home>/tls
+    broadcast_rpc: str = ""  # the address clients are told to use for this node (a proxy in front of it); "": host
 
     @classmethod
     def default(cls, auth: bool = False, tls: bool = False) -> CassandraServer:
@@ -142,6 +143,8 @@ class CassandraServer:
             authenticator="PasswordAuthenticator" if self.auth else "AllowAllAuthenticator",
             authorizer="CassandraAuthorizer" if self.auth else "AllowAllAuthorizer",
         )
+        if self.broadcast_rpc:
+            text += f"\nbroadcast_rpc_address: {self.broadcast_rpc}\n"
         if self.tls:
             from imgest.services.tls import client_encryption_yaml
 

@@ -103,11 +103,12 @@ class LatencyProxy:
     def status(self) -> ServiceStatus:
         return ServiceStatus(self.name, self.api, self.process.pid(), self.answers())
 
-    def proxy(self, name: str, listen_port: int, upstream: str) -> str:
-        """(Re)create proxy NAME listening on LISTEN_PORT and forwarding to UPSTREAM (host:port); its address."""
+    def proxy(self, name: str, listen_port: int, upstream: str, listen_host: str = "") -> str:
+        """(Re)create proxy NAME listening on LISTEN_HOST (default: this proxy's host):LISTEN_PORT and forwarding
+        to UPSTREAM (host:port); its address."""
         with contextlib.suppress(ServiceError):  # not there yet
             self._call("DELETE", f"/proxies/{name}")
-        listen = f"{self.host}:{listen_port}"
+        listen = f"{listen_host or self.host}:{listen_port}"
         self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
         return listen
 

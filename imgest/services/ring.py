@@ -8,6 +8,10 @@ local-only JMX port (7201, 7202, 7203) for ``nodetool``. The ring is made for te
 starts new and empty: every node gets fixed, interleaved tokens (``ring_tokens``) and joins without bootstrap
 (nothing to stream). The seed starts first; the other nodes then start together, since none of them waits on
 another's bootstrap (the allocator's one-node-at-a-time joins took a minute of the test suite).
+
+``IMGEST_CASSANDRA_RING_ADVERTISE`` (one address per node) makes each node tell clients another address than its
+own (``broadcast_rpc_address``): a proxy in front of it, so that a driver which discovers the ring's nodes from
+``system.peers`` connects to every node through that proxy (``imgest bench plugin --parts ring``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ class CassandraRing:
         storage = env_int("IMGEST_CASSANDRA_RING_STORAGE_PORT", 7000)
         jmx = env_int("IMGEST_CASSANDRA_RING_JMX_PORT", 7200)
         tokens = ring_tokens(len(hosts))
+        advertise = [h.strip() for h in os.environ.get("IMGEST_CASSANDRA_RING_ADVERTISE", "").split(",") if h.strip()]
+        if advertise and len(advertise) != len(hosts):
+            raise ServiceError(
+                f"IMGEST_CASSANDRA_RING_ADVERTISE names {len(advertise)} addresses for {len(hosts)} ring nodes"
+            )
         nodes = tuple(
             CassandraServer(
                 home=state_dir() / "cassandra-ring" / f"node{i}",
@@ -88,6 +97,7 @@ class CassandraRing:
                 token_rf=min(3, len(hosts)),
                 initial_tokens=tokens[i - 1],
                 ring_delay_ms=10_000,  # 1 s (the single node's) is too short to reach the seed from a busy box
+                broadcast_rpc=advertise[i - 1] if advertise else "",
             )
             for i, host in enumerate(hosts, start=1)
         )
