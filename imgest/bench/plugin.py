@@ -144,7 +144,7 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         w = report["writers"]
         out["writer >= 2x extract_spark.py (images/s, verification included)"] = w["ratio"] >= 2 and quiet
         out["writer >= 2x extract_spark.py at the steady rate (fixed costs apart)"] = (
-            w["steady_ratio_imgest"] >= 2 and quiet
+            w.get("steady_ratio_imgest", 0) >= 2 and quiet
         )
     if "loop_read" in report:
         out["imgest reader >= the plugin's loop_read.py on its own benchmark"] = (
