@@ -34,7 +34,8 @@ from imgest.core.paths import state_dir
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest, manifest_metadata
 from imgest.sources.scan import scan_to_dir
-from imgest.spark.submit import submit_command, submit_env
+from imgest.spark.conf import submit_env
+from imgest.spark.submit import submit_command
 from imgest.transform.image import TransformSpec
 
 SPEC = TransformSpec()

@@ -212,7 +212,8 @@ def _ingest(
 ) -> dict[str, float]:
     """One files job over MANIFEST_DIR: its in-job images/s, the wall time of spark-submit, and the CPU per image
     of the whole machine and of the object store's processes (SeaweedFS, Toxiproxy: STORE_PIDS) meanwhile."""
-    from imgest.spark.submit import submit_command, submit_env
+    from imgest.spark.conf import submit_env
+    from imgest.spark.submit import submit_command
 
     dest, summary = work / "files", work / "summary.json"
     shutil.rmtree(dest, ignore_errors=True)
