@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.report import describe_machine, format_table, machine_info, write_json
-from imgest.bench.transform import baseline_transform
+from imgest.bench.transform_speed import baseline_transform
 from imgest.core import workdir
 from imgest.core.paths import state_dir
 from imgest.sources.devdata.sample import SampleSpec, write_sample
