@@ -4,7 +4,6 @@ embedded servers sampled for peak RSS per role; the helpers both the ingest and 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -14,9 +13,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
-
 
 STEPS = {
     "cassandra": (
