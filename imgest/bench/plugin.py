@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.read_data import Ingest
 from imgest.core.settings import CassandraSettings
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
@@ -84,10 +85,9 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
     return {"writer": "crs4 extract_spark.py (UNCHANGED, parallelism 10)", "seconds": round(wall, 2), "rows": rows}
 
 
-def imgest_writer(src: Path, work: Path, settings: CassandraSettings, keyspace: str) -> dict[str, Any]:
-    """`imgest ingest cassandra --mode unchanged --verify` of SRC into fresh tables; wall time (scan, job and
-    verification) and rows."""
-    from imgest.cli import main as cli
+def imgest_writer(src: Path, work: Path, settings: CassandraSettings, keyspace: str, ingest: Ingest) -> dict[str, Any]:
+    """`imgest ingest cassandra --mode unchanged --verify` of SRC into fresh tables, run by INGEST; wall time
+    (scan, job and verification) and rows."""
     from imgest.sinks.cassandra.client import cassandra_session
 
     with cassandra_session(settings) as session:
@@ -96,7 +96,7 @@ def imgest_writer(src: Path, work: Path, settings: CassandraSettings, keyspace: 
     argv = ["ingest", "cassandra", str(src), "--work-dir", str(work), "--dataset", "writer", "--keyspace", keyspace]
     argv += ["--master", "local[2]", "--mode", "unchanged", "--verify", "--port", str(settings.port)]
     t0 = time.perf_counter()
-    if cli(argv) != 0:
+    if ingest(argv) != 0:
         raise RuntimeError(f"imgest {' '.join(argv)} failed")
     wall = time.perf_counter() - t0
     rows = count_rows(settings, f"{keyspace}.data")
@@ -121,9 +121,11 @@ def _with_cpu(run: Any, server_pid: int | None) -> dict[str, Any]:
     }
 
 
-def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int) -> dict[str, Any]:
-    """Both writers ROUNDS times, alternating; medians, images/s, CPU per row of the server and of each writer's
-    processes, and the ratio (target imgest >= 2x)."""
+def writers(
+    examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int, ingest: Ingest
+) -> dict[str, Any]:
+    """Both writers ROUNDS times, alternating (imgest's run by INGEST); medians, images/s, CPU per row of the
+    server and of each writer's processes, and the ratio (target imgest >= 2x)."""
     from imgest.services import CassandraServer
 
     server = CassandraServer.default().process.pid()
@@ -133,7 +135,7 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
             _with_cpu(lambda: plugin_writer(examples, src, settings, WRITER_KEYSPACE + "_crs4"), server)
         )
         runs["imgest"].append(
-            _with_cpu(lambda: imgest_writer(src, work, settings, WRITER_KEYSPACE + "_imgest"), server)
+            _with_cpu(lambda: imgest_writer(src, work, settings, WRITER_KEYSPACE + "_imgest", ingest), server)
         )
     out: dict[str, Any] = {}
     for side, results in runs.items():
@@ -261,28 +263,29 @@ def _services() -> tuple[CassandraSettings, Any]:
 
 
 def measure_all(
-    images: int, sweep_images: int, rounds: int, epochs: int, conds: list[Any], batch_size: int, parts: set[str]
+    images: int,
+    sweep_images: int,
+    rounds: int,
+    epochs: int,
+    conds: list[Any],
+    batch_size: int,
+    parts: set[str],
+    *,
+    ingest: Ingest,
 ) -> dict[str, Any]:
-    """Prepare the datasets (cached), then each of PARTS (readers, sweep, loop-read, writers), the machine's
-    quietness recorded over each."""
+    """Prepare the datasets (cached; stored with INGEST), then each of PARTS (readers, sweep, loop-read, writers),
+    the machine's quietness recorded over each."""
     from imgest.bench.quiet import QuietWatch
-    from imgest.bench.read import (
-        PLUGIN,
-        latency_sweep,
-        medians,
-        prepare,
-        prepare_sweep,
-        read_sets,
-        server_pids,
-        sweep_sets,
-    )
+    from imgest.bench.read import medians, server_pids
+    from imgest.bench.read_data import prepare, prepare_sweep, read_sets, sweep_sets
+    from imgest.bench.read_sweep import PLUGIN, latency_sweep
     from imgest.bench.report import machine_info
     from imgest.core.paths import state_dir
     from imgest.peers.crs4_scripts import prepare_examples
     from imgest.readback.pinning import pinned
 
     cassandra, s3 = _services()
-    where = prepare(images)
+    where = prepare(images, ingest)
     sets = read_sets(where, cassandra, s3)
     root = state_dir() / "bench" / "plugin"
     examples = prepare_examples(root, cassandra)
@@ -297,7 +300,7 @@ def measure_all(
             )
         report["quiet"]["readers"], report["pinning"] = watch.result.to_dict(), pin
     if "sweep" in parts and conds:
-        big = prepare_sweep(sweep_images, where) if sweep_images > images else where
+        big = prepare_sweep(sweep_images, where, ingest) if sweep_images > images else where
         big_sets = sweep_sets(big, cassandra, s3) if big is not where else sets
         with QuietWatch(server_pids()) as watch, pinned(server_pids()):
             sweep = latency_sweep(
@@ -307,6 +310,28 @@ def measure_all(
         report["sweep_images"] = len(big_sets["cassandra"])
         report["conditions"] = [c.__dict__ for c in conds]
         report["latency_sweep"], report["sweep_compare"] = sweep, sweep_compare(sweep)
+    _loop_and_writers(report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds, ingest)
+    report["targets"] = targets(report)
+    return report
+
+
+def _loop_and_writers(
+    report: dict[str, Any],
+    parts: set[str],
+    examples: Path,
+    cassandra: CassandraSettings,
+    rs: ReadSet,
+    root: Path,
+    readers_src: Path,
+    images: int,
+    rounds: int,
+    ingest: Ingest,
+) -> None:
+    """measure_all's loop-read and writers parts (when in PARTS), into REPORT."""
+    from imgest.bench.quiet import QuietWatch
+    from imgest.bench.read import server_pids
+    from imgest.readback.pinning import pinned
+
     if "loop-read" in parts:
         with QuietWatch(server_pids()) as watch, pinned(server_pids()):
             report["loop_read"] = loop_read(examples, cassandra, rs)
@@ -315,16 +340,15 @@ def measure_all(
         src = root / f"writer-src-{images}"  # the train folder of the readers' dataset, hard-linked
         if not (src / "train").is_dir():
             src.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["cp", "-al", str(Path(where["src"]) / "train"), str(src / "train")], check=True)
+            subprocess.run(["cp", "-al", str(readers_src / "train"), str(src / "train")], check=True)
         with QuietWatch(server_pids()) as watch:
-            report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds))
+            report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds), ingest)
         report["quiet"]["writers"] = watch.result.to_dict()
-    report["targets"] = targets(report)
-    return report
 
 
 def main(json_out: Path, plot_out: Path | None, parts: set[str], **kw: Any) -> dict[str, Any]:
-    """Measure PARTS (see measure_all; KW: its sizes), print the tables and targets, write JSON and the plot."""
+    """Measure PARTS (see measure_all; KW: its sizes and the ingest command), print the tables and targets, write
+    JSON and the plot."""
     from imgest.bench.plugin_report import plot, print_report
     from imgest.bench.report import write_json
 

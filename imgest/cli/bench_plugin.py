@@ -8,8 +8,9 @@ from typing import Any
 
 def bench_plugin_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.plugin import PARTS, main
-    from imgest.bench.read import conditions
-    from imgest.cli.bench import bench_done
+    from imgest.bench.read_sweep import conditions
+    from imgest.cli.common import bench_done
+    from imgest.cli.ingest import run_ingest
     from imgest.core.errors import ConfigError
     from imgest.peers.crs4 import INSTALL_HINT, available
 
@@ -30,6 +31,7 @@ def bench_plugin_cmd(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         conds=conds,
         batch_size=args.batch_size,
+        ingest=run_ingest,
     )
     return bench_done(args, [name for name, met in report["targets"].items() if not met])
 
