@@ -22,7 +22,7 @@ import numpy as np
 
 from imgest.core.errors import ImgestError
 from imgest.core.sampling import IdIndex
-from imgest.readback.cassandra import ReadError
+from imgest.readback.cassandra_base import ReadError
 from imgest.readback.resume import Assignment, ReaderState, Units
 from imgest.readback.s3shards import Sample, ShardReadError, live_samples, tar_samples
 
