@@ -58,7 +58,8 @@ def pack_in_process(
         published_entries,
         samples_table,
     )
-    from imgest.sinks.shards.plan import plan_shards, version_key
+    from imgest.sinks.shards.plan import plan_shards
+    from imgest.sinks.shards.plan_digest import version_key
     from imgest.sources.manifest import manifest_metadata, read_classes
 
     table = plan_shards(manifest / "manifest.parquet", shards, spec)

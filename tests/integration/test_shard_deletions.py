@@ -37,7 +37,8 @@ from imgest.sinks.shards.pack import (
     published_entries,
     samples_table,
 )
-from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table, version_key
+from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table
+from imgest.sinks.shards.plan_digest import version_key
 from imgest.sinks.shards.replan import replan
 from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore, manifest_objects
 from imgest.sinks.shards.verify import verify_shards

@@ -17,13 +17,8 @@ from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
-from imgest.sinks.shards.plan import (
-    DEAD,
-    ShardSpec,
-    read_shard_table,
-    shard_digest,
-    shard_table_digest,
-)
+from imgest.sinks.shards.plan import DEAD, ShardSpec, read_shard_table
+from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest
 from imgest.sinks.shards.store import (
     ShardStore,
     history_name,

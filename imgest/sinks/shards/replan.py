@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core.errors import ConfigError
-from imgest.sinks.shards.plan import DEAD, PlanWriter, ShardSpec, cut_shards, shard_index_of
+from imgest.sinks.shards.plan import DEAD, PlanWriter, ShardSpec
+from imgest.sinks.shards.plan_cut import cut_shards, shard_index_of
 from imgest.sources.diff import BaselineError
 from imgest.transform.image import TransformSpec
 
