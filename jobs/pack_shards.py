@@ -26,15 +26,8 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
-from imgest.sinks.shards.pack import (
-    PackConfig,
-    ShardRecord,
-    build_manifest,
-    pack_planned,
-    publish,
-    published_entries,
-    samples_table,
-)
+from imgest.sinks.shards.pack import PackConfig, ShardRecord, pack_planned
+from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
 from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes

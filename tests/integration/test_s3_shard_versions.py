@@ -16,7 +16,7 @@ from imgest.readback.datasets import shards_set
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 from imgest.services.s3 import S3Server
 from imgest.sinks.shards.gc import collect
-from imgest.sinks.shards.pack import publish, samples_table
+from imgest.sinks.shards.pack_publish import publish, samples_table
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
 from imgest.sinks.shards.store import S3Store, manifest_objects
 from imgest.sinks.shards.verify import verify_shards

@@ -16,7 +16,7 @@ import pytest
 
 from imgest.sinks.shards import plan as plan_module
 from imgest.sinks.shards import plan_cut, plan_digest
-from imgest.sinks.shards.pack import samples_table
+from imgest.sinks.shards.pack_publish import samples_table
 from imgest.sinks.shards.plan import (
     ShardSpec,
     build_plan,
