@@ -263,7 +263,6 @@ def main(
 
     from imgest.services.latency import LatencyProxy
     from imgest.services.s3 import S3Server
-    from imgest.sources.s3objects import register_source, source_env
 
     master = master or f"local[{os.cpu_count() or 2}]"
     settings = S3Server.default().settings()
@@ -276,45 +275,11 @@ def main(
     scans: list[dict[str, Any]] = []
     store_pids = [pid for pid in (S3Server.default().process.pid(), proxy.process.pid()) if pid is not None]
     with tempfile.TemporaryDirectory(prefix="imgest-bench-source-") as tmp:
-        work = Path(tmp)
         for layout in layouts:
-            root = _dataset(layout, images)
-            url = _upload(settings, root, f"bench/source/{layout}-{images}/")
-            register_source(url, settings)
-            local_m, s3_m = work / f"{layout}-local", work / f"{layout}-s3"
-            scans += [
-                {"layout": layout, "source": "local", **_scan(root, local_m)},
-                {"layout": layout, "source": "s3", **_scan(url, s3_m)},
-            ]
-            conditions: list[tuple[str, float | None, Path, dict[str, str]]] = [("local", None, local_m, {})]
-            conditions += [(f"s3 {rtt:g} ms", rtt, s3_m, source_env(proxied)) for rtt in rtts]
-            base = None
-            for name, rtt, manifest_dir, env in conditions:
-                if rtt is not None:
-                    proxy.set_rtt(PROXY, rtt)
-                runs = [_ingest(manifest_dir, env, master, work, store_pids) for _ in range(rounds)]
-                rate = statistics.median(r["images_per_s"] for r in runs)
-                base = rate if base is None else base
-                row = {
-                    "layout": layout,
-                    "source": name,
-                    "rtt_ms": rtt,
-                    "images": int(runs[0]["images"]),
-                    "images_per_s": rate,
-                    "min": min(r["images_per_s"] for r in runs),
-                    "max": max(r["images_per_s"] for r in runs),
-                    "wall_s": statistics.median(r["wall_s"] for r in runs),
-                    "ratio_to_local": round(rate / base, 3),
-                    "machine_cpu_ms_per_image": round(
-                        statistics.median(r["machine_cpu_ms_per_image"] for r in runs), 2
-                    ),
-                    "store_cpu_ms_per_image": round(statistics.median(r["store_cpu_ms_per_image"] for r in runs), 2),
-                }
-                if rtt is not None:
-                    row["meets_target"] = row["ratio_to_local"] >= TARGET_RATIO
-                rows.append(row)
-                log.info("%s %s: %.1f images/s (x%.2f of local)", layout, name, rate, row["ratio_to_local"])
-            proxy.set_rtt(PROXY, 0)
+            runs = (rounds, rtts, master, Path(tmp), store_pids)
+            layout_rows, layout_scans = _measure_layout(layout, images, settings, proxied, proxy, *runs)
+            rows += layout_rows
+            scans += layout_scans
     report = {
         "benchmark": "source",
         "what": "files job (jpeg transform) in-job images/s from a local source vs the same dataset on S3 "
@@ -328,6 +293,80 @@ def main(
         "ingest": rows,
         "scan": scans,
     }
+    return _write(report, json_path, plot_path, layouts, scan_objects)
+
+
+def _measure_layout(
+    layout: str,
+    images: int,
+    settings: S3Settings,
+    proxied: S3Settings,
+    proxy: Any,
+    rounds: int,
+    rtts: tuple[float, ...],
+    master: str,
+    work: Path,
+    store_pids: list[int],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One LAYOUT's dataset uploaded to S3, scanned from both places, then ingested from the local copy and from S3
+    at each added round trip of RTTS (ROUNDS runs each): its rows and its scans."""
+    from imgest.sources.s3objects import register_source, source_env
+
+    root = _dataset(layout, images)
+    url = _upload(settings, root, f"bench/source/{layout}-{images}/")
+    register_source(url, settings)
+    local_m, s3_m = work / f"{layout}-local", work / f"{layout}-s3"
+    scans = [
+        {"layout": layout, "source": "local", **_scan(root, local_m)},
+        {"layout": layout, "source": "s3", **_scan(url, s3_m)},
+    ]
+    conditions: list[tuple[str, float | None, Path, dict[str, str]]] = [("local", None, local_m, {})]
+    conditions += [(f"s3 {rtt:g} ms", rtt, s3_m, source_env(proxied)) for rtt in rtts]
+    base = None
+    rows = []
+    for name, rtt, manifest_dir, env in conditions:
+        if rtt is not None:
+            proxy.set_rtt(PROXY, rtt)
+        runs = [_ingest(manifest_dir, env, master, work, store_pids) for _ in range(rounds)]
+        rate = statistics.median(r["images_per_s"] for r in runs)
+        base = rate if base is None else base
+        rows.append(_condition_row(layout, name, rtt, runs, rate, base))
+        log.info("%s %s: %.1f images/s (x%.2f of local)", layout, name, rate, rows[-1]["ratio_to_local"])
+    proxy.set_rtt(PROXY, 0)
+    return rows, scans
+
+
+def _condition_row(
+    layout: str, name: str, rtt: float | None, runs: list[dict[str, Any]], rate: float, base: float
+) -> dict[str, Any]:
+    """The ingest row of one condition: the median RATE of RUNS, its range, wall time, CPU and ratio to BASE."""
+    row = {
+        "layout": layout,
+        "source": name,
+        "rtt_ms": rtt,
+        "images": int(runs[0]["images"]),
+        "images_per_s": rate,
+        "min": min(r["images_per_s"] for r in runs),
+        "max": max(r["images_per_s"] for r in runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "ratio_to_local": round(rate / base, 3),
+        "machine_cpu_ms_per_image": round(statistics.median(r["machine_cpu_ms_per_image"] for r in runs), 2),
+        "store_cpu_ms_per_image": round(statistics.median(r["store_cpu_ms_per_image"] for r in runs), 2),
+    }
+    if rtt is not None:
+        row["meets_target"] = row["ratio_to_local"] >= TARGET_RATIO
+    return row
+
+
+def _write(
+    report: dict[str, Any],
+    json_path: Path,
+    plot_path: Path | None,
+    layouts: tuple[str, ...],
+    scan_objects: tuple[int, ...],
+) -> dict[str, Any]:
+    """REPORT with the prefix scans of SCAN_OBJECTS (and, without LAYOUTS, the ingest and scan figures of an
+    existing JSON_PATH), written to JSON_PATH, printed, plotted; returns it."""
     if not layouts and json_path.is_file():
         previous = json.loads(json_path.read_text())
         report = {**previous, **{k: v for k, v in report.items() if k not in ("ingest", "scan", "rounds", "dataset")}}
