@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.pack import link_copies
+from imgest.bench.pack_data import link_copies
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.readback.datasets import ReadSet
