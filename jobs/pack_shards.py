@@ -31,7 +31,7 @@ from imgest.sinks.shards.pack_publish import build_manifest, publish, published_
 from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
-from imgest.sources.s3objects import shippable_root
+from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, progress_log

@@ -34,7 +34,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
             return {}
         from imgest.operators.hooks import ImgestS3Hook
 
-        from imgest.sources.s3objects import source_env
+        from imgest.sources.s3source import source_env
 
         return source_env(ImgestS3Hook(aws_conn_id=self.source_conn_id).settings())
 

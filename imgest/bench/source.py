@@ -207,7 +207,7 @@ def _measure_layout(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One LAYOUT's dataset uploaded to S3, scanned from both places, then ingested from the local copy and from S3
     at each added round trip of RTTS (ROUNDS runs each): its rows and its scans."""
-    from imgest.sources.s3objects import register_source, source_env
+    from imgest.sources.s3source import register_source, source_env
 
     root = _dataset(layout, images)
     url = _upload(settings, root, f"bench/source/{layout}-{images}/")

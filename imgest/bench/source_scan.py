@@ -102,7 +102,7 @@ def _scan_child(src: Path | str, out: Path, env: dict[str, str]) -> dict[str, An
 def scan_main(counts: tuple[int, ...], rounds: int = 1) -> list[dict[str, Any]]:
     """Scan a prefix of each of COUNTS objects and the same local tree (fresh processes); rows for the report."""
     from imgest.services.s3 import S3Server
-    from imgest.sources.s3objects import source_env
+    from imgest.sources.s3source import source_env
 
     settings = S3Server.default().settings()
     rows: list[dict[str, Any]] = []

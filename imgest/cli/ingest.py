@@ -56,7 +56,7 @@ def use_source_connection(args: argparse.Namespace) -> None:
         return
     from imgest.core.errors import ConfigError
     from imgest.sources.manifest import manifest_metadata
-    from imgest.sources.s3objects import is_s3, register_source, s3_url, source_env
+    from imgest.sources.s3source import is_s3, register_source, s3_url, source_env
 
     manifest = args.src / workdir.MANIFEST
     root = manifest_metadata(manifest)["root"] if manifest.is_file() else str(args.src)

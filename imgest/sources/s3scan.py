@@ -31,7 +31,6 @@ from imgest.core.errors import ConfigError
 from imgest.core.settings import S3Settings
 from imgest.sources.manifest import BATCH_ROWS, Candidate
 from imgest.sources.s3objects import (
-    SCHEME,
     ListedObject,
     RangedObject,
     client_for,
@@ -39,10 +38,10 @@ from imgest.sources.s3objects import (
     head,
     list_level,
     list_objects,
-    s3_url,
     settings_for,
     split_url,
 )
+from imgest.sources.s3source import SCHEME, s3_url
 from imgest.sources.scanbase import CLS_LOC_SPLITS, LAYOUTS, SPLIT_NAMES, ScanReport, junk_kind
 from imgest.sources.scanner import Scanner
 from imgest.sources.tarsource import TRAIN_TAR, VAL_TAR, ImageNetTars, TarEntry, TarOfTars

@@ -15,7 +15,7 @@ from typing import Any
 from imgest.core import workdir
 from imgest.core.errors import NothingIngestibleError
 from imgest.sources.manifest import Candidate
-from imgest.sources.s3objects import is_s3
+from imgest.sources.s3source import is_s3
 from imgest.sources.scanbase import ScanReport
 from imgest.sources.scanner import Scanner
 
