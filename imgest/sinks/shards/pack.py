@@ -19,11 +19,8 @@ from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
 from imgest.sinks.shards.plan import DEAD, ShardSpec, read_shard_table
 from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest
-from imgest.sinks.shards.store import (
-    ShardStore,
-    shard_object,
-    version_prefix,
-)
+from imgest.sinks.shards.store import ShardStore
+from imgest.sinks.shards.store_names import shard_object, version_prefix
 from imgest.sinks.shards.tar_writer import INDEX_VERSION, ShardTarWriter, index_key
 from imgest.sources.manifest import Candidate
 from imgest.transform.image import TransformSpec

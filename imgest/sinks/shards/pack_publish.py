@@ -13,13 +13,8 @@ from imgest.core import workdir
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.sinks.shards.pack import PackConfig, ShardRecord
 from imgest.sinks.shards.plan import DEAD
-from imgest.sinks.shards.store import (
-    ShardStore,
-    history_name,
-    manifest_bytes,
-    samples_object,
-    version_prefix,
-)
+from imgest.sinks.shards.store import ShardStore, manifest_bytes
+from imgest.sinks.shards.store_names import history_name, samples_object, version_prefix
 from imgest.sources.manifest import ClassInfo
 
 log = logging.getLogger(__name__)
