@@ -35,7 +35,7 @@ from imgest.sinks.cassandra.ingest import (
 )
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sources.manifest import manifest_metadata, read_classes
-from imgest.sources.s3objects import shippable_root
+from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.manifest_rdd import candidate_rdd

@@ -26,19 +26,12 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
-from imgest.sinks.shards.pack import (
-    PackConfig,
-    ShardRecord,
-    build_manifest,
-    pack_planned,
-    publish,
-    published_entries,
-    samples_table,
-)
+from imgest.sinks.shards.pack import PackConfig, ShardRecord, pack_planned
+from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
 from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
 from imgest.sinks.shards.store import open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
-from imgest.sources.s3objects import shippable_root
+from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.submit import emit_summary, progress_log
@@ -101,6 +94,36 @@ def load(
         return list(sc.parallelize(shards, slices).mapPartitions(partition).collect())
 
 
+def _summary(
+    cfg: PackConfig,
+    location: str,
+    records: list[ShardRecord],
+    key: str,
+    manifest: dict[str, Any],
+    changed: bool,
+    rows: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """The job's summary line: what was packed where, what was kept or resumed, and how fast."""
+    return {
+        "dataset": cfg.dataset,
+        "dest": location,
+        "shards": len(records),
+        "key": key,
+        "previous": manifest["previous"],
+        "shards_resumed": sum(r.reused == "resumed" for r in records),
+        "shards_kept_published": sum(r.reused == "published" for r in records),
+        "published": changed,
+        "samples": manifest["samples"],
+        "bytes": manifest["bytes"],
+        "quarantined": manifest["quarantine"]["count"],
+        "quarantined_by_reason": manifest["quarantine"]["by_reason"],
+        "seconds": round(seconds, 2),
+        "samples_per_s": round(rows / seconds, 1),
+        "mb_per_s": round(manifest["bytes"] / 1e6 / seconds, 2),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "py4j"):
@@ -143,23 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples = samples_table(plan_path, records)  # streamed a shard's row group at a time
         changed = publish(store, manifest, samples)
         seconds = time.monotonic() - t0
-        summary = {
-            "dataset": cfg.dataset,
-            "dest": store.location,
-            "shards": len(records),
-            "key": key,
-            "previous": manifest["previous"],
-            "shards_resumed": sum(r.reused == "resumed" for r in records),
-            "shards_kept_published": sum(r.reused == "published" for r in records),
-            "published": changed,
-            "samples": manifest["samples"],
-            "bytes": manifest["bytes"],
-            "quarantined": manifest["quarantine"]["count"],
-            "quarantined_by_reason": manifest["quarantine"]["by_reason"],
-            "seconds": round(seconds, 2),
-            "samples_per_s": round(rows / seconds, 1),
-            "mb_per_s": round(manifest["bytes"] / 1e6 / seconds, 2),
-        }
+        summary = _summary(cfg, store.location, records, key, manifest, changed, rows, seconds)
         emit_summary(summary, args.summary_json)
         spark.stop()
         return 0

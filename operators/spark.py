@@ -34,7 +34,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
             return {}
         from imgest.operators.hooks import ImgestS3Hook
 
-        from imgest.sources.s3objects import source_env
+        from imgest.sources.s3source import source_env
 
         return source_env(ImgestS3Hook(aws_conn_id=self.source_conn_id).settings())
 
@@ -51,7 +51,8 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         return f"{host}:{conn.port}" if conn.port else host
 
     def execute(self, context: Any) -> None:
-        from imgest.spark.submit import needs_shipping, package_zip, spark_conf, submit_env
+        from imgest.spark.conf import needs_shipping, spark_conf, submit_env
+        from imgest.spark.submit import package_zip
 
         master = self.master()
         keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
@@ -73,7 +74,8 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         from airflow.exceptions import AirflowException
 
         from imgest.spark import driver_server
-        from imgest.spark.submit import spark_conf, submit_command
+        from imgest.spark.conf import spark_conf
+        from imgest.spark.submit import submit_command
 
         if driver_server.socket_path() is None or self.conf != spark_conf(master=master):
             return False

@@ -50,15 +50,10 @@ def pack_in_process(
     """What the pack job does, in one process: plan, version key, the first ONLY shards (all by default), manifest,
     publish (with its samples table). Returns (PackConfig, records, manifest)."""
     from imgest.core.quarantine import QuarantineLog
-    from imgest.sinks.shards.pack import (
-        PackConfig,
-        build_manifest,
-        pack_shard,
-        publish,
-        published_entries,
-        samples_table,
-    )
-    from imgest.sinks.shards.plan import plan_shards, version_key
+    from imgest.sinks.shards.pack import PackConfig, pack_shard
+    from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
+    from imgest.sinks.shards.plan import plan_shards
+    from imgest.sinks.shards.plan_digest import version_key
     from imgest.sources.manifest import manifest_metadata, read_classes
 
     table = plan_shards(manifest / "manifest.parquet", shards, spec)

@@ -20,7 +20,8 @@ from imgest.bench.report import bar_chart, describe_machine, format_table, machi
 from imgest.core import workdir
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sources.manifest import iter_manifest
-from imgest.spark.submit import submit_command, submit_env
+from imgest.spark.conf import submit_env
+from imgest.spark.submit import submit_command
 
 
 def run_pack(manifest: Path, out: Path, master: str, max_count: int) -> dict[str, float]:

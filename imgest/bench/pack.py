@@ -27,62 +27,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import fit_line
+from imgest.bench.pack_data import BASE_IMAGES, dataset, manifest_files
+from imgest.bench.pack_peers import PEER_TRANSFORMS, run_litdata, run_shardwriter, run_tar
 from imgest.bench.report import describe_machine, format_table, machine_info, write_json
-from imgest.bench.transform import baseline_transform
 from imgest.core import workdir
-from imgest.core.paths import state_dir
-from imgest.sources.devdata.sample import SampleSpec, write_sample
-from imgest.sources.manifest import iter_manifest, manifest_metadata
-from imgest.sources.scan import scan_to_dir
-from imgest.spark.submit import submit_command, submit_env
-from imgest.transform.image import TransformSpec
+from imgest.sources.manifest import iter_manifest
+from imgest.spark.conf import submit_env
+from imgest.spark.submit import submit_command
 
-SPEC = TransformSpec()
 log = logging.getLogger(__name__)
-
-
-BASE_IMAGES = 2000  # distinct generated images; larger datasets link to them under new names
-CLASSES = 10
-
-
-def dataset(images: int) -> Path:
-    """A scanned ImageFolder dataset of IMAGES train images, cached in the state folder (see the module doc)."""
-    root = state_dir() / "bench" / f"pack-{images}"
-    manifest = root / "manifest"
-    if (manifest / workdir.MANIFEST).is_file():
-        return manifest
-    base = min(images, BASE_IMAGES)
-    base_src = state_dir() / "bench" / f"pack-{base}" / "src"
-    if not (base_src / ".complete").is_file():
-        write_sample(base_src, SampleSpec("imagefolder", CLASSES, max(1, base // CLASSES), 0, seed=1))
-        (base_src / ".complete").touch()
-    if images > base:
-        link_copies(base_src, root / "src", images)
-        scan_to_dir(root / "src", manifest)
-    else:
-        scan_to_dir(base_src, manifest)
-    return manifest
-
-
-def link_copies(base: Path, out: Path, images: int) -> None:
-    """OUT as IMAGES train files: BASE's files, then hard links to them named <stem>_r<k><suffix> (k = 1, 2, ...)."""
-    originals = sorted(p for p in base.rglob("*") if p.is_file() and p.name != ".complete")
-    made = 0
-    for k in range(-(-images // len(originals))):
-        for src in originals:
-            if made == images:
-                return
-            dest = out / src.relative_to(base)
-            dest = dest.with_name(f"{dest.stem}_r{k}{dest.suffix}") if k else dest
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if not dest.exists():
-                os.link(src, dest)
-            made += 1
-
-
-def _files(manifest: Path) -> tuple[Path, list[tuple[str, int]]]:
-    root = Path(manifest_metadata(manifest / workdir.MANIFEST)["root"])
-    return root, [(c.rel_path, c.label) for c in iter_manifest(manifest / workdir.MANIFEST)]
 
 
 def run_imgest(manifest: Path, out: Path, mode: str, max_count: int, check: str = "decode") -> dict[str, float]:
@@ -113,104 +67,7 @@ def run_imgest(manifest: Path, out: Path, mode: str, max_count: int, check: str 
     return {"wall_s": wall, "in_job_s": data["seconds"], "bytes": data["bytes"]}
 
 
-PEER_TRANSFORMS = ("natural", "imgest")  # what a user of the tool would write / imgest's transform
 UNCHANGED_DECODE = "imgest unchanged, decode check"
-
-
-def peer_items(manifest: Path, seed: int = 0) -> list[tuple[str, int, str]]:
-    """(path, label, key) of every row in one seeded order, the same for every peer."""
-    import random
-
-    root, files = _files(manifest)
-    items = [(str(root / rel), label, f"s{i:08d}") for i, (rel, label) in enumerate(files)]
-    random.Random(seed).shuffle(items)
-    return items
-
-
-def peer_sample(item: tuple[str, int, str], transform: str) -> dict[str, Any]:
-    """The members imgest writes (.jpg, .cls, .json), made with the plain Pillow or imgest's transform."""
-    import hashlib
-
-    from imgest.transform.image import transform_image
-
-    path, label, key = item
-    data = Path(path).read_bytes()
-    jpg = baseline_transform(data, SPEC) if transform == "natural" else transform_image(data, SPEC).data
-    meta = {"label": label, "source": path, "sha256": hashlib.sha256(jpg).hexdigest()}
-    return {"__key__": key, "jpg": jpg, "cls": str(label).encode(), "json": json.dumps(meta, sort_keys=True).encode()}
-
-
-def _shardwriter_slice(out: str, part: int, items: list[tuple[str, int, str]], transform: str, max_count: int) -> int:
-    import webdataset as wds
-
-    with wds.ShardWriter(f"{out}/part{part:02d}-%06d.tar", maxcount=max_count, verbose=0) as sink:
-        for item in items:
-            sink.write(peer_sample(item, transform))
-    return len(items)
-
-
-def run_shardwriter(manifest: Path, out: Path, max_count: int, transform: str, workers: int) -> dict[str, float]:
-    """webdataset.ShardWriter in a pool of WORKERS processes, each writing its contiguous slice of the order."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    items = peer_items(manifest)
-    (out / "wds").mkdir(parents=True, exist_ok=True)
-    step = -(-len(items) // workers)
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        done = pool.map(
-            _shardwriter_slice,
-            [str(out / "wds")] * workers,
-            range(workers),
-            [items[i * step : (i + 1) * step] for i in range(workers)],
-            [transform] * workers,
-            [max_count] * workers,
-        )
-        assert sum(done) == len(items)
-    wall = time.perf_counter() - t0
-    return {"wall_s": wall, "in_job_s": wall, "bytes": sum(p.stat().st_size for p in (out / "wds").iterdir())}
-
-
-def _litdata_natural(item: tuple[str, int, str]) -> dict[str, Any]:
-    return peer_sample(item, "natural")
-
-
-def _litdata_imgest(item: tuple[str, int, str]) -> dict[str, Any]:
-    return peer_sample(item, "imgest")
-
-
-def run_litdata(manifest: Path, out: Path, transform: str, workers: int) -> dict[str, float] | None:
-    """litdata.optimize with WORKERS processes, or None when LitData is not installed (extra 'bench')."""
-    try:
-        from litdata import optimize
-    except ImportError:
-        return None
-    t0 = time.perf_counter()
-    optimize(
-        fn=_litdata_natural if transform == "natural" else _litdata_imgest,
-        inputs=peer_items(manifest),
-        output_dir=str(out / "litdata"),
-        chunk_bytes="64MB",
-        num_workers=workers,
-        mode="overwrite",
-    )
-    wall = time.perf_counter() - t0
-    size = sum(p.stat().st_size for p in (out / "litdata").rglob("*") if p.is_file())
-    return {"wall_s": wall, "in_job_s": wall, "bytes": size}
-
-
-def run_tar(manifest: Path, out: Path) -> dict[str, float]:
-    """GNU tar of the same source files (the UNCHANGED baseline)."""
-    root, files = _files(manifest)
-    out.mkdir(parents=True, exist_ok=True)
-    listing = out / "files.txt"
-    listing.write_text("".join(rel + "\n" for rel, _ in files))
-    t0 = time.perf_counter()
-    # --hard-dereference: the larger bench datasets are hard links to the base images; archive their data
-    tar = ["tar", "--hard-dereference", "-cf", str(out / "plain.tar"), "-C", str(root), "-T", str(listing)]
-    subprocess.run(tar, check=True)
-    wall = time.perf_counter() - t0
-    return {"wall_s": wall, "in_job_s": wall, "bytes": (out / "plain.tar").stat().st_size}
 
 
 def tools(cores: int) -> dict[str, Callable[[Path, Path, int], dict[str, float] | None]]:
@@ -231,7 +88,7 @@ def tools(cores: int) -> dict[str, Callable[[Path, Path, int], dict[str, float] 
 
 def _warm(manifest: Path) -> None:
     """Read every source file once so that no contender pays for a cold page cache."""
-    root, files = _files(manifest)
+    root, files = manifest_files(manifest)
     for rel, _ in files:
         (root / rel).read_bytes()
 
@@ -256,15 +113,6 @@ def measure_size(images: int, rounds: int, max_count: int, cores: int) -> dict[s
 
 def _stats(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
-
-
-def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of YS over XS; with one point, no intercept."""
-    if len(xs) < 2:
-        return 0.0, ys[0] / xs[0]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
 
 
 def summarize(sizes: dict[int, dict[str, list[dict[str, float]]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -9,6 +9,7 @@ Four comparisons, each with both sides measured in the same run on the same rows
 - **writers** (imgest.bench.plugin_writers): the plugin's ``extract_spark.py`` as its README runs it (spark-submit,
   ``spark.default.parallelism=10``, ``UNCHANGED`` bytes) against ``imgest ingest cassandra`` (original bytes kept,
   its verification included), same source tree at two sizes, same Spark master;
+- **readers on the three-node ring** (imgest.bench.plugin_ring), every node behind its own proxy;
 - **the plugin's own benchmark**: its ``loop_read.py`` (as shipped, pointed at an imgest table and an id list in
   the format its ``cache_uuids.py`` writes) beside imgest's reader on the same rows at the same batch size.
 Every run records whether the machine was quiet (imgest.bench.quiet); a target is only called met on a quiet run.
@@ -23,6 +24,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.read_data import Ingest
 from imgest.core.settings import CassandraSettings
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
@@ -30,6 +32,7 @@ from imgest.readback.measure import RunResult
 log = logging.getLogger(__name__)
 PLUGIN_PRESETS = ("defaults", "examples", "lfn")
 PARTS = ("readers", "sweep", "loop-read", "writers", "ring")
+WRITER_KEYSPACE = "bench_plugin_writer"
 
 
 def reader_round(settings: CassandraSettings, rs: ReadSet, batch_size: int, modes: tuple[str, ...]) -> list[RunResult]:
@@ -171,29 +174,23 @@ def measure_all(
     conds: list[Any],
     batch_size: int,
     parts: set[str],
+    *,
+    ingest: Ingest,
     ring_rtts: list[float] | None = None,
 ) -> dict[str, Any]:
-    """Prepare the datasets (cached), then each of PARTS (readers, sweep, loop-read, writers, ring), the machine's
-    quietness recorded over each."""
-    from imgest.bench.plugin_writers import writers
+    """Prepare the datasets (cached; stored with INGEST), then each of PARTS (readers, sweep, loop-read, writers,
+    ring), the machine's quietness recorded over each."""
     from imgest.bench.quiet import QuietWatch
-    from imgest.bench.read import (
-        PLUGIN,
-        latency_sweep,
-        medians,
-        prepare,
-        prepare_sweep,
-        read_sets,
-        server_pids,
-        sweep_sets,
-    )
+    from imgest.bench.read import medians, server_pids
+    from imgest.bench.read_data import prepare, prepare_sweep, read_sets, sweep_sets
+    from imgest.bench.read_sweep import PLUGIN, latency_sweep
     from imgest.bench.report import machine_info
     from imgest.core.paths import state_dir
     from imgest.peers.crs4_scripts import prepare_examples
     from imgest.readback.pinning import pinned
 
     cassandra, s3 = _services()
-    where = prepare(images)
+    where = prepare(images, ingest)
     sets = read_sets(where, cassandra, s3)
     root = state_dir() / "bench" / "plugin"
     examples = prepare_examples(root, cassandra)
@@ -208,7 +205,7 @@ def measure_all(
             )
         report["quiet"]["readers"], report["pinning"] = watch.result.to_dict(), pin
     if "sweep" in parts and conds:
-        big = prepare_sweep(sweep_images, where) if sweep_images > images else where
+        big = prepare_sweep(sweep_images, where, ingest) if sweep_images > images else where
         big_sets = sweep_sets(big, cassandra, s3) if big is not where else sets
         with QuietWatch(server_pids()) as watch, pinned(server_pids()):
             sweep = latency_sweep(
@@ -218,6 +215,36 @@ def measure_all(
         report["sweep_images"] = len(big_sets["cassandra"])
         report["conditions"] = [c.__dict__ for c in conds]
         report["latency_sweep"], report["sweep_compare"] = sweep, sweep_compare(sweep)
+    _loop_and_writers(report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds)
+    if "ring" in parts:
+        from imgest.bench.plugin_ring import ring_sweep
+
+        src = Path(prepare_sweep(sweep_images, where, ingest)["src"])
+        with QuietWatch(server_pids()) as watch:
+            report["ring"] = ring_sweep(src, root / "ring-work", ring_rtts or [0, 50], rounds, epochs, batch_size)
+        report["quiet"]["ring"] = watch.result.to_dict()
+        report["ring_compare"] = sweep_compare(report["ring"]["rows"])
+    report["targets"] = targets(report)
+    return report
+
+
+def _loop_and_writers(
+    report: dict[str, Any],
+    parts: set[str],
+    examples: Path,
+    cassandra: CassandraSettings,
+    rs: ReadSet,
+    root: Path,
+    readers_src: Path,
+    images: int,
+    rounds: int,
+) -> None:
+    """measure_all's loop-read and writers parts (when in PARTS), into REPORT."""
+    from imgest.bench.plugin_writers import writers
+    from imgest.bench.quiet import QuietWatch
+    from imgest.bench.read import server_pids
+    from imgest.readback.pinning import pinned
+
     if "loop-read" in parts:
         with QuietWatch(server_pids()) as watch, pinned(server_pids()):
             report["loop_read"] = loop_read(examples, cassandra, rs)
@@ -226,25 +253,15 @@ def measure_all(
         src = root / f"writer-src-{images}"  # the train folder of the readers' dataset, hard-linked
         if not (src / "train").is_dir():
             src.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["cp", "-al", str(Path(where["src"]) / "train"), str(src / "train")], check=True)
+            subprocess.run(["cp", "-al", str(readers_src / "train"), str(src / "train")], check=True)
         with QuietWatch(server_pids()) as watch:
             report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds))
         report["quiet"]["writers"] = watch.result.to_dict()
-    if "ring" in parts:
-        from imgest.bench.plugin_ring import ring_sweep
-
-        big = prepare_sweep(sweep_images, where)
-        rtts = ring_rtts or [0, 50]
-        with QuietWatch(server_pids()) as watch:
-            report["ring"] = ring_sweep(Path(big["src"]), root / "ring-work", rtts, rounds, epochs, batch_size)
-        report["quiet"]["ring"] = watch.result.to_dict()
-        report["ring_compare"] = sweep_compare(report["ring"]["rows"])
-    report["targets"] = targets(report)
-    return report
 
 
 def main(json_out: Path, plot_out: Path | None, parts: set[str], **kw: Any) -> dict[str, Any]:
-    """Measure PARTS (see measure_all; KW: its sizes), print the tables and targets, write JSON and the plot."""
+    """Measure PARTS (see measure_all; KW: its sizes and the ingest command), print the tables and targets, write
+    JSON and the plot."""
     from imgest.bench.plugin_report import plot, print_report
     from imgest.bench.report import write_json
 

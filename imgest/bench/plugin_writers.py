@@ -45,7 +45,7 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
     """The plugin's extract_spark.py as its README runs it, into fresh tables of KEYSPACE; wall time and rows."""
     from imgest.peers.crs4_scripts import plugin_tables_cql
     from imgest.sinks.cassandra.client import cassandra_session
-    from imgest.spark.submit import submit_env
+    from imgest.spark.conf import submit_env
 
     with cassandra_session(settings) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)

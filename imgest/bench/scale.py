@@ -20,175 +20,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
-import subprocess
-import sys
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import fixed_cost
 from imgest.bench.report import describe_machine, format_table, machine_info, write_json
+from imgest.bench.scale_run import STEPS, peak, peak_role, reset_dataset, run_step, stored_bytes
 from imgest.core.paths import state_dir
 
 log = logging.getLogger(__name__)
 
-STEPS = {
-    "cassandra": (
-        "scan",
-        "prepare_cassandra",
-        "ingest_cassandra",
-        "verify_cassandra",
-        "build_split",
-        "read_throughput",
-    ),
-    "shards": ("scan", "prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput"),
-}
-# task: the step's own process (the Airflow task or CLI); spark_driver: spark-submit's JVM (in local mode the
-# executors are its threads); driver_python: the job's Python driver (jobs/*.py); spark_worker: a Python worker.
-ROLES = ("task", "spark_driver", "driver_python", "spark_worker", "cassandra_server", "s3_server")
-PIPELINE_ROLES = ("task", "spark_driver", "driver_python", "spark_worker")
 TARGET_TIME_RATIO = 11.0
 TARGET_RSS_RATIO = 1.5
 TARGET_RSS_BYTES = 2 << 30
-
-
-@dataclass
-class Peaks:
-    """Peak RSS per role of one step (bytes): largest single process, and the role's sum at one instant."""
-
-    single: dict[str, int] = field(default_factory=dict)
-    total: dict[str, int] = field(default_factory=dict)
-
-    def add(self, samples: dict[str, list[int]]) -> None:
-        for role, values in samples.items():
-            self.single[role] = max(self.single.get(role, 0), max(values))
-            self.total[role] = max(self.total.get(role, 0), sum(values))
-
-
-def role_of(cmdline: list[str], root_pid: int, pid: int) -> str | None:
-    """Which part of the pipeline the process with CMDLINE is (None: not one we measure)."""
-    text = " ".join(cmdline)
-    if pid == root_pid:
-        return "task"
-    if "org.apache.spark.deploy.SparkSubmit" in text:
-        return "spark_driver"
-    if any(part.endswith(".py") and "/jobs/" in part for part in cmdline[1:2]):
-        return "driver_python"
-    if "pyspark.daemon" in text or "pyspark.worker" in text or "pyspark/daemon" in text:
-        return "spark_worker"
-    if "CassandraDaemon" in text:
-        return "cassandra_server"
-    if "weed" in text and " mini" in text:
-        return "s3_server"
-    return None
-
-
-class TreeSampler:
-    """Samples the RSS of a process tree and the embedded servers every INTERVAL seconds, in a thread."""
-
-    def __init__(self, pid: int, interval: float = 0.2) -> None:
-        self.pid, self.interval, self.peaks = pid, interval, Peaks()
-        self._stop = threading.Event()
-        self._servers = self._find_servers()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _find_servers() -> list[Any]:
-        import psutil
-
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            if role_of(proc.info["cmdline"] or [], -1, proc.pid) in ("cassandra_server", "s3_server"):
-                found.append(proc)
-        return found
-
-    def _sample(self) -> None:
-        import psutil
-
-        samples: dict[str, list[int]] = {}
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True), *self._servers]
-        except psutil.NoSuchProcess:
-            return
-        for proc in procs:
-            try:
-                role = role_of(proc.cmdline(), self.pid, proc.pid)
-                if role:
-                    samples.setdefault(role, []).append(proc.memory_info().rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        if samples:
-            self.peaks.add(samples)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> TreeSampler:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
-    """Run STEP in its own process; wall time, peak RSS per role (the step process's own from the kernel)."""
-    cmd = [sys.executable, "-m", "imgest.bench.scale_step", step, str(state_file)]
-    start = time.perf_counter()
-    with open(log_file, "a") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        with TreeSampler(proc.pid) as sampler:
-            _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"step {step} failed (exit {proc.returncode}); log: {log_file}")
-    hwm = state_file.parent / f"step-{step}.hwm"  # the step process's own peak (scale_step.own_peak_rss)
-    if hwm.is_file():
-        sampler.peaks.single["task"] = max(sampler.peaks.single.get("task", 0), int(hwm.read_text()))
-    result = json.loads((state_file.parent / f"step-{step}.json").read_text())
-    load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine shows here (1, 5, 15 min)
-    return {
-        "step": step,
-        "wall_s": round(wall, 2),
-        "rss": sampler.peaks.single,
-        "rss_sum": sampler.peaks.total,
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),  # the step's process tree (reaped children included)
-        "load_after": load,
-        "result": result,
-    }
-
-
-def _reset(dataset: str, keyspace: str, dest: str) -> None:
-    """Drop what an earlier run of this benchmark stored for DATASET: every size starts from empty."""
-    from imgest.core.settings import CassandraSettings, S3Settings
-    from imgest.core.workdir import dataset_workdir
-    from imgest.sinks.cassandra.client import cassandra_session
-
-    shutil.rmtree(dataset_workdir(dataset), ignore_errors=True)
-    with cassandra_session(CassandraSettings.from_env()) as session:
-        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=600)
-    settings = S3Settings.from_env()
-    client, prefix = settings.client(), dest.removeprefix(f"s3://{settings.bucket}/").rstrip("/") + "/"
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=settings.bucket, Prefix=prefix):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=settings.bucket, Delete={"Objects": keys, "Quiet": True})
-
-
-def _stored_bytes(result: dict[str, Any]) -> int | None:
-    """Bytes the ingest stored (image bytes, from the job's summary)."""
-    for key in ("stored_bytes", "bytes", "shard_bytes", "bytes_written"):
-        if isinstance(result.get(key), int):
-            return int(result[key])
-    return None
 
 
 def run_size(kind: str, label: str, source: Path, images: int, target: str, out: Path) -> list[dict[str, Any]]:
@@ -198,7 +43,7 @@ def run_size(kind: str, label: str, source: Path, images: int, target: str, out:
     dataset = f"scale-{kind}-{label}-{target}"
     keyspace = dataset.replace("-", "_")
     dest = f"s3://{S3Settings.from_env().bucket}/{dataset}"
-    _reset(dataset, keyspace, dest)
+    reset_dataset(dataset, keyspace, dest)
     conf = {
         "source": str(source),
         "layout": "cls-loc",
@@ -223,22 +68,11 @@ def run_size(kind: str, label: str, source: Path, images: int, target: str, out:
             state["work"] = row["result"]["manifest_dir"]
             state["scan"] = row["result"]
         if step.startswith("ingest_"):
-            row["bytes_written"] = _stored_bytes(row["result"])
+            row["bytes_written"] = stored_bytes(row["result"])
         row.update(target=target, size=label, images=images, rows_per_s=round(images / row["wall_s"], 1))
-        print(f" {row['wall_s']:.1f} s, peak RSS {_peak(row) / 2**20:.0f} MiB ({_peak_role(row)})", flush=True)
+        print(f" {row['wall_s']:.1f} s, peak RSS {peak(row) / 2**20:.0f} MiB ({peak_role(row)})", flush=True)
         rows.append(row)
     return rows
-
-
-def fixed_cost(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(fixed seconds, seconds per image) of a least-squares line through (images, seconds); fixed >= 0."""
-    import numpy as np
-
-    xs, ys = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
-    if len(points) < 2:
-        return 0.0, float(ys[0] / xs[0]) if len(points) else 0.0
-    slope, intercept = np.polyfit(xs, ys, 1)
-    return max(0.0, float(intercept)), float(slope)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -258,8 +92,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "wall_s": [p["wall_s"] for p in points],
                 "fixed_s": round(fixed, 2),
                 "per_image_ms": round(per_image * 1000, 4),
-                "peak_rss_mib": [round(_peak(p) / 2**20) for p in points],
-                "peak_rss_role": _peak_role(big),
+                "peak_rss_mib": [round(peak(p) / 2**20) for p in points],
+                "peak_rss_role": peak_role(big),
                 "rows_per_s": big["rows_per_s"],
             }
             if len(points) >= 2:
@@ -270,21 +104,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 varying = small["wall_s"] - fixed
                 excl = (big["wall_s"] - fixed) / varying if varying >= 0.25 * small["wall_s"] else None
                 entry["time_ratio_excl_fixed"] = round(excl, 2) if excl is not None else None
-                entry["rss_ratio"] = round(_peak(big) / max(_peak(small), 1), 2)
+                entry["rss_ratio"] = round(peak(big) / max(peak(small), 1), 2)
                 entry["time_met"] = (
                     min(entry["time_ratio"], excl if excl is not None else math.inf) <= TARGET_TIME_RATIO
                 )
-                entry["rss_met"] = entry["rss_ratio"] <= TARGET_RSS_RATIO and _peak(big) <= TARGET_RSS_BYTES
+                entry["rss_met"] = entry["rss_ratio"] <= TARGET_RSS_RATIO and peak(big) <= TARGET_RSS_BYTES
             out.append(entry)
     return out
-
-
-def _peak(row: dict[str, Any]) -> int:
-    return max(row["rss"].get(r, 0) for r in PIPELINE_ROLES)
-
-
-def _peak_role(row: dict[str, Any]) -> str:
-    return max(PIPELINE_ROLES, key=lambda r: row["rss"].get(r, 0))
 
 
 def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:

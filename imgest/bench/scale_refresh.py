@@ -133,13 +133,13 @@ def write_datasets_file(path: Path, name: str, settings: dict[str, Any]) -> Path
 
 def run_refresh_size(kind: str, label: str, source: Path, images: int, target: str, out: Path) -> list[dict[str, Any]]:
     """The three refreshes of TARGET over a private copy of SOURCE (IMAGES images); one row per sub-step."""
-    from imgest.bench.scale import _peak, _peak_role, _reset, _stored_bytes, run_step
+    from imgest.bench.scale_run import peak, peak_role, reset_dataset, run_step, stored_bytes
     from imgest.core.settings import S3Settings
 
     dataset = f"scale-{kind}-{label}-{target}-refresh"
     keyspace = dataset.replace("-", "_")
     dest = f"s3://{S3Settings.from_env().bucket}/{dataset}"
-    _reset(dataset, keyspace, dest)
+    reset_dataset(dataset, keyspace, dest)
     run_dir = out / dataset
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -166,11 +166,11 @@ def run_refresh_size(kind: str, label: str, source: Path, images: int, target: s
                     state["plan"] = row["result"]
                     _check_plan(phase, row["result"], mutation)
                 elif sub == "ingest":
-                    row["bytes_written"] = _stored_bytes(row["result"])
+                    row["bytes_written"] = stored_bytes(row["result"])
                 row.update(target=target, size=label, images=images, phase=phase, rows_per_s=_rate(images, row))
                 if mutation:
                     row["mutation"] = mutation.counts()
-                print(f" {row['wall_s']:.1f} s, peak RSS {_peak(row) / 2**20:.0f} MiB ({_peak_role(row)})", flush=True)
+                print(f" {row['wall_s']:.1f} s, peak RSS {peak(row) / 2**20:.0f} MiB ({peak_role(row)})", flush=True)
                 rows.append(row)
     finally:
         shutil.rmtree(tree, ignore_errors=True)  # only links and the mutated files: the cached tree is untouched
@@ -208,7 +208,7 @@ def phase_totals(rows: list[dict[str, Any]], target: str, phase: str) -> list[di
 def summarize_refresh(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per target, for the no-change and the 0.1 % refresh: seconds per changed image at each size, and whether
     the cost after the scan grows with the change rather than with the dataset (see PROPORTIONAL_SLACK)."""
-    from imgest.bench.scale import fixed_cost
+    from imgest.bench.measure import fixed_cost
 
     out = []
     for target in dict.fromkeys(r["target"] for r in rows if r.get("phase")):

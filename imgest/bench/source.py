@@ -18,38 +18,20 @@ import logging
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.source_scan import BUCKET, scan_main
 from imgest.core.paths import state_dir
 from imgest.core.settings import S3Settings, env_int
 
 log = logging.getLogger(__name__)
 
-BUCKET = "imgest-src"
 PROXY = "s3-source"
 TARGET_RATIO = 0.9  # the issue's target: an S3 source ingests at >= 0.9x the local images/s
-SCAN_PER_CLASS = 1000  # objects per class folder of the scan benchmark's tree (ImageNet has about 1,300)
-SCAN_BODY = b"\xff\xd8\xff\xe0" + bytes(60)  # what each object holds: a scan lists, it reads no image
-# One scan in a fresh process: its RSS once imgest is imported, then the peak over the scan (ru_maxrss, KiB).
-_SCAN_CHILD = """
-import json, resource, sys, time
-from pathlib import Path
-from imgest.sources.scan import scan_to_dir
-import imgest.sources.s3scan, pyarrow.parquet, boto3
-base = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() // 1024
-t0 = time.perf_counter()
-src = sys.argv[1] if sys.argv[1].startswith("s3://") else Path(sys.argv[1])
-report = scan_to_dir(src, Path(sys.argv[2]), "auto", "bench-scan")
-seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"objects": report.candidates, "seconds": seconds, "base_kib": base, "peak_kib": peak}))
-"""
 
 
 def _dataset(layout: str, images: int) -> Path:
@@ -98,91 +80,6 @@ def _scan(src: Path | str, out: Path) -> dict[str, Any]:
     }
 
 
-def _scan_tree(objects: int) -> Path:
-    """A local ImageFolder tree of OBJECTS tiny files under train/, SCAN_PER_CLASS per class (made once)."""
-    from imgest.sources.devdata.sample import synsets
-
-    root = state_dir() / "bench" / "source" / f"scan-{objects}"
-    if not (root / ".complete").is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        wnids = [wnid for wnid, _name in synsets(-(-objects // SCAN_PER_CLASS))]
-        for i in range(objects):
-            folder = root / "train" / wnids[i // SCAN_PER_CLASS]
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{folder.name}_{i}.JPEG").write_bytes(SCAN_BODY)
-        (root / ".complete").write_text("")
-    return root
-
-
-def _upload_tree(settings: S3Settings, root: Path, prefix: str) -> str:
-    """ROOT's files under s3://imgest-src/PREFIX, 16 PUTs in flight; skipped when a marker says it is complete."""
-    client = settings.client(max_pool_connections=16)
-    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
-        client.create_bucket(Bucket=BUCKET)
-    done = prefix.rstrip("/") + ".complete"  # beside the prefix, not in it (the scan would count it as junk)
-    try:
-        client.head_object(Bucket=BUCKET, Key=done)
-    except client.exceptions.ClientError:
-        keys = [(prefix + p.relative_to(root).as_posix(), p) for p in root.rglob("*.JPEG")]
-        with ThreadPoolExecutor(16) as pool:
-            for _ in pool.map(lambda kp: client.put_object(Bucket=BUCKET, Key=kp[0], Body=kp[1].read_bytes()), keys):
-                pass
-        client.put_object(Bucket=BUCKET, Key=done, Body=b"")
-    return f"s3://{BUCKET}/{prefix}"
-
-
-def _scan_child(src: Path | str, out: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One scan of SRC into OUT in a fresh process: objects, objects/s, RSS after imports and at its peak (MiB)."""
-    import os
-
-    shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCAN_CHILD, str(src), str(out)],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"scan of {src} failed: {(proc.stdout + proc.stderr)[-2000:]}")
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {
-        "objects": doc["objects"],
-        "seconds": round(doc["seconds"], 2),
-        "objects_per_s": round(doc["objects"] / doc["seconds"]),
-        "rss_after_imports_mib": round(doc["base_kib"] / 1024, 1),
-        "peak_rss_mib": round(doc["peak_kib"] / 1024, 1),
-        "rss_growth_mib": round((doc["peak_kib"] - doc["base_kib"]) / 1024, 1),
-    }
-
-
-def scan_main(counts: tuple[int, ...], rounds: int = 1) -> list[dict[str, Any]]:
-    """Scan a prefix of each of COUNTS objects and the same local tree (fresh processes); rows for the report."""
-    from imgest.services.s3 import S3Server
-    from imgest.sources.s3objects import source_env
-
-    settings = S3Server.default().settings()
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="imgest-bench-scan-") as tmp:
-        for objects in counts:
-            root = _scan_tree(objects)
-            url = _upload_tree(settings, root, f"bench/source/scan-{objects}/")
-            for name, src, env in (("local", root, {}), ("s3", url, source_env(settings))):
-                runs = [_scan_child(src, Path(tmp) / f"{name}-{objects}", env) for _ in range(rounds)]
-                mid = sorted(runs, key=lambda r: r["objects_per_s"])[len(runs) // 2]  # the median run
-                row = {"layout": "imagefolder", "source": name, **mid}
-                row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
-                rows.append(row)
-                log.info(
-                    "scan %s %d objects: %d objects/s, peak RSS %.0f MiB",
-                    name,
-                    objects,
-                    mid["objects_per_s"],
-                    row["peak_rss_mib"],
-                )
-    return rows
-
-
 def _machine_cpu_s() -> float:
     """CPU seconds every core of this machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
     import os
@@ -212,7 +109,8 @@ def _ingest(
 ) -> dict[str, float]:
     """One files job over MANIFEST_DIR: its in-job images/s, the wall time of spark-submit, and the CPU per image
     of the whole machine and of the object store's processes (SeaweedFS, Toxiproxy: STORE_PIDS) meanwhile."""
-    from imgest.spark.submit import submit_command, submit_env
+    from imgest.spark.conf import submit_env
+    from imgest.spark.submit import submit_command
 
     dest, summary = work / "files", work / "summary.json"
     shutil.rmtree(dest, ignore_errors=True)
@@ -262,7 +160,6 @@ def main(
 
     from imgest.services.latency import LatencyProxy
     from imgest.services.s3 import S3Server
-    from imgest.sources.s3objects import register_source, source_env
 
     master = master or f"local[{os.cpu_count() or 2}]"
     settings = S3Server.default().settings()
@@ -275,45 +172,11 @@ def main(
     scans: list[dict[str, Any]] = []
     store_pids = [pid for pid in (S3Server.default().process.pid(), proxy.process.pid()) if pid is not None]
     with tempfile.TemporaryDirectory(prefix="imgest-bench-source-") as tmp:
-        work = Path(tmp)
         for layout in layouts:
-            root = _dataset(layout, images)
-            url = _upload(settings, root, f"bench/source/{layout}-{images}/")
-            register_source(url, settings)
-            local_m, s3_m = work / f"{layout}-local", work / f"{layout}-s3"
-            scans += [
-                {"layout": layout, "source": "local", **_scan(root, local_m)},
-                {"layout": layout, "source": "s3", **_scan(url, s3_m)},
-            ]
-            conditions: list[tuple[str, float | None, Path, dict[str, str]]] = [("local", None, local_m, {})]
-            conditions += [(f"s3 {rtt:g} ms", rtt, s3_m, source_env(proxied)) for rtt in rtts]
-            base = None
-            for name, rtt, manifest_dir, env in conditions:
-                if rtt is not None:
-                    proxy.set_rtt(PROXY, rtt)
-                runs = [_ingest(manifest_dir, env, master, work, store_pids) for _ in range(rounds)]
-                rate = statistics.median(r["images_per_s"] for r in runs)
-                base = rate if base is None else base
-                row = {
-                    "layout": layout,
-                    "source": name,
-                    "rtt_ms": rtt,
-                    "images": int(runs[0]["images"]),
-                    "images_per_s": rate,
-                    "min": min(r["images_per_s"] for r in runs),
-                    "max": max(r["images_per_s"] for r in runs),
-                    "wall_s": statistics.median(r["wall_s"] for r in runs),
-                    "ratio_to_local": round(rate / base, 3),
-                    "machine_cpu_ms_per_image": round(
-                        statistics.median(r["machine_cpu_ms_per_image"] for r in runs), 2
-                    ),
-                    "store_cpu_ms_per_image": round(statistics.median(r["store_cpu_ms_per_image"] for r in runs), 2),
-                }
-                if rtt is not None:
-                    row["meets_target"] = row["ratio_to_local"] >= TARGET_RATIO
-                rows.append(row)
-                log.info("%s %s: %.1f images/s (x%.2f of local)", layout, name, rate, row["ratio_to_local"])
-            proxy.set_rtt(PROXY, 0)
+            runs = (rounds, rtts, master, Path(tmp), store_pids)
+            layout_rows, layout_scans = _measure_layout(layout, images, settings, proxied, proxy, *runs)
+            rows += layout_rows
+            scans += layout_scans
     report = {
         "benchmark": "source",
         "what": "files job (jpeg transform) in-job images/s from a local source vs the same dataset on S3 "
@@ -327,6 +190,80 @@ def main(
         "ingest": rows,
         "scan": scans,
     }
+    return _write(report, json_path, plot_path, layouts, scan_objects)
+
+
+def _measure_layout(
+    layout: str,
+    images: int,
+    settings: S3Settings,
+    proxied: S3Settings,
+    proxy: Any,
+    rounds: int,
+    rtts: tuple[float, ...],
+    master: str,
+    work: Path,
+    store_pids: list[int],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One LAYOUT's dataset uploaded to S3, scanned from both places, then ingested from the local copy and from S3
+    at each added round trip of RTTS (ROUNDS runs each): its rows and its scans."""
+    from imgest.sources.s3source import register_source, source_env
+
+    root = _dataset(layout, images)
+    url = _upload(settings, root, f"bench/source/{layout}-{images}/")
+    register_source(url, settings)
+    local_m, s3_m = work / f"{layout}-local", work / f"{layout}-s3"
+    scans = [
+        {"layout": layout, "source": "local", **_scan(root, local_m)},
+        {"layout": layout, "source": "s3", **_scan(url, s3_m)},
+    ]
+    conditions: list[tuple[str, float | None, Path, dict[str, str]]] = [("local", None, local_m, {})]
+    conditions += [(f"s3 {rtt:g} ms", rtt, s3_m, source_env(proxied)) for rtt in rtts]
+    base = None
+    rows = []
+    for name, rtt, manifest_dir, env in conditions:
+        if rtt is not None:
+            proxy.set_rtt(PROXY, rtt)
+        runs = [_ingest(manifest_dir, env, master, work, store_pids) for _ in range(rounds)]
+        rate = statistics.median(r["images_per_s"] for r in runs)
+        base = rate if base is None else base
+        rows.append(_condition_row(layout, name, rtt, runs, rate, base))
+        log.info("%s %s: %.1f images/s (x%.2f of local)", layout, name, rate, rows[-1]["ratio_to_local"])
+    proxy.set_rtt(PROXY, 0)
+    return rows, scans
+
+
+def _condition_row(
+    layout: str, name: str, rtt: float | None, runs: list[dict[str, Any]], rate: float, base: float
+) -> dict[str, Any]:
+    """The ingest row of one condition: the median RATE of RUNS, its range, wall time, CPU and ratio to BASE."""
+    row = {
+        "layout": layout,
+        "source": name,
+        "rtt_ms": rtt,
+        "images": int(runs[0]["images"]),
+        "images_per_s": rate,
+        "min": min(r["images_per_s"] for r in runs),
+        "max": max(r["images_per_s"] for r in runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "ratio_to_local": round(rate / base, 3),
+        "machine_cpu_ms_per_image": round(statistics.median(r["machine_cpu_ms_per_image"] for r in runs), 2),
+        "store_cpu_ms_per_image": round(statistics.median(r["store_cpu_ms_per_image"] for r in runs), 2),
+    }
+    if rtt is not None:
+        row["meets_target"] = row["ratio_to_local"] >= TARGET_RATIO
+    return row
+
+
+def _write(
+    report: dict[str, Any],
+    json_path: Path,
+    plot_path: Path | None,
+    layouts: tuple[str, ...],
+    scan_objects: tuple[int, ...],
+) -> dict[str, Any]:
+    """REPORT with the prefix scans of SCAN_OBJECTS (and, without LAYOUTS, the ingest and scan figures of an
+    existing JSON_PATH), written to JSON_PATH, printed, plotted; returns it."""
     if not layouts and json_path.is_file():
         previous = json.loads(json_path.read_text())
         report = {**previous, **{k: v for k, v in report.items() if k not in ("ingest", "scan", "rounds", "dataset")}}

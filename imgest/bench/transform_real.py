@@ -1,7 +1,7 @@
 """`imgest bench transform --source DIR`: the transform on a folder of real files, judged image by image.
 
 Every file under each source folder (recursively) is run through three pipelines: imgest's transform, the plain
-Pillow pipeline (imgest.bench.transform.baseline_transform) and the full-precision reference (full decode,
+Pillow pipeline (imgest.bench.transform_speed.baseline_transform) and the full-precision reference (full decode,
 Lanczos, no JPEG). Per image, the quality figure is PSNR(imgest) - PSNR(Pillow), both against the reference;
 per group of sizes, its distribution (mean, 5th percentile, worst, the worst files named) and the speed-up of
 imgest over Pillow, one core, the pipelines interleaved round by round. The quarantine check: every file Pillow
@@ -68,7 +68,7 @@ def judge(name: str, data: bytes, spec: TransformSpec) -> Judged:
     """Run the three pipelines on one file."""
     from PIL import Image
 
-    from imgest.bench.transform import baseline_transform, psnr, reference_pixels
+    from imgest.bench.transform_speed import baseline_transform, psnr, reference_pixels
 
     try:
         with Image.open(io.BytesIO(data)) as img:
@@ -135,8 +135,8 @@ def _quality_target(group: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def speed(judged: list[Judged], spec: TransformSpec, rounds: int) -> dict[str, Any]:
-    """Images/s of imgest and Pillow on the files both transform (imgest.bench.transform.speed_summary)."""
-    from imgest.bench.transform import speed_summary
+    """Images/s of imgest and Pillow on the files both transform (imgest.bench.transform_speed.speed_summary)."""
+    from imgest.bench.transform_speed import speed_summary
 
     batch = [j.data for j in judged if j.delta is not None]
     return speed_summary(batch, spec, rounds) if batch else {}

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from imgest import __version__
 from imgest.cli import adopt, bench, data, gc, ingest, refresh, services, split, validate, verify
-from imgest.core.errors import ImgestError
+from imgest.cli.common import run_command
 
 log = logging.getLogger("imgest")
 
@@ -43,24 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `imgest` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("cassandra", "botocore", "urllib3", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not args.verbose:  # the driver's connection warnings carry tracebacks; imgest says what failed in one line
-        logging.getLogger("cassandra").setLevel(logging.CRITICAL)
-    try:
-        return int(args.func(args) or 0)
-    except ImgestError as exc:
-        print(f"imgest: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("imgest: interrupted", file=sys.stderr)
-        return 130
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-
-def bench_done(args: argparse.Namespace, missed: list[str]) -> int:
-    print(f"JSON written to {args.json}" + (f"; plot {args.plot}" if args.plot else ""))
-    if missed:
-        print(f"below target: {', '.join(missed)}")
-    return 0
+from imgest.cli.common import bench_done
 
 
 def bench_transform_cmd(args: argparse.Namespace) -> int:
@@ -44,17 +39,18 @@ def bench_pack_cmd(args: argparse.Namespace) -> int:
 
 def bench_read_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.read import main as bench_main
+    from imgest.cli.ingest import run_ingest
 
     if args.sample < 0:
         from imgest.core.errors import ConfigError
 
         raise ConfigError(f"--sample {args.sample}: give 0 (every row) or more images")
-    from imgest.bench.read import conditions
+    from imgest.bench.read_sweep import conditions
 
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
     depths = [int(x) for x in args.depths.split(",") if x.strip()]
     conds = conditions(rtts, args.bandwidth_mb, args.jitter, args.limited_rtt) if rtts else []
-    from imgest.bench.read import PLUGIN, SWEPT
+    from imgest.bench.read_sweep import PLUGIN, SWEPT
 
     unknown = [r for r in args.sweep_readers.split(",") if r.strip() and r.strip() not in (*SWEPT, *PLUGIN)]
     if unknown:
@@ -78,6 +74,7 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         sweep_images=args.sweep_images,
         readers=tuple(r.strip() for r in args.sweep_readers.split(",") if r.strip()),
+        ingest=run_ingest,
     )
     unverified = [f"{r['reader']}/{r['mode']}" for r in report["readers"] if not r["verified"]]
     if unverified:

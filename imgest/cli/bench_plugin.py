@@ -8,8 +8,9 @@ from typing import Any
 
 def bench_plugin_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.plugin import PARTS, main
-    from imgest.bench.read import conditions
-    from imgest.cli.bench import bench_done
+    from imgest.bench.read_sweep import conditions
+    from imgest.cli.common import bench_done
+    from imgest.cli.ingest import run_ingest
     from imgest.core.errors import ConfigError
     from imgest.peers.crs4 import INSTALL_HINT, available
 
@@ -31,6 +32,7 @@ def bench_plugin_cmd(args: argparse.Namespace) -> int:
         conds=conds,
         batch_size=args.batch_size,
         ring_rtts=[float(x) for x in args.ring_rtt.split(",") if x.strip()],
+        ingest=run_ingest,
     )
     return bench_done(args, [name for name, met in report["targets"].items() if not met])
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from imgest.core import workdir
@@ -101,3 +104,36 @@ def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
         consistency=getattr(args, "consistency", None) or env.consistency,
         local_dc=getattr(args, "local_dc", None) or env.local_dc,
     )
+
+
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ARGV with PARSER and run its command: logging set up (-v: debug), imgest's errors as one line on
+    stderr and exit status 1, an interrupt as 130."""
+    args = parser.parse_args(argv)
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("cassandra", "botocore", "urllib3", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not verbose:  # the driver's connection warnings carry tracebacks; imgest says what failed in one line
+        logging.getLogger("cassandra").setLevel(logging.CRITICAL)
+    from imgest.core.errors import ImgestError
+
+    try:
+        return int(args.func(args) or 0)
+    except ImgestError as exc:
+        print(f"imgest: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("imgest: interrupted", file=sys.stderr)
+        return 130
+
+
+def bench_done(args: argparse.Namespace, missed: list[str]) -> int:
+    """A benchmark command's last lines: where its JSON (and plot) went, and the targets it missed."""
+    print(f"JSON written to {args.json}" + (f"; plot {args.plot}" if args.plot else ""))
+    if missed:
+        print(f"below target: {', '.join(missed)}")
+    return 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, s3_env
+from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, run_command, s3_env
 from imgest.cli.refresh import add_wait_lock, locked_ingest
 from imgest.core import workdir
 
@@ -55,7 +56,7 @@ def use_source_connection(args: argparse.Namespace) -> None:
         return
     from imgest.core.errors import ConfigError
     from imgest.sources.manifest import manifest_metadata
-    from imgest.sources.s3objects import is_s3, register_source, s3_url, source_env
+    from imgest.sources.s3source import is_s3, register_source, s3_url, source_env
 
     manifest = args.src / workdir.MANIFEST
     root = manifest_metadata(manifest)["root"] if manifest.is_file() else str(args.src)
@@ -130,6 +131,16 @@ def ingest_files_cmd(args: argparse.Namespace) -> int:
 
     args.dest = Path(dest)
     return verify_files_cmd(args)
+
+
+def run_ingest(argv: Sequence[str]) -> int:
+    """`imgest ARGV...` for an `imgest ingest` command (ARGV starts with "ingest"), run in this process as the
+    command line runs it (the same parser, logging and error handling); returns its exit status. What the
+    benchmarks store their datasets with: the CLI hands it to them."""
+    parser = argparse.ArgumentParser(prog="imgest")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    return run_command(parser, argv)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -39,7 +39,7 @@ def scan_step(conf: dict[str, Any], source: S3Settings | None = None) -> dict[st
 
     SOURCE: the connection of an s3:// source (from ``source_conn_id``); None reads the IMGEST_SOURCE_* variables.
     """
-    from imgest.sources.s3objects import is_s3, register_source
+    from imgest.sources.s3source import is_s3, register_source
     from imgest.sources.scan import scan_to_dir
 
     request = IngestRequest.from_conf(conf)

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from imgest.core.settings import CassandraSettings
-from imgest.readback.cassandra import Batch, CassandraReader, CassandraReadOptions
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions
+from imgest.readback.cassandra_base import Batch
 from imgest.readback.resumable import CassandraResume
 from imgest.readback.resume import ReaderState, ResumeError
 

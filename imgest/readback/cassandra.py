@@ -27,193 +27,26 @@
   slow start round trip after round trip. Rows requested ahead are handed over only by the epoch they belong
   to, and dropped unseen if the caller asks for another order instead.
 
-``simple_batches`` is the straightforward reader it is compared with: one ``execute_concurrent_with_args``
-per batch, nothing requested ahead.
+``simple_batches`` (imgest.readback.cassandra_base) is the straightforward reader it is compared with: one
+``execute_concurrent_with_args`` per batch, nothing requested ahead.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import uuid
-from collections import deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from imgest.core.errors import ImgestError
 from imgest.core.settings import CassandraSettings
-from imgest.readback.window import AdaptiveWindow, WindowStats
+from imgest.readback.cassandra_base import CassandraReadOptions, epoch_order
+from imgest.readback.cassandra_stream import EpochBatches, EpochStream
+from imgest.readback.window import WindowStats
 
 log = logging.getLogger(__name__)
-Batch = tuple[list[np.ndarray], np.ndarray, list[str]]  # images (encoded bytes), labels, ids
-ADAPTIVE_CONNECTIONS = 2  # connections the adaptive default opens with (more as the window's bytes grow)
-
-
-class ReadError(ImgestError):
-    """A row could not be read back (missing, or the server failed after retries)."""
-
-
-@dataclass(frozen=True)
-class CassandraReadOptions:
-    """Knobs of the Cassandra reader, named after what they do (and like the cassandra-dali-plugin's where they
-    mean the same). The defaults size the window by themselves; the others are for experts."""
-
-    batch_size: int = 64
-    prefetch_buffers: int | None = None  # None: adaptive window; N: exactly N batches requested ahead
-    slow_start: int = 16  # batches in the first (and smallest) adaptive window (1,024 rows: 16 requests of 64)
-    max_window_mb: int = 256  # memory bound of the adaptive window (rows requested and not yet consumed)
-    requests_in_flight: int = 512  # cap on requests on the wire
-    # ids per request (1: single-partition, token-aware; more: an IN query); 64 costs the server, the proxy and
-    # the reader less CPU per row than 16, most under 50-100 ms (docs/readback.md, "What limits it")
-    rows_per_request: int = 64
-    io_threads: int | None = None  # connections (driver Clusters); None: 2, more as the window's bytes grow
-    max_io_threads: int = 8  # the most connections the adaptive default opens
-    connection_mb: int = 4  # the adaptive default opens one connection per this many MB requested ahead
-    open_mb_s: int = 400  # ... and at open as many as this rate times the round trip (timed at open) would need
-    ooo: bool = True  # out-of-order: rows are delivered as they land (False: in the epoch's order)
-    prefetch_next_epoch: bool = True  # request the next epoch's first rows as this one drains (the first at open)
-    retries: int = 3  # per request, on timeouts and unavailable errors
-    shard_id: int = 0
-    num_shards: int = 1
-    seed: int | None = 0  # None: keep the given order; else reshuffle every epoch with (seed, epoch)
-
-    def connections_for(self, bytes_ahead: float) -> int:
-        """Connections the requests should take turns over with BYTES_AHEAD requested and not yet consumed:
-        io_threads when set, else one per connection_mb, at least 2 and at most max_io_threads."""
-        if self.io_threads is not None:
-            return max(1, self.io_threads)
-        per_connection = self.connection_mb * 2**20
-        wanted = math.ceil(bytes_ahead / per_connection)
-        return max(ADAPTIVE_CONNECTIONS, min(self.max_io_threads, wanted))
-
-    def window(self, start: float | None = None) -> AdaptiveWindow:
-        """The read-ahead window in rows these options give (adaptive unless prefetch_buffers is set), starting
-        from START rows (the last epoch's window) when given."""
-        fixed = self.prefetch_buffers is not None
-        initial = (self.prefetch_buffers if fixed else self.slow_start) * self.batch_size  # type: ignore[operator]
-        cap = self.requests_in_flight * self.rows_per_request
-        least = initial if fixed else min(initial, self.batch_size)  # max_window_mb may cut the slow start to a batch
-        return AdaptiveWindow("rows", max(1, min(initial, cap)), cap, adaptive=not fixed, start=start, least=least)
-
-
-def epoch_order(ids: Sequence[str], labels: np.ndarray, opts: CassandraReadOptions, epoch: int) -> np.ndarray:
-    """Indices of this shard's samples for EPOCH: a seeded permutation cut into num_shards disjoint parts."""
-    order = np.arange(len(ids))
-    if opts.seed is not None:
-        order = np.random.default_rng([opts.seed, epoch]).permutation(len(ids))
-    return np.array_split(order, opts.num_shards)[opts.shard_id]
-
-
-class _Stream:
-    """One epoch's rows in flight: which to request (ORDER), and the rows landed until its consumer took them.
-
-    Every stream of a reader shares the reader's lock (``reader.cv``) and window; the reader hands the window's room
-    to its streams in turn (``CassandraReader._pump``). A stream no consumer claimed yet was requested ahead (the
-    next epoch); a cancelled one drops what still lands."""
-
-    def __init__(self, reader: CassandraReader, order: np.ndarray, claimed: bool) -> None:
-        self.reader, self.order, self.claimed = reader, order, claimed
-        self.cancelled = ""  # why it was cancelled ("": it was not)
-        self.done: deque[tuple[str, int, bytes]] = deque()
-        self.parked: dict[int, list[tuple[str, int, bytes]]] = {}  # in-order mode: groups that landed early
-        self.delivered_to = 0  # in-order mode: position of ORDER up to which rows are in DONE
-        self.in_flight = 0
-        self.next_index = 0  # next position of ORDER to request
-        self.consumed = 0
-        self.error: BaseException | None = None
-
-    def cancel(self, why: str) -> None:
-        """Drop what still lands; the consumer, if any, gets a ReadError saying WHY (lock held)."""
-        self.cancelled = why
-
-    @property
-    def ahead(self) -> int:
-        """Rows requested and not yet handed over."""
-        return self.next_index - self.consumed
-
-    @property
-    def requested_all(self) -> bool:
-        return self.next_index >= len(self.order)
-
-    def issue(self, budget: int) -> int:
-        """Request about BUDGET more rows, within the reader's requests_in_flight (lock held); rows requested."""
-        reader, opts = self.reader, self.reader.opts
-        first = self.next_index
-        while (
-            self.next_index - first < budget
-            and reader.in_flight < opts.requests_in_flight
-            and self.next_index < len(self.order)
-        ):
-            start = self.next_index
-            group = self.order[start : start + opts.rows_per_request]
-            self.next_index += len(group)
-            self.in_flight += 1
-            reader.in_flight += 1
-            reader._request([reader.id_at(i) for i in group], self, opts.retries, (start, reader.window.stamp()))
-        return self.next_index - first
-
-    def landed(self, rows: list[tuple[str, int, bytes]], expected: list[str], tag: tuple[int, Any]) -> None:
-        reader = self.reader
-        with reader.cv:
-            self.in_flight -= 1
-            reader.in_flight -= 1
-            reader._account(rows, tag[1])
-            if not self.cancelled:
-                if len(rows) != len(expected):
-                    got = {r[0] for r in rows}
-                    missing = [i for i in expected if i not in got]
-                    self.error = ReadError(f"rows missing from {reader.table}: {', '.join(missing[:5])}")
-                if reader.opts.ooo:
-                    self.done.extend(rows)
-                else:
-                    self._in_order(tag[0], rows, expected)
-            reader._pump()
-            reader.cv.notify_all()
-
-    def _in_order(self, start: int, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
-        by_id = {r[0]: r for r in rows}
-        self.parked[start] = [by_id[i] for i in expected if i in by_id]
-        while self.delivered_to in self.parked:
-            group = self.parked.pop(self.delivered_to)
-            self.done.extend(group)
-            self.delivered_to += min(self.reader.opts.rows_per_request, len(self.order) - self.delivered_to)
-
-    def failed(self, exc: BaseException, ids: list[str]) -> None:
-        reader = self.reader
-        with reader.cv:
-            self.in_flight -= 1
-            reader.in_flight -= 1
-            if not self.cancelled:
-                self.error = ReadError(
-                    f"reading ids {', '.join(ids[:3])}... from {reader.table} at {reader.settings.address} "
-                    f"failed after retries: {type(exc).__name__}: {exc}"
-                )
-            reader.cv.notify_all()
-
-    def dropped(self) -> None:
-        """A request given up without an answer (the reader closed, or the stream was cancelled meanwhile)."""
-        with self.reader.cv:
-            self.in_flight -= 1
-            self.reader.in_flight -= 1
-
-    def take(self, n: int) -> list[tuple[str, int, bytes]]:
-        reader = self.reader
-        with reader.cv:
-            reader._pump()
-            while len(self.done) < n and self.error is None and not self.cancelled:
-                reader.cv.wait(timeout=1.0)
-            if self.error is not None:
-                raise self.error
-            if self.cancelled:
-                raise ReadError(f"reading {reader.table} at {reader.address} stopped: {self.cancelled}")
-            rows = [self.done.popleft() for _ in range(n)]
-            self.consumed += n
-            reader._pump()
-            return rows
 
 
 class CassandraReader:
@@ -244,7 +77,7 @@ class CassandraReader:
         self.window = self.opts.window()  # one window for the reader's life: the path does not change per epoch
         self.in_flight = 0  # requests on the wire, over every stream
         self.rtt: float | None = None  # the round trip timed at open, in seconds
-        self._streams: list[_Stream] = []  # the epochs in flight: claimed ones first, then one requested ahead
+        self._streams: list[EpochStream] = []  # the epochs in flight: claimed ones first, then one requested ahead
         self._next_order: np.ndarray | None = None  # the epoch to request once the claimed ones are all requested
         self._row_bytes = 0  # bytes of the rows landed so far, for the memory bound and the jump
         self._rows_landed = 0
@@ -295,7 +128,7 @@ class CassandraReader:
                 first = epoch_order(self.ids, self.labels, self.opts, self.epoch)
             with self.cv:
                 if not any(np.array_equal(st.order, first) for st in self._streams):
-                    self._streams.append(_Stream(self, first, claimed=False))
+                    self._streams.append(EpochStream(self, first, claimed=False))
                 self._pump()
         want = self.opts.io_threads or self.opts.connections_for(self.rtt * self.opts.open_mb_s * 1e6)
         threads = [threading.Thread(target=self._connect, daemon=True) for _ in range(max(1, want) - 1)]
@@ -395,7 +228,7 @@ class CassandraReader:
         n = len(np.array_split(np.arange(len(self.ids)), self.opts.num_shards)[self.opts.shard_id])
         return -(-n // self.opts.batch_size)
 
-    def _request(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
+    def _request(self, ids: list[str], stream: EpochStream, retries: int, tag: tuple[int, Any]) -> None:
         conns = self._conns
         if self._closed or stream.cancelled or not conns:
             stream.dropped()
@@ -418,7 +251,7 @@ class CassandraReader:
 
         future.add_callbacks(ok, err)
 
-    def _retry(self, ids: list[str], stream: _Stream, retries: int, tag: tuple[int, Any]) -> None:
+    def _retry(self, ids: list[str], stream: EpochStream, retries: int, tag: tuple[int, Any]) -> None:
         with self.cv:
             self._request(ids, stream, retries - 1, tag)
 
@@ -441,7 +274,7 @@ class CassandraReader:
             self._pump()
         return EpochBatches(self, stream)
 
-    def _claim(self, order: np.ndarray) -> _Stream:
+    def _claim(self, order: np.ndarray) -> EpochStream:
         """The stream requested ahead for ORDER, or a new one; streams requested ahead for another order are
         cancelled (lock held)."""
         ahead = [st for st in self._streams if not st.claimed]
@@ -461,7 +294,7 @@ class CassandraReader:
                 st.cancel("requested ahead for another order")
             self._streams.remove(st)
         if mine is None:
-            mine = _Stream(self, order, claimed=True)
+            mine = EpochStream(self, order, claimed=True)
             self._streams.append(mine)
         else:
             log.debug("cassandra reader: epoch of %s rows starts with %s requested ahead", len(order), mine.ahead)
@@ -475,7 +308,7 @@ class CassandraReader:
         if self._closed:
             return
         if self._next_order is not None and all(st.requested_all for st in self._streams):
-            self._streams.append(_Stream(self, self._next_order, claimed=False))
+            self._streams.append(EpochStream(self, self._next_order, claimed=False))
             self._next_order = None
         room = int(self.window.size) - sum(st.ahead for st in self._streams)
         for st in self._streams:
@@ -517,7 +350,7 @@ class CassandraReader:
         self._jumped = True
         self.window.jump(self.rtt * self.opts.open_mb_s * 1e6 / (self._row_bytes / self._rows_landed))
 
-    def _release(self, stream: _Stream, finished: bool) -> None:
+    def _release(self, stream: EpochStream, finished: bool) -> None:
         """STREAM's consumer is done (FINISHED: it took every row; else what still lands is dropped)."""
         with self.cv:
             if not finished:
@@ -527,65 +360,3 @@ class CassandraReader:
                 self.window_stats = self.window.finish(restart=True)
                 log.debug("cassandra read window of epoch %s: %s", self.epoch - 1, self.window_stats)
             self._pump()
-
-
-class EpochBatches(Iterator[Batch]):
-    """One epoch's batches (an iterator); stopping early (close(), or dropping it) drops what is still to land."""
-
-    def __init__(self, reader: CassandraReader, stream: _Stream) -> None:
-        self.reader, self.stream = reader, stream
-        self.remaining = len(stream.order)
-        self.released = False
-
-    def __next__(self) -> Batch:
-        if self.remaining == 0:
-            self.close()
-            raise StopIteration
-        try:
-            rows = self.stream.take(min(self.reader.opts.batch_size, self.remaining))
-        except BaseException:
-            self.close()
-            raise
-        self.remaining -= len(rows)
-        if self.remaining == 0:  # the epoch's stats now, and the next epoch gets the whole window
-            self.close()
-        return _columns(rows)
-
-    def close(self) -> None:
-        if not self.released:
-            self.released = True
-            self.reader._release(self.stream, finished=self.remaining == 0)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-def _columns(rows: list[tuple[str, int, bytes]]) -> Batch:
-    return (
-        [np.frombuffer(r[2], dtype=np.uint8) for r in rows],
-        np.array([r[1] for r in rows], dtype=np.int32),
-        [r[0] for r in rows],
-    )
-
-
-def simple_batches(
-    session: Any, table: str, ids: Sequence[str] | np.ndarray, batch_size: int, concurrency: int = 64
-) -> Iterator[Batch]:
-    """The straightforward reader: one execute_concurrent_with_args per batch, one row per request."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
-    stmt = session.prepare(f"SELECT id, label, data FROM {table} WHERE id = ?")
-    for start in range(0, len(ids), batch_size):
-        chunk = [(uuid.UUID(i.decode() if isinstance(i, bytes) else i),) for i in ids[start : start + batch_size]]
-        results = execute_concurrent_with_args(session, stmt, chunk, concurrency=concurrency)
-        rows = []
-        for (ok, result), (key,) in zip(results, chunk, strict=True):
-            row = result.one() if ok else None
-            if row is None:
-                raise ReadError(f"row {key} missing from {table} ({result if not ok else 'no row'})")
-            rows.append(row)
-        yield (
-            [np.frombuffer(r.data, dtype=np.uint8) for r in rows],
-            np.array([r.label for r in rows], dtype=np.int32),
-            [str(r.id) for r in rows],
-        )

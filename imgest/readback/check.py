@@ -17,7 +17,8 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
-from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order, simple_batches
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
+from imgest.readback.cassandra_base import simple_batches
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec

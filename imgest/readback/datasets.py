@@ -160,7 +160,7 @@ def shards_set(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from imgest.sinks.shards.store import samples_object, shard_object, shard_objects
+    from imgest.sinks.shards.store_names import samples_object, shard_object, shard_objects
 
     manifest = store.read_manifest()
     if manifest is None:

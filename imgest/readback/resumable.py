@@ -22,7 +22,7 @@ import numpy as np
 
 from imgest.core.errors import ImgestError
 from imgest.core.sampling import IdIndex
-from imgest.readback.cassandra import ReadError
+from imgest.readback.cassandra_base import ReadError
 from imgest.readback.resume import Assignment, ReaderState, Units
 from imgest.readback.s3shards import Sample, ShardReadError, live_samples, tar_samples
 
@@ -149,14 +149,14 @@ def _s3_key(prefix: str, name: str) -> str:
 def shard_dead(manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
     """shard object -> keys of its dead samples, for the shards of a published manifest that a refresh kept with
     some samples taken out (their ``samples`` counts only the live ones)."""
-    from imgest.sinks.shards.store import shard_object
+    from imgest.sinks.shards.store_names import shard_object
 
     return {shard_object(e): frozenset(e["dead"]) for e in manifest["shards"] if e.get("dead")}
 
 
 def shard_units(manifest: dict[str, Any], split: str | None = "train") -> Units:
     """The shards of SPLIT in a published manifest, with their sample counts."""
-    from imgest.sinks.shards.store import shard_object
+    from imgest.sinks.shards.store_names import shard_object
 
     entries = [e for e in manifest["shards"] if split is None or e["split"] == split]
     return Units.of_shards([shard_object(e) for e in entries], [int(e["samples"]) for e in entries])

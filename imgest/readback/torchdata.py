@@ -93,7 +93,8 @@ class ShardDataset(_Dataset):
         decode: bool = False,
     ) -> None:
         from imgest.readback.resumable import shard_dead, shard_units
-        from imgest.sinks.shards.store import open_store, shard_object
+        from imgest.sinks.shards.store import open_store
+        from imgest.sinks.shards.store_names import shard_object
 
         self.location, self.s3 = location, s3
         manifest = open_store(location, s3).read_manifest()

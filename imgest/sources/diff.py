@@ -14,9 +14,7 @@ never matches two different ids). Besides the keys, one byte a row of each file 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,13 +25,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core.errors import ImgestError
-from imgest.core.quarantine import BadImage
 from imgest.sinks.shards.plan import id_hashes
 from imgest.sources.manifest import Candidate
-from imgest.sources.read import read_candidate
+from imgest.sources.source_hash import HASH_COLUMN, MISSING_HASH, hash_candidates
 
-HASH_COLUMN = "src_sha256"
-MISSING_HASH = ""  # a file that vanished or could not be read while hashing: ingest quarantines it
 COMPARED = ("size", "mtime", "label", "wnid")  # equal in the baseline: unchanged, the file is not read
 ETAG = "etag"  # an S3 object's: compared instead of the mtime when the row has one
 HASH_CHUNK = 4096  # suspects hashed (and held as Python rows) at a time
@@ -128,19 +123,6 @@ def _array(ids: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
     if isinstance(ids, pa.Array):
         return ids
     return pa.array(ids, pa.string())
-
-
-def hash_candidates(root: Path, cands: list[Candidate], workers: int = 4) -> list[str]:
-    """Source sha256 of each candidate (hashlib releases the GIL: threads overlap reading and hashing)."""
-
-    def one(cand: Candidate) -> str:
-        try:
-            return hashlib.sha256(read_candidate(root, cand)).hexdigest()
-        except BadImage:
-            return MISSING_HASH
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, cands))
 
 
 @dataclass

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from imgest.core.quarantine import BadImage, Reason
 from imgest.sources.manifest import Candidate
-from imgest.sources.s3objects import is_s3, read_s3_candidate
+from imgest.sources.s3objects import read_s3_candidate
+from imgest.sources.s3source import is_s3
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 READ_AHEAD = 16  # objects of an S3 source requested ahead of the consumer (one GET each)

@@ -31,7 +31,6 @@ from imgest.core.errors import ConfigError
 from imgest.core.settings import S3Settings
 from imgest.sources.manifest import BATCH_ROWS, Candidate
 from imgest.sources.s3objects import (
-    SCHEME,
     ListedObject,
     RangedObject,
     client_for,
@@ -39,11 +38,12 @@ from imgest.sources.s3objects import (
     head,
     list_level,
     list_objects,
-    s3_url,
     settings_for,
     split_url,
 )
-from imgest.sources.scan import CLS_LOC_SPLITS, LAYOUTS, SPLIT_NAMES, Scanner, ScanReport, _junk_kind
+from imgest.sources.s3source import SCHEME, s3_url
+from imgest.sources.scanbase import CLS_LOC_SPLITS, LAYOUTS, SPLIT_NAMES, ScanReport, junk_kind
+from imgest.sources.scanner import Scanner
 from imgest.sources.tarsource import TRAIN_TAR, VAL_TAR, ImageNetTars, TarEntry, TarOfTars
 from imgest.sources.tree import SAMPLE_LIMIT, Skips
 from imgest.sources.valsolution import VAL_SOLUTION
@@ -234,7 +234,7 @@ class S3Scanner(Scanner):
         if found is None:
             raise ConfigError(f"{SCHEME}{self.bucket}/{key} does not exist: check the source URL")
         size, etag = int(found["ContentLength"]), str(found.get("ETag", "")).strip('"')
-        reader = kind(path, Skips(), _junk_kind, opener=lambda: RangedObject(self.getter, self.bucket, key, size))
+        reader = kind(path, Skips(), junk_kind, opener=lambda: RangedObject(self.getter, self.bucket, key, size))
         return IndexedArchive(reader, self.cache_dir / (path.name + INDEX_SUFFIX), {"etag": etag, "size": size}, self)
 
     # ---- candidates -------------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ class S3Scanner(Scanner):
                     self._junk("hidden-folder")
                     last_hidden = folder
                 continue
-            kind = _junk_kind(parts[-1])
+            kind = junk_kind(parts[-1])
             if kind:
                 self._junk(kind)
                 continue

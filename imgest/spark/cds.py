@@ -25,29 +25,9 @@ from pathlib import Path
 
 from imgest.core import jvmcds
 from imgest.core.paths import state_dir
+from imgest.spark.conf import archive_path, java_options, spark_conf, submit_env
 
 log = logging.getLogger(__name__)
-
-
-def spark_home() -> Path | None:
-    """pyspark's folder (its jars/ holds Spark's class path), or None when pyspark is not installed."""
-    try:
-        import pyspark
-    except ImportError:
-        return None
-    return Path(pyspark.__file__).resolve().parent
-
-
-def archive_path() -> Path | None:
-    """The driver archive for this JVM and Spark (it may not exist yet); None without pyspark."""
-    home = spark_home()
-    return jvmcds.archive_path("spark-driver", home / "jars") if home else None
-
-
-def java_options() -> str:
-    """The driver JVM option that maps the archive when it exists ('' otherwise)."""
-    path = archive_path()
-    return f"-XX:SharedArchiveFile={path}" if jvmcds.enabled() and path and jvmcds.adopt(path) else ""
 
 
 WARMUP_JOB = """
@@ -72,8 +52,6 @@ def build_archive(force: bool = False) -> Path | None:
     The JVM writes a temporary file that is renamed into place, so concurrent builds and readers never see a
     partial archive.
     """
-    from imgest.spark.submit import spark_conf, submit_env
-
     path = archive_path()
     if path is None:
         return None

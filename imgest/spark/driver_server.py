@@ -65,7 +65,7 @@ def _parse(cmd: list[str]) -> tuple[str, dict[str, str], Path, list[str]] | None
 
 def _request(cmd: list[str], log_file: Path, env: dict[str, str] | None) -> dict[str, Any] | None:
     """The server request for CMD, or None when CMD must run through spark-submit."""
-    from imgest.spark.submit import spark_conf
+    from imgest.spark.conf import spark_conf
 
     parsed = _parse(cmd)
     if parsed is None:
@@ -153,7 +153,7 @@ def stop(path: Path, timeout: float = 30.0) -> bool:
 def _session(master: str) -> Any:
     from pyspark.sql import SparkSession
 
-    from imgest.spark.submit import spark_conf, submit_env
+    from imgest.spark.conf import spark_conf, submit_env
 
     os.environ.update(submit_env(master))
     builder = SparkSession.builder.master(master).appName("imgest-reused-driver")

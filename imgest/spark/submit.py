@@ -17,7 +17,8 @@ from typing import Any
 
 from imgest.core.defaults import LOCAL_MASTER, TASK_MAX_FAILURES
 from imgest.core.errors import ImgestError
-from imgest.core.paths import PACKAGE_DIR, conf_file, jobs_dir, sql_dir, state_dir
+from imgest.core.paths import PACKAGE_DIR, jobs_dir, sql_dir, state_dir
+from imgest.spark.conf import needs_shipping, spark_conf, submit_env
 
 log = logging.getLogger(__name__)
 
@@ -66,46 +67,6 @@ def package_zip() -> Path:
     return out
 
 
-# Spark settings for local masters, where the driver JVM is also the only executor. The repartition of the
-# manifest sorts and buffers each map task's rows on the heap before writing the shuffle (about 14 bytes of heap
-# per byte of Parquet): with the default splits (the file over the cores: 20 MB each at ImageNet's 1.33 M rows)
-# two tasks held 540 MB live and G1 grew the default 1 GiB heap to 1.28 GiB of RSS. Splits of 1 MB keep a map
-# task's rows small at any count, and the heap is capped at 512 MB (Spark's minimum is 450 MB): the ingest's
-# driver JVM path measured 1,279 -> 675 MiB of peak RSS at 1.33 M rows (issue #24).
-LOCAL_DRIVER_CONF: dict[str, str] = {
-    "spark.driver.memory": "512m",
-    "spark.sql.files.maxPartitionBytes": "1m",
-}
-# Flat in task count on any master: the live UI store keeps this many finished tasks, stages and jobs (defaults
-# 100,000 / 1,000 / 1,000); the event log, when enabled, still records everything.
-RETENTION_CONF: dict[str, str] = {
-    "spark.ui.retainedTasks": "10000",
-    "spark.ui.retainedStages": "100",
-    "spark.ui.retainedJobs": "100",
-    "spark.sql.ui.retainedExecutions": "100",
-}
-
-
-def spark_conf(conf: dict[str, str] | None = None, master: str = LOCAL_MASTER) -> dict[str, str]:
-    """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j, the driver's
-    class-data archive when built (imgest.spark.cds; an executor's class path differs, so it cannot map it),
-    $IMGEST_SPARK_JAVA_OPTIONS for driver and executors, a UI store bounded in task count and, on a local
-    MASTER, a capped driver heap and small manifest splits. CONF wins."""
-    from imgest.spark.cds import java_options
-
-    log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
-    extra = os.environ.get("IMGEST_SPARK_JAVA_OPTIONS", "").strip()
-    return {
-        "spark.pyspark.python": sys.executable,
-        "spark.pyspark.driver.python": sys.executable,
-        "spark.driver.extraJavaOptions": " ".join(x for x in (log4j, java_options(), extra) if x),
-        **({"spark.executor.extraJavaOptions": extra} if extra and not master.startswith("local") else {}),
-        **RETENTION_CONF,
-        **(LOCAL_DRIVER_CONF if master.startswith("local") else {}),
-        **(conf or {}),
-    }
-
-
 def submit_command(
     job: str, job_args: list[str], master: str = LOCAL_MASTER, conf: dict[str, str] | None = None
 ) -> list[str]:
@@ -117,31 +78,6 @@ def submit_command(
     if needs_shipping(master):
         cmd += ["--py-files", str(package_zip())]
     return [*cmd, str(job_path(job)), *job_args]
-
-
-def on_loopback(master: str) -> bool:
-    """True for local masters and for a standalone master on this machine's loopback address."""
-    if master.startswith("local"):
-        return True
-    host = master.removeprefix("spark://").split(":", 1)[0]
-    return master.startswith("spark://") and (host == "localhost" or host.startswith("127."))
-
-
-def needs_shipping(master: str) -> bool:
-    """True when executors run in other processes that must get imgest's code with the submission."""
-    return not master.startswith("local")
-
-
-def submit_env(master: str = LOCAL_MASTER) -> dict[str, str]:
-    """Environment for spark-submit (the driver's): the venv's bin first on PATH (spark-submit finds Spark
-    through it); masters on loopback make the driver bind to loopback too."""
-    env = dict(os.environ)
-    if on_loopback(master):
-        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    return env
 
 
 def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True) -> int:

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 
 from imgest.core.errors import ImgestError
 from imgest.sinks.cassandra.schema import identifier
-from imgest.sinks.shards.store import ShardStore, samples_object
+from imgest.sinks.shards.store import ShardStore
+from imgest.sinks.shards.store_names import samples_object
 from imgest.splits.split import id_strings
 
 

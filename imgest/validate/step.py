@@ -63,16 +63,7 @@ def validate_xnvme_step(
     with ExitStack() as stack:
         root, skip = dataset_dir, {}
         if loop_fs:
-            try:
-                size = loop_size_mb(dataset_dir, splits, loop_fs)
-                mount = stack.enter_context(loop_mounted(out_dir / "loopfs", size, loop_fs))
-                splits = copy_checked(dataset_dir, mount, splits)
-                root = splits[0].root
-                if cfg.cold and mount.image is not None:  # its blocks are cached under the image file too
-                    cfg = replace(cfg, evict_also=(*cfg.evict_also, str(mount.image)))
-            except LoopUnavailableError as exc:
-                log.warning("no loop-mounted %s filesystem: %s", loop_fs, exc)
-                skip["xnvme_block"] = f"no loop-mounted {loop_fs} filesystem: {exc}"
+            root, splits, cfg, skip = _on_loop_fs(stack, dataset_dir, out_dir, splits, loop_fs, cfg)
         report = run_check(root, cfg, tick, skip, splits)
         if sweep:
             run_sweep(report, sweep, tick)
@@ -101,3 +92,23 @@ def validate_xnvme_step(
             )
         )
     return summary
+
+
+def _on_loop_fs(
+    stack: ExitStack, dataset_dir: Path, out_dir: Path, splits: list[SplitView], loop_fs: str, cfg: CheckConfig
+) -> tuple[Path, list[SplitView], CheckConfig, dict[str, str]]:
+    """SPLITS copied onto a fresh loop-mounted LOOP_FS filesystem (unmounted when STACK closes): the root to check,
+    the copied splits, CFG (cold: the loop image evicted too) and the engines to skip (none; the block engine's
+    reason when no loop filesystem may be mounted here, the dataset then checked where it is)."""
+    root, skip = dataset_dir, {}
+    try:
+        size = loop_size_mb(dataset_dir, splits, loop_fs)
+        mount = stack.enter_context(loop_mounted(out_dir / "loopfs", size, loop_fs))
+        splits = copy_checked(dataset_dir, mount, splits)
+        root = splits[0].root
+        if cfg.cold and mount.image is not None:  # its blocks are cached under the image file too
+            cfg = replace(cfg, evict_also=(*cfg.evict_also, str(mount.image)))
+    except LoopUnavailableError as exc:
+        log.warning("no loop-mounted %s filesystem: %s", loop_fs, exc)
+        skip["xnvme_block"] = f"no loop-mounted {loop_fs} filesystem: {exc}"
+    return root, splits, cfg, skip

@@ -16,7 +16,7 @@ from imgest.flow.demo import run_dag, task_durations, task_results
 from imgest.flow.steps import asset_uri, validate_conf
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.sinks.cassandra.client import cassandra_session
-from imgest.sinks.shards.store import manifest_objects
+from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.splits.split import load_split
 

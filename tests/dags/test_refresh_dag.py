@@ -29,7 +29,8 @@ from imgest.flow.registry import load_registry
 from imgest.services import AirflowServer, CassandraServer, S3Server, airflow_cli
 from imgest.services.airflow_cli import WarmCommand
 from imgest.sinks.cassandra.client import cassandra_session
-from imgest.sinks.shards.store import open_store, samples_object
+from imgest.sinks.shards.store import open_store
+from imgest.sinks.shards.store_names import samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import image_id
 from tests.scheduler_fixture import DEST, KEYSPACE, listed_dags, pause_checks, refresh_sources, resume_checks

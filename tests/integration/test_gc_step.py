@@ -14,7 +14,8 @@ from imgest.core import workdir
 from imgest.flow.steps import collect_garbage
 from imgest.services.s3 import S3Server
 from imgest.sinks.shards.plan import ShardSpec
-from imgest.sinks.shards.store import S3Store, manifest_objects
+from imgest.sinks.shards.store import S3Store
+from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.scan import scan_to_dir

@@ -11,7 +11,8 @@ import pytest
 from imgest.core import workdir
 from imgest.core.quarantine import QuarantineLog
 from imgest.services.s3 import S3Server
-from imgest.sinks.shards.pack import PackConfig, build_manifest, pack_shard, publish
+from imgest.sinks.shards.pack import PackConfig, pack_shard
+from imgest.sinks.shards.pack_publish import build_manifest, publish
 from imgest.sinks.shards.plan import ShardSpec
 from imgest.sinks.shards.store import S3_MAX_METADATA_BYTES, S3Store
 from imgest.transform.image import TransformSpec

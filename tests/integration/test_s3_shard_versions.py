@@ -16,9 +16,10 @@ from imgest.readback.datasets import shards_set
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 from imgest.services.s3 import S3Server
 from imgest.sinks.shards.gc import collect
-from imgest.sinks.shards.pack import publish, samples_table
+from imgest.sinks.shards.pack_publish import publish, samples_table
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
-from imgest.sinks.shards.store import S3Store, manifest_objects
+from imgest.sinks.shards.store import S3Store
+from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.scan import scan_to_dir

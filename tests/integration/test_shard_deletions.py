@@ -29,17 +29,13 @@ from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 from imgest.services.s3 import S3Server
 from imgest.sinks.shards import pack as pack_module
 from imgest.sinks.shards.gc import collect
-from imgest.sinks.shards.pack import (
-    PackConfig,
-    build_manifest,
-    pack_planned,
-    publish,
-    published_entries,
-    samples_table,
-)
-from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table, version_key
+from imgest.sinks.shards.pack import PackConfig, pack_planned
+from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
+from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table
+from imgest.sinks.shards.plan_digest import version_key
 from imgest.sinks.shards.replan import replan
-from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore, manifest_objects
+from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore
+from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import manifest_metadata, read_classes

@@ -29,8 +29,9 @@ from imgest.services.spark_cluster import SparkCluster
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import Candidate, iter_manifest, manifest_metadata
 from imgest.sources.read import read_candidate
-from imgest.sources.s3objects import list_objects, register_source, source_env
+from imgest.sources.s3objects import list_objects
 from imgest.sources.s3scan import UNSAFE_KEY
+from imgest.sources.s3source import register_source, source_env
 from imgest.sources.scan import scan_to_dir
 from imgest.transform.image import TransformSpec
 from imgest.transform.pipeline import process_candidates

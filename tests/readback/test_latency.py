@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, ReadError, epoch_order
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
+from imgest.readback.cassandra_base import ReadError
 from imgest.readback.check import ReadCheckOptions, cassandra_run, s3_stream_run
 from imgest.readback.datasets import cassandra_set, shards_set
 from imgest.readback.pipelines import PipelineSpec

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, ReadError
+from imgest.readback.cassandra import CassandraReader, CassandraReadOptions
+from imgest.readback.cassandra_base import ReadError
 from imgest.readback.check import (
     ReadCheckOptions,
     cassandra_runs,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from imgest.bench.pack import peer_items, run_litdata, run_shardwriter
+from imgest.bench.pack import run_litdata, run_shardwriter
+from imgest.bench.pack_peers import peer_items
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.scan import scan_to_dir
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from imgest.bench.read import all_epochs_row, epoch_name, epoch_row, kept_under_latency, targets
+from imgest.bench.read_sweep import all_epochs_row, epoch_name, epoch_row, kept_under_latency, targets
 from imgest.readback.measure import RunResult
 
 

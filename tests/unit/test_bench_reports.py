@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from imgest.bench import pack, transform
+from imgest.bench import measure, pack, pack_data, transform
 from imgest.bench.ingest_cassandra import _group
 from imgest.bench.report import describe_machine, machine_info
 
@@ -18,10 +18,10 @@ def _run(wall: float, in_job: float | None = None, mb: float = 10.0, mb_in: floa
 
 
 def test_fit_splits_fixed_from_per_image_cost() -> None:
-    fixed, per_image = pack.fit_line([2000.0, 8000.0, 20000.0], [14.0, 20.0, 32.0])
+    fixed, per_image = measure.fit_line([2000.0, 8000.0, 20000.0], [14.0, 20.0, 32.0])
     assert fixed == pytest.approx(12.0)
     assert per_image == pytest.approx(0.001)
-    assert pack.fit_line([100.0], [5.0]) == (0.0, 0.05)
+    assert measure.fit_line([100.0], [5.0]) == (0.0, 0.05)
 
 
 def test_rows_fits_comparisons_and_targets_follow_the_medians() -> None:
@@ -63,7 +63,7 @@ def test_pack_datasets_above_the_base_link_its_images_under_new_names(tmp_path: 
     for i in range(3):
         (base / "train" / "n1").mkdir(parents=True, exist_ok=True)
         (base / "train" / "n1" / f"img{i}.JPEG").write_bytes(bytes([i]) * 10)
-    pack.link_copies(base, tmp_path / "out", 7)
+    pack_data.link_copies(base, tmp_path / "out", 7)
     made = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*.JPEG"))
     assert len(made) == 7
     assert "train/n1/img0.JPEG" in made

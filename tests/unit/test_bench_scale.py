@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from imgest.bench import scale
+from imgest.bench import scale, scale_run
 from imgest.sources.devdata.countscale import (
     CLS_LOC,
     CountScaleSpec,
@@ -76,13 +76,13 @@ def test_photo_spec_links_a_pool_of_imagenet_size_images(tmp_path: Path) -> None
 
 
 def test_roles_follow_the_command_line() -> None:
-    assert scale.role_of(["python", "-m", "imgest.bench.scale_step"], 7, 7) == "task"
+    assert scale_run.role_of(["python", "-m", "imgest.bench.scale_step"], 7, 7) == "task"
     java = ["java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "--master", "local[*]"]
-    assert scale.role_of(java, 7, 8) == "spark_driver"
-    assert scale.role_of(["/v/bin/python", "-m", "pyspark.daemon"], 7, 9) == "spark_worker"
-    assert scale.role_of(["/v/bin/python", "/r/jobs/pack_shards.py", "--dest", "x"], 7, 9) == "driver_python"
-    assert scale.role_of(["java", "org.apache.cassandra.service.CassandraDaemon"], 7, 10) == "cassandra_server"
-    assert scale.role_of(["bash"], 7, 11) is None
+    assert scale_run.role_of(java, 7, 8) == "spark_driver"
+    assert scale_run.role_of(["/v/bin/python", "-m", "pyspark.daemon"], 7, 9) == "spark_worker"
+    assert scale_run.role_of(["/v/bin/python", "/r/jobs/pack_shards.py", "--dest", "x"], 7, 9) == "driver_python"
+    assert scale_run.role_of(["java", "org.apache.cassandra.service.CassandraDaemon"], 7, 10) == "cassandra_server"
+    assert scale_run.role_of(["bash"], 7, 11) is None
 
 
 def _row(target: str, step: str, images: int, wall: float, task_mib: int, driver_mib: int = 0) -> dict:

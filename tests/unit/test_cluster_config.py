@@ -10,7 +10,8 @@ import pytest
 from imgest.core.errors import ConfigError
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.services.spark_cluster import SparkCluster
-from imgest.spark.submit import on_loopback, submit_command
+from imgest.spark.conf import on_loopback
+from imgest.spark.submit import submit_command
 
 
 def test_workers_start_with_nothing_of_the_callers_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

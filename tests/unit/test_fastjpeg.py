@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from imgest.bench.transform import baseline_transform, psnr, reference_pixels
+from imgest.bench.transform_speed import baseline_transform, psnr, reference_pixels
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage
 from imgest.sinks.cassandra.ingest import transform_key

@@ -12,7 +12,7 @@ import pytest
 
 from imgest.core import jvmcds
 from imgest.spark import cds
-from imgest.spark.submit import spark_conf, submit_env
+from imgest.spark.conf import spark_conf, submit_env
 
 
 @pytest.fixture

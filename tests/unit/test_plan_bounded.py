@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from imgest.sinks.shards import plan as plan_module
-from imgest.sinks.shards.pack import samples_table
+from imgest.sinks.shards import plan_cut, plan_digest
+from imgest.sinks.shards.pack_publish import samples_table
 from imgest.sinks.shards.plan import (
     ShardSpec,
     build_plan,
@@ -23,15 +24,13 @@ from imgest.sinks.shards.plan import (
     id_hashes,
     plan_shards,
     read_shard_table,
-    sample_bound,
-    shard_digest,
     shard_name,
-    shard_table_digest,
     sidecar,
     take_plan,
-    version_key,
     written_plan,
 )
+from imgest.sinks.shards.plan_cut import sample_bound
+from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest, version_key
 from imgest.transform.image import TransformSpec
 
 CLASSES = 20
@@ -161,10 +160,10 @@ def test_equal_bounds_cut_arithmetically_like_the_loop(manifest: Path) -> None:
     train = plan.filter(pc.equal(plan.column("split"), "train"))
     assert Counter(train.column("shard").to_pylist()) == {shard_name("train", i): 40 for i in range(50)}
     need = np.full(130, sample_bound(0, jpeg))
-    whole = plan_module._greedy_cut(need, shards, (0, 0, 0))
+    whole = plan_cut._greedy_cut(need, shards, (0, 0, 0))
     state, pieces = (0, 0, 0), []
     for part in (need[:7], need[7:7], need[7:100], need[100:]):
-        shard, pos, state = plan_module._greedy_cut(part, shards, state)
+        shard, pos, state = plan_cut._greedy_cut(part, shards, state)
         pieces.append((shard, pos))
     assert np.array_equal(whole[0], np.concatenate([p[0] for p in pieces]))
     assert np.array_equal(whole[1], np.concatenate([p[1] for p in pieces]))
@@ -245,7 +244,7 @@ def test_the_version_key_by_arrow_kernels_is_the_rows_loops(
     ]
     fast = [version_key(table, UNCHANGED) for table in tables]
     assert len(set(fast)) == 3
-    monkeypatch.setattr(plan_module, "_lines", lambda rows, columns: None)
+    monkeypatch.setattr(plan_digest, "_lines", lambda rows, columns: None)
     assert [version_key(table, UNCHANGED) for table in tables] == fast
 
 

@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from imgest.core.settings import S3Settings
-from imgest.sources.s3objects import (
-    S3SourceError,
-    SourceRoot,
-    is_s3,
-    s3_url,
-    settings_for,
-    shippable_root,
-    source_env,
-    source_settings_from_env,
-    split_url,
-)
+from imgest.sources.s3objects import S3SourceError, settings_for, split_url
 from imgest.sources.s3scan import unsafe_key
+from imgest.sources.s3source import SourceRoot, is_s3, s3_url, shippable_root, source_env, source_settings_from_env
 
 SOURCE = S3Settings(
     endpoint_url="http://source.invalid:9000", access_key="AKSRC", secret_key="s3cr3t-src", region="eu-1"

@@ -14,7 +14,8 @@ from imgest.core.errors import ConfigError
 from imgest.sources.devdata.sample import SampleSpec, synsets, write_sample
 from imgest.sources.manifest import image_id, iter_manifest, manifest_metadata, read_classes
 from imgest.sources.read import read_candidate
-from imgest.sources.scan import Scanner, detect_layout, scan_to_dir
+from imgest.sources.scan import scan_to_dir
+from imgest.sources.scanner import Scanner, detect_layout
 
 
 @pytest.fixture(scope="module")

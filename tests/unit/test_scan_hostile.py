@@ -17,7 +17,8 @@ from PIL import Image
 from imgest.core.errors import NothingIngestibleError
 from imgest.core.quarantine import QuarantineLog
 from imgest.sources.manifest import iter_manifest, read_classes
-from imgest.sources.scan import Scanner, scan_to_dir
+from imgest.sources.scan import scan_to_dir
+from imgest.sources.scanner import Scanner
 from imgest.transform.image import TransformSpec
 from imgest.transform.pipeline import OUTSIDE_DETAIL, process_candidates
 

@@ -18,7 +18,8 @@ from imgest.core.errors import ConfigError
 from imgest.sources.devdata.sample import EXPECTED_DEFECTS_FILE, SampleSpec, write_sample
 from imgest.sources.manifest import image_id, iter_manifest, manifest_metadata, read_classes
 from imgest.sources.read import read_candidate
-from imgest.sources.scan import Scanner, detect_layout, scan_to_dir
+from imgest.sources.scan import scan_to_dir
+from imgest.sources.scanner import Scanner, detect_layout
 from imgest.sources.valsolution import ValSolutionError, read_val_solution
 
 SPEC = SampleSpec("tar", classes=4, per_class=3, val_per_class=2, seed=1)

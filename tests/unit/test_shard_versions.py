@@ -15,14 +15,11 @@ import pytest
 from imgest.cli import main
 from imgest.readback.datasets import shards_set
 from imgest.sinks.shards.gc import GcError, collect
-from imgest.sinks.shards.pack import (
-    PackConfig,
-    ShardRecord,
-    publish,
-    samples_table,
-)
+from imgest.sinks.shards.pack import PackConfig, ShardRecord
+from imgest.sinks.shards.pack_publish import publish, samples_table
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
-from imgest.sinks.shards.store import LocalStore, manifest_objects
+from imgest.sinks.shards.store import LocalStore
+from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.scan import scan_to_dir

@@ -15,8 +15,11 @@ import pytest
 
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog
-from imgest.sinks.shards.pack import PackConfig, build_manifest, pack_shard, publish
-from imgest.sinks.shards.plan import ShardSpec, plan_shards, sample_bound, version_key
+from imgest.sinks.shards.pack import PackConfig, pack_shard
+from imgest.sinks.shards.pack_publish import build_manifest, publish
+from imgest.sinks.shards.plan import ShardSpec, plan_shards
+from imgest.sinks.shards.plan_cut import sample_bound
+from imgest.sinks.shards.plan_digest import version_key
 from imgest.sinks.shards.store import LocalStore
 from imgest.sinks.shards.tar_writer import ShardTarWriter, ustar_header
 from imgest.sources.devdata.sample import SampleSpec, write_sample

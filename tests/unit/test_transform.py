@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgest.bench.transform import baseline_transform, psnr, reference_pixels
+from imgest.bench.transform_speed import baseline_transform, psnr, reference_pixels
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage
 from imgest.sources.devdata.defects import awkward_images, broken_images

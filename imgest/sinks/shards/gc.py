@@ -21,16 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from imgest.core.errors import ImgestError
-from imgest.sinks.shards.store import (
-    HISTORY,
-    LOCAL_META,
-    STAGING,
-    VERSIONS,
-    ShardStore,
-    StoredObject,
-    history_name,
-    manifest_objects,
-)
+from imgest.sinks.shards.store import LOCAL_META, ShardStore, StoredObject
+from imgest.sinks.shards.store_names import HISTORY, STAGING, VERSIONS, history_name, manifest_objects
 
 log = logging.getLogger(__name__)
 DEFAULT_KEEP = 1

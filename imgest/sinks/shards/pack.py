@@ -1,5 +1,5 @@
-"""Packing shards: build one shard from its planned rows, write it under the run's versioned prefix, and publish
-the dataset at the end by writing its manifest."""
+"""Packing shards: build one shard from its planned rows and write it under the run's versioned prefix, or keep
+the published one with the same inputs (imgest.sinks.shards.pack_publish publishes the dataset at the end)."""
 
 from __future__ import annotations
 
@@ -14,26 +14,15 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ConfigError
-from imgest.core.quarantine import QuarantineLog, quarantine_summary
+from imgest.core.quarantine import QuarantineLog
 from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
-from imgest.sinks.shards.plan import (
-    DEAD,
-    ShardSpec,
-    read_shard_table,
-    shard_digest,
-    shard_table_digest,
-)
-from imgest.sinks.shards.store import (
-    ShardStore,
-    history_name,
-    manifest_bytes,
-    samples_object,
-    shard_object,
-    version_prefix,
-)
+from imgest.sinks.shards.plan import DEAD, ShardSpec, read_shard_table
+from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest
+from imgest.sinks.shards.store import ShardStore
+from imgest.sinks.shards.store_names import shard_object, version_prefix
 from imgest.sinks.shards.tar_writer import INDEX_VERSION, ShardTarWriter, index_key
-from imgest.sources.manifest import Candidate, ClassInfo
+from imgest.sources.manifest import Candidate
 from imgest.transform.image import TransformSpec
 from imgest.transform.pipeline import process_candidates
 
@@ -191,6 +180,20 @@ def pack_shard(
         return reused
     if len(rows) < planned:
         log.warning("shard %s: no published tar with the same inputs to keep; its live samples are rewritten", name)
+    return write_shard(name, rows, digest, cfg, store, on_sample)
+
+
+def write_shard(
+    name: str,
+    rows: list[dict[str, Any]],
+    digest: str,
+    cfg: PackConfig,
+    store: ShardStore,
+    on_sample: Callable[[int], None] | None = None,
+) -> ShardRecord:
+    """Transform ROWS into the tar NAME with its DALI index and info sidecars (the shard last: its presence means
+    the sidecars are there), written to ``v/<key>/NAME`` with DIGEST in the objects' metadata."""
+    split = rows[0]["split"]
     path = f"{cfg.prefix()}/{name}"
     quarantine = QuarantineLog()
     labels: Counter[str] = Counter()
@@ -362,163 +365,3 @@ def info_bytes(digest: str, labels: Counter[str], quarantine: list[dict[str, Any
     """The sidecar of a shard: its input digest, samples per label and quarantined inputs (deterministic)."""
     info = {"digest": digest, "labels": dict(labels), "quarantine": quarantine}
     return json.dumps(info, sort_keys=True).encode()
-
-
-def build_manifest(
-    records: list[ShardRecord], cfg: PackConfig, classes: list[ClassInfo], scan_quarantine: QuarantineLog
-) -> dict[str, Any]:
-    """manifest.json: shards (each named by its objects relative to the destination), counts, class map, quarantine
-    summary, settings, the plan's key and its samples table (no timestamps: re-runs match)."""
-    records = sorted(records, key=lambda r: r.name)
-    quarantine = [q for r in records for q in r.quarantine] + [
-        {**asdict(e), "reason": str(e.reason)} for e in scan_quarantine.entries
-    ]
-    per_split: Counter[str] = Counter()
-    for r in records:
-        per_split[r.split] += r.samples
-    return {
-        "format": "webdataset",
-        "dataset": cfg.dataset,
-        "members": ["jpg|<ext> (image)", "cls (label, ASCII)", "json (id, label, wnid, split, source, size)"],
-        "shards": [
-            {
-                "name": r.name,
-                "path": r.path,
-                "split": r.split,
-                "samples": r.samples,
-                "bytes": r.bytes,
-                "sha256": r.sha256,
-                "index": r.index,
-                "info": r.info,
-                "digest": r.digest,
-                "labels": r.labels,
-                "quarantine": r.quarantine,
-                **({"dead": r.dead} if r.dead else {}),
-            }
-            for r in records
-        ],
-        "samples": dict(sorted(per_split.items())),
-        "bytes": sum(r.bytes for r in records),
-        "classes": [asdict(c) for c in classes],
-        "quarantine": quarantine_summary(quarantine),
-        "transform": cfg.spec.as_dict(),
-        "sharding": asdict(cfg.shards),
-        "key": cfg.key,
-        "samples_table": f"{cfg.prefix()}/{workdir.PUBLISHED_SAMPLES}",
-    }
-
-
-SAMPLES_GROUP_ROWS = 65_536  # rows per row group of samples.parquet
-
-
-def samples_table(plan: Any, records: list[ShardRecord]) -> bytes:
-    """samples.parquet: id, label, split, shard and position in its tar of every live packed sample (quarantined
-    samples and a refresh's dead rows are left out). PLAN, in shard order, is a table or the path of a plan file; a
-    file is read a row group at a time, so memory holds one group and the compressed output, whatever the dataset's
-    size."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = ["id", "label", "split", "shard"]
-    if isinstance(plan, pa.Table):
-        base = plan.schema
-        pieces: Iterable[Any] = (pa.Table.from_batches([b]) for b in plan.to_batches(max_chunksize=SAMPLES_GROUP_ROWS))
-    else:
-        source = pq.ParquetFile(plan)
-        base = source.schema_arrow
-        read = [*columns, DEAD] if DEAD in base.names else columns
-        pieces = (source.read_row_group(g, columns=read) for g in range(source.num_row_groups))
-    schema = pa.schema([base.field(c) for c in columns] + [pa.field("position", pa.int32())], metadata=base.metadata)
-    absent = _pairs((r.name, q["id"]) for r in records for q in r.quarantine)  # live rows not in their tar
-    dead = _pairs((r.name, key) for r in records for key in r.dead)  # dead rows still in their tar
-    buf = io.BytesIO()
-    with pq.ParquetWriter(buf, schema, compression="zstd") as writer:
-        pending: list[Any] = []
-        for table in _positioned(pieces, columns, absent, dead):
-            pending.append(table.cast(schema))
-            if sum(t.num_rows for t in pending) >= SAMPLES_GROUP_ROWS:
-                writer.write_table(pa.concat_tables(pending))
-                pending = []
-        if pending:
-            writer.write_table(pa.concat_tables(pending))
-    return buf.getvalue()
-
-
-def _pairs(pairs: Iterable[tuple[str, str]]) -> Any:
-    """(shard, id) PAIRS as an Arrow array of ``shard/id`` strings (the keys _in_tar looks rows up by)."""
-    import pyarrow as pa
-
-    return pa.array(sorted({f"{shard}/{key}" for shard, key in pairs}), pa.string())
-
-
-def _in_tar(piece: Any, absent: Any, dead: Any) -> Any:
-    """Which rows of PIECE have a sample in their shard's tar: a live row unless its shard's record quarantined it
-    (ABSENT), a dead row only where its shard's record lists it among the tar's dead keys (DEAD: a row quarantined
-    when the tar was written, or a shard whose live rows were rewritten, has none)."""
-    import pyarrow.compute as pc
-
-    keys = pc.binary_join_element_wise(piece.column("shard"), piece.column("id"), "/")
-    live = pc.invert(pc.is_in(keys, value_set=absent))
-    if DEAD not in piece.column_names:
-        return live
-    return pc.if_else(piece.column(DEAD), pc.is_in(keys, value_set=dead), live)
-
-
-def _positioned(pieces: Iterable[Any], columns: list[str], absent: Any, dead: Any) -> Iterable[Any]:
-    """The live rows of every piece of a plan with their position in their shard's tar (counted on across pieces;
-    a dead row still in the tar holds its place there). Whether a row is in the tar is asked per shard: after a
-    refresh one id can be dead in a kept shard and live, or quarantined, in a new one."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    last, count = None, 0
-    for piece in pieces:
-        kept = piece.filter(_in_tar(piece, absent, dead))
-        kept = kept.select([*columns, DEAD] if DEAD in kept.column_names else columns)
-        if not kept.num_rows:
-            continue
-        codes = pc.dictionary_encode(kept.column("shard")).combine_chunks().indices.to_numpy()
-        rows = np.arange(len(codes))
-        starts = np.maximum.accumulate(np.where(np.r_[True, codes[1:] != codes[:-1]], rows, 0))
-        position = rows - starts
-        if kept.column("shard")[0].as_py() == last:  # the shard goes on from the previous piece
-            position[starts == 0] += count
-        last, count = kept.column("shard")[-1].as_py(), int(position[-1]) + 1
-        kept = kept.append_column("position", pa.array(position, pa.int32()))
-        if DEAD in kept.column_names:
-            kept = kept.filter(pc.invert(kept.column(DEAD))).drop_columns([DEAD])
-        if kept.num_rows:
-            yield kept
-
-
-def publish(store: ShardStore, manifest: dict[str, Any], samples: bytes | None = None) -> bool:
-    """Make MANIFEST the live dataset: write its samples table (under its version prefix), keep a copy of it as
-    ``manifests/<key>.json``, then write ``manifest.json``: that one write is the switch. Nothing is copied or
-    deleted; the previous manifest and its objects stay readable until the switch (and after it, until
-    ``imgest gc shards`` collects them). Sets MANIFEST's ``previous`` to the key of the manifest it replaces.
-
-    Returns False, writing nothing, when the live manifest is already MANIFEST.
-    """
-    live = store.read_manifest()
-    key = manifest["key"]
-    if live is None:
-        manifest["previous"] = None
-    else:
-        manifest["previous"] = live.get("previous") if live.get("key") == key else live.get("key")
-    if live == manifest:
-        return False
-    if samples is not None:
-        store.put_bytes(samples_object(manifest), samples)
-    store.put_bytes(history_name(key), manifest_bytes(manifest))
-    store.write_manifest(manifest)
-    log.info("published %s: %d shards under %s", store.location, len(manifest["shards"]), version_prefix(key))
-    return True
-
-
-def published_entries(store: ShardStore) -> dict[str, dict[str, Any]]:
-    """name -> manifest entry of the shards the live manifest.json lists (empty when none is live)."""
-    live = store.read_manifest() or {}
-    return {entry["name"]: entry for entry in live.get("shards", []) if "digest" in entry}

@@ -11,7 +11,6 @@ of each encoded image (crop x crop x 3 bytes plus headers), so shards come out s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -27,47 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from imgest.core import defaults
 from imgest.core.errors import ConfigError, ImgestError
-from imgest.sinks.shards.tar_writer import BLOCK, member_overhead
+from imgest.sinks.shards.plan_cut import ShardSpec, _greedy_cut, _sample_bounds, shard_name, shuffled_order
+from imgest.sinks.shards.plan_digest import DEAD, _key_hash, _key_update
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger(__name__)
 
-JSON_BOUND = 1024  # the .json member of a sample stays below this
 PLAN_BUCKET_ROWS = 65_536  # a split of more rows is shuffled in buckets of about this many (bounded memory)
 SPILL_BATCH_ROWS = 65_536  # manifest rows grouped into buckets at a time while planning
 READ_BATCH_ROWS = 8_192  # manifest rows decoded at a time (larger reads hold more memory in the allocator)
-DEAD = "dead"  # a refresh plan's column: True for a row of a kept shard that is no longer live (see replan)
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    """How to cut shards."""
-
-    max_count: int = defaults.SHARD_MAX_COUNT
-    max_bytes: int = defaults.SHARD_MAX_BYTES
-    seed: int = defaults.SHUFFLE_SEED
-
-    def __post_init__(self) -> None:
-        if self.max_count < 1:
-            raise ConfigError(f"shard max count {self.max_count} must be at least 1")
-        if self.max_bytes < 64 * 1024:
-            raise ConfigError(f"shard max bytes {self.max_bytes} must be at least 64 KiB")
-
-
-def image_bound(size: int, spec: TransformSpec) -> int:
-    """Upper bound of the stored image's bytes for a source of SIZE bytes."""
-    return size if spec.mode == "unchanged" else spec.crop * spec.crop * 3 + 4096
-
-
-def sample_bound(size: int, spec: TransformSpec) -> int:
-    """Upper bound of a whole sample in the tar (image, .cls and .json members)."""
-    return member_overhead(image_bound(size, spec)) + member_overhead(8) + member_overhead(JSON_BOUND)
-
-
-def shard_name(split: str, index: int) -> str:
-    return f"{split}-{index:06d}.tar"
 
 
 @dataclass(frozen=True)
@@ -376,173 +344,6 @@ def copy_plan(plan: Path, out: Path, spec: TransformSpec) -> PlanFile:
         for batch in source.iter_batches(batch_size=READ_BATCH_ROWS):
             writer.add_planned(pa.Table.from_batches([batch]))
     return writer.result()
-
-
-def shuffled_order(rows: pa.Table, seed: list[int]) -> pa.Array:
-    """Positions of ROWS sorted by id (independent of manifest order), then in a SEED-shuffled order."""
-    by_id = pc.sort_indices(rows, sort_keys=[("id", "ascending")])
-    return by_id.take(pa.array(np.random.default_rng(seed).permutation(rows.num_rows)))
-
-
-def cut_shards(
-    rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, seed: list[int], first: int
-) -> pa.Table:
-    """ROWS (one split) in a SEED-shuffled order, cut into shards named from index FIRST, with positions."""
-    return _cut(rows.take(shuffled_order(rows, seed)), split, shards, spec, first)
-
-
-def _cut(rows: pa.Table, split: str, shards: ShardSpec, spec: TransformSpec, first: int) -> pa.Table:
-    """ROWS, already in their shuffled order, cut into shards named from index FIRST, with positions."""
-    shard, pos = _assign(rows.column("size"), split, shards, spec, first)
-    return rows.append_column("shard", shard).append_column("pos", pos)
-
-
-def _assign(
-    sizes: pa.Array | pa.ChunkedArray, split: str, shards: ShardSpec, spec: TransformSpec, first: int
-) -> tuple[pa.Array, pa.Array]:
-    """(shard name, position) columns for samples of source SIZES in their shuffled order."""
-    need = _sample_bounds(sizes.to_numpy(zero_copy_only=False), spec)
-    shard, pos, _ = _greedy_cut(need, shards, (0, 0, 0))
-    count = int(shard[-1]) + 1 if len(need) else 0
-    names = pa.array([shard_name(split, first + k) for k in range(count)], pa.string())
-    return names.take(pa.array(shard)), pa.array(pos)
-
-
-def _greedy_cut(
-    need: np.ndarray, shards: ShardSpec, state: tuple[int, int, int]
-) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
-    """(shard index, position) of each sample of byte bound NEED, and the state after them: a shard closes when
-    the next sample would pass max_count or max_bytes. STATE (index, count, used) is where an earlier stream of
-    samples left the open shard, so a stream cut in pieces gets the cut of the whole. Equal bounds (JPEG mode) are
-    cut arithmetically; others in a loop over chunks."""
-    n = len(need)
-    index, count, used = state
-    if n and int(need.min()) == int(need.max()) and used == count * int(need[0]):
-        per = max(1, min(shards.max_count, shards.max_bytes // int(need[0])))
-        if count <= per:
-            at = np.arange(count, count + n, dtype=np.int64)
-            last = count + n - 1
-            return (
-                index + at // per,
-                (at % per).astype(np.int32),
-                (index + last // per, last % per + 1, (last % per + 1) * int(need[0])),
-            )
-    shard = np.empty(n, dtype=np.int64)
-    pos = np.empty(n, dtype=np.int32)
-    for start in range(0, n, 65_536):
-        for i, size in enumerate(need[start : start + 65_536].tolist(), start):
-            if count and (count >= shards.max_count or used + size > shards.max_bytes):
-                index, count, used = index + 1, 0, 0
-            shard[i], pos[i] = index, count
-            count, used = count + 1, used + size
-    return shard, pos, (index, count, used)
-
-
-def _sample_bounds(sizes: np.ndarray, spec: TransformSpec) -> np.ndarray:
-    """sample_bound of every size, as one array (the same numbers, without a Python call per row)."""
-    image = (
-        sizes.astype(np.int64) if spec.mode == "unchanged" else np.full(len(sizes), spec.crop * spec.crop * 3 + 4096)
-    )
-    return _member(image) + member_overhead(8) + member_overhead(JSON_BOUND)
-
-
-def _member(size: np.ndarray) -> np.ndarray:
-    return BLOCK + -(-size // BLOCK) * BLOCK
-
-
-def shard_index_of(name: str) -> int:
-    """'train-000012.tar' -> 12."""
-    return int(name.removesuffix(".tar").rsplit("-", 1)[1])
-
-
-DIGEST_COLUMNS = ("id", "size", "mtime", "label")  # what a shard's digest is made of, with the transform
-
-
-def shard_digest(rows: list[dict[str, object]], spec: TransformSpec) -> str:
-    """Identity of a shard's inputs: member ids, source sizes and mtimes, transform. Same digest, same bytes."""
-    return _digest(spec, ([row[c] for c in DIGEST_COLUMNS] for row in rows))
-
-
-def shard_table_digest(rows: pa.Table, spec: TransformSpec) -> str:
-    """shard_digest of a shard's plan rows as an Arrow table, the same text hashed, written by Arrow's kernels (no
-    Python object per row; see _lines)."""
-    lines = _lines(rows, list(DIGEST_COLUMNS))
-    if lines is None:
-        return _digest(spec, zip(*(rows.column(c).to_pylist() for c in DIGEST_COLUMNS), strict=True))
-    h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
-    _feed(h, pc.binary_join_element_wise(lines, "", "\n"))
-    return h.hexdigest()
-
-
-def _lines(rows: pa.Table, columns: list[str]) -> pa.ChunkedArray | pa.Array | None:
-    """Each row's COLUMNS joined by '|' as Python's str prints them, by Arrow's kernels; None where they may differ.
-    Arrow and repr print a float's shortest digits in fixed notation for magnitudes in [1e-4, 1e10) (every mtime
-    in seconds until the year 2286), Arrow without repr's ".0" on a whole number (added here); a float outside that
-    range, not finite, or a null makes it None (the caller's own loop then)."""
-    text = []
-    for name in columns:
-        values = rows.column(name)
-        if values.null_count:
-            return None
-        if pa.types.is_floating(values.type) and not pa.types.is_float64(values.type):
-            return None  # a narrower float prints otherwise than repr of its value
-        if pa.types.is_float64(values.type):
-            size = pc.abs(values)
-            fixed = pc.and_(pc.greater_equal(size, 1e-4), pc.less(size, 1e10))
-            if len(values) and not pc.all(pc.or_(fixed, pc.equal(values, 0.0))).as_py():
-                return None
-            printed = pc.cast(values, pa.string())
-            whole = pc.binary_join_element_wise(printed, "0", ".")
-            text.append(pc.if_else(pc.equal(pc.floor(values), values), whole, printed))
-        else:
-            text.append(pc.cast(values, pa.string()))
-    return pc.binary_join_element_wise(*text, "|")
-
-
-def _feed(h: Any, lines: pa.ChunkedArray | pa.Array) -> None:
-    """Feed the bytes of string array LINES, one after another, to hash H (its data buffer, no copy per row)."""
-    for chunk in lines.chunks if isinstance(lines, pa.ChunkedArray) else [lines]:
-        if len(chunk):
-            offsets = np.frombuffer(chunk.buffers()[1], np.int32)[chunk.offset : chunk.offset + len(chunk) + 1]
-            h.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
-
-
-def _digest(spec: TransformSpec, values: Iterator[Any]) -> str:
-    h = hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
-    h.update("".join(f"{i}|{size}|{mtime}|{label}\n" for i, size, mtime, label in values).encode())
-    return h.hexdigest()
-
-
-def version_key(plan: pa.Table, spec: TransformSpec) -> str:
-    """The content key of a shard plan: a digest of the transform and every row's shard, id, size, mtime and
-    label in plan order (never of time or attempt). Its shards go under ``v/<key>/``: the same plan always
-    writes the same names, so a re-run finds what an interrupted one wrote. build_plan computes the same key
-    while it writes."""
-    h = _key_hash(spec)
-    _key_update(h, plan)
-    return h.hexdigest()[:16]
-
-
-def _key_hash(spec: TransformSpec) -> Any:
-    return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode())
-
-
-def _key_update(h: Any, plan: pa.Table) -> None:
-    """Feed PLAN's rows to the version key H, one chunk of text at a time (a dead row's line says so: a plan that
-    marks other rows dead is another version)."""
-    columns = ["shard", "id", "size", "mtime", "label"]
-    dead = DEAD in plan.column_names
-    lines = _lines(plan, columns)
-    if lines is not None and not (dead and plan.column(DEAD).null_count):
-        if dead:
-            lines = pc.if_else(plan.column(DEAD), pc.binary_join_element_wise(lines, "dead", "|"), lines)
-        _feed(h, pc.binary_join_element_wise(lines, "", "\n"))
-        return
-    for batch in plan.select([*columns, DEAD] if dead else columns).to_batches(max_chunksize=65_536):
-        values = [batch.column(c).to_pylist() for c in columns]
-        flags = batch.column(DEAD).to_pylist() if dead else [False] * batch.num_rows
-        lines = zip(*values, flags, strict=True)
-        h.update("".join(f"{s}|{i}|{z}|{m}|{lab}{'|dead' if d else ''}\n" for s, i, z, m, lab, d in lines).encode())
 
 
 def read_shard_table(path: Path | pq.ParquetFile, row_group: int, columns: list[str] | None = None) -> pa.Table:

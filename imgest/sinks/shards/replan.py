@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core.errors import ConfigError
-from imgest.sinks.shards.plan import DEAD, PlanWriter, ShardSpec, cut_shards, shard_index_of
+from imgest.sinks.shards.plan import DEAD, PlanFile, PlanWriter, ShardSpec
+from imgest.sinks.shards.plan_cut import cut_shards, shard_index_of
 from imgest.sources.diff import BaselineError
 from imgest.transform.image import TransformSpec
 
@@ -107,16 +108,7 @@ def replan_file(
     if not 0 <= compact < 1:
         raise ConfigError(f"compaction threshold {compact} must be at least 0 and below 1 (a fraction of dead rows)")
     touched_ids = _array(touched)
-    counts: dict[str, list[int]] = {}  # shard -> [dead rows, rows]
-    highest: dict[str, int] = {}  # split -> highest shard index
-    for batch in _batches(old_plan, ["split", "shard", "id", DEAD]):
-        dead = _dead(batch, touched_ids)
-        per = pa.table({"shard": batch.column("shard"), "split": batch.column("split"), "n": pc.cast(dead, pa.int64())})
-        for row in per.group_by(["shard", "split"]).aggregate([("n", "sum"), ("n", "count")]).to_pylist():
-            seen = counts.setdefault(row["shard"], [0, 0])
-            seen[0] += row["n_sum"]
-            seen[1] += row["n_count"]
-            highest[row["split"]] = max(highest.get(row["split"], -1), shard_index_of(row["shard"]))
+    counts, highest = _dead_counts(old_plan, touched_ids)
     dirty = sorted(name for name, (d, n) in counts.items() if d > compact * n)
     dirty_names = pa.array(dirty, pa.string())
     recut_ids: list[pa.Array] = []  # the live ids of the re-cut shards: cut again with the new samples
@@ -135,6 +127,38 @@ def replan_file(
         seed = [shards.seed, zlib.crc32(split.encode()), refresh]
         parts.append(with_dead(cut_shards(rows, split, shards, spec, seed, highest.get(split, -1) + 1)).cast(schema))
     new = pa.concat_tables(parts).sort_by([("shard", "ascending"), ("pos", "ascending")]) if parts else None
+    kept, marked, dead_rows, written = _merge(old_plan, touched_ids, dirty_names, new, schema, spec, out)
+    names = [name for name, _ in written.shards]
+    return Replan(sorted(kept), dirty, sorted(set(names) - kept), sorted(marked), dead_rows, written.rows)
+
+
+def _dead_counts(old_plan: Rows, touched_ids: pa.Array) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Per shard of OLD_PLAN [dead rows, rows] (a row is dead when marked so or in TOUCHED_IDS), and per split its
+    highest shard index."""
+    counts: dict[str, list[int]] = {}  # shard -> [dead rows, rows]
+    highest: dict[str, int] = {}  # split -> highest shard index
+    for batch in _batches(old_plan, ["split", "shard", "id", DEAD]):
+        dead = _dead(batch, touched_ids)
+        per = pa.table({"shard": batch.column("shard"), "split": batch.column("split"), "n": pc.cast(dead, pa.int64())})
+        for row in per.group_by(["shard", "split"]).aggregate([("n", "sum"), ("n", "count")]).to_pylist():
+            seen = counts.setdefault(row["shard"], [0, 0])
+            seen[0] += row["n_sum"]
+            seen[1] += row["n_count"]
+            highest[row["split"]] = max(highest.get(row["split"], -1), shard_index_of(row["shard"]))
+    return counts, highest
+
+
+def _merge(
+    old_plan: Rows,
+    touched_ids: pa.Array,
+    dirty_names: pa.Array,
+    new: pa.Table | None,
+    schema: pa.Schema,
+    spec: TransformSpec,
+    out: Path,
+) -> tuple[set[str], set[str], int, PlanFile]:
+    """Write to OUT the kept shards of OLD_PLAN (all but DIRTY_NAMES, their touched rows marked dead) merged in
+    shard order with the NEW ones; the kept shards, those with dead rows, the dead rows, and the written plan."""
     kept: set[str] = set()
     marked: set[str] = set()
     dead_rows = 0
@@ -157,9 +181,7 @@ def replan_file(
             writer.add_planned(table)
         if new is not None and new.num_rows:
             writer.add_planned(new)
-    written = writer.result()
-    names = [name for name, _ in written.shards]
-    return Replan(sorted(kept), dirty, sorted(set(names) - kept), sorted(marked), dead_rows, written.rows)
+    return kept, marked, dead_rows, writer.result()
 
 
 def _fresh(manifest: Rows, columns: list[str], rewritten: np.ndarray, recut: pa.Array, live_kept: int) -> pa.Table:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from imgest.core.errors import ImgestError
-from imgest.sinks.shards.store import ShardStore, samples_object, shard_object, shard_objects
+from imgest.sinks.shards.store import ShardStore
+from imgest.sinks.shards.store_names import samples_object, shard_object, shard_objects
 from imgest.sinks.shards.tar_writer import index_key
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,127 @@
+"""An S3 source's URL and connection: ``s3://bucket/prefix/`` or a tar's URL, the settings that read it (its own
+connection, from ``IMGEST_SOURCE_*`` or registered by the caller), and ``SourceRoot``, the manifest root that
+carries them to the Spark executors inside the pickled task."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import replace
+from pathlib import PurePath
+from typing import Any
+
+from imgest.core.errors import ImgestError
+from imgest.core.settings import S3Settings
+
+log = logging.getLogger(__name__)
+
+
+SCHEME = "s3://"
+
+
+ENV_PREFIX = "IMGEST_SOURCE_"
+
+
+def is_s3(src: str | PurePath) -> bool:
+    """True when SRC names an S3 source (``s3://...``; a ``Path`` made of one collapses to ``s3:/...``)."""
+    return str(src).startswith("s3:/")
+
+
+def s3_url(src: str | PurePath) -> str:
+    """SRC as ``s3://bucket/key`` (undoes the ``s3:/`` that ``Path`` makes of ``s3://``)."""
+    text = str(src)
+    if not is_s3(text):
+        raise S3SourceError(f"{text!r} is not an s3:// URL")
+    return SCHEME + text[len("s3:/") :].lstrip("/")
+
+
+def split_url(url: str | PurePath) -> tuple[str, str]:
+    """(bucket, key or prefix) of an S3 URL; a URL without a bucket is a clear error."""
+    bucket, _, key = s3_url(url)[len(SCHEME) :].partition("/")
+    if not bucket:
+        raise S3SourceError(f"{url!s} names no bucket; write s3://bucket/prefix/")
+    return bucket, key
+
+
+def source_settings_from_env() -> S3Settings:
+    """The source's connection from IMGEST_SOURCE_* variables; each unset one falls back to the destination's."""
+    base = S3Settings.from_env()
+    env = os.environ.get
+    key, secret = env(ENV_PREFIX + "AWS_ACCESS_KEY_ID"), env(ENV_PREFIX + "AWS_SECRET_ACCESS_KEY")
+    return replace(
+        base,
+        endpoint_url=env(ENV_PREFIX + "S3_ENDPOINT") or base.endpoint_url,
+        access_key=key if key and secret else base.access_key,
+        secret_key=secret if key and secret else base.secret_key,
+        region=env(ENV_PREFIX + "AWS_REGION") or base.region,
+    )
+
+
+def source_env(settings: S3Settings) -> dict[str, str]:
+    """SETTINGS as the IMGEST_SOURCE_* variables a Spark driver or the CLI reads (for spark-submit's env)."""
+    env = {
+        ENV_PREFIX + "AWS_ACCESS_KEY_ID": settings.access_key or "",
+        ENV_PREFIX + "AWS_SECRET_ACCESS_KEY": settings.secret_key or "",
+        ENV_PREFIX + "AWS_REGION": settings.region,
+    }
+    if settings.endpoint_url:
+        env[ENV_PREFIX + "S3_ENDPOINT"] = settings.endpoint_url
+    return env
+
+
+_REGISTERED: dict[str, S3Settings] = {}
+
+
+def _root_key(root: str | PurePath) -> str:
+    return s3_url(root).rstrip("/")
+
+
+def register_source(root: str | PurePath, settings: S3Settings) -> None:
+    """Use SETTINGS to read the source at ROOT in this process (done when a shipped SourceRoot is unpickled)."""
+    _REGISTERED[_root_key(root)] = settings
+
+
+def settings_for(root: str | PurePath) -> S3Settings:
+    """The connection of the source at ROOT: the one shipped with the task, else this process's environment."""
+    return _REGISTERED.get(_root_key(root)) or source_settings_from_env()
+
+
+class SourceRoot(str):
+    """A source root (an ``s3://`` URL) that carries its connection inside pickled Spark tasks.
+
+    It compares and prints as the plain URL (the keys are never in its text); unpickling it on an executor
+    registers the settings there, so ``read_candidate`` on that executor reads with the driver's connection.
+    """
+
+    settings: S3Settings
+
+    def __new__(cls, url: str, settings: S3Settings) -> SourceRoot:
+        obj = super().__new__(cls, url)
+        obj.settings = settings
+        return obj
+
+    def __reduce__(self) -> tuple[Any, tuple[str, S3Settings]]:
+        return _restore_root, (str(self), self.settings)
+
+
+def _restore_root(url: str, settings: S3Settings) -> SourceRoot:
+    register_source(url, settings)
+    return SourceRoot(url, settings)
+
+
+def shippable_root(root: str) -> str:
+    """ROOT as a Spark driver ships it to executors: an S3 root carries this process's source connection."""
+    if not is_s3(root):
+        return root
+    settings = settings_for(root)
+    register_source(root, settings)
+    return SourceRoot(s3_url(root), settings)
+
+
+class S3SourceError(ImgestError):
+    """A source object could not be listed or read: the message names the object and what to check."""
+
+
+def forget_sources() -> None:
+    """Drop the connections registered in this process (see forget_connections)."""
+    _REGISTERED.clear()
