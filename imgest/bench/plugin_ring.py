@@ -36,7 +36,8 @@ SMALL_ROWS = 8000
 
 
 def ring_up() -> Any:
-    """The ring, each node advertising its proxy (restarted when it runs with other addresses), the proxies up."""
+    """The ring, each node advertising its proxy (CassandraRing.up restarts a node that runs with another address),
+    and the proxies up."""
     from imgest.services.latency import LatencyProxy
     from imgest.services.ring import CassandraRing
 
@@ -46,20 +47,8 @@ def ring_up() -> Any:
     proxy.up()
     for i, (node, address) in enumerate(zip(ring.nodes, PROXIED, strict=True), start=1):
         proxy.proxy(f"ring-{i}", node.native_port, f"{node.host}:{node.native_port}", listen_host=address)
-    stale = [n for n in ring.nodes if n.process.pid() and _advertised(n) != n.broadcast_rpc]
-    if stale:
-        log.info("restarting the ring: its nodes advertise their own addresses, not their proxies")
-        ring.down()
     log.info(ring.up().message)
     return ring, proxy
-
-
-def _advertised(node: Any) -> str:
-    conf = node.home / "cassandra.yaml"
-    for line in conf.read_text().splitlines() if conf.is_file() else []:
-        if line.startswith("broadcast_rpc_address:"):
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def ring_settings(port: int) -> CassandraSettings:

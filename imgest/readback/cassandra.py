@@ -4,7 +4,9 @@
 
 - requests go out asynchronously with prepared statements; with ``rows_per_request=1`` each is a single-partition
   select routed to a replica (token-aware), with more each is an ``IN`` query of that many ids (64 by default:
-  fewer round trips and less CPU per row at the server, the proxy and the client; one coordinator hop on a ring);
+  fewer round trips and less CPU per row at the server, the proxy and the client); on a cluster of several nodes
+  the ids of a group are split by the node that holds them and each part goes to that node
+  (``imgest.readback.cassandra_owners``), so no coordinator fetches rows from another node;
 - the read-ahead window (rows requested and not yet consumed) sizes itself by default: delivery rate x round
   trip, grown from a slow start of ``slow_start`` batches, capped by ``max_window_mb`` of rows and by
   ``requests_in_flight`` (``imgest.readback.window``), so the reader keeps its rate 100 ms away without a
@@ -43,6 +45,7 @@ import numpy as np
 
 from imgest.core.settings import CassandraSettings
 from imgest.readback.cassandra_base import CassandraReadOptions, epoch_order
+from imgest.readback.cassandra_owners import OwnerRouter
 from imgest.readback.cassandra_stream import EpochBatches, EpochStream
 from imgest.readback.window import WindowStats
 
@@ -83,6 +86,7 @@ class CassandraReader:
         self._rows_landed = 0
         self._jumped = False
         self.started_ahead = 0  # rows of the epoch being read that were requested before it was asked for
+        self.router: OwnerRouter | None = None  # several nodes: each request goes to the node holding its rows
 
     def __enter__(self) -> CassandraReader:
         self.open()
@@ -120,8 +124,16 @@ class CassandraReader:
                 self._jump()
             self._pump()
 
+    @property
+    def span(self) -> int:
+        """Positions of an epoch's order per group: rows_per_request, times the nodes when routed by owner (a
+        group then goes out as one request per node, about rows_per_request rows each)."""
+        return self.opts.rows_per_request * (len(self.router.nodes) if self.router else 1)
+
     def _open(self, first: np.ndarray | None) -> None:
         self._connect()
+        if self.opts.route_by_owner and self.opts.rows_per_request > 1:  # single rows: the driver routes them
+            self.router = OwnerRouter.for_cluster(self._clusters[0], self.table, len(self.ids))
         self.rtt = self._probe_rtt()
         if self.opts.prefetch_next_epoch:
             if first is None:
@@ -228,7 +240,10 @@ class CassandraReader:
         n = len(np.array_split(np.arange(len(self.ids)), self.opts.num_shards)[self.opts.shard_id])
         return -(-n // self.opts.batch_size)
 
-    def _request(self, ids: list[str], stream: EpochStream, retries: int, tag: tuple[int, Any]) -> None:
+    def _request(
+        self, ids: list[str], stream: EpochStream, retries: int, tag: tuple[int, Any], owner: int = -2
+    ) -> None:
+        """Ask for IDS over the next connection, from the node OWNER (an index of the router's nodes; -2: any)."""
         conns = self._conns
         if self._closed or stream.cancelled or not conns:
             stream.dropped()
@@ -236,7 +251,8 @@ class CassandraReader:
         k = self._turn = (self._turn + 1) % len(conns)
         session, statement = conns[k]
         keys = [uuid.UUID(i) for i in ids]
-        future = session.execute_async(statement, (keys,) if self.opts.rows_per_request > 1 else keys)
+        host = self.router.host(session.cluster, owner) if self.router is not None and owner >= 0 else None
+        future = session.execute_async(statement, (keys,) if self.opts.rows_per_request > 1 else keys, host=host)
 
         def ok(rows: list[tuple[Any, int, bytes]]) -> None:
             stream.landed([(str(r[0]), r[1], r[2]) for r in rows], ids, tag)

@@ -37,6 +37,10 @@ class CassandraReadOptions:
     # ids per request (1: single-partition, token-aware; more: an IN query); 64 costs the server, the proxy and
     # the reader less CPU per row than 16, most under 50-100 ms (docs/readback.md, "What limits it")
     rows_per_request: int = 64
+    # on a cluster of several nodes, split each request's ids by the node holding them and send each part there
+    # (imgest.readback.cassandra_owners); False: one IN query per request, to any node (its coordinator fetches
+    # the rows other nodes hold)
+    route_by_owner: bool = True
     io_threads: int | None = None  # connections (driver Clusters); None: 2, more as the window's bytes grow
     max_io_threads: int = 8  # the most connections the adaptive default opens
     connection_mb: int = 4  # the adaptive default opens one connection per this many MB requested ahead

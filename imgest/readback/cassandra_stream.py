@@ -26,6 +26,9 @@ class EpochStream:
         self.done: deque[tuple[str, int, bytes]] = deque()
         self.parked: dict[int, list[tuple[str, int, bytes]]] = {}  # in-order mode: groups that landed early
         self.delivered_to = 0  # in-order mode: position of ORDER up to which rows are in DONE
+        self.span = reader.span  # positions of ORDER per group (one request, or one per node holding its rows)
+        self.pending: dict[int, int] = {}  # in-order mode: group start -> its requests still out (groups of several)
+        self.partial: dict[int, dict[str, tuple[str, int, bytes]]] = {}  # ... and the rows of those landed so far
         self.in_flight = 0
         self.next_index = 0  # next position of ORDER to request
         self.consumed = 0
@@ -54,11 +57,16 @@ class EpochStream:
             and self.next_index < len(self.order)
         ):
             start = self.next_index
-            group = self.order[start : start + opts.rows_per_request]
+            group = self.order[start : start + self.span]
             self.next_index += len(group)
-            self.in_flight += 1
-            reader.in_flight += 1
-            reader._request([reader.id_at(i) for i in group], self, opts.retries, (start, reader.window.stamp()))
+            parts = reader.router.split(group, reader.id_at) if reader.router else [(-2, group.tolist())]
+            if len(parts) > 1 and not opts.ooo:
+                self.pending[start] = len(parts)
+            for owner, positions in parts:
+                self.in_flight += 1
+                reader.in_flight += 1
+                ids = [reader.id_at(i) for i in positions]
+                reader._request(ids, self, opts.retries, (start, reader.window.stamp()), owner)
         return self.next_index - first
 
     def landed(self, rows: list[tuple[str, int, bytes]], expected: list[str], tag: tuple[int, Any]) -> None:
@@ -81,11 +89,19 @@ class EpochStream:
 
     def _in_order(self, start: int, rows: list[tuple[str, int, bytes]], expected: list[str]) -> None:
         by_id = {r[0]: r for r in rows}
+        if start in self.pending:  # one of the requests of a group split by node: the group lands with its last
+            self.partial.setdefault(start, {}).update(by_id)
+            self.pending[start] -= 1
+            if self.pending[start]:
+                return
+            del self.pending[start]
+            by_id = self.partial.pop(start)
+            expected = [self.reader.id_at(i) for i in self.order[start : start + self.span].tolist()]
         self.parked[start] = [by_id[i] for i in expected if i in by_id]
         while self.delivered_to in self.parked:
             group = self.parked.pop(self.delivered_to)
             self.done.extend(group)
-            self.delivered_to += min(self.reader.opts.rows_per_request, len(self.order) - self.delivered_to)
+            self.delivered_to += min(self.span, len(self.order) - self.delivered_to)
 
     def failed(self, exc: BaseException, ids: list[str]) -> None:
         reader = self.reader

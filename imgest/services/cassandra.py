@@ -156,6 +156,14 @@ class CassandraServer:
             fh.write(text)
         return path
 
+    def advertised(self) -> str:
+        """The broadcast_rpc_address of the config this node was last started with ("": its own address)."""
+        conf = self.home / "cassandra.yaml"
+        for line in conf.read_text().splitlines() if conf.is_file() else []:
+            if line.startswith("broadcast_rpc_address:"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
     def token_config(self) -> str:
         """cassandra.yaml lines that place this node's vnodes: the allocator (optimised for TOKEN_RF) or, with
         INITIAL_TOKENS, those tokens and no bootstrap (a node of a new, empty ring: it streams nothing and can

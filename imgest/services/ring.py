@@ -117,6 +117,10 @@ class CassandraRing:
         t0 = time.monotonic()
         started = False
         seed, others = self.nodes[0], self.nodes[1:]
+        stale = [n for n in self.nodes if n.process.pid() is not None and n.advertised() != n.broadcast_rpc]
+        if stale:  # running with another client address (IMGEST_CASSANDRA_RING_ADVERTISE changed): restart them
+            log.info("restarting %s: the address they give clients changed", ", ".join(n.name for n in stale))
+            stop_all([n.process for n in stale], timeout=60)
         try:
             result = seed.up(timeout)
             started = result.started
