@@ -14,8 +14,10 @@ HOLD = "import time\nb = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): 
 def test_spread_and_target_checks() -> None:
     assert spread([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0}
     assert meets(2.0, None) is None
-    assert meets(2.0, 2.0) is True and meets(1.99, 2.0) is False
-    assert meets(0.5, 0.5, at_most=True) is True and meets(0.51, 0.5, at_most=True) is False
+    assert meets(2.0, 2.0) is True
+    assert meets(1.99, 2.0) is False
+    assert meets(0.5, 0.5, at_most=True) is True
+    assert meets(0.51, 0.5, at_most=True) is False
 
 
 def test_rss_sampler_sees_a_childs_peak_under_its_role() -> None:
