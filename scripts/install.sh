@@ -3,6 +3,7 @@
 #   scripts/install.sh          runtime lock (Airflow, Spark, Cassandra driver, boto3, DALI, SeaweedFS, ...)
 #   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, Playwright, toxiproxy-server)
 #                               and the imgest[torch] extra (requirements/torch.txt) for the PyTorch dataset tests
+#                               and LitData on that torch (requirements/bench.txt) for the benchmark-peer test
 #                               and Debian's chromium for the browser tests (installed with apt-get when run as root)
 # Both also build libxnvme into .imgest/xnvme/ when the system has none (scripts/build_xnvme.sh).
 set -euo pipefail
@@ -75,7 +76,7 @@ done
 mode=runtime
 [ "${1:-}" = "--dev" ] && mode=dev
 stamp=".venv/.imgest-install-$mode"
-inputs=$(cat "$lock" requirements/torch.txt pyproject.toml setup.py imgest/transform/_fastjpeg.c scripts/*.sh \
+inputs=$(cat "$lock" requirements/torch.txt requirements/bench.txt pyproject.toml setup.py imgest/transform/_fastjpeg.c scripts/*.sh \
   | sha256sum | cut -c1-16)
 if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] && .venv/bin/python -c 'import imgest' 2>/dev/null; then
   echo "imgest install: .venv up to date with $lock (inputs $inputs)"
@@ -103,6 +104,8 @@ fi
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 # The imgest[torch] extra (PyTorch datasets over stored data) for its tests: PyPI's CUDA wheel, which runs on CPU.
 [ "${1:-}" = "--dev" ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements/torch.txt
+# LitData (the bench extra) on that torch, for the benchmark-peer test that CI runs (tests/conftest.py).
+[ "${1:-}" = "--dev" ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.txt
 # Bytecode for every installed module and the project's own: uv installs sources only, and where
 # PYTHONDONTWRITEBYTECODE is set (as on this project's machines) every Python process (an Airflow CLI call or task,
 # a Spark worker, the imgest CLI) would otherwise compile all it imports again: `airflow version` 5.7 -> 4.1 s.

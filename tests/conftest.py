@@ -5,8 +5,8 @@ Also the suite's tiers and its skip policy:
   ``make test-quick`` (``-m "not services and not slow and not browser and not gpu"``) runs what needs no server;
 - under ``CI`` a skip fails the test unless its reason is one these machines cannot meet (CI_ALLOWED_SKIPS): a
   check that names an engine or reader must run it;
-- tests marked ``peers`` need the benchmark peers (``make install-bench``); without them they are deselected,
-  and the summary says so;
+- tests marked ``peers`` need the benchmark peers (LitData: requirements/bench.txt, which ``make install-dev``
+  installs); without them they are deselected and the summary says so, except under ``CI``, where each fails;
 - ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadscope``, tests/xdist_groups.py). Tests that
   share a server's state or a fixture wider than a test run on one worker, one after another (xdist_groups
   below). The workers share the embedded servers: the first to need one starts it under a file lock, a test on
@@ -157,7 +157,7 @@ def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark service tests; deselect the benchmark-peer tests when the peers are not installed; order the tests by
     their xdist group and publish the groups to the controller (tests/xdist_groups.py)."""
-    peers = importlib.util.find_spec("litdata") is not None
+    peers = importlib.util.find_spec("litdata") is not None or bool(os.environ.get("CI"))  # CI: they run, or fail
     kept, dropped = [], []
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -186,7 +186,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     dropped = config.stash.get(_PEERS_DROPPED, 0) or _workers_dropped
     if dropped:
         terminalreporter.write_line(
-            f"{dropped} test(s) of the benchmark peers deselected: LitData is not installed (make install-bench)"
+            f"{dropped} test(s) of the benchmark peers deselected: LitData is not installed (make install-dev)"
         )
 
 
@@ -221,6 +221,14 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
     report = yield
     _fail_disallowed_skip(report)
     return report
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under CI a benchmark-peer test is not deselected: without LitData it fails here, saying so."""
+    if item.get_closest_marker("peers") and importlib.util.find_spec("litdata") is None:
+        pytest.fail(
+            "LitData is not installed: CI runs the benchmark peers' tests (requirements/bench.txt, make install-dev)"
+        )
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:

@@ -8,13 +8,13 @@ and also reads the job's own in-job seconds from its summary; medians of the rou
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import spread
 from imgest.bench.pack import dataset
 from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.core import workdir
@@ -40,10 +40,6 @@ def run_pack(manifest: Path, out: Path, master: str, max_count: int) -> dict[str
     return {"wall_s": wall, "in_job_s": data["seconds"], "samples": data["samples"]}
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
-
-
 def run(cluster: SparkCluster, images: int, rounds: int, max_count: int) -> dict[str, Any]:
     """ROUNDS alternating runs on local[N] and on CLUSTER (N = its total cores), same dataset of IMAGES."""
     manifest = dataset(images)
@@ -57,7 +53,7 @@ def run(cluster: SparkCluster, images: int, rounds: int, max_count: int) -> dict
                 runs[name].append(run_pack(manifest, out, master, max_count))
     rows = []
     for name, results in runs.items():
-        wall, in_job = _stats([r["wall_s"] for r in results]), _stats([r["in_job_s"] for r in results])
+        wall, in_job = spread([r["wall_s"] for r in results]), spread([r["in_job_s"] for r in results])
         rows.append(
             {
                 "master": name,

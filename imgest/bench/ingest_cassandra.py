@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from imgest.bench.measure import meets
 from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
@@ -142,7 +143,7 @@ def _group(mode: str, rows: int, mean_kb: float, rates: dict[str, list[float]]) 
         "speedup_vs_seed_defaults": round(med["imgest"] / med["seed"], 2),
         "imgest_mb_per_s": round(med["imgest"] * mean_kb / 1024, 2),
         "target_speedup_same_connection": target,
-        "meets_target": None if target is None else same_conn >= target,
+        "meets_target": meets(same_conn, target),
     }
 
 

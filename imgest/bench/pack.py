@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import subprocess
 import tempfile
 import time
@@ -27,10 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.measure import fit_line
+from imgest.bench.measure import fit_line, meets, spread
 from imgest.bench.pack_data import BASE_IMAGES, dataset, manifest_files
 from imgest.bench.pack_peers import PEER_TRANSFORMS, run_litdata, run_shardwriter, run_tar
-from imgest.bench.report import describe_machine, format_table, machine_info, write_json
+from imgest.bench.report import describe_machine, format_table, machine_info, pyplot, save_figure, write_json
 from imgest.core import workdir
 from imgest.sources.manifest import iter_manifest
 from imgest.spark.conf import submit_env
@@ -111,17 +110,13 @@ def measure_size(images: int, rounds: int, max_count: int, cores: int) -> dict[s
     return {name: values for name, values in runs.items() if values}
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
-
-
 def summarize(sizes: dict[int, dict[str, list[dict[str, float]]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rows per (tool, size) with median/min/max, and per tool the fixed and per-image cost."""
     rows: list[dict[str, Any]] = []
     for images, runs in sizes.items():
         for name, values in runs.items():
-            wall = _stats([v["wall_s"] for v in values])
-            in_job = _stats([v["in_job_s"] for v in values])
+            wall = spread([v["wall_s"] for v in values])
+            in_job = spread([v["in_job_s"] for v in values])
             mb = values[0]["bytes"] / 1e6
             rows.append(
                 {
@@ -171,7 +166,7 @@ def comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "peer_wall_s": peers[best],
                     "imgest_vs_fastest_peer": round(ratio, 2),
                     "target": target,
-                    "meets_target": None if target is None else ratio <= target,
+                    "meets_target": meets(ratio, target, at_most=True),
                 }
             )
     return out
@@ -305,10 +300,7 @@ def main(json_out: Path, plot: Path | None, sizes: list[int], rounds: int, max_c
 
 def plot_sweep(path: Path, report: dict[str, Any]) -> None:
     """Wall time against images per tool (median, min-max bars), and the per-image cost of each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     for name in dict.fromkeys(r["tool"] for r in report["rows"]):
@@ -334,7 +326,4 @@ def plot_sweep(path: Path, report: dict[str, Any]) -> None:
     right.invert_yaxis()
     right.tick_params(axis="y", labelsize=7)
     right.set_title("Per-image cost and fixed start-up")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

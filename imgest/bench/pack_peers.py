@@ -83,16 +83,21 @@ def run_litdata(manifest: Path, out: Path, transform: str, workers: int) -> dict
         from litdata import optimize
     except ImportError:
         return None
+    items = peer_items(manifest)
     t0 = time.perf_counter()
     optimize(
         fn=_litdata_natural if transform == "natural" else _litdata_imgest,
-        inputs=peer_items(manifest),
+        inputs=items,
         output_dir=str(out / "litdata"),
         chunk_bytes="64MB",
         num_workers=workers,
         mode="overwrite",
     )
     wall = time.perf_counter() - t0
+    # a worker that dies is only printed by LitData, which then finishes: its time is of no work
+    chunks = json.loads((out / "litdata" / "index.json").read_text())["chunks"]
+    if sum(c["chunk_size"] for c in chunks) != len(items):
+        raise RuntimeError(f"litdata.optimize wrote {sum(c['chunk_size'] for c in chunks)} of {len(items)} samples")
     size = sum(p.stat().st_size for p in (out / "litdata").rglob("*") if p.is_file())
     return {"wall_s": wall, "in_job_s": wall, "bytes": size}
 

@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import QuietWatch, server_pids
 from imgest.bench.read_data import Ingest, prepare, prepare_sweep, read_sets, sweep_sets
 from imgest.bench.read_report import anchors, plot, print_report
 from imgest.bench.read_sweep import SWEPT, Condition, kept_under_latency, latency_sweep, targets
@@ -105,15 +106,6 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def server_pids() -> list[int]:
-    """PIDs of the embedded servers the readers talk to (pinned to the server core)."""
-    from imgest.services import CassandraServer, S3Server
-    from imgest.services.latency import LatencyProxy
-
-    pids = [s.process.pid() for s in (CassandraServer.default(), S3Server.default(), LatencyProxy.default())]
-    return [p for p in pids if p]
-
-
 def measure_all(
     images: int,
     rounds: int,
@@ -131,7 +123,6 @@ def measure_all(
     """Prepare (storing the datasets with INGEST), then every reader ROUNDS times (after a warm-up round; not with
     SWEEP_ONLY) and the network sweep (ROUNDS repeats per point, the conditions in turn within each, EPOCHS epochs
     per run of the adaptive readers, which read a dataset of SWEEP_IMAGES when larger than IMAGES), pinned."""
-    from imgest.bench.quiet import QuietWatch
     from imgest.readback.pinning import pinned
     from imgest.services import CassandraServer, S3Server
     from imgest.services.latency import LatencyProxy

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import Quietness
 from imgest.bench.read_sweep import kept_under_latency
-from imgest.bench.report import describe_machine, format_table
+from imgest.bench.report import describe_machine, format_table, pyplot, save_figure
 
 # Published figures the report states beside ours (see docs/readback.md#benchmarks).
 ANCHORS = {
@@ -57,10 +58,7 @@ def anchors(sweep: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def plot(path: Path, rows: list[dict[str, Any]], sweep: list[dict[str, Any]]) -> None:
     """Readers side by side (raw and train, when measured); images/s of each reader per network condition and
     the share of its 0 ms rate it keeps (when swept)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     panels = (1 if rows else 0) + (2 if sweep else 0)
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 5), squeeze=False)
@@ -69,10 +67,7 @@ def plot(path: Path, rows: list[dict[str, Any]], sweep: list[dict[str, Any]]) ->
         _plot_readers(axes.pop(0), rows)
     if sweep:
         _plot_sweep(axes[0], axes[1], sweep)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _plot_readers(ax: Any, rows: list[dict[str, Any]]) -> None:
@@ -154,8 +149,6 @@ SWEEP_COLUMNS = [
 
 def print_report(report: dict[str, Any]) -> None:
     """Print the machine, its quietness, the readers' table, the sweep's table, the ratios, targets and anchors."""
-    from imgest.bench.quiet import Quietness
-
     print(describe_machine(report["machine"]))
     print(Quietness.from_dict(report["quiet"]).describe())
     if report["readers"]:

@@ -1,4 +1,5 @@
-"""Shared output for benchmarks: an aligned table on stdout, a JSON file, an optional bar chart."""
+"""The benchmarks' reports, shared by every benchmark: the machine record, an aligned table on stdout, a JSON file,
+and the plots (matplotlib without a display: :func:`pyplot`, :func:`save_figure`, a grouped :func:`bar_chart`)."""
 
 from __future__ import annotations
 
@@ -87,16 +88,29 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def bar_chart(
-    path: Path, title: str, groups: list[str], series: dict[str, list[float]], ylabel: str, log: bool = False
-) -> None:
-    """Grouped bar chart saved as PNG (matplotlib, no display needed)."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """FIG laid out tight, saved as PNG at PATH (110 dpi, its folder made), and closed."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
+def bar_chart(
+    path: Path, title: str, groups: list[str], series: dict[str, list[float]], ylabel: str, log: bool = False
+) -> None:
+    """Grouped bar chart saved as PNG (matplotlib, no display needed)."""
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
     width = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         xs = [g + i * width for g in range(len(groups))]
@@ -108,7 +122,4 @@ def bar_chart(
         ax.set_yscale("log")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.measure import fixed_cost
-from imgest.bench.report import describe_machine, format_table, machine_info, write_json
+from imgest.bench.report import describe_machine, format_table, machine_info, pyplot, save_figure, write_json
 from imgest.bench.scale_run import STEPS, peak, peak_role, reset_dataset, run_step, stored_bytes
 from imgest.core.paths import state_dir
 
@@ -115,11 +115,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
     """Log-log time and peak RSS against images, one line per step, a row of panels per target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
+
+    plt = pyplot()
 
     targets = list(dict.fromkeys(s["target"] for s in summary))
     fig, axes = plt.subplots(len(targets), 2, figsize=(11, 4.2 * len(targets)), squeeze=False)
@@ -148,10 +146,7 @@ def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
             ax.grid(True, which="both", alpha=0.3)
         axes[row][0].legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def prepare_datasets(kind: str, fractions: list[float]) -> list[tuple[str, Path, int]]:

@@ -1,5 +1,6 @@
 """One step of `imgest bench scale` in a process of its own (`imgest.bench.scale_step`), its process tree and the
-embedded servers sampled for peak RSS per role; the helpers both the ingest and the refresh paths use."""
+embedded servers sampled for peak RSS per role (imgest.bench.measure.RssSampler); the helpers both the ingest and
+the refresh paths use."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from imgest.bench.measure import RssSampler
 
 STEPS = {
     "cassandra": (
@@ -35,19 +36,6 @@ ROLES = ("task", "spark_driver", "driver_python", "spark_worker", "cassandra_ser
 PIPELINE_ROLES = ("task", "spark_driver", "driver_python", "spark_worker")
 
 
-@dataclass
-class Peaks:
-    """Peak RSS per role of one step (bytes): largest single process, and the role's sum at one instant."""
-
-    single: dict[str, int] = field(default_factory=dict)
-    total: dict[str, int] = field(default_factory=dict)
-
-    def add(self, samples: dict[str, list[int]]) -> None:
-        for role, values in samples.items():
-            self.single[role] = max(self.single.get(role, 0), max(values))
-            self.total[role] = max(self.total.get(role, 0), sum(values))
-
-
 def role_of(cmdline: list[str], root_pid: int, pid: int) -> str | None:
     """Which part of the pipeline the process with CMDLINE is (None: not one we measure)."""
     text = " ".join(cmdline)
@@ -66,56 +54,15 @@ def role_of(cmdline: list[str], root_pid: int, pid: int) -> str | None:
     return None
 
 
-class TreeSampler:
-    """Samples the RSS of a process tree and the embedded servers every INTERVAL seconds, in a thread."""
+def embedded_servers() -> list[Any]:
+    """The running Cassandra and SeaweedFS servers (psutil processes), found by their command lines."""
+    import psutil
 
-    def __init__(self, pid: int, interval: float = 0.2) -> None:
-        self.pid, self.interval, self.peaks = pid, interval, Peaks()
-        self._stop = threading.Event()
-        self._servers = self._find_servers()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def _find_servers() -> list[Any]:
-        import psutil
-
-        found = []
-        for proc in psutil.process_iter(["cmdline"]):
-            if role_of(proc.info["cmdline"] or [], -1, proc.pid) in ("cassandra_server", "s3_server"):
-                found.append(proc)
-        return found
-
-    def _sample(self) -> None:
-        import psutil
-
-        samples: dict[str, list[int]] = {}
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True), *self._servers]
-        except psutil.NoSuchProcess:
-            return
-        for proc in procs:
-            try:
-                role = role_of(proc.cmdline(), self.pid, proc.pid)
-                if role:
-                    samples.setdefault(role, []).append(proc.memory_info().rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        if samples:
-            self.peaks.add(samples)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> TreeSampler:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if role_of(proc.info["cmdline"] or [], -1, proc.pid) in ("cassandra_server", "s3_server"):
+            found.append(proc)
+    return found
 
 
 def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
@@ -124,7 +71,7 @@ def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
     start = time.perf_counter()
     with open(log_file, "a") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        with TreeSampler(proc.pid) as sampler:
+        with RssSampler(proc.pid, role_of, embedded_servers()) as sampler:
             _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start

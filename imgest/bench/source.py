@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import busy_seconds, meets, tree_seconds
+from imgest.bench.report import bar_chart, write_json
 from imgest.bench.source_scan import BUCKET, scan_main
 from imgest.core.paths import state_dir
 from imgest.core.settings import S3Settings, env_int
@@ -80,30 +82,6 @@ def _scan(src: Path | str, out: Path) -> dict[str, Any]:
     }
 
 
-def _machine_cpu_s() -> float:
-    """CPU seconds every core of this machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
-    import os
-
-    with open("/proc/stat") as fh:
-        ticks = [int(x) for x in fh.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _process_cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes PIDS have spent, ignoring any that has gone."""
-    import os
-
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def _ingest(
     manifest_dir: Path, env: dict[str, str], master: str, work: Path, store_pids: list[int]
 ) -> dict[str, float]:
@@ -115,7 +93,7 @@ def _ingest(
     dest, summary = work / "files", work / "summary.json"
     shutil.rmtree(dest, ignore_errors=True)
     args = ["--manifest-dir", str(manifest_dir), "--dest", str(dest), "--summary-json", str(summary)]
-    t0, machine0, store0 = time.perf_counter(), _machine_cpu_s(), _process_cpu_s(store_pids)
+    t0, machine0, store0 = time.perf_counter(), busy_seconds(), tree_seconds(store_pids)
     proc = subprocess.run(
         submit_command("write_files", args, master),
         env={**submit_env(master), **env},
@@ -125,8 +103,8 @@ def _ingest(
     )
     wall, machine, store = (
         time.perf_counter() - t0,
-        _machine_cpu_s() - machine0,
-        _process_cpu_s(store_pids) - store0,
+        busy_seconds() - machine0,
+        tree_seconds(store_pids) - store0,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"files job on {manifest_dir} failed: {(proc.stdout + proc.stderr)[-2000:]}")
@@ -251,7 +229,7 @@ def _condition_row(
         "store_cpu_ms_per_image": round(statistics.median(r["store_cpu_ms_per_image"] for r in runs), 2),
     }
     if rtt is not None:
-        row["meets_target"] = row["ratio_to_local"] >= TARGET_RATIO
+        row["meets_target"] = meets(row["ratio_to_local"], TARGET_RATIO)
     return row
 
 
@@ -273,8 +251,7 @@ def _write(
             "the process's maximum resident set (ru_maxrss), growth is that minus its RSS once imgest was imported",
             "rows": scan_main(scan_objects),
         }
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(json_path, report)
     _print(report)
     if plot_path is not None:
         plot(report, plot_path)
@@ -303,8 +280,6 @@ def _dataset_doc(images: int) -> dict[str, Any]:
 
 def plot(report: dict[str, Any], path: Path) -> None:
     """Images/s per layout: the local source beside S3 at each added round trip (the target is 0.9x local)."""
-    from imgest.bench.report import bar_chart
-
     layouts = list(dict.fromkeys(r["layout"] for r in report["ingest"]))
     sources = list(dict.fromkeys(r["source"] for r in report["ingest"]))
     rate = {(r["layout"], r["source"]): r["images_per_s"] for r in report["ingest"]}

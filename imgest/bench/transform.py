@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from imgest.bench.measure import meets
 from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.bench.transform_speed import baseline_transform, psnr, reference_pixels, speed_summary
 from imgest.sources.devdata.images import jpeg_bytes
@@ -45,7 +46,7 @@ def _measure(name: str, batch: list[bytes], spec: TransformSpec, rounds: int) ->
         "mean_kb": round(statistics.mean(len(d) for d in batch) / 1024, 1),
         **speed,
         "target_speedup": target,
-        "meets_target": None if target is None else speed["speedup"] >= target,
+        "meets_target": meets(speed["speedup"], target),
         "psnr_baseline_db": round(
             statistics.mean(psnr(baseline_transform(d, spec), r) for d, r in zip(sample, refs, strict=True)), 2
         ),

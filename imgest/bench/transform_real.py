@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.measure import meets
+from imgest.bench.report import pyplot, save_figure
 from imgest.core.paths import state_dir
 from imgest.core.quarantine import BadImage
 from imgest.transform.image import TransformSpec, transform_image
@@ -183,7 +185,7 @@ def run_sources(sources: list[Path], spec: TransformSpec, rounds: int) -> dict[s
                 **_quality_target(group, quality(members)),
                 "target_speedup": target,
             }
-            row["meets_target"] = None if target is None else row["speedup"] >= target
+            row["meets_target"] = meets(row["speedup"], target)
             groups.append(row)
             log.info("%s: %d images timed", group, len(members))
     per_image = [
@@ -202,10 +204,7 @@ def run_sources(sources: list[Path], spec: TransformSpec, rounds: int) -> dict[s
 
 def distribution_plot(path: Path, report: dict[str, Any]) -> None:
     """Per-image PSNR(imgest) - PSNR(Pillow) by size group (points and the 5th percentile), and the speed-ups."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = report["groups"]
     bounds = {g: (low, high) for g, low, high in SIZE_GROUPS}
@@ -232,7 +231,4 @@ def distribution_plot(path: Path, report: dict[str, Any]) -> None:
     bx.set_ylabel("speed-up over Pillow (one core)")
     bx.set_title("Speed (red: target)")
     fig.suptitle(f"Transform on real photos ({report.get('decoder', '')}, 256 -> crop 224, q90)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

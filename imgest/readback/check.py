@@ -207,7 +207,8 @@ def s3_webdataset_run(
 def s3_shard_runs(
     rs: ReadSet, settings: S3Settings, bucket: str, prefix: str, opts: ReadCheckOptions, progress: Progress = None
 ) -> tuple[list[RunResult], list[str]]:
-    """DALI's own s3:// reading (where it works), imgest's streaming reader and webdataset.WebDataset."""
+    """DALI's own s3:// reading, imgest's streaming reader and webdataset.WebDataset; with the results, DALI's
+    failures (one line each): a report records them and goes on, a test asserts there are none."""
     results, skipped = [], []
     for mode in opts.modes:
         spec = opts.spec(mode)

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.report import bar_chart, format_table, machine_info, write_json
+from imgest.bench.report import bar_chart, format_table, machine_info, pyplot, save_figure, write_json
 from imgest.validate.blockmap import write_block_map
 from imgest.validate.check import EngineResult
 from imgest.validate.runner import CheckReport
@@ -150,10 +150,7 @@ def sweep_plot_path(plot_path: Path) -> Path:
 def sweep_plot(path: Path, doc: dict[str, Any]) -> None:
     """images/s of each xNVMe engine against its queue depth (log scale), with python_file and DALI's file reader
     (one read at a time) as horizontal lines: where queue depth pays."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for engine in ("xnvme_file", "xnvme_block"):
@@ -172,6 +169,4 @@ def sweep_plot(path: Path, doc: dict[str, Any]) -> None:
     cache = str(doc.get("cache", "warm")).split(":", 1)[0]
     ax.set_title(f"xNVMe engines against queue depth, {cache} page cache")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -4,6 +4,8 @@ steps in tests/dags (a second target here cost 19 s of the suite)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,16 @@ pytestmark = pytest.mark.usefixtures("cassandra_server", "s3_server")
 def test_every_step_runs_and_is_measured(tmp_path: Path) -> None:
     target = "cassandra"
     source = write_count_scale(tmp_path / "src", CountScaleSpec(classes=5, train=60, val=10), workers=1)
+    t0 = time.perf_counter()
     rows = scale.run_size("count", "test", source, 70, target, tmp_path / "runs")
+    elapsed = time.perf_counter() - t0
     steps = {r["step"]: r for r in rows}
     assert list(steps) == list(scale.STEPS[target])
-    assert all(r["wall_s"] > 0 and r["rss"]["task"] > 20 << 20 for r in rows)
+    # each step's process tree spent CPU, and no more than its wall time on this machine's cores allows; the steps
+    # ran one after another within the run this test timed
+    cores = os.cpu_count() or 1
+    assert all(0 < r["cpu_s"] <= r["wall_s"] * cores + 0.02 and r["rss"]["task"] > 20 << 20 for r in rows)
+    assert sum(r["wall_s"] for r in rows) <= elapsed
     ingest = steps[f"ingest_{target}"]
     assert ingest["rss"]["spark_driver"] > 100 << 20  # the JVM of spark-submit was followed
     assert ingest["rss"]["driver_python"] > 20 << 20  # the job's Python driver

@@ -43,7 +43,8 @@ def _check(results: list[Any], readers: set[str], n: int) -> None:
     for r in results:
         assert r.ok, (r.reader, r.mode, r.problems)
         assert r.images == n, (r.reader, r.mode)
-        assert r.images_per_s > 0
+        # the rate is that of the epoch read (seconds are kept to the millisecond, the rate to 0.1)
+        assert r.images_per_s == pytest.approx(r.images / r.seconds, rel=0.05, abs=0.1), (r.reader, r.mode)
     assert {r.mode for r in results} == {"raw", "train"}
 
 
@@ -58,9 +59,11 @@ def test_files_and_folder_shards_read_back_exactly(stored: dict[str, Any]) -> No
 def test_s3_readers_read_back_exactly(stored: dict[str, Any]) -> None:
     s3 = stored["s3_settings"]
     rs = shards_set(open_store(stored["s3"], s3))
-    results, skipped = s3_shard_runs(rs, s3, "imgest", "tests/readback", OPTS)
-    readers = {"shards-s3-stream", "shards-s3-webdataset"} | ({"shards-s3-dali"} if not skipped else set())
-    _check(results, readers, stored["train"])
+    results, failed = s3_shard_runs(rs, s3, "imgest", "tests/readback", OPTS)
+    # s3_shard_runs records a failure of DALI's s3:// reader and goes on (a benchmark reports it); here it fails:
+    # the pinned DALI reads s3:// on every machine of this project, so no failure of it is a known limitation
+    assert failed == [], f"DALI's s3:// reader failed: {failed}"
+    _check(results, {"shards-s3-dali", "shards-s3-stream", "shards-s3-webdataset"}, stored["train"])
 
 
 def test_cassandra_readers_read_back_exactly(stored: dict[str, Any]) -> None:

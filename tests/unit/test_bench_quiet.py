@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from imgest.bench.quiet import QUIET_CORES, Quietness, QuietWatch
+from imgest.bench.measure import QUIET_CORES, Quietness, QuietWatch
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
 

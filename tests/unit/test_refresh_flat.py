@@ -4,8 +4,9 @@
 both parquet files in bounded chunks: a diff of 1,331,167 rows must hold a bounded number of bytes a row (Python
 objects and numpy arrays seen by tracemalloc, Arrow's peak allocation in a process of its own). A small source with
 every kind of change (added, changed bytes, changed label, removed, touched with the same bytes, an S3 ETag kept or
-changed, an unreadable suspect, rows out of the baseline's order) must plan exactly what the whole-table code
-planned (digests taken from it).
+changed, an unreadable suspect, rows out of the baseline's order) must plan exactly what the scenario made: the
+test keeps, as it builds the source, which rows it added, changed and removed and which bytes each one holds, and
+derives the expected counts, next baseline, delta and removed rows from that.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from imgest.sinks.shards.plan import id_hashes
 from imgest.sources import diff
 from imgest.sources.diff import HASH_COLUMN
 from imgest.sources.manifest import SCHEMA, image_id
-from tests.unit.test_refresh_bounded import _digest
 
 DATASET = "syn-flat"
 SMALL = 2000
@@ -66,8 +66,9 @@ def _file(root: Path, row: dict, data: bytes) -> dict:
     return {**row, "size": len(data)}
 
 
-def _small_scenario(tmp: Path) -> tuple[dict, Path]:
-    """A previous version (baseline, state) and a scan with every kind of change; returns (conf, manifest dir)."""
+def _small_scenario(tmp: Path) -> tuple[dict, Path, dict]:
+    """A previous version (baseline, state) and a scan with every kind of change; returns (conf, manifest dir, what
+    the plan must write: see _expected)."""
     root = tmp / "src"
     conf = {"source": str(root), "dataset": DATASET, "target": "cassandra", "image_mode": "jpeg"}
     request = IngestRequest.from_conf(conf)
@@ -80,60 +81,82 @@ def _small_scenario(tmp: Path) -> tuple[dict, Path]:
     pq.write_table(base.append_column(HASH_COLUMN, pa.array(hashes)), rdir / refresh.BASELINE, row_group_size=300)
     state = {"number": 1, "version": refresh.version_name(request, 1), "counts": {}}
     (rdir / refresh.STATE).write_text(json.dumps(state))
-    new = []
+    new: list[dict] = []
+    held: dict[str, bytes | None] = {}  # id -> the bytes its source holds now (None: the file is gone)
+    changed: set[str] = set()
     for i, row in enumerate(old):
         if i % 9 == 1:
             continue  # removed
+        same = f"img {i}".encode()
+        data: bytes | None = same
         if row["etag"]:
             if i % 11 == 4:  # re-uploaded with the same bytes: a new ETag, read, unchanged
-                row = _file(root, {**row, "etag": f"etag-{i}-b"}, f"img {i}".encode())
+                row = _file(root, {**row, "etag": f"etag-{i}-b"}, same)
             elif i % 19 == 5:  # a new upload time, the same ETag: unchanged, not read
                 row = {**row, "mtime": row["mtime"] + 7}
         elif i % 13 == 2:  # touched: a new mtime, the same bytes
-            row = _file(root, {**row, "mtime": row["mtime"] + 1}, f"img {i}".encode())
+            row = _file(root, {**row, "mtime": row["mtime"] + 1}, same)
         elif i % 17 == 3:  # new bytes
-            row = _file(root, {**row, "mtime": row["mtime"] + 1}, f"new image {i}".encode())
+            data = f"new image {i}".encode()
+            row = _file(root, {**row, "mtime": row["mtime"] + 1}, data)
+            changed.add(row["id"])
         elif i % 23 == 6:  # the same bytes under another label
-            row = _file(root, {**row, "label": row["label"] + 1}, f"img {i}".encode())
+            row = _file(root, {**row, "label": row["label"] + 1}, same)
+            changed.add(row["id"])
         elif i % 29 == 7:  # a suspect whose file is gone when it is hashed: changed (the ingest quarantines it)
-            row = {**row, "size": row["size"] + 1}
+            row, data = {**row, "size": row["size"] + 1}, None
+            changed.add(row["id"])
         new.append(row)
+        held[row["id"]] = data
+    added: set[str] = set()
     for i in range(SMALL, SMALL + 15):
         rel = f"train/n00000009/img_{i}.JPEG"
-        added = {**old[-1], "id": image_id(DATASET, "train", rel), "rel_path": rel, "etag": ""}
-        new.append(_file(root, added, f"added {i}".encode()))
+        row = {**old[-1], "id": image_id(DATASET, "train", rel), "rel_path": rel, "etag": ""}
+        new.append(_file(root, row, f"added {i}".encode()))
+        held[row["id"]] = f"added {i}".encode()
+        added.add(row["id"])
     new = new[: len(new) // 2] + new[len(new) // 2 :][::-1]  # out of the baseline's order
     work = workdir.dataset_workdir(DATASET)
     work.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(new, schema=SCHEMA.with_metadata(meta)), work / workdir.MANIFEST, 250)
     for name in (workdir.CLASSES, workdir.SCAN_QUARANTINE, workdir.SCAN_REPORT):
         (work / name).write_text("{}")
-    return conf, work
+    return conf, work, _expected(old, new, held, changed, added)
 
 
-# Taken from the whole-table plan (before the ids became 64-bit keys and the files were read in chunks).
-SMALL_EXPECTED = {
-    "counts": '{"added": 15, "changed": 174, "removed": 223, "unchanged": 1603}',
-    "baseline": "e7919c570be56244172065cc407e7bca95b6aa57c39a68fd496471101b40acaf",
-    "delta": "c83c48824533f06d16b736c50fc8c1456dbb314e7b9c80c92c39f67293fa62d4",
-    "removed": "e04a1ec4e6fcd722ebcc8ac801778711b96003a7a828e4d4376657d149f328dc",
-}
+def _expected(old: list[dict], new: list[dict], held: dict, changed: set[str], added: set[str]) -> dict:
+    """What a plan of the scan NEW over the baseline OLD writes: the counts; the next baseline (the scan, in its
+    order, with the sha256 of the bytes each source holds, "" for a file gone); the delta (the added and changed
+    rows of the scan, in its order); the removed rows ((id, split) of the baseline's rows the scan lacks, in the
+    baseline's order)."""
+    scanned = {r["id"] for r in new}
+    removed = [{"id": r["id"], "split": r["split"]} for r in old if r["id"] not in scanned]
+    counts = {"added": len(added), "changed": len(changed), "removed": len(removed)}
+    counts["unchanged"] = len(new) - len(added) - len(changed)
+    digest = {i: "" if b is None else hashlib.sha256(b).hexdigest() for i, b in held.items()}
+    return {
+        "counts": counts,
+        "baseline": [{**r, HASH_COLUMN: digest[r["id"]]} for r in new],
+        "delta": [r for r in new if r["id"] in added | changed],
+        "removed": removed,
+    }
 
 
-def test_small_plan_is_the_whole_table_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_plan_is_what_the_scenario_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
-    conf, work = _small_scenario(tmp_path)
-    assert _small_outputs(refresh.plan_refresh(conf, work)) == SMALL_EXPECTED
+    conf, work, expected = _small_scenario(tmp_path)
+    assert expected["counts"] == {"added": 15, "changed": 174, "removed": 223, "unchanged": 1603}  # every kind made
+    assert _small_outputs(refresh.plan_refresh(conf, work)) == expected
 
 
-def _small_outputs(plan: dict) -> dict[str, str]:
-    """Digests of what PLAN wrote: counts, the next baseline, the delta manifest and the removed rows."""
+def _small_outputs(plan: dict) -> dict:
+    """What PLAN wrote: counts, the next baseline, the delta manifest and the removed rows (rows as dicts)."""
     rdir = refresh.refresh_dir(DATASET, "cassandra")
     return {
-        "counts": json.dumps(plan["counts"], sort_keys=True),
-        "baseline": _digest(pq.read_table(rdir / refresh.NEXT_BASELINE)),
-        "delta": _digest(pq.read_table(rdir / refresh.DELTA / workdir.MANIFEST)),
-        "removed": _digest(refresh.removed_rows(rdir)),
+        "counts": plan["counts"],
+        "baseline": pq.read_table(rdir / refresh.NEXT_BASELINE).to_pylist(),
+        "delta": pq.read_table(rdir / refresh.DELTA / workdir.MANIFEST).to_pylist(),
+        "removed": refresh.removed_rows(rdir).to_pylist(),
     }
 
 
@@ -159,8 +182,8 @@ def _small_id(i: int) -> str:
 def test_a_key_collision_plans_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: object) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(diff, "id_hashes", keys)
-    conf, work = _small_scenario(tmp_path)
-    assert _small_outputs(refresh.plan_refresh(conf, work)) == SMALL_EXPECTED
+    conf, work, expected = _small_scenario(tmp_path)
+    assert _small_outputs(refresh.plan_refresh(conf, work)) == expected
 
 
 def test_a_baseline_whose_ids_collide_under_every_seed_is_named(
@@ -168,7 +191,7 @@ def test_a_baseline_whose_ids_collide_under_every_seed_is_named(
 ) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(diff, "id_hashes", lambda ids, seed: np.zeros(len(ids), np.uint64))
-    conf, work = _small_scenario(tmp_path)
+    conf, work, _ = _small_scenario(tmp_path)
     with pytest.raises(diff.BaselineError, match=r"baseline\.parquet: different ids share a 64-bit key"):
         refresh.plan_refresh(conf, work)
 
@@ -291,7 +314,7 @@ def test_a_new_transform_replans_the_shards_out_of_core(tmp_path: Path, monkeypa
     """Every row changed (a new transform) keeps no shard: the plan is cut as a first version's is (build_plan, in
     bounded memory), not by the re-plan, which would hold every row of the manifest to cut it."""
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
-    conf, work = _small_scenario(tmp_path)
+    conf, work, _ = _small_scenario(tmp_path)
     conf = {**_as_shards(conf), "image_mode": "unchanged"}  # the baseline's version was written in jpeg mode
     plan = refresh.plan_refresh(conf, work)
     assert plan["counts"]["unchanged"] == 0
