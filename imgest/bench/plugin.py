@@ -12,7 +12,7 @@ Four comparisons, each with both sides measured in the same run on the same rows
 - **readers on the three-node ring** (imgest.bench.plugin_ring), every node behind its own proxy;
 - **the plugin's own benchmark**: its ``loop_read.py`` (as shipped, pointed at an imgest table and an id list in
   the format its ``cache_uuids.py`` writes) beside imgest's reader on the same rows at the same batch size.
-Every run records whether the machine was quiet (imgest.bench.quiet); a target is only called met on a quiet run.
+Every run records whether the machine was quiet (imgest.bench.measure); a target is only called met on a quiet run.
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ def measure_all(
 ) -> dict[str, Any]:
     """Prepare the datasets (cached; stored with INGEST), then each of PARTS (readers, sweep, loop-read, writers,
     ring), the machine's quietness recorded over each."""
-    from imgest.bench.quiet import QuietWatch
-    from imgest.bench.read import medians, server_pids
+    from imgest.bench.measure import QuietWatch, server_pids
+    from imgest.bench.read import medians
     from imgest.bench.read_data import prepare, prepare_sweep, read_sets, sweep_sets
     from imgest.bench.read_sweep import PLUGIN, latency_sweep
     from imgest.bench.report import machine_info
@@ -240,9 +240,8 @@ def _loop_and_writers(
     rounds: int,
 ) -> None:
     """measure_all's loop-read and writers parts (when in PARTS), into REPORT."""
+    from imgest.bench.measure import QuietWatch, server_pids
     from imgest.bench.plugin_writers import writers
-    from imgest.bench.quiet import QuietWatch
-    from imgest.bench.read import server_pids
     from imgest.readback.pinning import pinned
 
     if "loop-read" in parts:

@@ -92,7 +92,7 @@ def imgest_writer(
 
 def with_cpu(run: Callable[[], dict[str, Any]], server_pid: int | None) -> dict[str, Any]:
     """RUN() (a writer returning its record) with the CPU per row of the server and of this process's tree."""
-    from imgest.bench.quiet import TreeSampler, tree_seconds
+    from imgest.bench.measure import TreeSampler, tree_seconds
 
     server0 = tree_seconds([server_pid]) if server_pid else 0.0
     with TreeSampler([os.getpid()]) as tree:
