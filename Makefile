@@ -7,7 +7,7 @@ install:
 install-dev:
 	bash scripts/install.sh --dev
 
-# Benchmark peers (LitData + torch): only for `imgest bench pack`.
+# Benchmark peers with their own CUDA torch (LitData on the dev torch comes with install-dev): `imgest bench pack` on a GPU.
 install-bench: install-dev
 	.venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.lock
 
