@@ -157,9 +157,15 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _services() -> tuple[CassandraSettings, Any]:
+    """The single node, SeaweedFS and Toxiproxy up; a ring left running is stopped (its idle nodes would be other
+    processes on the machine during every part but the ring's, which starts it again)."""
     from imgest.core.settings import S3Settings
     from imgest.services import CassandraServer, S3Server
     from imgest.services.latency import LatencyProxy
+    from imgest.services.ring import CassandraRing
+
+    if CassandraRing.default().down():
+        log.info("stopped the three-node ring: it runs only during the ring part")
 
     for service in (CassandraServer.default(), S3Server.default(), LatencyProxy.default()):
         service.up()
@@ -217,15 +223,21 @@ def measure_all(
         report["latency_sweep"], report["sweep_compare"] = sweep, sweep_compare(sweep)
     _loop_and_writers(report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds)
     if "ring" in parts:
-        from imgest.bench.plugin_ring import ring_sweep
-
-        src = Path(prepare_sweep(sweep_images, where, ingest)["src"])
-        with QuietWatch(server_pids()) as watch:
-            report["ring"] = ring_sweep(src, root / "ring-work", ring_rtts or [0, 50], rounds, epochs, batch_size)
-        report["quiet"]["ring"] = watch.result.to_dict()
-        report["ring_compare"] = sweep_compare(report["ring"]["rows"])
+        _ring(report, Path(prepare_sweep(sweep_images, where, ingest)["src"]), root, ring_rtts, rounds, epochs)
     report["targets"] = targets(report)
     return report
+
+
+def _ring(report: dict[str, Any], src: Path, root: Path, rtts: list[float] | None, rounds: int, epochs: int) -> None:
+    """measure_all's ring part: the readers on the three-node ring over SRC (the sweep's images), into REPORT."""
+    from imgest.bench.measure import QuietWatch, server_pids
+    from imgest.bench.plugin_ring import ring_pids, ring_sweep, ring_up
+
+    ring_up()  # before the watch: the ring's nodes are servers measured against, not other processes
+    with QuietWatch(server_pids() + ring_pids()) as watch:
+        report["ring"] = ring_sweep(src, root / "ring-work", rtts or [0, 50], rounds, epochs, report["batch_size"])
+    report["quiet"]["ring"] = watch.result.to_dict()
+    report["ring_compare"] = sweep_compare(report["ring"]["rows"])
 
 
 def _loop_and_writers(

@@ -51,6 +51,13 @@ def ring_up() -> Any:
     return ring, proxy
 
 
+def ring_pids() -> list[int]:
+    """PIDs of the ring's nodes that run."""
+    from imgest.services.ring import CassandraRing
+
+    return [p for p in (n.process.pid() for n in CassandraRing.default().nodes) if p]
+
+
 def ring_settings(port: int) -> CassandraSettings:
     """Connection settings of the ring through its proxies."""
     return replace(CassandraSettings.from_env(), hosts=PROXIED, port=port, consistency="ONE", local_dc=None)
