@@ -92,7 +92,7 @@ def head(rs: ReadSet, n: int) -> ReadSet:
 
 def ring_sweep(src: Path, work: Path, rtts: list[float], rounds: int, epochs: int, batch_size: int) -> dict[str, Any]:
     """Every reader at every added round trip through the ring's proxies, ROUNDS times; medians per epoch."""
-    from imgest.bench.read import all_epochs_row, epoch_row
+    from imgest.bench.read_sweep import all_epochs_row, epoch_row
     from imgest.peers.crs4_reader import PRESETS, crs4_epochs
     from imgest.readback.check import ReadCheckOptions, cassandra_epochs
     from imgest.readback.pipelines import PipelineSpec
