@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-quick test-browser docs install install-dev install-bench install-peers lint lock services-down clean
+.PHONY: demo test test-quick test-browser docs install install-dev install-bench install-peers install-pillow-simd lint lock services-down clean
 
 install:
 	bash scripts/install.sh
@@ -10,6 +10,11 @@ install-dev:
 # Benchmark peers with their own CUDA torch (LitData on the dev torch comes with install-dev): `imgest bench pack` on a GPU.
 install-bench: install-dev
 	.venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.lock
+
+# pillow-simd, the `imgest bench transform --peers` peer that replaces Pillow: built from its sdist into its own
+# environment (.imgest/bench/pillow-simd-venv; about 2 min of CPU on 2 cores, then a no-op).
+install-pillow-simd: install-dev
+	bash scripts/build_pillow_simd.sh
 
 # The cassandra-dali-plugin peer (fn.crs4.cassandra, crs4.cassandra_utils) built from its PyPI sdist into .venv; the
 # build is cached in ~/.cache/imgest/peers by the sha256 of its inputs (first build about 2 min on 2 cores, then about a second).

@@ -5,8 +5,9 @@ Also the suite's tiers and its skip policy:
   ``make test-quick`` (``-m "not services and not slow and not browser and not gpu"``) runs what needs no server;
 - under ``CI`` a skip fails the test unless its reason is one these machines cannot meet (CI_ALLOWED_SKIPS): a
   check that names an engine or reader must run it;
-- tests marked ``peers`` need the benchmark peers (LitData: requirements/bench.txt, which ``make install-dev``
-  installs); without them they are deselected and the summary says so, except under ``CI``, where each fails;
+- tests marked ``peers`` need the benchmark peers (LitData, OpenCV, simplejpeg: requirements/bench.txt, which
+  ``make install-dev`` installs); without them they are deselected and the summary says so, except under ``CI``,
+  where each fails;
 - ``make test`` runs on two pytest-xdist workers (``-n 2 --dist loadscope``, tests/xdist_groups.py). Tests that
   share a server's state or a fixture wider than a test run on one worker, one after another (xdist_groups
   below). The workers share the embedded servers: the first to need one starts it under a file lock, a test on
@@ -86,6 +87,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get(airflow_cli.DIR_E
 _PEERS_DROPPED = pytest.StashKey[int]()
 # Passed from each xdist worker to the controller (config.workeroutput): services it started, tests it dropped.
 _STARTED_KEY, _DROPPED_KEY = "imgest_started_services", "imgest_peers_dropped"
+PEER_MODULES = ("litdata", "cv2", "simplejpeg")  # requirements/bench.txt: the benchmark peers' tests need them
 _workers_started: set[str] = set()  # service names the workers started (the controller stops them at its end)
 _workers_dropped = 0  # peer tests the workers deselected (the same number on each)
 
@@ -153,11 +155,16 @@ def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
     return group_of
 
 
+def missing_peers() -> list[str]:
+    """The benchmark peers' modules (requirements/bench.txt) that are not installed."""
+    return [name for name in PEER_MODULES if importlib.util.find_spec(name) is None]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark service tests; deselect the benchmark-peer tests when the peers are not installed; order the tests by
     their xdist group and publish the groups to the controller (tests/xdist_groups.py)."""
-    peers = importlib.util.find_spec("litdata") is not None or bool(os.environ.get("CI"))  # CI: they run, or fail
+    peers = not missing_peers() or bool(os.environ.get("CI"))  # CI: they run, or fail
     kept, dropped = [], []
     for item in items:
         if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -186,7 +193,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     dropped = config.stash.get(_PEERS_DROPPED, 0) or _workers_dropped
     if dropped:
         terminalreporter.write_line(
-            f"{dropped} test(s) of the benchmark peers deselected: LitData is not installed (make install-dev)"
+            f"{dropped} test(s) of the benchmark peers deselected: {', '.join(missing_peers())} not installed "
+            "(make install-dev)"
         )
 
 
@@ -225,9 +233,10 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Under CI a benchmark-peer test is not deselected: without LitData it fails here, saying so."""
-    if item.get_closest_marker("peers") and importlib.util.find_spec("litdata") is None:
+    if item.get_closest_marker("peers") and missing_peers():
         pytest.fail(
-            "LitData is not installed: CI runs the benchmark peers' tests (requirements/bench.txt, make install-dev)"
+            f"{', '.join(missing_peers())} not installed: CI runs the benchmark peers' tests (requirements/bench.txt, "
+            "make install-dev)"
         )
 
 

@@ -37,6 +37,7 @@ SIZE_GROUPS = (
     ("real: 0.5-2 MP", 500_000, 2_000_000),
     ("real: >= 2 MP", 2_000_000, math.inf),
 )
+CODING_SPLIT = ("real: imagenet-size",)  # groups also reported per coding: baseline and progressive files apart
 SPEED_TARGETS = {"real: imagenet-size": 2.5, "real: >= 2 MP": 3.0}
 QUALITY_TARGETS = {"mean_db": 0.0, "p5_db": -0.5}  # PSNR(imgest) - PSNR(Pillow)
 WORST_NAMED = 5
@@ -162,6 +163,39 @@ def quarantine_check(judged: list[Judged]) -> dict[str, Any]:
     }
 
 
+def _groups(judged: list[Judged]) -> list[tuple[str, list[Judged]]]:
+    """(group, its files that both pipelines transformed) per size group; the ImageNet-size one also split by coding
+    (CODING_SPLIT: baseline SOF0/1, progressive SOF2), right after it."""
+    from imgest.bench.transform_peers import jpeg_kind
+
+    out = []
+    for group, low, high in SIZE_GROUPS:
+        members = [j for j in judged if low <= j.pixels < high and j.delta is not None]
+        out.append((group, members))
+        if group in CODING_SPLIT:
+            codings = [(j, jpeg_kind(j.data)) for j in members]
+            for coding in ("baseline", "progressive"):
+                out.append((f"{group}, {coding}", [j for j, k in codings if k is not None and k.coding == coding]))
+    return out
+
+
+def _group_row(group: str, members: list[Judged], spec: TransformSpec, rounds: int) -> dict[str, Any]:
+    """One group's speed and quality (targets only where SPEED_TARGETS has the group)."""
+    target = SPEED_TARGETS.get(group)
+    row: dict[str, Any] = {
+        "group": group,
+        "images": len(members),
+        "mean_megapixels": round(statistics.mean(j.pixels for j in members) / 1e6, 2),
+        "mean_kb": round(statistics.mean(len(j.data) for j in members) / 1024, 1),
+        **speed(members, spec, rounds),
+        **_quality_target(group, quality(members)),
+        "target_speedup": target,
+    }
+    row["meets_target"] = meets(row["speedup"], target)
+    log.info("%s: %d images timed", group, len(members))
+    return row
+
+
 def run_sources(sources: list[Path], spec: TransformSpec, rounds: int) -> dict[str, Any]:
     """Judge every file of SOURCES, then time each size group; the report's real-photo part."""
     judged: list[Judged] = []
@@ -170,34 +204,19 @@ def run_sources(sources: list[Path], spec: TransformSpec, rounds: int) -> dict[s
         for folder in sources:
             for name, data in load_folder(folder):
                 judged.append(judge(f"{folder.name}/{name}", data, spec))
-        groups = []
-        for group, low, high in SIZE_GROUPS:
-            members = [j for j in judged if low <= j.pixels < high and j.delta is not None]
-            if not members:
-                continue
-            target = SPEED_TARGETS.get(group)
-            row: dict[str, Any] = {
-                "group": group,
-                "images": len(members),
-                "mean_megapixels": round(statistics.mean(j.pixels for j in members) / 1e6, 2),
-                "mean_kb": round(statistics.mean(len(j.data) for j in members) / 1024, 1),
-                **speed(members, spec, rounds),
-                **_quality_target(group, quality(members)),
-                "target_speedup": target,
-            }
-            row["meets_target"] = meets(row["speedup"], target)
-            groups.append(row)
-            log.info("%s: %d images timed", group, len(members))
+        groups = [_group_row(group, members, spec, rounds) for group, members in _groups(judged) if members]
+    from imgest.bench.transform_peers import jpeg_kind
+
     per_image = [
-        [j.name, round(j.pixels / 1e6, 3), round(j.psnr_pillow, 2), round(j.psnr_imgest, 2), round(j.delta, 3)]
-        for j in judged
+        [j.name, round(j.pixels / 1e6, 3), round(j.psnr_pillow, 2), round(j.psnr_imgest, 2), round(j.delta, 3), coding]
+        for j, coding in ((j, getattr(jpeg_kind(j.data), "coding", None)) for j in judged)
         if j.delta is not None and j.psnr_pillow is not None and j.psnr_imgest is not None
     ]
     return {
         "sources": [str(s) for s in sources],
         "groups": groups,
         "quarantine": quarantine_check(judged),
-        "per_image_columns": ["file", "megapixels", "psnr_pillow_db", "psnr_imgest_db", "delta_db"],
+        "per_image_columns": ["file", "megapixels", "psnr_pillow_db", "psnr_imgest_db", "delta_db", "coding"],
         "per_image": per_image,
     }
 
@@ -210,8 +229,13 @@ def distribution_plot(path: Path, report: dict[str, Any]) -> None:
     bounds = {g: (low, high) for g, low, high in SIZE_GROUPS}
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     for i, g in enumerate(groups):
-        low, high = bounds[g["group"]]
-        deltas = [row[4] for row in report["per_image"] if low <= row[1] * 1e6 < high]
+        size_group, _, coding = g["group"].partition(", ")
+        low, high = bounds[size_group]
+        deltas = [
+            row[4]
+            for row in report["per_image"]
+            if low <= row[1] * 1e6 < high and (not coding or (row[5:] or [None])[0] == coding)
+        ]
         xs = [i + 0.25 * math.sin(k * 2.4) for k in range(len(deltas))]  # deterministic jitter
         ax.scatter(xs, deltas, s=9, alpha=0.6)
         ax.hlines([g["delta_p5_db"]], i - 0.35, i + 0.35, colors="red", label="5th percentile" if i == 0 else None)

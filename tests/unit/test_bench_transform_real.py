@@ -79,3 +79,23 @@ def test_an_image_that_pillow_decodes_but_imgest_quarantines_fails_the_check() -
     check = transform_real.quarantine_check([ok, lost])
     assert check["decodable_but_quarantined"] == [["lost.jpg", "corrupt: something"]]
     assert check["meets_target"] is False
+
+
+@pytest.mark.skipif(not fastjpeg.available(), reason=f"region decoder not built: {fastjpeg.BUILD_HINT}")
+def test_the_imagenet_size_group_is_split_into_baseline_and_progressive_files(tmp_path: Path) -> None:
+    src = tmp_path / "set"
+    _save(src / "a.jpg", 500, 375, 1)
+    _save(src / "b.jpg", 375, 500, 2)
+    _save(src / "p.jpg", 500, 375, 3, progressive=True)
+
+    real = transform_real.run_sources([src], transform_real.TransformSpec(), 1)
+
+    groups = {g["group"]: g["images"] for g in real["groups"]}
+    assert groups == {
+        "real: imagenet-size": 3,
+        "real: imagenet-size, baseline": 2,
+        "real: imagenet-size, progressive": 1,
+    }
+    assert real["per_image_columns"][-1] == "coding"
+    assert {row[0]: row[-1] for row in real["per_image"]}["set/p.jpg"] == "progressive"
+    transform_real.distribution_plot(tmp_path / "r.png", real)  # the split groups are plotted too
