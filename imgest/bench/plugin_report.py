@@ -141,20 +141,30 @@ def print_writers(w: dict[str, Any]) -> None:
 
 def _sides(ax: Any, report: dict[str, Any]) -> None:
     names, ours, theirs = [], [], []
+    for row in report.get("ring_compare", []):
+        if row["epoch"] == "second":
+            names.append(f"{row['condition']}\n2nd epoch")
+            theirs.append(row["plugin_images_per_s"])
+            ours.append(row["imgest_images_per_s"])
     if "writers" in report:
-        names.append("writer\n(extract_spark.py vs ingest)")
-        theirs.append(report["writers"]["plugin"]["images_per_s"])
-        ours.append(report["writers"]["imgest"]["images_per_s"])
+        w = report["writers"]
+        names.append("writer\nas run")
+        theirs.append(w["plugin"]["images_per_s"])
+        ours.append(w["imgest"]["images_per_s"])
+        if w["plugin"].get("steady_images_per_s"):
+            names.append("writer\nsteady")
+            theirs.append(w["plugin"]["steady_images_per_s"])
+            ours.append(w["imgest"]["steady_images_per_s"])
     if "loop_read" in report:
-        names.append("its loop_read.py\nvs imgest reader")
+        names.append("its\nloop_read.py")
         theirs.append(report["loop_read"]["plugin_loop_read"]["images_per_s"])
         ours.append(report["loop_read"]["imgest_reader"]["images_per_s"])
     x = range(len(names))
     for k, (values, label) in enumerate(((theirs, "cassandra-dali-plugin"), (ours, "imgest"))):
         bars = ax.bar([i + k * 0.4 for i in x], values, 0.4, label=label)
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax.set_xticks([i + 0.2 for i in x], names)
+    ax.set_xticks([i + 0.2 for i in x], names, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("images/s (log scale)")
-    ax.set_title("The plugin's own scripts beside imgest")
+    ax.set_title("The three-node ring, the plugin's own scripts")
     ax.legend()
