@@ -11,6 +11,7 @@ PSNR of each output against the full-precision reference (imgest.bench.transform
 from __future__ import annotations
 
 import io
+import logging
 import math
 import statistics
 import time
@@ -27,6 +28,8 @@ FULL, IMGEST, SIMD = "pillow-full", "imgest", "pillow-simd"
 # imgest's speed over the best peer's, per CPU second, with PSNR not below that peer's (issue 44)
 TARGETS = {"real: progressive": 1.5, "generated: progressive": 1.5}
 GROUP_ORDER = ("baseline", "progressive", "grey", "CMYK", "arithmetic", ">= 2 MP")
+
+log = logging.getLogger(__name__)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -165,10 +168,28 @@ def generated_sets(images: int, large_images: int, seed: int = 0) -> dict[str, l
     return made
 
 
+def decodable(data: bytes) -> bool:
+    """Whether Pillow decodes DATA whole: the full-precision reference every peer is judged against needs it (a
+    truncated or corrupt file is one imgest quarantines, not one to time)."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+        return True
+    except Exception:  # Pillow raises OSError, SyntaxError, ValueError... on broken files
+        return False
+
+
 def grouped(files: list[bytes]) -> dict[str, list[bytes]]:
-    """FILES by peer group (a file may be in two: an ImageNet-size one and '>= 2 MP' never overlap, though)."""
+    """FILES by peer group (a file may be in two: an ImageNet-size one and '>= 2 MP' never overlap, though); files
+    the reference cannot decode are left out (logged)."""
     groups: dict[str, list[bytes]] = {}
-    for data in files:
+    kept = [data for data in files if decodable(data)]
+    if len(kept) < len(files):
+        dropped = len(files) - len(kept)
+        log.info("left out %d of %d files the full-precision reference cannot decode", dropped, len(files))
+    for data in kept:
         for group in tp.groups_of(tp.jpeg_kind(data)):
             groups.setdefault(group, []).append(data)
     return {g: groups[g] for g in GROUP_ORDER if g in groups}
