@@ -15,6 +15,7 @@ from typing import Any
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.providers.apache.cassandra.hooks.cassandra import CassandraHook
 
+from imgest.core.errors import ConfigError
 from imgest.core.settings import CassandraSettings, S3Settings
 
 
@@ -28,10 +29,17 @@ class ImgestCassandraHook(CassandraHook):
     def settings(self) -> CassandraSettings:
         """Hosts (comma separated), port, login/password, TLS CA, protocol version, consistency and local DC."""
         conn = self.get_connection(self.cassandra_conn_id)
+        hosts = tuple(h.strip() for h in (conn.host or "").split(",") if h.strip())
+        if not hosts:  # never a silent 127.0.0.1: on a cluster that is the worker itself
+            raise ConfigError(
+                f"Airflow connection {self.cassandra_conn_id!r} has no host: set its Host to the Cassandra contact "
+                "points, comma separated (Admin > Connections, or AIRFLOW_CONN_"
+                f'{self.cassandra_conn_id.upper()}=\'{{"conn_type": "cassandra", "host": "10.0.0.5,10.0.0.6"}}\')'
+            )
         extra = conn.extra_dejson
         ssl_ca = extra.get("ssl_ca") or (extra.get("ssl_options") or {}).get("ca_certs")
         return CassandraSettings(
-            hosts=tuple(h.strip() for h in (conn.host or "127.0.0.1").split(",") if h.strip()),
+            hosts=hosts,
             port=int(conn.port or 9042),
             username=conn.login or None,
             password=conn.password or None,
