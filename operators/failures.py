@@ -9,7 +9,7 @@ from contextlib import contextmanager
 @contextmanager
 def fail_without_retry() -> Iterator[None]:
     """Re-raise imgest's refused-credential and bad-setting errors as AirflowFailException (same message)."""
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
     from imgest.core.errors import AuthenticationError, ConfigError, NothingIngestibleError
 

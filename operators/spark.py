@@ -71,7 +71,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         import tempfile
         from pathlib import Path
 
-        from airflow.exceptions import AirflowException
+        from airflow.sdk.exceptions import AirflowException
 
         from imgest.spark import driver_server
         from imgest.spark.conf import spark_conf

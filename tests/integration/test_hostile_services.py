@@ -69,7 +69,7 @@ def test_wrong_s3_keys_are_one_line_before_spark(s3_server: S3Server, source: Pa
 def test_dag_prepare_steps_fail_without_retries_on_refused_credentials(
     cassandra_auth_server: CassandraServer, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
     from imgest.operators.failures import fail_without_retry
 
     from imgest.flow.steps import prepare_bucket, prepare_cassandra
