@@ -103,7 +103,15 @@ READS_KS = "imgest_test_ring_reads"
 
 def _internode_bytes(ring: CassandraRing, session: Any) -> int:
     """Bytes every node has sent to the others so far (each node's system_views.internode_outbound)."""
-    hosts = {str(h.endpoint.address): h for h in session.cluster.metadata.all_hosts()}
+    deadline = time.monotonic() + 120
+    while True:  # a ring that just started: the driver may not have seen every node join yet
+        hosts = {str(h.endpoint.address): h for h in session.cluster.metadata.all_hosts() if h.is_up is not False}
+        if all(n.host in hosts for n in ring.nodes) or time.monotonic() > deadline:
+            break
+        session.cluster.refresh_nodes()
+        time.sleep(1)
+    missing = [n.host for n in ring.nodes if n.host not in hosts]
+    assert not missing, f"the driver does not see ring nodes {missing} after 120 s"
     total = 0
     for node in ring.nodes:
         rows = session.execute("SELECT sent_bytes FROM system_views.internode_outbound", host=hosts[node.host])
