@@ -231,11 +231,14 @@ def measure_all(
 def _ring(report: dict[str, Any], src: Path, root: Path, rtts: list[float] | None, rounds: int, epochs: int) -> None:
     """measure_all's ring part: the readers on the three-node ring over SRC (the sweep's images), into REPORT."""
     from imgest.bench.measure import QuietWatch, server_pids
-    from imgest.bench.plugin_ring import ring_pids, ring_sweep, ring_up
+    from imgest.bench.plugin_ring import ring_sweep, ring_up
 
-    ring_up()  # before the watch: the ring's nodes are servers measured against, not other processes
-    with QuietWatch(server_pids() + ring_pids()) as watch:
-        report["ring"] = ring_sweep(src, root / "ring-work", rtts or [0, 50], rounds, epochs, report["batch_size"])
+    ring, proxy = ring_up()  # before the watch: the ring's nodes are servers measured against, not other processes
+    nodes = [p for p in (n.process.pid() for n in ring.nodes) if p]
+    with QuietWatch(server_pids() + nodes) as watch:
+        report["ring"] = ring_sweep(
+            ring, proxy, src, root / "ring-work", rtts or [0, 50], rounds, epochs, report["batch_size"]
+        )
     report["quiet"]["ring"] = watch.result.to_dict()
     report["ring_compare"] = sweep_compare(report["ring"]["rows"])
 

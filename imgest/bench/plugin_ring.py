@@ -51,13 +51,6 @@ def ring_up() -> Any:
     return ring, proxy
 
 
-def ring_pids() -> list[int]:
-    """PIDs of the ring's nodes that run."""
-    from imgest.services.ring import CassandraRing
-
-    return [p for p in (n.process.pid() for n in CassandraRing.default().nodes) if p]
-
-
 def ring_settings(port: int) -> CassandraSettings:
     """Connection settings of the ring through its proxies."""
     return replace(CassandraSettings.from_env(), hosts=PROXIED, port=port, consistency="ONE", local_dc=None)
@@ -90,17 +83,24 @@ def head(rs: ReadSet, n: int) -> ReadSet:
     return replace(rs, rows={k: v[:n] for k, v in rs.rows.items()})
 
 
-def ring_sweep(src: Path, work: Path, rtts: list[float], rounds: int, epochs: int, batch_size: int) -> dict[str, Any]:
-    """Every reader at every added round trip through the ring's proxies, ROUNDS times; medians per epoch."""
+def set_rtt(proxy: Any, rtt_ms: float) -> None:
+    """RTT_MS added on every ring node's proxy (see ring_up)."""
+    for i in range(1, len(PROXIED) + 1):
+        proxy.set_rtt(f"ring-{i}", rtt_ms)
+
+
+def ring_sweep(
+    ring: Any, proxy: Any, src: Path, work: Path, rtts: list[float], rounds: int, epochs: int, batch_size: int
+) -> dict[str, Any]:
+    """Every reader at every added round trip through the proxies of RING (started by ring_up), ROUNDS times;
+    medians per epoch."""
     from imgest.bench.read_sweep import all_epochs_row, epoch_row
     from imgest.peers.crs4_reader import PRESETS, crs4_epochs
     from imgest.readback.check import ReadCheckOptions, cassandra_epochs
     from imgest.readback.pipelines import PipelineSpec
 
-    ring, proxy = ring_up()
     settings = ring_settings(ring.nodes[0].native_port)
-    for name in ("ring-1", "ring-2", "ring-3"):
-        proxy.set_rtt(name, 0)
+    set_rtt(proxy, 0)
     rs = ring_set(settings, src, work)
     small = head(rs, SMALL_ROWS)
     spec = PipelineSpec(batch_size, mode="raw", verify_after=True)
@@ -114,15 +114,13 @@ def ring_sweep(src: Path, work: Path, rtts: list[float], rounds: int, epochs: in
     results: dict[tuple[float, str], list[list[RunResult]]] = {}
     for round_ in range(rounds):
         for rtt in rtts:
-            for name in ("ring-1", "ring-2", "ring-3"):
-                proxy.set_rtt(name, rtt)
+            set_rtt(proxy, rtt)
             for reader, run in readers.items():
                 got = run()
                 results.setdefault((rtt, reader), []).append(got)
                 rates = ", ".join(f"{r.epoch_rate:.0f}" for r in got)
                 log.info("ring round %d/%d, %g ms, %s: %s images/s", round_ + 1, rounds, rtt, reader, rates)
-    for name in ("ring-1", "ring-2", "ring-3"):
-        proxy.set_rtt(name, 0)
+    set_rtt(proxy, 0)
     rows = []
     for (rtt, reader), runs in results.items():
         base = {"condition": f"ring, {rtt:g} ms", "rtt_ms": rtt, "reader": reader, "window": "adaptive"}
