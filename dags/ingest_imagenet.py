@@ -33,6 +33,7 @@ FILES_ARGS = "{{ ti.xcom_pull(task_ids='scan')['files_args'] }}"
 SHARD_DEST = "{{ ti.xcom_pull(task_ids='validate')['s3_dest'] or 's3://imgest/' ~ params.dataset }}"
 FILES_DEST = "{{ ti.xcom_pull(task_ids='scan')['files_dest'] }}"
 SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"
+DATASET = "{{ (ti.xcom_pull(task_ids='validate') or {}).get('dataset', '') }}"
 
 DOC = """
 ### Ingest an ImageNet-style dataset
@@ -131,6 +132,7 @@ with DAG(
     ingest_cassandra = CassandraIngestSubmitOperator(
         task_id="ingest_cassandra",
         source_conn_id=SOURCE_CONN,
+        lock_dataset=DATASET,
         application_args=CASSANDRA_ARGS,
         doc_md="Spark job `jobs/ingest_cassandra.py` on `spark_default`: transforms and writes the rows.",
     )
@@ -148,6 +150,7 @@ with DAG(
     ingest_shards = PackShardsSubmitOperator(
         task_id="ingest_shards",
         source_conn_id=SOURCE_CONN,
+        lock_dataset=DATASET,
         application_args=SHARDS_ARGS,
         doc_md="Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`.",
     )
@@ -159,6 +162,7 @@ with DAG(
     ingest_files = WriteFilesSubmitOperator(
         task_id="ingest_files",
         source_conn_id=SOURCE_CONN,
+        lock_dataset=DATASET,
         application_args=FILES_ARGS,
         doc_md="Spark job: write <split>/<wnid>/<id>.jpg files.",
     )
@@ -218,11 +222,10 @@ with DAG(
         "tables: nothing to collect.",
     )
 
-    dataset = "{{ (ti.xcom_pull(task_ids='validate') or {}).get('dataset', '') }}"
     lock = DatasetLockOperator(
-        task_id="lock", dataset=dataset, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
+        task_id="lock", dataset=DATASET, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
     )
-    release = DatasetLockOperator(task_id="release_lock", dataset=dataset, release=True, retries=3)
+    release = DatasetLockOperator(task_id="release_lock", dataset=DATASET, release=True, retries=3)
     request = validate()
     scanned = scan(request)
     request >> lock >> scanned

@@ -113,3 +113,11 @@ def source_settings(source: str | None, source_conn_id: str) -> S3Settings | Non
     if not source or not source.startswith("s3://") or not source_conn_id:
         return None
     return ImgestS3Hook(aws_conn_id=source_conn_id).settings(source[5:].split("/", 1)[0])
+
+
+def lock_store(aws_conn_id: str = "aws_default"):  # -> imgest.core.lock_stores.LockStore
+    """The dataset lock store: under $IMGEST_STATE_URL (reached through AWS_CONN_ID) when set, else local."""
+    from imgest.core.lock_stores import default_store, state_url
+
+    url = state_url()
+    return default_store(store_settings(url, aws_conn_id) if url else None)

@@ -24,21 +24,24 @@ class DatasetLockOperator(BaseOperator):
         self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
 
     def execute(self, context: Any) -> str:
+        from imgest.operators.hooks import lock_store
+
         from imgest.core import locks
 
         holder = locks.airflow_holder(self.dag_id, context["run_id"])
         if not self.dataset:  # the run failed before the dataset was known: nothing was taken
             return "no dataset"
+        store = lock_store()
         if self.release:
-            freed = locks.release(self.dataset, holder)
+            freed = locks.release(self.dataset, holder, store)
             return f"released {self.dataset}" if freed else f"{self.dataset} was not held by this run"
 
         def waiting(other: locks.Holder) -> None:
             log.info("dataset %s is being written by %s (since %s): waiting", self.dataset, other.who, other.since)
 
         wait = self.wait if self.wait is not None else locks.default_wait()
-        locks.acquire(self.dataset, holder, wait, self.poll, on_wait=waiting)
-        return f"{holder.who} holds {self.dataset}"
+        locks.acquire(self.dataset, holder, wait, self.poll, on_wait=waiting, store=store)
+        return f"{holder.who} holds {self.dataset} (lock store {store.location})"
 
 
 class FinishRefreshOperator(RequestOperator):

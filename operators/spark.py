@@ -18,15 +18,16 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
     """Submit jobs/<job>.py on the `spark_default` connection with imgest's Spark settings."""
 
     job: ClassVar[str]
-    template_fields = (*SparkSubmitOperator.template_fields, "source_conn_id")
+    template_fields = (*SparkSubmitOperator.template_fields, "source_conn_id", "lock_dataset")
 
-    def __init__(self, *, source_conn_id: str = "", **kwargs: Any) -> None:
+    def __init__(self, *, source_conn_id: str = "", lock_dataset: str = "", **kwargs: Any) -> None:
         from imgest.spark.submit import job_path
 
         kwargs.setdefault("conn_id", "spark_default")
         kwargs.setdefault("name", f"imgest-{self.job}")
         super().__init__(application=str(job_path(self.job)), **kwargs)
         self.source_conn_id = source_conn_id  # an s3:// source's connection ('' for a local source)
+        self.lock_dataset = lock_dataset  # the dataset whose lock this run holds: its lease is renewed while we run
 
     def source_env(self) -> dict[str, str]:
         """IMGEST_SOURCE_* variables from the source's connection (none for a local source)."""
@@ -61,9 +62,22 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         self.conf = {**spark_conf(master=master), **(self.conf or {})}
         if needs_shipping(master) and not self.py_files:
             self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
-        if self._in_reused_driver(master):
-            return
-        super().execute(context)
+        with self._lease(context):
+            if not self._in_reused_driver(master):
+                super().execute(context)
+
+    def _lease(self, context: Any) -> Any:
+        """Renew this run's lease on its dataset's lock while the job runs (a job can outlast a lease)."""
+        from contextlib import nullcontext
+
+        from imgest.operators.hooks import lock_store
+
+        from imgest.core import locks
+
+        if not self.lock_dataset:
+            return nullcontext()
+        holder = locks.airflow_holder(self.dag_id, context["run_id"])
+        return locks.keep_alive(self.lock_dataset, holder, lock_store())
 
     def _in_reused_driver(self, master: str) -> bool:
         """Run the job in the reused local driver when $IMGEST_SPARK_DRIVER_SOCKET names one (the test suite's,

@@ -93,8 +93,9 @@ def locks_cmd(args: argparse.Namespace) -> int:
         freed = locks.release(args.dataset)
         print(f"{args.dataset}: {'released' if freed else 'was not locked'}")
         return 0
-    for dataset, holder in locks.held().items():
-        print(f"{dataset:<24} {holder.who} (since {holder.since}){'  [stale]' if holder.stale() else ''}")
+    for dataset, lock in locks.held().items():
+        stale = f"  [stale: {lock.why_stale()}]" if lock.stale() else ""
+        print(f"{dataset:<24} {lock.holder.who} (since {lock.holder.since}){stale}")
     return 0
 
 

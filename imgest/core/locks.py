@@ -1,18 +1,22 @@
-"""One writer per dataset: a lock file per dataset name, shared by the CLI and every DAG.
+"""One writer per dataset: a lock record per dataset name, shared by the CLI and every DAG, on any host.
 
-``$IMGEST_HOME/locks/<dataset>.json`` is created with O_EXCL and names its holder (a CLI process, or an
-Airflow DAG run). Runs for other datasets never touch it, so they proceed in parallel; a second writer of
-the same dataset waits (``wait`` seconds) or is refused with a message naming the holder. A CLI holder whose
-process has died is stale and taken over; an Airflow holder is released by the run's last task (it runs
-whatever happened), or by hand with ``imgest locks release <dataset>``.
+The record (``<dataset>.json`` in the lock store, ``imgest.core.lock_stores``: ``$IMGEST_HOME/locks`` on one
+machine, ``$IMGEST_STATE_URL``/locks in S3 across hosts) is created only if absent and names its holder (a CLI
+process, or an Airflow DAG run) and its lease. Runs for other datasets never touch it, so they proceed in
+parallel; a second writer of the same dataset waits (``wait`` seconds) or is refused with a message naming the
+holder. The holder renews its lease while it works (``keep_alive``: the CLI for its whole command, the DAG's
+Spark tasks while they run). A holder is stale, and the next writer takes the lock over (a conditional write
+that exactly one taker wins), when its lease ran out on the store's clock, or, at once, when it is a CLI process
+on this host that has died. An Airflow holder is released by its run's last task (it runs whatever happened),
+or by hand with ``imgest locks release <dataset>``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from imgest.core.errors import ImgestError
+from imgest.core.lock_stores import LockStore, Record, default_store
 from imgest.core.paths import state_dir
 from imgest.core.pids import pid_alive
 
@@ -33,24 +38,52 @@ class DatasetBusyError(ImgestError):
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a dataset's lock: 'cli' (pid, host, command) or 'airflow' (dag_id, run_id)."""
+    """Who holds a dataset's lock: 'cli' (pid, host, command) or 'airflow' (dag_id, run_id), and for how long
+    (LEASE_S seconds after its last renewal; 0: a record written before leases, never expires)."""
 
     kind: str
-    who: str  # "pid 123 on host: imgest ingest cassandra" or "dag ingest_imagenet run manual__..."
+    who: str  # "pid 123 on host: imgest ingest cassandra" or "Airflow DAG ingest_imagenet run manual__..."
     pid: int = 0
     host: str = ""
     since: str = ""
+    lease_s: float = 0.0
 
-    def stale(self) -> bool:
-        """A CLI holder whose process is gone (same host only); Airflow holders are released by their run."""
+    def dead(self) -> bool:
+        """A CLI holder on this host whose process is gone."""
         return self.kind == "cli" and self.host == socket.gethostname() and not pid_alive(self.pid)
 
 
+@dataclass(frozen=True)
+class Held:
+    """A lock as read from its store: the holder, the record's age (store clock) and version."""
+
+    holder: Holder
+    age_s: float
+    version: str
+
+    def expired(self) -> bool:
+        return self.holder.lease_s > 0 and self.age_s > self.holder.lease_s
+
+    def stale(self) -> bool:
+        """The holder died (CLI, this host) or its lease ran out: the next writer takes the lock over."""
+        return self.holder.dead() or self.expired()
+
+    def why_stale(self) -> str:
+        if self.holder.dead():
+            return "process gone"
+        return f"lease of {self.holder.lease_s:.0f}s not renewed for {self.age_s:.0f}s"
+
+
 WAIT_ENV = "IMGEST_LOCK_WAIT_S"  # how long a DAG run waits for another writer of its dataset (default 6 h)
+LEASE_ENV = "IMGEST_LOCK_LEASE_S"  # a holder's lease; default 10 min for the CLI (renewed each minute), 6 h for a run
 
 
 def default_wait() -> float:
     return float(os.environ.get(WAIT_ENV) or 6 * 3600)
+
+
+def default_lease(kind: str) -> float:
+    return float(os.environ.get(LEASE_ENV) or (600 if kind == "cli" else 6 * 3600))
 
 
 def lock_dir() -> Path:
@@ -58,99 +91,165 @@ def lock_dir() -> Path:
 
 
 def lock_path(dataset: str) -> Path:
+    """The lock file of DATASET in the local store."""
     return lock_dir() / f"{dataset}.json"
 
 
-def cli_holder(command: str) -> Holder:
+def cli_holder(command: str, lease_s: float | None = None) -> Holder:
     pid, host = os.getpid(), socket.gethostname()
-    return Holder("cli", f"pid {pid} on {host}: {command}", pid, host, _now())
+    lease = default_lease("cli") if lease_s is None else lease_s
+    return Holder("cli", f"pid {pid} on {host}: {command}", pid, host, _now(), lease)
 
 
-def airflow_holder(dag_id: str, run_id: str) -> Holder:
-    return Holder("airflow", f"Airflow DAG {dag_id} run {run_id}", since=_now())
+def airflow_holder(dag_id: str, run_id: str, lease_s: float | None = None) -> Holder:
+    lease = default_lease("airflow") if lease_s is None else lease_s
+    who = f"Airflow DAG {dag_id} run {run_id}"
+    return Holder("airflow", who, host=socket.gethostname(), since=_now(), lease_s=lease)
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def current(dataset: str) -> Holder | None:
-    """The holder of DATASET's lock, or None when it is free."""
+def _held(record: Record) -> Held:
+    known = {k: v for k, v in record.fields.items() if k in Holder.__dataclass_fields__}
     try:
-        return Holder(**json.loads(lock_path(dataset).read_text()))
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError):  # half-written by a holder that is creating it right now
-        return Holder("unknown", f"a writer creating {lock_path(dataset)}")
+        holder = Holder(**known)
+    except TypeError:
+        holder = Holder("unknown", f"an unreadable lock record {known}")
+    return Held(holder, record.age_s, record.version)
 
 
-def try_acquire(dataset: str, holder: Holder) -> Holder | None:
+def read(dataset: str, store: LockStore | None = None) -> Held | None:
+    """DATASET's lock as its store holds it, or None when it is free."""
+    record = (store or default_store()).read(dataset)
+    return None if record is None else _held(record)
+
+
+def current(dataset: str, store: LockStore | None = None) -> Holder | None:
+    """The holder of DATASET's lock, or None when it is free."""
+    lock = read(dataset, store)
+    return None if lock is None else lock.holder
+
+
+def try_acquire(dataset: str, holder: Holder, store: LockStore | None = None) -> Holder | None:
     """Take DATASET's lock for HOLDER; returns None on success, else the other holder. Re-entrant for the same
-    holder (a retried task); a stale CLI holder is taken over."""
-    path = lock_path(dataset)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            other = current(dataset)
-            if other is None:
-                continue
-            if other.who == holder.who:
+    holder (a retried task: its lease is renewed); a stale holder is taken over by one conditional write."""
+    store = store or default_store()
+    for _ in range(5):
+        if store.create(dataset, asdict(holder)):
+            return None
+        record = store.read(dataset)
+        if record is None:
+            continue
+        other = _held(record)
+        if other.holder.who == holder.who:
+            if store.replace(dataset, asdict(holder), record.version):
                 return None
-            if other.stale():
-                log.warning("taking over the lock of %s from %s (process gone)", dataset, other.who)
-                path.unlink(missing_ok=True)
-                continue
-            return other
-        with os.fdopen(fd, "w") as fh:
-            json.dump(asdict(holder), fh)
-        return None
-    return current(dataset)
+            continue
+        if other.stale():
+            if store.replace(dataset, asdict(holder), record.version):
+                log.warning("took over the lock of %s from %s (%s)", dataset, other.holder.who, other.why_stale())
+                return None
+            continue
+        return other.holder
+    return current(dataset, store)
 
 
 def acquire(
-    dataset: str, holder: Holder, wait: float = 0.0, poll: float = 5.0, on_wait: Callable[[Holder], None] | None = None
+    dataset: str,
+    holder: Holder,
+    wait: float = 0.0,
+    poll: float = 5.0,
+    on_wait: Callable[[Holder], None] | None = None,
+    store: LockStore | None = None,
 ) -> None:
     """Take DATASET's lock, waiting up to WAIT seconds; DatasetBusyError names the holder after that."""
+    store = store or default_store()
     deadline = time.monotonic() + wait
-    while (other := try_acquire(dataset, holder)) is not None:
+    while (other := try_acquire(dataset, holder, store)) is not None:
         if time.monotonic() >= deadline:
             waited = f" after waiting {wait:.0f}s" if wait else ""
             raise DatasetBusyError(
                 f"dataset {dataset!r} is being written by {other.who} (since {other.since or '?'}){waited}; "
                 f"wait for it to finish (CLI: --wait-lock SECONDS), or if it is gone: imgest locks release {dataset}"
+                f" (lock store {store.location})"
             )
         if on_wait:
             on_wait(other)
         time.sleep(min(poll, max(0.1, deadline - time.monotonic())))
 
 
-def release(dataset: str, holder: Holder | None = None) -> bool:
-    """Free DATASET's lock (only HOLDER's when given); True if a lock was removed."""
-    other = current(dataset)
-    if other is None or (holder is not None and other.who != holder.who):
+def renew(dataset: str, holder: Holder, store: LockStore | None = None) -> bool:
+    """Restart HOLDER's lease on DATASET; False when the lock is no longer HOLDER's."""
+    store = store or default_store()
+    record = store.read(dataset)
+    if record is None or _held(record).holder.who != holder.who:
         return False
-    lock_path(dataset).unlink(missing_ok=True)
-    return True
+    return store.replace(dataset, record.fields, record.version)  # rewritten as it is: only its age restarts
 
 
-def held() -> dict[str, Holder]:
-    """dataset -> holder of every lock now taken."""
+@contextmanager
+def keep_alive(dataset: str, holder: Holder, store: LockStore | None = None) -> Iterator[None]:
+    """Renew HOLDER's lease on DATASET every quarter lease (at most each minute) while the block runs."""
+    store = store or default_store()
+    every = min(60.0, holder.lease_s / 4) if holder.lease_s > 0 else 0.0
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            try:
+                if not renew(dataset, holder, store):
+                    log.error("lost the lock of %s: now held by %s", dataset, current(dataset, store))
+                    return
+            except Exception as e:  # a store that is away for a moment: try again at the next beat
+                log.warning("could not renew the lock of %s: %s", dataset, e)
+
+    thread = threading.Thread(target=beat, name=f"lock-{dataset}", daemon=True) if every else None
+    if thread:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread:
+            thread.join(timeout=5)
+
+
+def release(dataset: str, holder: Holder | None = None, store: LockStore | None = None) -> bool:
+    """Free DATASET's lock (only HOLDER's when given); True if a lock was removed."""
+    store = store or default_store()
+    record = store.read(dataset)
+    if record is None or (holder is not None and _held(record).holder.who != holder.who):
+        return False
+    return store.delete(dataset, record.version)
+
+
+def held(store: LockStore | None = None) -> dict[str, Held]:
+    """dataset -> lock of every lock now taken."""
+    store = store or default_store()
     out = {}
-    for path in sorted(lock_dir().glob("*.json")) if lock_dir().is_dir() else []:
-        holder = current(path.stem)
-        if holder is not None:
-            out[path.stem] = holder
+    for name in store.names():
+        lock = read(name, store)
+        if lock is not None:
+            out[name] = lock
     return out
 
 
 @contextmanager
-def dataset_lock(dataset: str, command: str, wait: float = 0.0) -> Iterator[Holder]:
-    """Hold DATASET's lock for this process while the block runs (CLI writers)."""
+def dataset_lock(dataset: str, command: str, wait: float = 0.0, store: LockStore | None = None) -> Iterator[Holder]:
+    """Hold DATASET's lock for this process while the block runs (CLI writers), renewing its lease."""
+    store = store or default_store()
     holder = cli_holder(command)
-    acquire(dataset, holder, wait, on_wait=lambda other: log.info("waiting for %s to release %s", other.who, dataset))
+    acquire(
+        dataset,
+        holder,
+        wait,
+        on_wait=lambda other: log.info("waiting for %s to release %s", other.who, dataset),
+        store=store,
+    )
     try:
-        yield holder
+        with keep_alive(dataset, holder, store):
+            yield holder
     finally:
-        release(dataset, holder)
+        release(dataset, holder, store)

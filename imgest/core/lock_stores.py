@@ -1,0 +1,178 @@
+"""Where dataset locks live: a local folder (one machine) or an S3 prefix (any number of hosts).
+
+Both stores offer the same four atomic steps on one small JSON record per dataset, each conditional on what
+the caller last read, so two writers can never both believe they hold a lock:
+
+- ``create``: write the record only if none exists (``O_EXCL``; S3 ``PUT`` with ``If-None-Match: *``);
+- ``read``: the record, a version tag (file: mtime and inode; S3: the ETag) and its age in seconds, measured on
+  the store's own clock (file: mtime against this host's clock; S3: ``Last-Modified`` against the response's
+  ``Date``), so hosts with skewed clocks agree on whether a lease ran out;
+- ``replace``: rewrite it only if it is still at the version read (S3 ``If-Match``): a renewal by its holder,
+  or a takeover of an expired lease, which exactly one taker wins;
+- ``delete``: remove it only if it is still at the version read.
+
+Which store: ``$IMGEST_STATE_URL`` (``s3://bucket/prefix``: locks under ``prefix/locks/``) or the local state
+folder (``$IMGEST_HOME/locks``). The S3 store needs a server that honours conditional writes; AWS S3 and
+SeaweedFS do (checked by ``tests/integration/test_locks_hosts.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from imgest.core.settings import S3Settings
+
+STATE_URL_ENV = "IMGEST_STATE_URL"
+
+
+@dataclass(frozen=True)
+class Record:
+    """A lock record as read: its JSON fields, the version to make a conditional change against, its age (s)."""
+
+    fields: dict[str, Any]
+    version: str
+    age_s: float
+
+
+class LockStore(Protocol):
+    location: str
+
+    def create(self, name: str, fields: dict[str, Any]) -> bool: ...
+    def read(self, name: str) -> Record | None: ...
+    def replace(self, name: str, fields: dict[str, Any], version: str) -> bool: ...
+    def delete(self, name: str, version: str) -> bool: ...
+    def names(self) -> list[str]: ...
+
+
+class FileLockStore:
+    """Lock records as files of one folder (a single host, or a filesystem every host mounts with O_EXCL)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.location = str(folder)
+
+    def _path(self, name: str) -> Path:
+        return self.folder / f"{name}.json"
+
+    def create(self, name: str, fields: dict[str, Any]) -> bool:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self._path(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            json.dump(fields, fh)
+        return True
+
+    def read(self, name: str) -> Record | None:
+        path = self._path(name)
+        try:
+            st, text = path.stat(), path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            fields = json.loads(text)
+        except ValueError:  # half-written by a holder that is creating it right now
+            fields = {"kind": "unknown", "who": f"a writer creating {path}"}
+        return Record(fields, f"{st.st_ino}:{st.st_mtime_ns}", max(0.0, time.time() - st.st_mtime))
+
+    def replace(self, name: str, fields: dict[str, Any], version: str) -> bool:
+        current = self.read(name)
+        if current is None or current.version != version:
+            return False
+        tmp = self._path(name).with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(fields))
+        os.replace(tmp, self._path(name))  # one host: the check above and this are not atomic across processes
+        return True
+
+    def delete(self, name: str, version: str) -> bool:
+        current = self.read(name)
+        if current is None or current.version != version:
+            return False
+        self._path(name).unlink(missing_ok=True)
+        return True
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.folder.glob("*.json")) if self.folder.is_dir() else []
+
+
+class S3LockStore:
+    """Lock records as objects under an S3 prefix, changed only by conditional requests."""
+
+    def __init__(self, url: str, settings: S3Settings) -> None:
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/locks/".lstrip("/")
+        self.location = f"s3://{bucket}/{self.prefix}"
+        self.client = settings.client()
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}{name}.json"
+
+    def _conditional(self, call: Any, **kw: Any) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            call(Bucket=self.bucket, **kw)
+        except ClientError as e:
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = e.response.get("Error", {}).get("Code")
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+                return False
+            raise
+        return True
+
+    def create(self, name: str, fields: dict[str, Any]) -> bool:
+        body = json.dumps(fields).encode()
+        return self._conditional(self.client.put_object, Key=self._key(name), Body=body, IfNoneMatch="*")
+
+    def read(self, name: str) -> Record | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        fields = json.loads(r["Body"].read())
+        date = r["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+        now = parsedate_to_datetime(date).timestamp() if date else time.time()
+        return Record(fields, r["ETag"], max(0.0, now - r["LastModified"].timestamp()))
+
+    def replace(self, name: str, fields: dict[str, Any], version: str) -> bool:
+        body = json.dumps(fields).encode()
+        return self._conditional(self.client.put_object, Key=self._key(name), Body=body, IfMatch=version)
+
+    def delete(self, name: str, version: str) -> bool:
+        return self._conditional(self.client.delete_object, Key=self._key(name), IfMatch=version)
+
+    def names(self) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+        keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+        return sorted(k[len(self.prefix) : -len(".json")] for k in keys if k.endswith(".json"))
+
+
+def state_url() -> str | None:
+    """``$IMGEST_STATE_URL`` (an ``s3://bucket/prefix`` every host reaches), or None for the local state folder."""
+    url = os.environ.get(STATE_URL_ENV, "").strip()
+    if url and not url.startswith("s3://"):
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(f"{STATE_URL_ENV}={url!r}: expected s3://bucket/prefix (or unset for the local state folder)")
+    return url or None
+
+
+def default_store(settings: S3Settings | None = None) -> LockStore:
+    """The store named by ``$IMGEST_STATE_URL`` (S3, reached with SETTINGS or the environment's), else local."""
+    from imgest.core.paths import state_dir
+
+    url = state_url()
+    if url is None:
+        return FileLockStore(state_dir() / "locks")
+    return S3LockStore(url, settings or S3Settings.from_env())

@@ -1,0 +1,143 @@
+"""The dataset lock across hosts: writers on different "hosts" (own hostname, own empty IMGEST_HOME, nothing
+shared but the S3 server) race for one dataset through ``$IMGEST_STATE_URL``; exactly one writes, the others are
+told who holds it; a holder that died is taken over once its lease runs out, and not before."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imgest.core import locks
+from imgest.core.lock_stores import S3LockStore
+from imgest.services.s3 import S3Server
+
+pytestmark = pytest.mark.services
+
+# One "host": takes the dataset's lock as the CLI does (dataset_lock), and while it holds it writes one marker
+# object; then holds on for HOLD seconds (renewing its lease) before it lets go.
+CONTENDER = """
+import os, sys, time
+from imgest.core import locks
+from imgest.core.settings import S3Settings
+dataset, marker, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
+try:
+    with locks.dataset_lock(dataset, "imgest ingest (lock test)") as holder:
+        s3 = S3Settings.from_env()
+        s3.client().put_object(Bucket=s3.bucket, Key=marker, Body=holder.who.encode())
+        print("WROTE", holder.who, flush=True)
+        time.sleep(hold)
+except locks.DatasetBusyError as e:
+    print("BUSY", e, flush=True)
+    sys.exit(3)
+"""
+
+
+def _host_env(s3_server: S3Server, home: Path, prefix: str, lease_s: float) -> dict[str, str]:
+    settings = s3_server.settings()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMGEST_", "AWS_"))}
+    home.mkdir(parents=True)
+    return {
+        **env,
+        "IMGEST_HOME": str(home),  # an empty disk of its own, as a pod gets
+        "IMGEST_STATE_URL": f"s3://{s3_server.bucket}/{prefix}",
+        "IMGEST_S3_ENDPOINT": str(settings.endpoint_url),
+        "AWS_ACCESS_KEY_ID": str(settings.access_key),
+        "AWS_SECRET_ACCESS_KEY": str(settings.secret_key),
+        "IMGEST_LOCK_LEASE_S": str(lease_s),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+
+
+def _on_host(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """A process that sees hostname NAME (its own UTS namespace, where unshare can make one)."""
+    cmd = [sys.executable, "-c", CONTENDER, *args]
+    if shutil.which("unshare") and os.geteuid() == 0:
+        cmd = ["unshare", "-u", "sh", "-c", f'hostname {name} && exec "$@"', "sh", *cmd]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _markers(s3_server: S3Server, prefix: str) -> list[str]:
+    client = s3_server.settings().client()
+    listed = client.list_objects_v2(Bucket=s3_server.bucket, Prefix=f"{prefix}/writes/")
+    return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+def test_store_changes_only_what_it_read(s3_server: S3Server) -> None:
+    """The server honours the conditional writes the lock is built on (If-None-Match, If-Match on PUT and DELETE)."""
+    store = S3LockStore(f"s3://{s3_server.bucket}/locktest-{secrets.token_hex(4)}", s3_server.settings())
+    assert store.create("d", {"who": "a"})
+    assert not store.create("d", {"who": "b"})  # exists: refused
+    first = store.read("d")
+    assert first is not None
+    assert first.fields == {"who": "a"}
+    assert first.age_s < 60
+    assert store.replace("d", {"who": "c"}, first.version)
+    assert not store.replace("d", {"who": "e"}, first.version)  # changed since it was read: refused
+    assert not store.delete("d", first.version)
+    now = store.read("d")
+    assert now is not None
+    assert now.fields == {"who": "c"}
+    assert store.names() == ["d"]
+    assert store.delete("d", now.version)
+    assert store.read("d") is None
+
+
+def test_hosts_racing_for_one_dataset_exactly_one_writes(s3_server: S3Server, tmp_path: Path) -> None:
+    prefix, dataset = f"locktest-{secrets.token_hex(4)}", "imagenet"
+    procs = []
+    for i in range(6):
+        env = _host_env(s3_server, tmp_path / f"host-{i}", prefix, lease_s=60)
+        procs.append(_on_host(f"host-{i}", [dataset, f"{prefix}/writes/host-{i}", "3"], env))
+    outs = [(p.wait(timeout=120), p.stdout.read() if p.stdout else "") for p in procs]
+    winners = [out for rc, out in outs if rc == 0]
+    assert len(winners) == 1, outs
+    written = _markers(s3_server, prefix)
+    assert len(written) == 1, written
+    who = winners[0].split("WROTE ", 1)[1].strip()
+    assert f"on host-{written[0].rsplit('-', 1)[1]}:" in who  # the marker is the winner's, from its own host
+    for rc, out in outs:
+        if rc != 0:
+            assert rc == 3, out
+            assert f"is being written by {who}" in out
+    store = S3LockStore(f"s3://{s3_server.bucket}/{prefix}", s3_server.settings())
+    assert store.read(dataset) is None  # the winner let go when it finished
+
+
+def test_dead_holder_is_taken_over_after_its_lease_and_not_before(s3_server: S3Server, tmp_path: Path) -> None:
+    prefix, dataset, lease = f"locktest-{secrets.token_hex(4)}", "imagenet", 6.0
+    env_a = _host_env(s3_server, tmp_path / "a", prefix, lease_s=lease)
+    env_b = _host_env(s3_server, tmp_path / "b", prefix, lease_s=lease)
+    holder = _on_host("host-a", [dataset, f"{prefix}/writes/a", "600"], env_a)
+    assert holder.stdout is not None
+    assert holder.stdout.readline().startswith("WROTE")
+    time.sleep(lease * 1.5)  # a live holder renews its lease: still refused after the lease's length
+    early = _on_host("host-b", [dataset, f"{prefix}/writes/b", "0"], env_b)
+    assert early.wait(timeout=60) == 3
+    assert "on host-a:" in (early.stdout.read() if early.stdout else "")
+    holder.send_signal(signal.SIGKILL)  # the host is lost: no release, no more renewals
+    holder.wait()
+    store = S3LockStore(f"s3://{s3_server.bucket}/{prefix}", s3_server.settings())
+    held = locks.read(dataset, store)
+    assert held is not None
+    assert "host-a" in held.holder.who
+    assert not held.stale()
+    deadline = time.monotonic() + lease * 4
+    while not (held := locks.read(dataset, store)) or not held.stale():  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the dead holder's lease never ran out"
+        time.sleep(0.5)
+    late = _on_host("host-b", [dataset, f"{prefix}/writes/b", "0"], env_b)
+    out = late.stdout.read() if late.stdout else ""
+    assert late.wait(timeout=60) == 0, out
+    assert "WROTE" in out
+    assert "on host-b:" in out
+    assert "took over the lock of imagenet" in out
+    assert "not renewed" in out
+    assert _markers(s3_server, prefix) == [f"{prefix}/writes/a", f"{prefix}/writes/b"]
