@@ -70,18 +70,15 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
 
     with TaskGroup(target):
         planned = plan(scanned)
+        job = {"task_id": "ingest", "application_args": plan_args, "source_conn_id": SOURCE_CONN}
         if target == "cassandra":
             prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
-            ingest = CassandraIngestSubmitOperator(
-                task_id="ingest", application_args=plan_args, source_conn_id=SOURCE_CONN, lock_dataset=entry.name
-            )
+            ingest = CassandraIngestSubmitOperator(**job, lock_dataset=entry.name)
         else:
             from imgest.flow.request import IngestRequest
 
             prepare = EnsureBucketOperator(task_id="prepare", dest=IngestRequest.from_conf(conf).shard_dest)
-            ingest = PackShardsSubmitOperator(
-                task_id="ingest", application_args=plan_args, source_conn_id=SOURCE_CONN, lock_dataset=entry.name
-            )
+            ingest = PackShardsSubmitOperator(**job, lock_dataset=entry.name)
         finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
         changed(planned) >> prepare >> ingest >> finish
         last = publish(finish.output)
