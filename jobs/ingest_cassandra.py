@@ -23,6 +23,7 @@ from imgest.core.errors import ImgestError
 from imgest.core.phases import PhaseClock
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
+from imgest.core.staging import Stager
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
@@ -125,18 +126,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark = build_session("imgest-ingest-cassandra")
         phases.lap("spark_session")
         t0 = time.monotonic()
-        candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions)
-        phases.lap("manifest")
-        log.info(
-            "ingesting %d rows of %s version %s into %s (%s) at %s",
-            rows,
-            cfg.dataset,
-            cfg.version,
-            cfg.tables.keyspace,
-            cfg.tables.layout,
-            cfg.consistency,
-        )
-        total = load(candidates, cfg, rows)
+        with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
+            candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
+            phases.lap("manifest")
+            log.info(
+                "ingesting %d rows of %s version %s into %s (%s) at %s",
+                rows,
+                cfg.dataset,
+                cfg.version,
+                cfg.tables.keyspace,
+                cfg.tables.layout,
+                cfg.consistency,
+            )
+            total = load(candidates, cfg, rows)
         seconds = time.monotonic() - t0
         phases.lap("write")
         accounted = total.stored + total.skipped + len(total.quarantine)

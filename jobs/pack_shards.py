@@ -26,6 +26,7 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
+from imgest.core.staging import Staged, Stager
 from imgest.sinks.shards.pack import PackConfig, ShardRecord, pack_planned
 from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
 from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
@@ -76,7 +77,7 @@ def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple
 
 
 def load(
-    spark: Any, plan_path: Path, shards: list[tuple[str, int]], cfg: PackConfig, rows: int, partitions: int
+    spark: Any, plan_path: Staged, shards: list[tuple[str, int]], cfg: PackConfig, rows: int, partitions: int
 ) -> list[ShardRecord]:
     """Write every shard (each task reads its shards' row groups; no shuffle); log progress while it runs."""
     sc = spark.sparkContext
@@ -149,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             store.location,
             cfg.prefix(),
         )
-        records = load(spark, plan_path, shards, cfg, rows, args.partitions)
+        with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the plan from the store
+            records = load(spark, stager.stage(plan_path), shards, cfg, rows, args.partitions)
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / workdir.CLASSES), scan_quarantine)
         if args.version_info:

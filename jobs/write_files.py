@@ -21,6 +21,7 @@ from typing import Any
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
+from imgest.core.staging import Stager
 from imgest.sinks.cassandra.ingest import transform_key
 from imgest.sinks.files.layout import parts_dir
 from imgest.sinks.files.write import (
@@ -106,10 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         spark = build_session("imgest-write-files")
         t0 = time.monotonic()
-        candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions)
+        stager = Stager.from_env(cfg.dataset)
+        candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
         log.info("writing %d images of %s as files under %s (version folder %s)", rows, cfg.dataset, cfg.dest, cfg.key)
         with staging(Path(cfg.dest), cfg.key) as staged:
-            total = load(candidates, cfg, rows)
+            with stager:
+                total = load(candidates, cfg, rows)
             if total.rows + len(total.quarantine) != rows:
                 raise ImgestError(
                     f"counts do not reconcile: {rows} manifest rows, {total.rows} written and "

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +68,7 @@ class SparkCluster:
     memory: str = "1536m"
     host: str = EMBEDDED_HOST
     name: str = "spark"
+    hide: tuple[str, ...] = ()  # folders the workers must not see (test harness: an empty tmpfs over each)
 
     @classmethod
     def default(cls) -> SparkCluster:
@@ -105,11 +108,18 @@ class SparkCluster:
         """Worker INDEX's command line (pure): its cores, memory, work folder and UI port."""
         work, _ = self.worker_dirs(index)
         spark_class = str(spark_home() / "bin" / "spark-class")
-        return [
+        command = [
             *(spark_class, WORKER_CLASS, self.master_url, "--host", self.host),
             *("--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work)),
             *("--webui-port", str(self.ui_port + index)),
         ]
+        return self._hidden(command) if self.hide else command
+
+    def _hidden(self, command: list[str]) -> list[str]:
+        """COMMAND in a private mount namespace where each HIDE folder is an empty tmpfs: the worker and its
+        executors see none of the files there, as a machine without a shared filesystem would not (needs root)."""
+        mounts = " && ".join(f"mount -t tmpfs -o size=1m,mode=0755 imgest-hidden {shlex.quote(p)}" for p in self.hide)
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh", *command]
 
     def worker_env(self, index: int) -> dict[str, str]:
         """Worker INDEX's whole environment: clean, with its own scratch folder for executors."""
@@ -123,6 +133,10 @@ class SparkCluster:
                 return json.loads(resp.read())
         except (OSError, ValueError):
             return None
+
+    def _alive_ids(self) -> list[str]:
+        state = self.master_state() or {}
+        return [w["id"] for w in state.get("workers", []) if w.get("state") == "ALIVE"]
 
     def alive_workers(self) -> int:
         """Workers registered with the master and ALIVE."""
@@ -169,6 +183,19 @@ class SparkCluster:
             f"spark standalone at {self.master_url} (UI http://{self.host}:{self.ui_port}) with {self.workers} "
             f"workers x {self.cores} cores / {self.memory} after {waited:.1f}s; folders under {self.home}",
         )
+
+    def restart_workers(self, timeout: float = 120.0) -> None:
+        """Stop the workers and start them again with this cluster's commands (its HIDE), the master kept."""
+        before = set(self._alive_ids())
+        for i in range(self.workers, 0, -1):
+            self.process(i).stop()
+        for i in range(1, self.workers + 1):
+            self.process(i).start(self.worker_command(i), env=self.worker_env(i), cwd=self._prepare(f"worker{i}"))
+        deadline = time.monotonic() + timeout
+        while len((alive := set(self._alive_ids())) - before) < self.workers or alive & before:
+            if time.monotonic() > deadline:
+                raise ServiceError(f"spark workers did not register again with {self.master_url} in {timeout:.0f}s")
+            time.sleep(0.5)
 
     def down(self) -> bool:
         """Stop the workers (and their executors), then the master."""

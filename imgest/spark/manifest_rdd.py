@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from imgest.core.staging import Staged, Stager
 from imgest.sources.manifest import BATCH_ROWS, Candidate
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,9 @@ def row_ranges(rows: int, partitions: int) -> list[tuple[int, int]]:
     return [(i * rows // n, (i + 1) * rows // n) for i in range(n)]
 
 
-def read_rows(path: str, start: int, stop: int) -> Iterator[Candidate]:
-    """Candidates of rows [START, STOP) of the manifest at PATH, reading only the row groups they overlap."""
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
+def read_rows(manifest: Staged, start: int, stop: int) -> Iterator[Candidate]:
+    """Candidates of rows [START, STOP) of the MANIFEST, reading only the row groups they overlap."""
+    pf = manifest.parquet()
     ends = list(_cumulative(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)))
     group = bisect.bisect_right(ends, start)
     while group < len(ends) and start < stop:
@@ -82,9 +81,11 @@ def default_partitions(rows: int, parallelism: int) -> int:
     return max(2 * parallelism, math.ceil(rows / ROWS_PER_PARTITION))
 
 
-def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any, int]:
-    """An RDD of Candidate (PARTITIONS partitions, 0: default_partitions) and the manifest's row count."""
+def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int, stager: Stager | None = None) -> tuple[Any, int]:
+    """An RDD of Candidate (PARTITIONS partitions, 0: default_partitions) and the manifest's row count. With a
+    STAGER that stages in object storage, tasks read the manifest from there (no shared folder needed)."""
     from imgest.core import workdir
+    from imgest.core.errors import ConfigError
 
     path = (manifest_dir / workdir.MANIFEST).resolve()
     sc = spark.sparkContext
@@ -92,8 +93,13 @@ def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int) -> tuple[Any,
     n = partitions or default_partitions(rows, sc.defaultParallelism)
     if in_order(path):
         ranges = row_ranges(rows, n)
-        where = str(path)
+        where = stager.stage(path) if stager else Staged(str(path))
         return sc.parallelize(ranges, len(ranges)).flatMap(lambda r: read_rows(where, *r)), rows
+    if stager and stager.state_url:
+        raise ConfigError(
+            f"manifest {path} is not in {ORDER} order, which executors reading it from {stager.state_url} need "
+            "(Spark's own reader would need the path on every node): scan the source again (imgest scan)"
+        )
     log.info("manifest %s is not in %s order: Spark range-partitions it (a sampling job and a shuffle)", path, ORDER)
     df = spark.read.parquet(str(path))
     ordered = df.repartitionByRange(max(1, min(n, rows)), *ORDER).sortWithinPartitions(*ORDER)

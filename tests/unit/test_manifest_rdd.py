@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from imgest.core.staging import Staged
 from imgest.sources import manifest as manifest_mod
 from imgest.sources.manifest import Candidate, iter_manifest, write_manifest
 from imgest.spark.manifest_rdd import default_partitions, in_order, manifest_rows, read_rows, row_ranges
@@ -36,7 +37,7 @@ def test_ranges_read_every_row_once_in_order(tmp_path: Path, small_groups: None,
         ranges = row_ranges(103, parts)
         assert len(ranges) == min(parts, 103)
         assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
-        read = [c for start, stop in ranges for c in read_rows(str(path), start, stop)]
+        read = [c for start, stop in ranges for c in read_rows(Staged(str(path)), start, stop)]
         assert read == rows, f"{parts} partitions"
 
 
@@ -55,7 +56,7 @@ def test_an_empty_manifest_is_one_empty_range(tmp_path: Path) -> None:
     assert manifest_rows(path) == 0
     assert in_order(path)
     assert row_ranges(0, 8) == [(0, 0)]
-    assert list(read_rows(str(path), 0, 0)) == []
+    assert list(read_rows(Staged(str(path)), 0, 0)) == []
 
 
 def test_default_partitions() -> None:

@@ -17,6 +17,7 @@ from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.scratch import scratch_dir
 from imgest.core.settings import S3Settings
+from imgest.core.staging import Staged
 from imgest.sinks.shards.plan import DEAD, ShardSpec, read_shard_table
 from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest
 from imgest.sinks.shards.store import ShardStore
@@ -264,7 +265,7 @@ def keep_published(name: str, rows: Any, cfg: PackConfig, store: ShardStore) -> 
 
 
 def pack_planned(
-    plan: Path,
+    plan: Path | Staged,
     shards: Iterable[tuple[str, int]],
     cfg: PackConfig,
     store_factory: Callable[[], ShardStore],
@@ -275,7 +276,7 @@ def pack_planned(
     import pyarrow.parquet as pq
 
     store = store_factory()
-    source = pq.ParquetFile(plan)
+    source = plan.parquet() if isinstance(plan, Staged) else pq.ParquetFile(plan)
     records = []
     for name, group in shards:
         record = keep_published(name, read_shard_table(source, group, KEEP_COLUMNS), cfg, store)
