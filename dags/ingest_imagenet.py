@@ -21,6 +21,7 @@ from imgest.operators.s3 import (
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator, WriteFilesSubmitOperator
 from imgest.operators.splits import BuildSplitOperator
 from imgest.operators.validate import ValidateXnvmeOperator
+from imgest.operators.workarea import work_hooks
 
 from imgest.flow.request import param_specs
 
@@ -85,7 +86,12 @@ with DAG(
     max_active_runs=8,  # runs of different datasets proceed together; the dataset lock keeps one writer each
     render_template_as_native_obj=True,
     tags=["imgest", "ingest"],
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(seconds=30),
+        "execution_timeout": timedelta(hours=12),
+        **work_hooks(),  # the work folder follows the run through $IMGEST_STATE_URL when set
+    },
     params={name: Param(**spec) for name, spec in param_specs().items()},
 ) as dag:
 

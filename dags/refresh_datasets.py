@@ -18,6 +18,7 @@ from imgest.operators.cassandra import ApplyCqlSchemaOperator
 from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
 from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
+from imgest.operators.workarea import work_hooks
 
 from imgest.flow.registry import DatasetEntry, load_registry
 
@@ -106,7 +107,12 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
         max_active_runs=1,
         render_template_as_native_obj=True,
         tags=["imgest", "refresh"],
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "execution_timeout": timedelta(hours=12)},
+        default_args={
+            "retries": 2,
+            "retry_delay": timedelta(seconds=30),
+            "execution_timeout": timedelta(hours=12),
+            **work_hooks(entry.name),  # the work folder follows the run through $IMGEST_STATE_URL when set
+        },
     ) as dag:
         lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")
         release = DatasetLockOperator(task_id="release_lock", dataset=entry.name, release=True, retries=3)

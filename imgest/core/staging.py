@@ -2,7 +2,7 @@
 
 The driver writes the manifest and the shard plan into its work folder. Executors on other machines do not see
 that folder. With ``$IMGEST_STATE_URL`` (``s3://bucket/prefix``) set, the driver uploads each such file once to
-``prefix/work/<dataset>/<run>/<name>`` and executors open it there through Arrow's S3 filesystem: Parquet
+``prefix/staging/<dataset>/<run>/<name>`` and executors open it there through Arrow's S3 filesystem: Parquet
 reads only the footer and the row groups a task needs (ranged GETs), nothing is downloaded whole and nothing
 on the executors' disks is assumed. Without it, executors open the same absolute path (one machine, or a
 folder every node mounts at the same path). The staged objects are removed when the job ends.
@@ -82,7 +82,7 @@ class Stager:
         if state_url:
             bucket, _, prefix = state_url.removeprefix("s3://").partition("/")
             run = f"{dataset or 'dataset'}/{secrets.token_hex(6)}"
-            self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/work/{run}/".lstrip("/")
+            self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/staging/{run}/".lstrip("/")
             self.s3 = s3 or S3Settings.from_env()
 
     @classmethod

@@ -11,16 +11,21 @@ tests/integration/test_cassandra_tls.py's."""
 
 from __future__ import annotations
 
+import io
 import json
+import secrets
 import shutil
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
 from imgest.flow.demo import run_dag, task_durations
-from imgest.services import AirflowServer, S3Server
+from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample
@@ -95,3 +100,72 @@ def test_cassandra_target_on_the_cluster(
     assert (record.status, record.quarantine_count) == ("complete", QUARANTINED)
     logs = [airflow_home.home / "logs", state_dir() / "work" / "dagcluster-c", event_log]
     assert_clean(watch, on_cluster, [password, *s3_server.credentials()], logs)
+
+
+def _published(client: Any, prefix: str) -> list[tuple[str, int, str]]:
+    doc = json.loads(client.get_object(Bucket="imgest", Key=f"{prefix}manifest.json")["Body"].read())
+    return sorted((s["name"], s["samples"], s["sha256"]) for s in doc["shards"])
+
+
+def _arrays(data: bytes) -> dict[str, Any]:
+    """A split file's arrays, its metadata without the location of the stored version (which differs by design)."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        arrays: dict[str, Any] = {name: npz[name].tolist() for name in npz.files}
+    meta = json.loads(arrays.pop("meta"))
+    meta["source"].pop("location")
+    return {**arrays, "meta": meta}
+
+
+def test_no_shared_disk_between_tasks_or_executors(
+    airflow_home: AirflowServer,
+    on_cluster: SparkCluster,
+    s3_server: S3Server,
+    cassandra_server: CassandraServer,
+    source: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each task starts with an empty work folder (IMGEST_WORKAREA_EPHEMERAL) and the Spark workers cannot see
+    the Airflow side's work folders: with $IMGEST_STATE_URL the shard run stores what the one-machine run stores
+    (same tars, same split file) and the Cassandra run completes; without it, the first task that needs an earlier
+    task's file fails naming it."""
+    client, run, dataset = s3_server.settings().client(), secrets.token_hex(3), "dagnsd"
+    conf = {
+        "target": "shards",
+        "source": source,
+        "dataset": dataset,
+        "read_check": False,
+        "source_conn_id": "aws_default",
+    }
+    work = state_dir() / "work"
+    with monkeypatch.context() as local:  # the reference: one machine, local master, the work folder on disk
+        local.delenv("AIRFLOW_CONN_SPARK_DEFAULT")
+        ok, _, tail = run_dag(airflow_home, {**conf, "s3_dest": f"s3://imgest/tests/dagnsd-ref-{run}"})
+        assert ok, tail
+    reference_split = (work / dataset / "split-shards.npz").read_bytes()
+    hidden = replace(on_cluster, hide=(str(work),))
+    hidden.restart_workers()
+    try:
+        monkeypatch.setenv("IMGEST_WORKAREA_EPHEMERAL", "1")
+        lost = {**conf, "s3_dest": f"s3://imgest/tests/dagnsd-lost-{run}"}
+        proc = airflow_home.airflow("dags", "test", "ingest_imagenet", "--conf", json.dumps(lost), check=False)
+        assert proc.returncode != 0
+        assert _states(airflow_home)["ingest_shards"] == "failed"
+        out = (proc.stdout or "") + (proc.stderr or "")
+        assert f"{work / dataset}/" in out  # the file the task looked for, which an earlier task wrote elsewhere
+
+        state = f"tests/dagnsd-state-{run}"
+        monkeypatch.setenv("IMGEST_STATE_URL", f"s3://imgest/{state}")
+        ok, _, tail = run_dag(airflow_home, {**conf, "s3_dest": f"s3://imgest/tests/dagnsd-{run}"})
+        assert ok, tail
+        ok, _, tail = run_dag(airflow_home, {**conf, "target": "cassandra", "keyspace": f"dagnsd_{run}"})
+        assert ok, tail
+    finally:
+        on_cluster.restart_workers()
+    assert _published(client, f"tests/dagnsd-{run}/") == _published(client, f"tests/dagnsd-ref-{run}/")
+    split = client.get_object(Bucket="imgest", Key=f"{state}/work/{dataset}/split-shards.npz")["Body"].read()
+    assert _arrays(split) == _arrays(reference_split)
+    assert not (work / dataset).exists()  # nothing of the run stayed on the "pod's" disk
+    assert list(list_objects(client, "imgest", f"{state}/staging/")) == []
+    assert list(list_objects(client, "imgest", f"{state}/locks/")) == []  # the runs let go of the dataset's lock
+    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+        assert session.execute(f"SELECT count(*) FROM dagnsd_{run}.data").one()[0] == STORED

@@ -105,11 +105,11 @@ def test_jobs_on_executors_that_see_no_driver_file(
     assert ingest("cluster", "shards", "--max-count", "6") == 0
     staged = capfd.readouterr()
     assert (
-        staged.err.count(f"for the executors at s3://imgest/tests/nsd-state-{run}/work/")
-        + staged.out.count(f"for the executors at s3://imgest/tests/nsd-state-{run}/work/")
+        staged.err.count(f"for the executors at s3://imgest/tests/nsd-state-{run}/staging/")
+        + staged.out.count(f"for the executors at s3://imgest/tests/nsd-state-{run}/staging/")
         >= 2
     )  # the manifest (cassandra) and the plan (shards) went through the store
-    assert list(list_objects(client, "imgest", f"tests/nsd-state-{run}/work/")) == []  # removed when the jobs ended
+    assert list(list_objects(client, "imgest", f"tests/nsd-state-{run}/staging/")) == []  # removed when the jobs ended
 
     settings = CassandraSettings(port=cassandra_server.native_port)
     local_rows = _stored_rows(settings, ks["local"])
