@@ -6,10 +6,10 @@
     python scripts/bench_scale_hazards.py all DIR            # every step, one process each
 
 Steps: replan (a 5 % change: 4 % changed, 1 % removed, 1 % added; BENCH_TOUCHED=0.2 at setup for 20 %;
-replan_file on the Parquet files), split_bytes
-(write_split_files of 16-byte ids), cache_save, cache_load_split (--metadata-ifn: load the cache, then split),
-load_part (load_split + part(0)), verify_sample (expected_counts, sample 32, seed 0). Run it with PYTHONPATH set to
-the checkout to measure; RSS "before" is the process after its inputs were loaded, "peak" its maximum.
+replan_file on the Parquet files), split_bytes (write_split_files of 16-byte ids), cache_save, cache_load,
+cache_load_split (--metadata-ifn: load the cache, then split), load_part (load_split + part(0)), verify_sample
+(expected_counts, sample 32, seed 0). Run it with PYTHONPATH set to the checkout to measure; RSS "before" is the
+process after its inputs were loaded, "peak" its maximum.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 ROWS = 1_331_167
 LABELS, PER_LABEL = 21_841, 61
-STEPS = ("replan", "split_bytes", "cache_save", "cache_load_split", "load_part", "verify_sample")
+STEPS = ("replan", "split_bytes", "cache_save", "cache_load", "cache_load_split", "load_part", "verify_sample")
 
 
 def _rss_mib() -> float:
@@ -156,6 +156,10 @@ def run(step: str, d: Path) -> dict:
             return str(pq.read_schema(d / "cache.parquet").field("id").type)
 
         out = _timed(save, _current_mib())
+    elif step == "cache_load":
+        from imgest.splits.sources import LabelledRows
+
+        out = _timed(lambda: str(LabelledRows.load(d / "cache.parquet").ids.dtype), _current_mib())
     elif step == "cache_load_split":
         from imgest.splits.sources import LabelledRows
 
