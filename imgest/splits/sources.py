@@ -18,13 +18,14 @@ from imgest.core.errors import ImgestError
 from imgest.sinks.cassandra.schema import identifier
 from imgest.sinks.shards.store import ShardStore
 from imgest.sinks.shards.store_names import samples_object
-from imgest.splits.split import id_strings
+from imgest.splits.split import uuid_text
 
 
 @dataclass
 class LabelledRows:
-    """Row ids and integer labels, with where they live. Ids are UUID strings, or 16-byte UUIDs ('S16') when read
-    from Cassandra (imgest.splits.split.id_strings formats them)."""
+    """Row ids and integer labels, with where they live. Ids are 16-byte UUIDs ('S16') from every source
+    (Cassandra, a shard dataset, the metadata cache; imgest.splits.split.id_strings formats them), or strings
+    where a caller gives strings."""
 
     ids: np.ndarray
     labels: np.ndarray
@@ -32,24 +33,68 @@ class LabelledRows:
     source: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
-        """The metadata cache (--metadata-ofn): Parquet with the source in its schema metadata."""
-        table = pa.table({"id": id_strings(self.ids).astype(str), "label": self.labels.astype(np.int32)})
+        """The metadata cache (--metadata-ofn): Parquet with the source in its schema metadata. 16-byte UUIDs are
+        stored as they are (``fixed_size_binary(16)``, 16 bytes a row, nothing formatted); other ids as strings."""
+        ids = np.asarray(self.ids)
+        if ids.dtype == np.dtype("S16"):
+            column = pa.Array.from_buffers(pa.binary(16), len(ids), [None, pa.py_buffer(np.ascontiguousarray(ids))])
+        else:
+            column = pa.array(ids.astype(str, copy=False))
+        table = pa.table({"id": column, "label": self.labels.astype(np.int32)})
         meta = {b"imgest_source": json.dumps(self.source).encode(), b"num_classes": str(self.num_classes).encode()}
         pq.write_table(table.replace_schema_metadata(meta), path)
 
     @classmethod
     def load(cls, path: Path) -> LabelledRows:
-        """Read a cache written by save (--metadata-ifn)."""
-        table = pq.read_table(path)
-        meta = table.schema.metadata or {}
+        """Read a cache written by save (--metadata-ifn): ids come back as 16-byte UUIDs ('S16'), also from a
+        cache of UUID strings (as imgest wrote it before); ids that are not UUIDs come back as strings."""
+        source = pq.ParquetFile(path)
+        meta = source.schema_arrow.metadata or {}
         if b"num_classes" not in meta:
             raise ImgestError(f"{path} is not an imgest metadata cache (written with --metadata-ofn)")
-        return cls(
-            np.asarray(table.column("id").to_pylist()),
-            table.column("label").to_numpy(),
-            int(meta[b"num_classes"]),
-            json.loads(meta[b"imgest_source"]),
-        )
+        ids, labels = _cached_columns(source)
+        return cls(ids, labels, int(meta[b"num_classes"]), json.loads(meta[b"imgest_source"]))
+
+
+def _cached_columns(source: pq.ParquetFile) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, labels) of a metadata cache, read UUID_CHUNK rows at a time into the two output columns: ids as 'S16'
+    (stored as 16 bytes, or as canonical UUID strings). A cache of other ids is read whole, its ids as strings."""
+    rows = source.metadata.num_rows
+    ids, labels = np.empty(rows, dtype="S16"), np.empty(rows, dtype=np.int32)
+    start = 0
+    for batch in source.iter_batches(batch_size=UUID_CHUNK, columns=["id", "label"]):
+        chunk = _uuid_column(batch.column("id"))
+        if chunk is None:  # not UUIDs: the strings as they are
+            table = source.read(columns=["id", "label"])
+            return np.asarray(table.column("id").to_pylist()), table.column("label").to_numpy()
+        ids[start : start + len(chunk)] = chunk
+        labels[start : start + len(chunk)] = batch.column("label").to_numpy(zero_copy_only=False)
+        start += len(chunk)
+    return ids, labels
+
+
+def _uuid_column(ids: pa.Array) -> np.ndarray | None:
+    """IDS as 16-byte UUIDs ('S16'): ``fixed_size_binary(16)`` as it is, strings that are all canonical UUIDs
+    (lowercase, 36 characters: they format back to the same bytes) converted; None for any other ids."""
+    if pa.types.is_fixed_size_binary(ids.type) and ids.type.byte_width == 16 and not ids.null_count:
+        if not len(ids):
+            return np.zeros(0, dtype="S16")
+        return np.frombuffer(ids.buffers()[1], dtype="S16", count=len(ids), offset=ids.offset * 16).copy()
+    if not pa.types.is_string(ids.type) or ids.null_count:
+        return None
+    ascii36 = pc.and_(pc.equal(pc.binary_length(ids), 36), pc.equal(pc.utf8_length(ids), 36))
+    if not pc.all(ascii36).as_py():
+        return None
+    if not len(ids):
+        return np.zeros(0, dtype="S16")
+    raw = np.ascontiguousarray(_uuid_chunk(ids)).view("S16").ravel()
+    return raw if np.array_equal(uuid_text(raw), _text_bytes(ids)) else None
+
+
+def _text_bytes(text: pa.Array) -> np.ndarray:
+    """A slice of 36-character strings as an (n, 36) uint8 array of their bytes (a view of the string buffer)."""
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)[text.offset : text.offset + len(text) + 1]
+    return np.frombuffer(text.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(len(text), 36)
 
 
 def qualified(name: str, what: str) -> tuple[str, str]:
@@ -129,9 +174,7 @@ def _uuid_chunk(text: pa.Array) -> np.ndarray:
     """One slice of UUID strings as an (n, 16) uint8 array."""
     if text.null_count or not pc.all(pc.equal(pc.utf8_length(text), 36)).as_py():
         raise ImgestError("sample ids must be UUID strings of 36 characters")
-    text = pc.utf8_lower(text)
-    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)[text.offset : text.offset + len(text) + 1]
-    raw = np.frombuffer(text.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(len(text), 36)
+    raw = _text_bytes(pc.utf8_lower(text))
     hexdigits = np.delete(raw, [8, 13, 18, 23], axis=1)
     nibbles = np.where(hexdigits >= ord("a"), hexdigits - ord("a") + 10, hexdigits - ord("0")).astype(np.uint8)
     return (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]

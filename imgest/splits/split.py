@@ -10,8 +10,15 @@ The default file is a NumPy ``.npz`` read with ``allow_pickle=False``: row ids (
 one index array per part, the class count and where the data lives. ``--format crs4`` also writes the
 pickled dictionary the cassandra-dali-plugin training scripts load (streamed: imgest.splits.crs4).
 
-Everything works on numpy columns: in memory, ids read from Cassandra stay 16-byte UUIDs ('S16', 16 bytes a
-row rather than 144 as UUID strings) and become strings only where a file or a reader needs them.
+Everything works on numpy columns: in memory, ids read from Cassandra, a shard dataset or the metadata cache
+stay 16-byte UUIDs ('S16', 16 bytes a row rather than 144 as UUID strings) and become strings only where a file
+or a reader needs them.
+
+The .npz's ``row_ids.npy`` stays '<U36' (issue #41 weighed an 'S16' member beside it and kept the file as it
+was): training scripts, ``load_split`` and the DALI readers (imgest.readback.api, examples/read_cassandra.py)
+read UUID strings from it, and the same split still writes the same bytes. Writing it never builds a Python
+string per id nor a whole-length string array: the ids are formatted and compressed ID_CHUNK at a time
+(_write_ids). Reading it back (``load_split``) holds the column as '<U36', 144 bytes a row, as before.
 """
 
 from __future__ import annotations
@@ -44,13 +51,19 @@ def id_strings(ids: np.ndarray) -> np.ndarray:
         return ids
     out = np.empty(len(ids), dtype="U36")
     for start in range(0, len(ids), ID_CHUNK):
-        raw = np.frombuffer(np.ascontiguousarray(ids[start : start + ID_CHUNK]).tobytes(), np.uint8).reshape(-1, 16)
-        digits = np.empty((len(raw), 32), dtype=np.uint8)
-        digits[:, 0::2], digits[:, 1::2] = raw >> 4, raw & 15
-        text = np.full((len(raw), 36), ord("-"), dtype=np.uint8)
-        text[:, _HEX_AT] = _HEX[digits]
-        out[start : start + len(raw)] = text.view("S36").ravel().astype("U36")
+        chunk = ids[start : start + ID_CHUNK]
+        out[start : start + len(chunk)] = uuid_text(chunk).view("S36").ravel().astype("U36")
     return out
+
+
+def uuid_text(ids: np.ndarray) -> np.ndarray:
+    """16-byte UUIDs ('S16') as their lowercase strings' bytes, an (n, 36) uint8 array (no Python object per id)."""
+    raw = np.frombuffer(np.ascontiguousarray(ids).tobytes(), np.uint8).reshape(-1, 16)
+    digits = np.empty((len(raw), 32), dtype=np.uint8)
+    digits[:, 0::2], digits[:, 1::2] = raw >> 4, raw & 15
+    text = np.full((len(raw), 36), ord("-"), dtype=np.uint8)
+    text[:, _HEX_AT] = _HEX[digits]
+    return text
 
 
 def parse_ratios(text: str | Sequence[float]) -> list[float]:
@@ -163,7 +176,7 @@ def _rows_by_class(labels: np.ndarray, counts: Sequence[int]) -> np.ndarray:
 class SplitFile:
     """A split: row ids and labels, the parts, and where the rows live."""
 
-    row_ids: np.ndarray  # UUID strings, or 16-byte UUIDs ('S16') as read from Cassandra
+    row_ids: np.ndarray  # 16-byte UUIDs ('S16') as every source gives them, or strings (load_split: 'U36')
     labels: np.ndarray
     parts: list[np.ndarray]
     num_classes: int

@@ -155,3 +155,35 @@ def test_a_plan_that_disagrees_with_the_manifest_is_refused(first: tuple[pa.Tabl
     with pytest.raises(BaselineError, match="delete the dataset's refresh folder"):
         replan_file(old, new, missed, pa.array(changed + removed), SHARDS, SPEC, 2, tmp_path / "plan.parquet")
     assert not (tmp_path / "plan.parquet").exists()
+
+
+def test_touched_ids_are_one_set_per_replan_whatever_the_batch_size(
+    first: tuple[pa.Table, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #41: the touched ids (and the re-cut shards' ids) are made a set once per re-plan, not once per batch
+    of READ_ROWS, and the plan does not depend on where the batches end (one shard re-cut, the rest kept)."""
+    from imgest.sinks.shards import replan as module
+
+    table, old = first
+    new, changed, _, removed = _change(table, ROWS // 100, seed=5)
+    shard = old.filter(pc.equal(old.column("shard"), old.column("shard")[0]))
+    extra = [i for i in shard.column("id").to_pylist() if i not in set(changed + removed)]
+    extra = extra[: int(COMPACT_DEAD_FRACTION * shard.num_rows) + 1]  # past the threshold: that shard is re-cut
+    new = new.filter(pc.invert(pc.is_in(new.column("id"), value_set=pa.array(extra))))
+    touched = pa.array(changed + removed + extra)
+    whole = replan(old, new, touched, SHARDS, SPEC, refresh=2)
+    built: list[int] = []
+
+    class Counted(module.IdSet):
+        def __init__(self, ids: pa.Array | list[str]) -> None:
+            super().__init__(ids)
+            built.append(len(self))
+
+    monkeypatch.setattr(module, "IdSet", Counted)
+    monkeypatch.setattr(module, "READ_ROWS", 97)  # ROWS / 97: about 200 batches a pass
+    small = replan(old, new, touched, SHARDS, SPEC, refresh=2)
+    assert small.dropped == whole.dropped == [shard.column("shard")[0].as_py()]
+    assert small.plan.equals(whole.plan)
+    assert (small.kept, small.new, small.marked, small.dead) == (whole.kept, whole.new, whole.marked, whole.dead)
+    live_recut = shard.num_rows - len(extra) - len(set(shard.column("id").to_pylist()) & set(changed + removed))
+    assert sorted(built) == sorted([len(touched), 1, live_recut])  # touched, the re-cut shard's name, its live ids

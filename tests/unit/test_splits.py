@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from imgest.core.errors import ConfigError
 from imgest.splits.sources import LabelledRows
-from imgest.splits.split import SplitFile, balanced_counts, class_weights, cut, load_split, make_split, parse_ratios
+from imgest.splits.split import (
+    SplitFile,
+    balanced_counts,
+    class_weights,
+    cut,
+    id_strings,
+    load_split,
+    make_split,
+    parse_ratios,
+)
 
 ratios_st = st.lists(st.integers(1, 10), min_size=1, max_size=5)
 labels_st = st.lists(st.integers(0, 6), min_size=1, max_size=300)
@@ -216,7 +225,9 @@ def test_split_of_uuid_bytes_writes_the_same_files_as_strings(tmp_path: Path) ->
     crs4 = [pickle.loads((tmp_path / f"{n}.pckl").read_bytes())["row_keys"].tolist() for n in ("b", "t")]
     assert crs4[0] == crs4[1] == [uuid.UUID(bytes=b) for b in ids]
     LabelledRows(raw, labels, 3, {"kind": "cassandra"}).save(tmp_path / "meta.parquet")
-    assert LabelledRows.load(tmp_path / "meta.parquet").ids.tolist() == strings.tolist()
+    cached = LabelledRows.load(tmp_path / "meta.parquet").ids  # the cache keeps the 16 bytes (issue #41)
+    assert cached.dtype == np.dtype("S16")
+    assert id_strings(cached).tolist() == strings.tolist()
 
 
 def test_uuid_strings_become_sorted_16_byte_ids_without_python_objects() -> None:

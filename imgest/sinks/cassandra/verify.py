@@ -6,7 +6,9 @@ quarantine. The table is counted only when asked (``count_rows``; a refresh does
 delta) or when the record has no final counts, and then by a token-range scan of two narrow columns
 (imgest.sinks.cassandra.scan), never ``ALLOW FILTERING``. A seeded, class-balanced sample of rows is read back
 and compared byte for byte with a fresh transform of its source, and its metadata row with the data's sha256.
-The manifest is read as Arrow batches: memory stays flat whatever the dataset's size.
+The manifest is read as Arrow batches: memory stays flat whatever the dataset's size. The sample's candidates
+are pruned after every batch to the rows that can still be picked (about the sample's size, plus one key per
+label; see _prune), so neither their memory nor their sorting grows with the number of labels.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pyarrow.parquet as pq
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.idset import IdSet
 from imgest.sinks.cassandra.scan import count_by
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.versions import advance_status
@@ -81,38 +84,84 @@ def _version_row(session: Any, tables: TableLayout, dataset: str, version: str) 
     return row
 
 
-def _bottom_per_label(pool: pa.Table, keep: int) -> pa.Table:
-    """The KEEP rows of lowest 'key' of each label in POOL, with their 'rank' within the label."""
+class _Floors:
+    """Per label the lowest key of the rows dropped from the sample's pool. A later row of that label with a higher
+    key ranks behind a dropped row, so it can never be picked either: it is dropped on arrival, and every row the
+    pool keeps has its true rank within its label (every dropped row of a label has a higher key than its kept ones).
+    One key per label, held as numpy columns."""
+
+    def __init__(self) -> None:
+        self.labels = np.zeros(0, dtype=np.int64)
+        self.keys = np.zeros(0, dtype=np.float64)
+
+    def below(self, labels: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Which rows (LABELS, KEYS) have a key below their label's floor (every row of a label without one)."""
+        if not len(self.labels):
+            return np.ones(len(labels), dtype=bool)
+        at = np.minimum(np.searchsorted(self.labels, labels), len(self.labels) - 1)
+        return (self.labels[at] != labels) | (keys < self.keys[at])
+
+    def add(self, labels: np.ndarray, keys: np.ndarray) -> None:
+        """Lower the floors of LABELS to KEYS where those are lower."""
+        labels, keys = np.r_[self.labels, labels.astype(np.int64)], np.r_[self.keys, keys]
+        order = np.lexsort((keys, labels))
+        first = np.r_[True, labels[order][1:] != labels[order][:-1]]
+        self.labels, self.keys = labels[order][first], keys[order][first]
+
+
+def _prune(pool: pa.Table, sample: int, floors: _Floors) -> pa.Table:
+    """POOL with each row's 'rank' (by 'key') within its label, less the rows that can never be among the SAMPLE
+    picked (the first SAMPLE by rank, then key), whose keys lower FLOORS.
+
+    Ranks only grow as rows arrive. With level L the lowest rank at which the rows of rank <= L reach SAMPLE, a row
+    of rank > L is never picked, nor one of rank L behind the NEED = SAMPLE - (rows of rank < L) lowest keys of that
+    rank: those NEED labels keep a key of rank L below it whatever arrives. What stays is at most about SAMPLE rows,
+    whatever the number of labels."""
     labels, keys = pool.column("label").to_numpy(), pool.column("key").to_numpy()
     order = np.lexsort((keys, labels))
     ranked = labels[order]
     starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
-    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
-    chosen = order[rank < keep]
-    return pool.take(chosen).set_column(pool.schema.get_field_index("rank"), "rank", pa.array(rank[rank < keep]))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    pool = pool.set_column(pool.schema.get_field_index("rank"), "rank", pa.array(rank))
+    if len(rank) <= sample:
+        return pool
+    reach = np.cumsum(np.bincount(rank))
+    level = int(np.searchsorted(reach, sample))  # the first rank at which rows of rank <= it reach SAMPLE
+    need = sample - (int(reach[level - 1]) if level else 0)
+    at_level = keys[rank == level]
+    last = np.partition(at_level, need - 1)[need - 1]
+    keep = (rank < level) | ((rank == level) & (keys <= last))
+    floors.add(labels[~keep], keys[~keep])
+    return pool.filter(pa.array(keep))
 
 
 def expected_counts(
     manifest: Path, quarantined: set[str], sample: int, seed: int
 ) -> tuple[Counter[str], list[Candidate]]:
     """Rows expected per 'split/label' (the manifest minus QUARANTINED) and a seeded, class-balanced sample of
-    SAMPLE of them: every label's lowest random keys, taken round-robin across labels. Reads Arrow batches."""
+    SAMPLE of them: every label's lowest random keys, taken round-robin across labels (all labels' lowest key
+    first, by key, then their second lowest...). Reads Arrow batches; the pool of candidates stays at about SAMPLE
+    rows plus a batch, and one key per label, whatever the number of labels (see _prune)."""
     expected: Counter[str] = Counter()
     rng = np.random.default_rng([seed, 11])
-    bad = pa.array(sorted(quarantined), pa.string())
+    bad = IdSet(sorted(quarantined))  # built once, asked of every batch
+    floors = _Floors()
     pool: pa.Table | None = None
     for batch in pq.ParquetFile(manifest).iter_batches(batch_size=BATCH_ROWS):
         table = pa.Table.from_batches([batch])
-        table = table.filter(pc.invert(pc.is_in(table.column("id"), value_set=bad)))
+        table = table.filter(pc.invert(bad.contains(table.column("id"))))
         grouped = table.group_by(["split", "label"]).aggregate([([], "count_all")])
         for row in grouped.to_pylist():
             expected[f"{row['split']}/{row['label']}"] += row["count_all"]
         if sample <= 0 or not table.num_rows:
             continue
-        table = table.append_column("key", pa.array(rng.random(table.num_rows))).append_column(
+        keys = rng.random(table.num_rows)
+        table = table.append_column("key", pa.array(keys)).append_column(
             "rank", pa.array(np.zeros(table.num_rows, dtype=np.int64))
         )
-        pool = _bottom_per_label(table if pool is None else pa.concat_tables([pool, table]), sample)
+        table = table.filter(pa.array(floors.below(table.column("label").to_numpy(), keys)))
+        pool = _prune(table if pool is None else pa.concat_tables([pool, table]), sample, floors)
     if pool is None:
         return expected, []
     picked = pool.sort_by([("rank", "ascending"), ("key", "ascending")]).slice(0, sample)

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core.errors import ConfigError
+from imgest.core.idset import IdSet
 from imgest.sinks.shards.plan import DEAD, PlanFile, PlanWriter, ShardSpec
 from imgest.sinks.shards.plan_cut import cut_shards, shard_index_of
 from imgest.sources.diff import BaselineError
@@ -104,18 +105,19 @@ def replan_file(
 
     Memory follows the change, not the dataset: the old plan is read three times a batch at a time (dead counts
     per shard; the live ids of the re-cut shards; the kept rows, merged in shard order with the new ones), the
-    manifest once, keeping only the rows to cut. TOUCHED is best an Arrow array (no Python object per row)."""
+    manifest once, keeping only the rows to cut. TOUCHED is best an Arrow array (no Python object per row); it is
+    made one sorted set once (imgest.core.idset), so a pass costs O(rows x log touched), not a hash set per batch."""
     if not 0 <= compact < 1:
         raise ConfigError(f"compaction threshold {compact} must be at least 0 and below 1 (a fraction of dead rows)")
-    touched_ids = _array(touched)
+    touched_ids = IdSet(_array(touched))  # built once: every batch of every pass is looked up in it
     counts, highest = _dead_counts(old_plan, touched_ids)
     dirty = sorted(name for name, (d, n) in counts.items() if d > compact * n)
-    dirty_names = pa.array(dirty, pa.string())
+    dirty_names = IdSet(dirty)
     recut_ids: list[pa.Array] = []  # the live ids of the re-cut shards: cut again with the new samples
     live_kept = 0
     for batch in _batches(old_plan, ["shard", "id", DEAD]):
         live = pc.invert(_dead(batch, touched_ids))
-        in_dirty = pc.is_in(batch.column("shard"), value_set=dirty_names)
+        in_dirty = dirty_names.contains(batch.column("shard"))
         recut_ids.append(batch.column("id").filter(pc.and_(live, in_dirty)))
         live_kept += pc.sum(pc.cast(pc.and_(live, pc.invert(in_dirty)), pa.int64())).as_py() or 0
     schema = _plan_schema(old_plan)
@@ -132,7 +134,7 @@ def replan_file(
     return Replan(sorted(kept), dirty, sorted(set(names) - kept), sorted(marked), dead_rows, written.rows)
 
 
-def _dead_counts(old_plan: Rows, touched_ids: pa.Array) -> tuple[dict[str, list[int]], dict[str, int]]:
+def _dead_counts(old_plan: Rows, touched_ids: IdSet) -> tuple[dict[str, list[int]], dict[str, int]]:
     """Per shard of OLD_PLAN [dead rows, rows] (a row is dead when marked so or in TOUCHED_IDS), and per split its
     highest shard index."""
     counts: dict[str, list[int]] = {}  # shard -> [dead rows, rows]
@@ -150,8 +152,8 @@ def _dead_counts(old_plan: Rows, touched_ids: pa.Array) -> tuple[dict[str, list[
 
 def _merge(
     old_plan: Rows,
-    touched_ids: pa.Array,
-    dirty_names: pa.Array,
+    touched_ids: IdSet,
+    dirty_names: IdSet,
     new: pa.Table | None,
     schema: pa.Schema,
     spec: TransformSpec,
@@ -168,7 +170,7 @@ def _merge(
             dead = _dead(batch, touched_ids)
             table = with_dead(table)
             table = table.set_column(table.column_names.index(DEAD), DEAD, dead)
-            table = table.filter(pc.invert(pc.is_in(table.column("shard"), value_set=dirty_names))).cast(schema)
+            table = table.filter(pc.invert(dirty_names.contains(table.column("shard")))).cast(schema)
             if not table.num_rows:
                 continue
             kept.update(pc.unique(table.column("shard")).to_pylist())
@@ -189,12 +191,13 @@ def _fresh(manifest: Rows, columns: list[str], rewritten: np.ndarray, recut: pa.
     RECUT. Every other row must be live in a kept shard (LIVE_KEPT of them): a plan that disagrees with its manifest
     is refused, not guessed at."""
     parts, start, total = [], 0, 0
+    recut_ids = IdSet(recut)
     for batch in _batches(manifest, columns):
         mask = pa.array(rewritten[start : start + batch.num_rows])
         start += batch.num_rows
         total += batch.num_rows
-        if len(recut):
-            mask = pc.or_(mask, pc.is_in(batch.column("id"), value_set=recut))
+        if len(recut_ids):
+            mask = pc.or_(mask, recut_ids.contains(batch.column("id")))
         if pc.any(mask).as_py():
             parts.append(pa.Table.from_batches([batch.filter(mask)]).select(columns).replace_schema_metadata(None))
     if start != len(rewritten):
@@ -219,9 +222,9 @@ def _split_before(new: pa.Table | None, last: str) -> tuple[pa.Table | None, pa.
     return new.slice(cut), new.slice(0, cut)
 
 
-def _dead(batch: pa.RecordBatch, touched: pa.Array) -> pa.Array:
+def _dead(batch: pa.RecordBatch, touched: IdSet) -> pa.Array:
     """The dead flags of a plan BATCH once TOUCHED is removed (rows dead before stay dead)."""
-    hit = pc.is_in(batch.column("id"), value_set=touched)
+    hit = touched.contains(batch.column("id"))
     if DEAD not in batch.schema.names:
         return hit
     return pc.or_(batch.column(DEAD), hit)
