@@ -18,13 +18,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from imgest.sinks.cassandra.client import cassandra_session
 
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.services.cassandra import CassandraServer
 from imgest.services.s3 import S3Server
 from imgest.services.spark_cluster import SparkCluster
+from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.s3objects import list_objects
 from tests.jobs.test_s3_sources import source, upload  # noqa: F401  (the source bucket's fixture)
