@@ -1,8 +1,9 @@
 """Executors that share no disk with the driver: the Spark workers run in private mount namespaces with an empty
-tmpfs over the driver's work folders (as machines of a real cluster would not see them), the source is only on
-S3. With ``$IMGEST_STATE_URL`` the driver stages the manifest (Cassandra target) and the shard plan (shards
-target) in object storage and both jobs store exactly what a one-machine run stores; without it, the job fails
-naming the file the executor could not see and the setting that avoids it."""
+tmpfs over the driver's work folders and over the submitting venv's bin/ (as machines of a real cluster would not
+see them; their Python comes with each job, IMGEST_SPARK_PYENV=ship), the source is only on S3. With
+``$IMGEST_STATE_URL`` the driver stages the manifest (Cassandra target) and the shard plan (shards target) in
+object storage and both jobs store exactly what a one-machine run stores; without it, the job fails naming the
+file the executor could not see and the setting that avoids it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hashlib
 import json
 import secrets
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -34,16 +36,20 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 @pytest.fixture
 def hidden_cluster(spark_cluster: SparkCluster, tmp_path: Path) -> Iterator[SparkCluster]:
-    """The suite's cluster with its workers restarted where TMP_PATH and $IMGEST_HOME/work are empty tmpfs;
-    the usual workers again afterwards."""
+    """The suite's cluster with its workers restarted where TMP_PATH, $IMGEST_HOME/work and this venv's bin/ are
+    empty tmpfs; the usual workers again afterwards."""
     work = state_dir() / "work"
     work.mkdir(parents=True, exist_ok=True)
-    hidden = replace(spark_cluster, hide=(str(tmp_path), str(work)))
+    venv_bin = str(Path(sys.executable).parent)  # the submitting Python: executors get theirs with the job
+    hidden = replace(spark_cluster, hide=(str(tmp_path), str(work), venv_bin))
     hidden.restart_workers()
     try:
         yield hidden
     finally:
         spark_cluster.restart_workers()
+        for i in range(1, spark_cluster.workers + 1):  # the unpacked environments (290 MB per executor)
+            for env in spark_cluster.worker_dirs(i)[0].glob("app-*/*/imgest-env"):
+                shutil.rmtree(env, ignore_errors=True)
 
 
 def _stored_shards(client: Any, prefix: str) -> tuple[list[tuple[str, int, str]], list[tuple[str, int]]]:
@@ -94,6 +100,7 @@ def test_jobs_on_executors_that_see_no_driver_file(
     assert ingest("local", "shards", "--max-count", "6") == 0
     capfd.readouterr()
 
+    monkeypatch.setenv("IMGEST_SPARK_PYENV", "ship")  # the executors' Python goes with each job (spark.archives)
     monkeypatch.delenv("IMGEST_STATE_URL", raising=False)  # executors would open the driver's work folder: fail
     assert ingest("cluster", "shards", "--max-count", "6") != 0
     failed = capfd.readouterr()
