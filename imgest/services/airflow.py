@@ -49,17 +49,17 @@ base_log_folder = {home}/logs
 host = {host}
 port = {port}
 base_url = http://{host}:{port}
+secret_key = {secret_key}
+
+[dag_processor]
+refresh_interval = 30
 
 [scheduler]
-dag_dir_list_interval = 30
 # Also how soon an Asset emitted through an AssetAlias is marked active and so listed in the Assets view.
 parsing_cleanup_interval = 10
 
 [api_auth]
 jwt_secret = {jwt_secret}
-
-[webserver]
-secret_key = {secret_key}
 """
 
 

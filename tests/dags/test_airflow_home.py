@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,3 +38,35 @@ def test_prepare_skips_migrate_and_import_until_the_stamp_differs(
     airflow_home.prepare(cassandra_server, s3_server)
     assert [c[:2] for c in calls] == [("db", "migrate"), ("connections", "import")]
     assert json.loads((airflow_home.home / PREPARED).read_text()) == stamp
+
+
+def test_no_deprecation_warning_from_our_config_or_dags(airflow_home: AirflowServer, tmp_path: Path) -> None:
+    """Airflow 3 as it is meant to be used: the written airflow.cfg uses no moved option and parsing imgest's DAGs
+    (operators, hooks, task hooks) raises no DeprecationWarning, with every warning shown."""
+    import subprocess
+    import sys
+
+    from imgest.core.paths import dags_dir
+
+    env = {**airflow_home.env(), "PYTHONWARNINGS": "always::DeprecationWarning,always::PendingDeprecationWarning"}
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "dags", "list-import-errors"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out = cli.stdout + cli.stderr
+    assert cli.returncode == 0, out
+    parse = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("dagbag_report.py")), str(dags_dir()), str(tmp_path / "r.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out += parse.stdout + parse.stderr
+    assert parse.returncode == 0, out
+    assert json.loads((tmp_path / "r.json").read_text())["import_errors"] == {}
+    warnings = [line for line in out.splitlines() if "Deprecat" in line or "has been moved" in line]
+    assert warnings == []
