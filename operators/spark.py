@@ -24,6 +24,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         from imgest.spark.submit import job_path
 
         kwargs.setdefault("conn_id", "spark_default")
+        kwargs.setdefault("pool", "spark")  # one slot per Spark job the master can run at once (imgest services)
         kwargs.setdefault("name", f"imgest-{self.job}")
         super().__init__(application=str(job_path(self.job)), **kwargs)
         self.source_conn_id = source_conn_id  # an s3:// source's connection ('' for a local source)
@@ -43,6 +44,16 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         """Environment variables that reach the store (overridden per job)."""
         return {}
 
+    def state_env(self) -> dict[str, str]:
+        """The keys of $IMGEST_STATE_URL's store (aws_default), where the driver stages the job's files."""
+        from imgest.core.lock_stores import state_url
+
+        if state_url() is None:
+            return {}
+        from imgest.operators.hooks import ImgestS3Hook
+
+        return ImgestS3Hook(aws_conn_id="aws_default").spark_env()
+
     def master(self) -> str:
         """The master named by the Spark connection (its host, with port when given)."""
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -58,7 +69,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         master = self.master()
         keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
         env = {k: v for k, v in submit_env(master).items() if k in keep}
-        self.env_vars = {**(self.env_vars or {}), **env, **self.job_env(), **self.source_env()}
+        self.env_vars = {**(self.env_vars or {}), **env, **self.state_env(), **self.job_env(), **self.source_env()}
         self.conf = {**spark_conf(master=master), **(self.conf or {})}
         if needs_shipping(master) and not self.py_files:
             self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission

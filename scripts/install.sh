@@ -49,6 +49,18 @@ if [ "${1:-}" = "--dev" ] && ! command -v mkfs.xfs >/dev/null 2>&1; then
   fi
 fi
 
+# The deployed Airflow shape (`imgest services up airflow-celery`, the Celery and fault tests) runs Debian's
+# PostgreSQL (metadata database) and Redis (Celery broker); `airflow standalone` (the demo) needs neither.
+if [ "${1:-}" = "--dev" ] && { ! command -v redis-server >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "imgest install: installing Debian's postgresql and redis-server for the deployed Airflow shape (apt-get)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql redis-server >/dev/null
+  else
+    echo "imgest install: the Celery deployment needs PostgreSQL and Redis: sudo apt-get install postgresql redis-server" >&2
+  fi
+fi
+
 # imgest's JPEG region decoder (imgest/transform/_fastjpeg.c) is compiled against libjpeg-turbo's headers. It is
 # optional: without them the build skips it and the transform runs on Pillow alone (slower, same quarantine).
 if ! printf '#include <stdio.h>\n#include <jpeglib.h>\n' | cc -E -x c - >/dev/null 2>&1; then

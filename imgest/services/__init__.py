@@ -16,6 +16,7 @@ ALL_SERVICE_NAMES = (
     "cassandra-ring",
     "s3",
     "airflow",
+    "airflow-celery",
     "latency-proxy",
     "spark",
 )  # what `down` stops
@@ -33,6 +34,12 @@ def _ring() -> Service:
     return CassandraRing.default()
 
 
+def _airflow_celery() -> Service:
+    from imgest.services.airflow_celery import CeleryAirflow
+
+    return CeleryAirflow.default()
+
+
 def _spark() -> Service:
     from imgest.services.spark_cluster import SparkCluster
 
@@ -41,7 +48,7 @@ def _spark() -> Service:
 
 def get_service(name: str) -> Service:
     """The embedded service called NAME (cassandra, cassandra-auth, cassandra-tls, cassandra-ring, s3, airflow,
-    latency-proxy, spark)."""
+    airflow-celery, latency-proxy, spark)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
@@ -49,6 +56,7 @@ def get_service(name: str) -> Service:
         "cassandra-ring": _ring,
         "s3": S3Server.default,
         "airflow": AirflowServer.default,
+        "airflow-celery": _airflow_celery,
         "latency-proxy": _latency_proxy,
         "spark": _spark,
     }

@@ -27,7 +27,15 @@ from imgest.services.s3 import S3Server
 
 log = logging.getLogger(__name__)
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # written by `airflow standalone`
-PREPARED = "prepared.json"  # the Airflow version and a digest of the connections the DB was prepared with
+PREPARED = "prepared.json"  # the Airflow version, a digest of the connections and the pools the DB was prepared with
+SPARK_POOL = "spark"  # every Spark submitting task runs in it: one slot per Spark job the connection's master can run
+
+
+def spark_slots() -> int:
+    """Slots of the `spark` pool: $IMGEST_SPARK_POOL_SLOTS, else one per 4 cores (at least 1: one job at a time
+    on a 2-core local master, whose job already uses every core)."""
+    return env_int("IMGEST_SPARK_POOL_SLOTS", max(1, (os.cpu_count() or 2) // 4))
+
 
 AIRFLOW_CFG = """\
 # Written by imgest (imgest/services/airflow.py). Only AIRFLOW_HOME={home} is needed to use it.
@@ -174,10 +182,11 @@ class AirflowServer:
         stamp = {
             "airflow": importlib.metadata.version("apache-airflow"),
             "connections": hashlib.sha256(json.dumps(connections, sort_keys=True).encode()).hexdigest(),
+            "pools": {SPARK_POOL: spark_slots()},
         }
         stamp_file = self.home / PREPARED
         prepared = stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp
-        if prepared and (self.home / "airflow.db").is_file():
+        if prepared and self.db_exists():
             self.tighten()
             return time.monotonic() - t0
         stamp_file.unlink(missing_ok=True)
@@ -190,9 +199,14 @@ class AirflowServer:
             self.airflow("connections", "import", "--overwrite", str(conn_file))  # encrypted with the Fernet key
         finally:
             conn_file.unlink(missing_ok=True)
+        self.airflow("pools", "set", SPARK_POOL, str(spark_slots()), "imgest Spark jobs: one slot per job at once")
         stamp_file.write_text(json.dumps(stamp))
         self.tighten()
         return time.monotonic() - t0
+
+    def db_exists(self) -> bool:
+        """Whether the metadata database was created (SQLite: its file)."""
+        return (self.home / "airflow.db").is_file()
 
     def answers(self) -> bool:
         """True when the API server's health endpoint answers."""
