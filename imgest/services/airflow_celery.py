@@ -93,7 +93,13 @@ class CeleryAirflow(AirflowServer):
     def env(self, worker: str | None = None) -> dict[str, str]:  # type: ignore[override]
         """Any airflow command's environment; a WORKER's IMGEST_HOME is its own disk (worker_home)."""
         env = super().env()
+        env.pop("IMGEST_SPARK_DRIVER_SOCKET", None)  # a test suite's reused driver is not on the workers' hosts
         env["IMGEST_STATE_URL"] = self.state_url()
+        # A task whose worker is lost is failed (then retried elsewhere) after a minute without heartbeat, not 5.
+        env.setdefault("AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT", "60")
+        env.setdefault("AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL", "5")
+        # A restarted scheduler adopts the tasks a dead one queued (only then it may fail them) every 30 s, not 5 min.
+        env.setdefault("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "30")
         env.setdefault("IMGEST_DATASETS_FILE", str(state_dir() / "datasets.toml"))  # the DAG files' config map
         if worker:
             env["IMGEST_HOME"] = str(self.worker_home)
@@ -144,7 +150,7 @@ class CeleryAirflow(AirflowServer):
         q = shlex.quote
         return (
             f"hostname {worker} && mount --bind {q(str(hosts))} /etc/hosts && "
-            f"mount --bind {q(str(own / 'imgest-home'))} {q(str(self.worker_home))} && exec \"$@\""
+            f'mount --bind {q(str(own / "imgest-home"))} {q(str(self.worker_home))} && exec "$@"'
         )
 
     def up(self, timeout: float = 240.0) -> UpResult:  # type: ignore[override]

@@ -1,0 +1,181 @@
+"""ingest_imagenet on Airflow as it is deployed (`imgest services up airflow-celery`): the real scheduler with
+the CeleryExecutor, PostgreSQL, Redis, and two Celery workers that are hosts of their own (host names worker-a and
+worker-b, each its own disk behind IMGEST_HOME, run state through IMGEST_STATE_URL). Three runs triggered
+together (two datasets, one of them twice) all finish; their Spark jobs never overlap (the `spark` pool, one
+slot on 2 cores); the second run of one dataset waits for the first, naming it; tasks run on both workers and
+each finds what the other wrote. Then the faults: a worker killed with SIGKILL while it runs ingest_cassandra
+(the task is retried on the other worker, counts exact) and the scheduler killed and restarted in the same run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imgest.core.settings import CassandraSettings
+from imgest.services import CassandraServer, S3Server
+from imgest.services.airflow_celery import WORKERS, CeleryAirflow
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+STORED = 3 * 6 + 3 * 2 + 8  # train + val + the eight awkward-but-valid planted images
+
+
+@pytest.fixture(scope="module")
+def celery(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[CeleryAirflow]:
+    deployment = CeleryAirflow.default()
+    started = deployment.up().started
+    yield deployment
+    if started:
+        deployment.down()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local source outside every IMGEST_HOME (a volume both workers mount at the same path)."""
+    root = tmp_path_factory.mktemp("celerysrc")
+    write_sample(root, SampleSpec("cls-loc", classes=3, per_class=6, val_per_class=2, seed=31, defects=True))
+    return root
+
+
+@pytest.fixture(scope="module")
+def big_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A source whose ingest runs long enough to lose its worker in the middle: (path, images it stores)."""
+    root = tmp_path_factory.mktemp("celerybig")
+    spec = SampleSpec("cls-loc", classes=3, per_class=200, val_per_class=2, seed=32, defects=True)
+    write_sample(root, spec)
+    return root, spec.classes * (spec.per_class + spec.val_per_class) + 8
+
+
+def _sql(celery: CeleryAirflow, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    import psycopg2
+
+    pg = celery.postgres
+    conn = psycopg2.connect(host=pg.host, port=pg.port, user="airflow", password=pg.password, dbname="airflow")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def _trigger(celery: CeleryAirflow, conf: dict[str, Any]) -> str:
+    run_id = f"test__{conf['dataset']}__{time.time_ns()}"
+    celery.airflow("dags", "trigger", "ingest_imagenet", "--run-id", run_id, "--conf", json.dumps(conf))
+    return run_id
+
+
+def _state(celery: CeleryAirflow, run_id: str) -> str | None:
+    rows = _sql(celery, "SELECT state FROM dag_run WHERE run_id = %s", run_id)
+    return rows[0][0] if rows else None
+
+
+def _wait(celery: CeleryAirflow, run_ids: list[str], timeout: float = 900) -> dict[str, str | None]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {r: _state(celery, r) for r in run_ids}
+        if all(s in ("success", "failed") for s in states.values()):
+            return states
+        time.sleep(5)
+    return {r: _state(celery, r) for r in run_ids}
+
+
+def _tasks(celery: CeleryAirflow, run_id: str) -> dict[str, tuple[Any, ...]]:
+    rows = _sql(
+        celery,
+        "SELECT task_id, state, hostname, try_number, start_date, end_date FROM task_instance WHERE run_id = %s",
+        run_id,
+    )
+    return {r[0]: r[1:] for r in rows}
+
+
+def _log(celery: CeleryAirflow, run_id: str, task_id: str) -> str:
+    folder = celery.home / "logs" / "dag_id=ingest_imagenet" / f"run_id={run_id}" / f"task_id={task_id}"
+    return "".join(p.read_text() for p in sorted(folder.rglob("*.log")))
+
+
+def _stored(cassandra_server: CassandraServer, keyspace: str) -> int:
+    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+        return session.execute(f"SELECT count(*) FROM {keyspace}.data").one()[0]
+
+
+def test_three_runs_together_on_two_workers(
+    celery: CeleryAirflow, cassandra_server: CassandraServer, s3_server: S3Server, source: Path
+) -> None:
+    suffix = str(time.time_ns())[-6:]
+    shards = {"source": str(source), "target": "shards", "dataset": f"celery-s{suffix}", "read_check": False}
+    cass = {
+        "source": str(source),
+        "target": "cassandra",
+        "dataset": f"celery-c{suffix}",
+        "keyspace": f"celery_{suffix}",
+    }
+    cass["read_check"] = False
+    runs = [_trigger(celery, shards), _trigger(celery, cass), _trigger(celery, shards)]
+    states = _wait(celery, runs)
+    assert set(states.values()) == {"success"}, states
+    tasks = {r: _tasks(celery, r) for r in runs}
+    hosts = {t[1] for r in runs for t in tasks[r].values() if t[0] == "success"}
+    assert hosts == set(WORKERS)  # both workers ran tasks, each reading what the other wrote
+    ran = [tasks[r][t] for r in runs for t in ("ingest_shards", "ingest_cassandra") if tasks[r][t][0] == "success"]
+    jobs = sorted((t[3], t[4]) for t in ran)
+    assert len(jobs) == 3
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(jobs))  # one Spark job at a time: the pool
+    first, second = sorted((runs[0], runs[2]), key=lambda r: tasks[r]["lock"][4])  # who got it first
+    assert f"is being written by Airflow DAG ingest_imagenet run {first}" in _log(celery, second, "lock")
+    assert _stored(cassandra_server, cass["keyspace"]) == STORED
+    client = s3_server.settings().client()
+    doc = json.loads(client.get_object(Bucket="imgest", Key=f"{shards['dataset']}/manifest.json")["Body"].read())
+    assert sum(doc["samples"].values()) == STORED
+
+
+def _running_on(celery: CeleryAirflow, run_id: str, task_id: str, timeout: float = 600) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        task = _tasks(celery, run_id).get(task_id)
+        if task and task[0] == "running" and task[1]:
+            return str(task[1])
+        time.sleep(0.5)
+    raise AssertionError(f"{task_id} never ran: {_tasks(celery, run_id)}")
+
+
+def test_worker_lost_and_scheduler_restarted_during_ingest(
+    celery: CeleryAirflow, cassandra_server: CassandraServer, big_source: tuple[Path, int]
+) -> None:
+    suffix = str(time.time_ns())[-6:]
+    source, stored = big_source
+    conf = {"source": str(source), "target": "cassandra", "dataset": f"celery-f{suffix}", "keyspace": f"fault_{suffix}"}
+    conf["read_check"] = False
+    run = _trigger(celery, conf)
+    lost = _running_on(celery, run, "ingest_cassandra")
+    time.sleep(5)  # the Spark job is under way
+    worker = celery.process_of(lost)
+    pid = worker.pid()
+    assert pid is not None
+    assert os.getpgid(pid) == pid  # the worker leads its own process group (started in a session of its own)
+    os.killpg(pid, signal.SIGKILL)  # the host is gone: worker, task, Spark driver
+    scheduler = celery.process_of("scheduler")
+    scheduler_pid = scheduler.pid()
+    assert scheduler_pid is not None
+    os.killpg(scheduler_pid, signal.SIGKILL)  # and the scheduler dies too
+    time.sleep(2)
+    scheduler.start(celery.command("scheduler"), env=celery.env(), cwd=celery.home)
+    try:
+        states = _wait(celery, [run], timeout=900)
+    finally:
+        worker.start(celery.command(lost), env=celery.env(lost), cwd=celery.home)
+    assert states[run] == "success", (states, _tasks(celery, run))
+    ingest = _tasks(celery, run)["ingest_cassandra"]
+    other = next(w for w in WORKERS if w != lost)
+    assert ingest[1] == other  # retried on the worker that was left
+    assert ingest[2] >= 2
+    assert _stored(cassandra_server, conf["keyspace"]) == stored  # nothing lost, nothing duplicated
