@@ -18,7 +18,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,18 @@ from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
 from imgest.core.staging import Staged, Stager
-from imgest.sinks.shards.pack import PackConfig, ShardRecord, pack_planned
-from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
+from imgest.sinks.shards.pack import PackConfig, Published, ShardRecord, pack_planned
+from imgest.sinks.shards.pack_publish import (
+    build_manifest,
+    carry_published,
+    marked_shards,
+    plan_items,
+    publish,
+    samples_table,
+)
 from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
-from imgest.sinks.shards.store import open_store
+from imgest.sinks.shards.shard_table import shards_table
+from imgest.sinks.shards.store import ShardStore, open_store
 from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
@@ -49,7 +57,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]]) -> PackConfig:
+def build_config(args: argparse.Namespace) -> PackConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
     return PackConfig(
         root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
@@ -59,7 +67,6 @@ def build_config(args: argparse.Namespace, published: dict[str, dict[str, Any]])
             args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
         ),
         shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
-        published=published,
         s3=S3Settings.from_env() if args.dest.startswith("s3://") else None,
     )
 
@@ -76,23 +83,49 @@ def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple
     return plan_path, plan.shards, plan.live, plan.key
 
 
-def load(
-    spark: Any, plan_path: Staged, shards: list[tuple[str, int]], cfg: PackConfig, rows: int, partitions: int
-) -> list[ShardRecord]:
-    """Write every shard (each task reads its shards' row groups; no shuffle); log progress while it runs."""
-    sc = spark.sparkContext
-    done, nbytes = sc.accumulator(0), sc.accumulator(0)
-    slices = max(1, min(len(shards), partitions or 4 * sc.defaultParallelism))
+def shard_task(
+    plan_path: Path | Staged, cfg: PackConfig, done: Any, nbytes: Any
+) -> Callable[[Iterator[tuple[str, int, Published]]], list[ShardRecord]]:
+    """The function every Spark task runs over its shards: what it pickles is the plan's place, the config and
+    the two accumulators (DONE, NBYTES; None: not counted); each shard's live entry comes with the shard."""
 
-    def partition(it: Iterator[tuple[str, int]]) -> list[ShardRecord]:
+    def partition(it: Iterator[tuple[str, int, Published]]) -> list[ShardRecord]:
         def on_sample(size: int) -> None:
-            done.add(1)
-            nbytes.add(size)
+            if done is not None:
+                done.add(1)
+                nbytes.add(size)
 
         return pack_planned(plan_path, it, cfg, lambda: open_store(cfg.dest, cfg.s3), on_sample)
 
+    return partition
+
+
+def load(
+    spark: Any, plan_path: Staged, items: list[tuple[str, int, Published]], cfg: PackConfig, rows: int, partitions: int
+) -> list[ShardRecord]:
+    """Write every shard of ITEMS (plan_items: each task reads its shards' row groups, no shuffle, and gets their
+    live entries as its data); log progress while it runs."""
+    sc = spark.sparkContext
+    done, nbytes = sc.accumulator(0), sc.accumulator(0)
+    slices = max(1, min(len(items), partitions or 4 * sc.defaultParallelism))
     with progress_log(log, "pack", done, nbytes, rows):
-        return list(sc.parallelize(shards, slices).mapPartitions(partition).collect())
+        task = shard_task(plan_path, cfg, done, nbytes)
+        return list(sc.parallelize(items, slices).mapPartitions(task).collect())
+
+
+def _pack(
+    spark: Any, args: argparse.Namespace, cfg: PackConfig, store: ShardStore, live: dict[str, Any] | None
+) -> tuple[list[ShardRecord], Path, int, str, PackConfig]:
+    """Plan, pack every shard, and fill in what the kept shards carry from the LIVE version: (records, plan path,
+    live rows, key, the config with its key)."""
+    plan_path, shards, rows, key = extract(args, cfg)
+    cfg = dataclasses.replace(cfg, key=key)
+    log.info("packing %d samples of %s into %d shards at %s/%s", rows, cfg.dataset, len(shards), store.location, key)
+    items = plan_items(shards, live, store, marked_shards(plan_path))
+    with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the plan from the store
+        records = load(spark, stager.stage(plan_path), items, cfg, rows, args.partitions)
+    carry_published(records, live, store)
+    return records, plan_path, rows, key, cfg
 
 
 def _summary(
@@ -135,23 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check = getattr(store, "check", None)
         if check is not None:
             check()  # wrong keys or bucket fail here, before any Spark work
-        cfg = build_config(args, published_entries(store))
+        cfg, live = build_config(args), store.read_manifest()
         from imgest.spark.submit import build_session
 
         spark = build_session("imgest-pack-shards")
         t0 = time.monotonic()
-        plan_path, shards, rows, key = extract(args, cfg)
-        cfg = dataclasses.replace(cfg, key=key)
-        log.info(
-            "packing %d samples of %s into %d shards at %s/%s",
-            rows,
-            cfg.dataset,
-            len(shards),
-            store.location,
-            cfg.prefix(),
-        )
-        with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the plan from the store
-            records = load(spark, stager.stage(plan_path), shards, cfg, rows, args.partitions)
+        records, plan_path, rows, key, cfg = _pack(spark, args, cfg, store, live)
         scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
         manifest = build_manifest(records, cfg, read_classes(args.manifest_dir / workdir.CLASSES), scan_quarantine)
         if args.version_info:
@@ -166,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quarantined = [q for r in records for q in r.quarantine]
             raise nothing_ingestible(args.manifest_dir, "shards", rows, quarantined)
         samples = samples_table(plan_path, records)  # streamed a shard's row group at a time
-        changed = publish(store, manifest, samples)
+        changed = publish(store, manifest, samples, shards_table(records))
         seconds = time.monotonic() - t0
         summary = _summary(cfg, store.location, records, key, manifest, changed, rows, seconds)
         emit_summary(summary, args.summary_json)

@@ -51,18 +51,28 @@ def pack_in_process(
     publish (with its samples table). Returns (PackConfig, records, manifest)."""
     from imgest.core.quarantine import QuarantineLog
     from imgest.sinks.shards.pack import PackConfig, pack_shard
-    from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
+    from imgest.sinks.shards.pack_publish import (
+        build_manifest,
+        carry_published,
+        publish,
+        published_entries,
+        samples_table,
+    )
     from imgest.sinks.shards.plan import plan_shards
     from imgest.sinks.shards.plan_digest import version_key
+    from imgest.sinks.shards.shard_table import shards_table
     from imgest.sources.manifest import manifest_metadata, read_classes
 
     table = plan_shards(manifest / "manifest.parquet", shards, spec)
     root = manifest_metadata(manifest / "manifest.parquet")["root"]
-    cfg = PackConfig(root, "vs", store.location, spec, shards, published_entries(store), key=version_key(table, spec))
+    cfg = PackConfig(root, "vs", store.location, spec, shards, key=version_key(table, spec))
+    live = store.read_manifest()
+    published = published_entries(live)
     plan = table.to_pylist()
     names = sorted({r["shard"] for r in plan})[:only]
-    records = [pack_shard(n, [r for r in plan if r["shard"] == n], cfg, store) for n in names]
+    records = [pack_shard(n, [r for r in plan if r["shard"] == n], cfg, store, live=published.get(n)) for n in names]
+    carry_published(records, live, store)
     doc = build_manifest(records, cfg, read_classes(manifest / "classes.json"), QuarantineLog())
     if publish_it:
-        publish(store, doc, samples_table(table, records))
+        publish(store, doc, samples_table(table, records), shards_table(records))
     return cfg, records, doc

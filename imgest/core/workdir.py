@@ -28,6 +28,7 @@ XNVME_BLOCK_MAP = "block_map.npz"  # numpy columns: paths, sizes, fallbacks, ext
 # Files of a published shard or files dataset (in its destination, not in the work folder).
 PUBLISHED_MANIFEST = "manifest.json"
 PUBLISHED_SAMPLES = "samples.parquet"
+PUBLISHED_SHARDS = "shards.parquet"  # per shard: samples per label, quarantined inputs, dead keys
 
 
 def shard_index(shard: str) -> str:

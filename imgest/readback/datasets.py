@@ -160,6 +160,7 @@ def shards_set(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from imgest.sinks.shards.shard_table import dead_keys
     from imgest.sinks.shards.store_names import samples_object, shard_object, shard_objects
 
     manifest = store.read_manifest()
@@ -190,6 +191,7 @@ def shards_set(
         ids = _text_column(batch.column("id").to_pylist())
         parts.append({"id": ids, "label": labels, "sha256": np.zeros((n, 32), np.uint8), "recorded": np.zeros(n, bool)})
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    dead = dead_keys(store, manifest, {e["name"] for e in picked})
     unit = f"whole shards ({len(picked)} of {len(entries)})"
     report = SampleReport(sample, seed, seen.total, len(rows["id"]), unit, balance(rows["label"], seen.labels))
     return ReadSet(
@@ -199,7 +201,7 @@ def shards_set(
         sum(int(e["bytes"]) for e in picked),
         shards=[shard_object(e) for e in picked],
         indexes=[shard_objects(e)[1] for e in picked],
-        dead={shard_object(e): frozenset(e["dead"]) for e in picked if e.get("dead")},
+        dead={shard_object(e): keys for e in picked if (keys := dead.get(e["name"]))},
         sample=report,
     )
 

@@ -146,12 +146,14 @@ def _s3_key(prefix: str, name: str) -> str:
     return f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
 
 
-def shard_dead(manifest: dict[str, Any]) -> dict[str, frozenset[str]]:
-    """shard object -> keys of its dead samples, for the shards of a published manifest that a refresh kept with
-    some samples taken out (their ``samples`` counts only the live ones)."""
+def shard_dead(manifest: dict[str, Any], store: Any) -> dict[str, frozenset[str]]:
+    """shard object -> keys of its dead samples, for the shards of a published manifest (of STORE) that a refresh
+    kept with some samples taken out (their ``samples`` counts only the live ones); read from its shards table."""
+    from imgest.sinks.shards.shard_table import dead_keys
     from imgest.sinks.shards.store_names import shard_object
 
-    return {shard_object(e): frozenset(e["dead"]) for e in manifest["shards"] if e.get("dead")}
+    dead = dead_keys(store, manifest, {e["name"] for e in manifest["shards"]})
+    return {shard_object(e): dead[e["name"]] for e in manifest["shards"] if e["name"] in dead}
 
 
 def shard_units(manifest: dict[str, Any], split: str | None = "train") -> Units:

@@ -97,14 +97,15 @@ class ShardDataset(_Dataset):
         from imgest.sinks.shards.store_names import shard_object
 
         self.location, self.s3 = location, s3
-        manifest = open_store(location, s3).read_manifest()
+        store = open_store(location, s3)
+        manifest = store.read_manifest()
         if manifest is None:
             raise FileNotFoundError(f"{location} holds no published shard dataset (no manifest.json)")
         if shards is not None:  # a subset of the split's shards (ReadSet.shards of a sampled check)
             wanted = set(shards)
             manifest = {**manifest, "shards": [e for e in manifest["shards"] if shard_object(e) in wanted]}
         super().__init__(shard_units(manifest, split), state, rank, decode)
-        self.dead = shard_dead(manifest)  # a refresh's kept shards: samples no longer live
+        self.dead = shard_dead(manifest, store)  # a refresh's kept shards: samples no longer live
 
     def _batches(self, worker: int, workers: int) -> Iterator[Delivered]:
         if self.location.startswith("s3://"):

@@ -29,6 +29,7 @@ from imgest.flow.registry import load_registry
 from imgest.services import AirflowServer, CassandraServer, S3Server, airflow_cli
 from imgest.services.airflow_cli import WarmCommand
 from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.shards.shard_table import dead_keys
 from imgest.sinks.shards.store import open_store
 from imgest.sinks.shards.store_names import samples_object
 from imgest.sources.devdata.sample import SampleSpec, write_sample
@@ -145,12 +146,13 @@ def _shards(s3: S3Server) -> tuple[dict, dict[str, str]]:
     manifest = store.read_manifest()
     assert manifest is not None
     images: dict[str, str] = {}
+    dead_of = dead_keys(store, manifest)  # from the version's shards.parquet
     for shard in manifest["shards"]:
         chunks = store.read_chunks(shard["path"])
         assert chunks is not None
         body = b"".join(chunks)
         assert hashlib.sha256(body).hexdigest() == shard["sha256"]
-        dead = set(shard.get("dead", []))
+        dead = dead_of.get(shard["name"], frozenset())
         with tarfile.open(fileobj=io.BytesIO(body)) as tar:
             for member in tar.getmembers():
                 if member.name.endswith(".jpg") and member.name.removesuffix(".jpg") not in dead:

@@ -14,6 +14,7 @@ from imgest.services.s3 import S3Server
 from imgest.sinks.shards.pack import PackConfig, pack_shard
 from imgest.sinks.shards.pack_publish import build_manifest, publish
 from imgest.sinks.shards.plan import ShardSpec
+from imgest.sinks.shards.shard_table import iter_details, shards_table
 from imgest.sinks.shards.store import S3_MAX_METADATA_BYTES, S3Store
 from imgest.transform.image import TransformSpec
 from tests.shard_fixtures import wide_shard_rows
@@ -41,10 +42,13 @@ def test_wide_shard_metadata_fits_s3_limits(s3_server: S3Server, tmp_path: Path)
     again = pack_shard("train-000000.tar", rows, cfg, store)
     assert again.reused == "resumed"
     assert (again.labels, again.quarantine) == (record.labels, record.quarantine)
-    assert publish(store, build_manifest([again], cfg, [], QuarantineLog()))
+    assert publish(store, build_manifest([again], cfg, [], QuarantineLog()), shards=shards_table([again]))
     doc = store.read_manifest()
     assert doc is not None
-    assert len(doc["shards"][0]["labels"]) == 1000
+    assert "labels" not in doc["shards"][0]
+    (detail,) = iter_details(store, doc)  # from shards.parquet on S3
+    assert len(detail["labels"]) == 1000
+    assert detail["quarantine"] == record.quarantine
     info = json.loads(b"".join(store.read_chunks(doc["shards"][0]["info"]) or []))
     assert len(info["quarantine"]) == 500
     for obj in client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents", []):

@@ -18,6 +18,7 @@ from imgest.services.s3 import S3Server
 from imgest.sinks.shards.gc import collect
 from imgest.sinks.shards.pack_publish import publish, samples_table
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
+from imgest.sinks.shards.shard_table import shards_table
 from imgest.sinks.shards.store import S3Store
 from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
@@ -73,7 +74,7 @@ def test_publish_writes_only_manifests_outside_the_version_prefix(
     }
     assert manifest_objects(doc_a) <= set(after_a)
 
-    cfg_b, _, doc_b = pack_in_process(manifest, store, TransformSpec(quality=60), SHARDS, publish_it=False)
+    cfg_b, records_b, doc_b = pack_in_process(manifest, store, TransformSpec(quality=60), SHARDS, publish_it=False)
     before_switch = _listing(s3_server)
     assert store.read_manifest() == doc_a  # the new version is written, the old one is still the live one
     assert verify_shards(store, workers=3).ok
@@ -82,10 +83,10 @@ def test_publish_writes_only_manifests_outside_the_version_prefix(
     }
 
     table = plan_shards(manifest / "manifest.parquet", SHARDS, cfg_b.spec)
-    assert publish(store, doc_b, samples_table(table, []))
+    assert publish(store, doc_b, samples_table(table, []), shards_table(records_b))
     after_b = _listing(s3_server)
     changed = {k for k in after_b if before_switch.get(k) != after_b[k]}
-    assert changed == {"manifest.json", f"manifests/{cfg_b.key}.json", doc_b["samples_table"]}
+    assert changed == {"manifest.json", f"manifests/{cfg_b.key}.json", doc_b["samples_table"], doc_b["shards_table"]}
     assert all(k in after_b for k in before_switch)  # nothing deleted, nothing copied
 
     rs = shards_set(store, split=None)

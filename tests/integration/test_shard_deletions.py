@@ -30,10 +30,18 @@ from imgest.services.s3 import S3Server
 from imgest.sinks.shards import pack as pack_module
 from imgest.sinks.shards.gc import collect
 from imgest.sinks.shards.pack import PackConfig, pack_planned
-from imgest.sinks.shards.pack_publish import build_manifest, publish, published_entries, samples_table
+from imgest.sinks.shards.pack_publish import (
+    build_manifest,
+    carry_published,
+    marked_shards,
+    plan_items,
+    publish,
+    samples_table,
+)
 from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table
 from imgest.sinks.shards.plan_digest import version_key
 from imgest.sinks.shards.replan import replan
+from imgest.sinks.shards.shard_table import DEAD_COUNT, TABLE_KEY, iter_details, shards_table
 from imgest.sinks.shards.store import LocalStore, S3Store, ShardStore
 from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
@@ -50,11 +58,13 @@ PREFIX = "tests/shard-deletions"
 
 
 def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
-    """What the pack job does with PLAN, in one process; returns the published manifest."""
+    """What the pack job does with PLAN, in one process; returns the published manifest, with each shard's row of
+    its shards table (``detail``: labels, quarantine, dead keys) and the shards read as rows (``read_as_rows``)."""
     manifest = work / "manifest.parquet"
     key = version_key(plan, SPEC)
     root = manifest_metadata(manifest)["root"]
-    cfg = PackConfig(root, "del", store.location, SPEC, SHARDS, published_entries(store), key=key)
+    cfg = PackConfig(root, "del", store.location, SPEC, SHARDS, key=key)
+    live = store.read_manifest()
     with PlanWriter(work / "plan.parquet", plan.schema, SPEC) as writer:
         writer.add_planned(plan)
     assert writer.result().key == key
@@ -67,10 +77,13 @@ def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
 
     with pytest.MonkeyPatch.context() as patch:  # which shards are read whole, as rows to pack (not kept)
         patch.setattr(pack_module, "read_shard_table", table_read)
-        records = pack_planned(work / "plan.parquet", writer.result().shards, cfg, lambda: store)
+        items = plan_items(writer.result().shards, live, store, marked_shards(work / "plan.parquet"))
+        records = pack_planned(work / "plan.parquet", items, cfg, lambda: store)
+    carry_published(records, live, store)
     doc = build_manifest(records, cfg, read_classes(work / "classes.json"), QuarantineLog())
-    publish(store, doc, samples_table(plan, records))
-    return {**doc, "read_as_rows": sorted(name for name, group in writer.result().shards if group in read)}
+    publish(store, doc, samples_table(plan, records), shards_table(records))
+    detail = {row["name"]: row for row in iter_details(store, doc)}
+    return {**doc, "detail": detail, "read_as_rows": sorted(n for n, group in writer.result().shards if group in read)}
 
 
 def _jpeg(color: tuple[int, int, int]) -> bytes:
@@ -153,14 +166,19 @@ def test_refresh_keeps_touched_tars_and_packs_only_the_change(folder: dict[str, 
         assert {k: after[name][k] for k in ("path", "bytes", "sha256", "digest")} == {
             k: before[name][k] for k in ("path", "bytes", "sha256", "digest")
         }
-    assert after["train-000000.tar"]["dead"] == [folder["changed"]]
-    assert after["train-000001.tar"]["dead"] == [folder["removed"][0]]
+    dead = {name: row["dead"] for name, row in second["detail"].items()}  # from the version's shards.parquet
+    assert dead["train-000000.tar"] == [folder["changed"]]
+    assert dead["train-000001.tar"] == [folder["removed"][0]]
+    assert after["train-000000.tar"][DEAD_COUNT] == after["train-000001.tar"][DEAD_COUNT] == 1
+    assert not {"dead", "labels", "quarantine"} & {k for e in second["shards"] for k in e}  # not in manifest.json
     assert after["train-000000.tar"]["samples"] == after["train-000001.tar"]["samples"] == 9
     for name in ("train-000000.tar", "train-000001.tar"):  # the labels of the live samples in the tar
         lost = Counter(str(r["label"]) for r in result.plan.to_pylist() if r["shard"] == name and r["dead"])
-        assert Counter(after[name]["labels"]) == Counter(before[name]["labels"]) - lost
+        assert Counter(second["detail"][name]["labels"]) == Counter(first["detail"][name]["labels"]) - lost
+    for name in kept[2:]:  # kept whole: the detail carried from version 1's table as it was
+        assert DEAD_COUNT not in after[name]
+        assert second["detail"][name] == first["detail"][name]
     assert after["train-000000.tar"]["index"] == f"v/{second['key']}/train-000000.idx"  # a new object, not the old
-    assert not any("dead" in after[n] for n in kept[2:])
     new = sorted(set(after) - set(before))
     assert new == result.new
     # the job's way (pack_planned): the kept shards are decided from their columns, only new ones read as rows
@@ -185,7 +203,7 @@ def test_refresh_keeps_touched_tars_and_packs_only_the_change(folder: dict[str, 
 
 
 def test_verify_catches_an_index_that_lists_a_dead_sample(folder: dict[str, Any], tmp_path: Path) -> None:
-    entry = next(e for e in folder["second"]["shards"] if e.get("dead"))
+    entry = next(e for e in folder["second"]["shards"] if e.get(DEAD_COUNT))
     store = folder["store"]
     good = store.read_bytes(entry["index"])
     assert good is not None
@@ -194,12 +212,19 @@ def test_verify_catches_an_index_that_lists_a_dead_sample(folder: dict[str, Any]
         body = store.read_bytes(name)
         assert body is not None
         copy.put_bytes(name, body)
-    copy.write_manifest(folder["second"])
+    manifest = {k: v for k, v in folder["second"].items() if k not in ("detail", "read_as_rows")}
+    copy.write_manifest(manifest)
+    assert verify_shards(copy).ok
     lines = good.decode().splitlines()
-    bad = json.loads(json.dumps(folder["second"]))
-    target = next(e for e in bad["shards"] if e["name"] == entry["name"])
-    target["dead"] = [lines[1].split()[3].partition(".")[0]]  # a live sample claimed dead
-    copy.write_manifest(bad)
+    table = pq.read_table(io.BytesIO(copy.read_bytes(manifest[TABLE_KEY]) or b""))
+    claimed = [
+        [lines[1].split()[3].partition(".")[0]] if n == entry["name"] else d
+        for n, d in zip(table.column("name").to_pylist(), table.column("dead").to_pylist(), strict=True)
+    ]  # a live sample claimed dead in the shards table
+    bad = table.set_column(table.column_names.index("dead"), "dead", pa.array(claimed, table.schema.field("dead").type))
+    buf = io.BytesIO()
+    pq.write_table(bad, buf)
+    copy.put_bytes(manifest[TABLE_KEY], buf.getvalue())
     report = verify_shards(copy)
     assert [m for m in report.mismatches if "lists dead samples" in m], report.mismatches
 
@@ -253,7 +278,7 @@ def _resume(units: Any, fetch: Any, expected: dict[str, tuple[int, str]]) -> Non
 def test_folder_readers_deliver_the_live_samples(folder: dict[str, Any]) -> None:
     manifest, expected = folder["second"], folder["expected"]
     units = shard_units(manifest)
-    fetch = folder_fetch(folder["location"], shard_dead(manifest))
+    fetch = folder_fetch(folder["location"], shard_dead(manifest, folder["store"]))
     samples = [s for shard in fetch(list(zip(units.names, units.sizes.tolist(), strict=True))) for s in shard]
     _check_samples(samples, expected)
     _resume(units, fetch, expected)
@@ -295,7 +320,7 @@ def test_s3_readers_deliver_the_live_samples(on_s3: dict[str, Any]) -> None:
     assert on_s3["result"].marked == ["train-000000.tar", "train-000001.tar"]
     assert verify_shards(on_s3["store"]).ok
     units = shard_units(manifest)
-    fetch = s3_fetch(s3.settings(), s3.bucket, PREFIX, dead=shard_dead(manifest))
+    fetch = s3_fetch(s3.settings(), s3.bucket, PREFIX, dead=shard_dead(manifest, on_s3["store"]))
     samples = [s for shard in fetch(list(zip(units.names, units.sizes.tolist(), strict=True))) for s in shard]
     _check_samples(samples, expected)
     _resume(units, fetch, expected)
@@ -346,8 +371,10 @@ def test_a_third_refresh_rewrites_only_the_index_of_a_shard_with_new_dead_sample
     before = {e["name"]: e for e in done["second"]["shards"]}
     after = {e["name"]: e for e in third["shards"]}
     assert after["train-000000.tar"] == before["train-000000.tar"]  # no new dead sample: the entry as it was
+    assert third["detail"]["train-000000.tar"] == done["second"]["detail"]["train-000000.tar"]  # and its detail
     assert after["train-000001.tar"]["index"] == f"v/{third['key']}/train-000001.idx"
-    assert after["train-000001.tar"]["dead"] == sorted([*before["train-000001.tar"]["dead"], gone["id"]])
+    before_dead = done["second"]["detail"]["train-000001.tar"]["dead"]
+    assert third["detail"]["train-000001.tar"]["dead"] == sorted([*before_dead, gone["id"]])
     assert after["train-000001.tar"]["samples"] == 8
     new_indexes = sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*.idx"))
     assert sorted(set(new_indexes) - set(indexes)) == [f"v/{third['key']}/train-000001.idx"]  # the only index written

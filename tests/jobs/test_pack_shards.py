@@ -100,6 +100,7 @@ def test_publish_read_back_both_ways_and_rerun_identically(
             "manifest.json",
             f"manifests/{first['key']}.json",
             f"{version}/samples.parquet",
+            f"{version}/shards.parquet",  # each shard's labels, quarantine and dead keys
             *(e["path"] for e in doc["shards"]),
             *(e["index"] for e in doc["shards"]),
             *(e["info"] for e in doc["shards"]),  # the sidecar with labels and quarantine (not S3 metadata)

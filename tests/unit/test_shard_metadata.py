@@ -12,6 +12,7 @@ from imgest.core.quarantine import QuarantineLog
 from imgest.sinks.shards.pack import PackConfig, pack_shard
 from imgest.sinks.shards.pack_publish import build_manifest, publish
 from imgest.sinks.shards.plan import ShardSpec
+from imgest.sinks.shards.shard_table import iter_details, shards_table
 from imgest.sinks.shards.store import S3_MAX_METADATA_BYTES, LocalStore, ObjectLimitError, check_key, check_metadata
 from imgest.transform.image import TransformSpec
 from tests.shard_fixtures import wide_shard_rows
@@ -51,9 +52,12 @@ def test_thousand_classes_and_many_quarantined_files_keep_metadata_small(tmp_pat
     assert (again.labels, again.quarantine) == (record.labels, record.quarantine)
 
     doc = build_manifest([again], cfg, [], QuarantineLog())
-    assert publish(store, doc)
-    entry = json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"][0]
-    assert len(entry["labels"]) == 1000
-    assert len(entry["quarantine"]) == 400
+    assert publish(store, doc, shards=shards_table([again]))
+    live = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    entry = live["shards"][0]
+    assert not {"labels", "quarantine", "dead"} & set(entry)  # the detail is in shards.parquet, not manifest.json
+    assert entry["quarantined"] == 400
+    (detail,) = iter_details(store, live)
+    assert (detail["labels"], detail["quarantine"], detail["dead"]) == (record.labels, record.quarantine, [])
     assert (tmp_path / "out" / entry["info"]).is_file()
     assert S3_MAX_METADATA_BYTES == 2048

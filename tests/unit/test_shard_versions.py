@@ -18,6 +18,7 @@ from imgest.sinks.shards.gc import GcError, collect
 from imgest.sinks.shards.pack import PackConfig, ShardRecord
 from imgest.sinks.shards.pack_publish import publish, samples_table
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
+from imgest.sinks.shards.shard_table import shards_table
 from imgest.sinks.shards.store import LocalStore
 from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sinks.shards.verify import verify_shards
@@ -68,10 +69,10 @@ def test_publish_is_one_manifest_write_and_the_old_version_stays_readable(manife
     unchanged = {n: ino for n, ino in after_a.items() if n != "manifest.json"}
     before_switch = _files(tmp_path)
     table_b = plan_shards(manifest / "manifest.parquet", SHARDS, cfg_b.spec)
-    assert publish(store, doc_b, samples_table(table_b, records_b))
+    assert publish(store, doc_b, samples_table(table_b, records_b), shards_table(records_b))
     after_b = _files(tmp_path)
     changed = {n for n in after_b if before_switch.get(n) != after_b[n]}
-    assert changed == {"manifest.json", f"manifests/{cfg_b.key}.json", doc_b["samples_table"]}
+    assert changed == {"manifest.json", f"manifests/{cfg_b.key}.json", doc_b["samples_table"], doc_b["shards_table"]}
     assert all(after_b[n] == ino for n, ino in unchanged.items())  # nothing moved or copied
     live = store.read_manifest()
     assert live is not None

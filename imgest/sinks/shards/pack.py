@@ -20,6 +20,7 @@ from imgest.core.settings import S3Settings
 from imgest.core.staging import Staged
 from imgest.sinks.shards.plan import DEAD, ShardSpec, read_shard_table
 from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest
+from imgest.sinks.shards.shard_table import DEAD_COUNT, dead_count
 from imgest.sinks.shards.store import ShardStore
 from imgest.sinks.shards.store_names import shard_object, version_prefix
 from imgest.sinks.shards.tar_writer import INDEX_VERSION, ShardTarWriter, index_key
@@ -30,19 +31,23 @@ from imgest.transform.pipeline import process_candidates
 log = logging.getLogger(__name__)
 CANDIDATE_FIELDS = ("id", "split", "rel_path", "wnid", "label", "size", "mtime", "container", "offset")
 KEEP_COLUMNS = ["id", "split", "size", "mtime", "label", DEAD]  # what keep_published reads of a shard's plan rows
+# What a task needs of a shard's live manifest entry to keep it (its labels, quarantine and dead keys only travel
+# with the shards a refresh marks dead rows in: see pack_publish.plan_items).
+PUBLISHED_FIELDS = ("name", "split", "samples", "bytes", "sha256", "digest", "path", "index", "info", DEAD_COUNT)
+Published = dict[str, Any] | None  # a shard's live entry (PUBLISHED_FIELDS), or None when none is live
 
 
 @dataclass(frozen=True)
 class PackConfig:
     """What every shard task needs. S3 (endpoint, keys) is resolved once by the driver and travels inside the
-    pickled task, never in Spark conf, argv or the executors' environment (its repr hides the keys)."""
+    pickled task, never in Spark conf, argv or the executors' environment (its repr hides the keys). The live
+    manifest's entries are not here: each shard travels with its own (pack_publish.plan_items)."""
 
     root: str
     dataset: str
     dest: str
     spec: TransformSpec
     shards: ShardSpec
-    published: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> entry of the live manifest.json
     s3: S3Settings | None = None  # None: a local folder, or the executor's environment
     key: str = ""  # plan.version_key of the run's plan: new shards go under v/<key>/
 
@@ -74,6 +79,7 @@ class ShardRecord:
     labels: dict[str, int] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)  # keys of the tar's samples that are no longer live (sorted)
+    carried: bool = False  # labels, quarantine and dead are the live version's: the driver fills them in
 
 
 def sample_members(
@@ -103,11 +109,13 @@ def sample_key(cand: Candidate) -> str:
     return cand.id
 
 
-def reused_shard(name: str, digest: str, split: str, cfg: PackConfig, store: ShardStore) -> ShardRecord | None:
-    """The record of shard NAME when it is already published (its object still there, same size) or written
-    under this run's prefix with the same inputs, else None."""
-    live = cfg.published.get(name)
-    if live is not None and live.get("digest") == digest and not live.get("dead"):
+def reused_shard(
+    name: str, digest: str, split: str, cfg: PackConfig, store: ShardStore, live: Published = None
+) -> ShardRecord | None:
+    """The record of shard NAME when it is already published as LIVE (its object still there, same size; the
+    record's labels and quarantine are then carried from the live version by the driver) or written under this
+    run's prefix with the same inputs, else None."""
+    if live is not None and live.get("digest") == digest and not dead_count(live):
         path = shard_object(live)
         if store.size(path) == live["bytes"]:
             log.info("shard %s is already published as %s with the same inputs; kept", name, path)
@@ -122,8 +130,7 @@ def reused_shard(name: str, digest: str, split: str, cfg: PackConfig, store: Sha
                 live["index"],
                 live.get("info") or workdir.shard_info(path),
                 reused="published",
-                labels=live.get("labels", {}),
-                quarantine=live.get("quarantine", []),
+                carried=True,
             )
         log.warning("shard %s: the live manifest lists %s but it is missing or truncated; writing it again", name, path)
     path = f"{cfg.prefix()}/{name}"
@@ -163,20 +170,21 @@ def pack_shard(
     cfg: PackConfig,
     store: ShardStore,
     on_sample: Callable[[int], None] | None = None,
+    live: Published = None,
 ) -> ShardRecord:
     """Build shard NAME from ROWS (in planned order) and write it to ``v/<key>/NAME`` unless it is already
-    published or written there with the same inputs. ROWS with dead ones (a refresh's kept shard, see replan) keep
-    the published tar with a new index of its live samples (kept_with_deletions); when that tar is not there with
-    the same inputs, the live rows are written to a new tar."""
+    published (as LIVE) or written there with the same inputs. ROWS with dead ones (a refresh's kept shard, see
+    replan) keep the published tar with a new index of its live samples (kept_with_deletions); when that tar is not
+    there with the same inputs, the live rows are written to a new tar."""
     planned = len(rows)
     if any(r.get(DEAD) for r in rows):
-        kept = kept_with_deletions(name, _table(rows), cfg, store)
+        kept = kept_with_deletions(name, _table(rows), cfg, store, live)
         if kept is not None:
             return kept
         rows = [r for r in rows if not r.get(DEAD)]  # its live rows, packed (or kept) as a shard of their own
     digest = shard_digest(rows, cfg.spec)
     split = rows[0]["split"]
-    reused = reused_shard(name, digest, split, cfg, store)
+    reused = reused_shard(name, digest, split, cfg, store, live)
     if reused is not None:
         return reused
     if len(rows) < planned:
@@ -246,57 +254,62 @@ def _table(rows: list[dict[str, Any]]) -> Any:
     return pa.table({c: [r.get(c) for r in rows] for c in KEEP_COLUMNS})
 
 
-def keep_published(name: str, rows: Any, cfg: PackConfig, store: ShardStore) -> ShardRecord | None:
-    """The record of shard NAME when its published tar serves the planned ROWS as it is (an Arrow table with at
+def keep_published(name: str, rows: Any, cfg: PackConfig, store: ShardStore, live: Published) -> ShardRecord | None:
+    """The record of shard NAME when its published tar (LIVE) serves the planned ROWS as it is (an Arrow table with at
     least KEEP_COLUMNS but the dead flag): the same inputs and no dead row (reused_shard), or dead rows
     (kept_with_deletions); None when pack_shard must handle it (a new or changed shard, or one written under this
     run's prefix). Reads the rows as columns, so a refresh that keeps most shards costs no Python object per row."""
     import pyarrow.compute as pc
 
-    if name not in cfg.published or not rows.num_rows:
+    if live is None or not rows.num_rows:
         return None
     if DEAD in rows.column_names and pc.any(rows.column(DEAD)).as_py():
-        return kept_with_deletions(name, rows, cfg, store)
+        return kept_with_deletions(name, rows, cfg, store, live)
     digest = shard_table_digest(rows, cfg.spec)
-    live = cfg.published[name]
-    if live.get("digest") != digest or live.get("dead"):
+    if live.get("digest") != digest or dead_count(live):
         return None
-    return reused_shard(name, digest, str(rows.column("split")[0].as_py()), cfg, store)
+    return reused_shard(name, digest, str(rows.column("split")[0].as_py()), cfg, store, live)
 
 
 def pack_planned(
     plan: Path | Staged,
-    shards: Iterable[tuple[str, int]],
+    shards: Iterable[tuple[str, int, Published]],
     cfg: PackConfig,
     store_factory: Callable[[], ShardStore],
     on_sample: Callable[[int], None] | None = None,
 ) -> list[ShardRecord]:
-    """The records of SHARDS ((name, row group) of the plan file PLAN) of one Spark partition: a shard kept as
-    published is decided from its rows' columns (keep_published), any other is packed from its rows (pack_shard)."""
+    """The records of SHARDS ((name, row group of the plan file PLAN, live entry or None) of one Spark partition:
+    a shard kept as published is decided from its rows' columns (keep_published), any other is packed from its rows
+    (pack_shard)."""
     import pyarrow.parquet as pq
 
     store = store_factory()
     source = plan.parquet() if isinstance(plan, Staged) else pq.ParquetFile(plan)
     records = []
-    for name, group in shards:
-        record = keep_published(name, read_shard_table(source, group, KEEP_COLUMNS), cfg, store)
-        records.append(record or pack_shard(name, read_shard_table(source, group).to_pylist(), cfg, store, on_sample))
+    for name, group, live in shards:
+        record = keep_published(name, read_shard_table(source, group, KEEP_COLUMNS), cfg, store, live)
+        if record is None:
+            record = pack_shard(name, read_shard_table(source, group).to_pylist(), cfg, store, on_sample, live)
+        records.append(record)
     return records
 
 
-def kept_with_deletions(name: str, rows: Any, cfg: PackConfig, store: ShardStore) -> ShardRecord | None:
-    """The record of shard NAME kept as published with the dead ROWS taken out, or None when the live manifest has
-    no tar of NAME with the same inputs (every row, dead or live, in its order). No byte of the tar is rewritten: its
-    live samples are listed in a new DALI index ``v/<key>/NAME.idx`` (never the published index's name), its dead
-    keys in the record. A shard with no new dead sample keeps its published entry: its index is neither read nor
-    written, so a refresh costs nothing for the shards an earlier one marked."""
+def kept_with_deletions(
+    name: str, rows: Any, cfg: PackConfig, store: ShardStore, live: Published
+) -> ShardRecord | None:
+    """The record of shard NAME kept as published with the dead ROWS taken out, or None when LIVE (its live entry
+    with its labels, quarantine and dead keys) is no tar of NAME with the same inputs (every row, dead or live, in
+    its order). No byte of the tar is rewritten: its live samples are listed in a new DALI index
+    ``v/<key>/NAME.idx`` (never the published index's name), its dead keys in the record. A shard with no new dead
+    sample keeps its published entry: its index is neither read nor written, so a refresh costs nothing for the
+    shards an earlier one marked."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    live = cfg.published.get(name)
     digest = shard_table_digest(rows, cfg.spec)
     if live is None or live.get("digest") != digest or store.size(shard_object(live)) != live["bytes"]:
         return None
+    _require_detail(name, live)
     flags = pc.fill_null(rows.column(DEAD), False)
     dead = {str(i) for i in pc.filter(rows.column("id"), flags).to_pylist()}
     record = ShardRecord(
@@ -340,6 +353,15 @@ def kept_with_deletions(name: str, rows: Any, cfg: PackConfig, store: ShardStore
     record.labels = {str(c["values"]): int(c["counts"]) for c in counts}
     log.info("shard %s: kept as %s, %d samples dead, indexed by %s", name, record.path, len(dead_keys), record.index)
     return record
+
+
+def _require_detail(name: str, live: dict[str, Any]) -> None:
+    """Refuse to keep shard NAME with deletions when its LIVE entry came without its detail (plan_items adds it)."""
+    if "dead" not in live:
+        raise ConfigError(
+            f"shard {name}: its live entry came without its labels, quarantine and dead keys; "
+            "pass the plan's shards through pack_publish.plan_items"
+        )
 
 
 def _index_lines(raw: bytes, keys: set[str], where: str) -> dict[str, tuple[int, int]]:

@@ -1,5 +1,6 @@
-"""Publishing packed shards: the manifest, samples.parquet (every live sample's shard and position), and the
-atomic switch that makes a version live by writing manifest.json."""
+"""Publishing packed shards: the manifest, samples.parquet (every live sample's shard and position), shards.parquet
+(each shard's labels, quarantine and dead keys), and the atomic switch that makes a version live by writing
+manifest.json; and what a run takes of the live version: each shard's entry, to travel with that shard's task."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from dataclasses import asdict
 from typing import Any
 
 from imgest.core import workdir
+from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
-from imgest.sinks.shards.pack import PackConfig, ShardRecord
+from imgest.sinks.shards.pack import PUBLISHED_FIELDS, PackConfig, Published, ShardRecord
 from imgest.sinks.shards.plan import DEAD
+from imgest.sinks.shards.shard_table import DEAD_COUNT, DETAIL, TABLE_KEY, dead_count, iter_details, table_name
 from imgest.sinks.shards.store import ShardStore, manifest_bytes
 from imgest.sinks.shards.store_names import history_name, samples_object, version_prefix
 from imgest.sources.manifest import ClassInfo
@@ -23,8 +26,9 @@ log = logging.getLogger(__name__)
 def build_manifest(
     records: list[ShardRecord], cfg: PackConfig, classes: list[ClassInfo], scan_quarantine: QuarantineLog
 ) -> dict[str, Any]:
-    """manifest.json: shards (each named by its objects relative to the destination), counts, class map, quarantine
-    summary, settings, the plan's key and its samples table (no timestamps: re-runs match)."""
+    """manifest.json: shards (each named by its objects relative to the destination, with its counts), class map,
+    quarantine summary, settings, the plan's key, its samples table and its shards table (each shard's labels,
+    quarantine and dead keys: shard_table.shards_table of the same RECORDS); no timestamps: re-runs match."""
     records = sorted(records, key=lambda r: r.name)
     quarantine = [q for r in records for q in r.quarantine] + [
         {**asdict(e), "reason": str(e.reason)} for e in scan_quarantine.entries
@@ -47,9 +51,8 @@ def build_manifest(
                 "index": r.index,
                 "info": r.info,
                 "digest": r.digest,
-                "labels": r.labels,
-                "quarantine": r.quarantine,
-                **({"dead": r.dead} if r.dead else {}),
+                "quarantined": len(r.quarantine),
+                **({DEAD_COUNT: len(r.dead)} if r.dead else {}),
             }
             for r in records
         ],
@@ -61,6 +64,7 @@ def build_manifest(
         "sharding": asdict(cfg.shards),
         "key": cfg.key,
         "samples_table": f"{cfg.prefix()}/{workdir.PUBLISHED_SAMPLES}",
+        TABLE_KEY: table_name(cfg.prefix()),
     }
 
 
@@ -150,8 +154,11 @@ def _positioned(pieces: Iterable[Any], columns: list[str], absent: Any, dead: An
             yield kept
 
 
-def publish(store: ShardStore, manifest: dict[str, Any], samples: bytes | None = None) -> bool:
-    """Make MANIFEST the live dataset: write its samples table (under its version prefix), keep a copy of it as
+def publish(
+    store: ShardStore, manifest: dict[str, Any], samples: bytes | None = None, shards: bytes | None = None
+) -> bool:
+    """Make MANIFEST the live dataset: write its samples and shards tables (SAMPLES, SHARDS: under its version
+    prefix), keep a copy of it as
     ``manifests/<key>.json``, then write ``manifest.json``: that one write is the switch. Nothing is copied or
     deleted; the previous manifest and its objects stay readable until the switch (and after it, until
     ``imgest gc shards`` collects them). Sets MANIFEST's ``previous`` to the key of the manifest it replaces.
@@ -168,13 +175,72 @@ def publish(store: ShardStore, manifest: dict[str, Any], samples: bytes | None =
         return False
     if samples is not None:
         store.put_bytes(samples_object(manifest), samples)
+    if shards is not None:
+        store.put_bytes(str(manifest[TABLE_KEY]), shards)
     store.put_bytes(history_name(key), manifest_bytes(manifest))
     store.write_manifest(manifest)
     log.info("published %s: %d shards under %s", store.location, len(manifest["shards"]), version_prefix(key))
     return True
 
 
-def published_entries(store: ShardStore) -> dict[str, dict[str, Any]]:
-    """name -> manifest entry of the shards the live manifest.json lists (empty when none is live)."""
-    live = store.read_manifest() or {}
-    return {entry["name"]: entry for entry in live.get("shards", []) if "digest" in entry}
+def published_entries(live: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """name -> what a task needs of each shard the LIVE manifest lists (PUBLISHED_FIELDS; empty when none is live).
+    A manifest written before shards.parquet holds the detail in its entries: it is left out here too."""
+    entries = {}
+    for entry in (live or {}).get("shards", []):
+        if "digest" in entry:
+            slim = {k: entry[k] for k in PUBLISHED_FIELDS if k in entry}
+            if dead_count(entry):
+                slim[DEAD_COUNT] = dead_count(entry)
+            entries[entry["name"]] = slim
+    return entries
+
+
+def marked_shards(plan: Any) -> set[str]:
+    """The shards of the plan file PLAN (one row group a shard) with a dead row: a refresh's kept shards that lose
+    samples. Read from the row groups' statistics where written, else the dead column; none in a plan without it."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(plan)
+    if DEAD not in source.schema_arrow.names:
+        return set()
+    at = source.schema_arrow.names.index(DEAD)
+    marked = set()
+    for group in range(source.num_row_groups):
+        stats = source.metadata.row_group(group).column(at).statistics
+        if stats is not None and stats.has_min_max and not stats.max:
+            continue
+        part = source.read_row_group(group, columns=["shard", DEAD])
+        marked.update(pc.unique(part.filter(pc.fill_null(part.column(DEAD), False)).column("shard")).to_pylist())
+    return marked
+
+
+def plan_items(
+    shards: Iterable[tuple[str, int]], live: dict[str, Any] | None, store: ShardStore, marked: set[str]
+) -> list[tuple[str, int, Published]]:
+    """(name, row group, live entry or None) for SHARDS ((name, row group) of the plan): what each shard's task gets
+    of the LIVE manifest. The shards a refresh MARKED (marked_shards) also get their labels, quarantine and dead keys,
+    read from the live shards table; the others get PUBLISHED_FIELDS only (their detail is carried by the driver)."""
+    entries = published_entries(live)
+    detailed = marked & set(entries)
+    if detailed and live is not None:
+        for row in iter_details(store, live, DETAIL, detailed):
+            entries[row["name"]].update({c: row[c] for c in DETAIL})
+    return [(name, group, entries.get(name)) for name, group in shards]
+
+
+def carry_published(records: list[ShardRecord], live: dict[str, Any] | None, store: ShardStore) -> None:
+    """Fill in the labels, quarantine and dead keys of the RECORDS kept as LIVE published them (``carried``), from
+    the live shards table, a group of shards at a time."""
+    carried = {r.name: r for r in records if r.carried}
+    if not carried:
+        return
+    if live is None:
+        raise ImgestError(f"{len(carried)} shards kept as published, but no manifest is live at {store.location}")
+    for row in iter_details(store, live, DETAIL, set(carried)):
+        record = carried.pop(row["name"])
+        record.labels, record.quarantine, record.dead = row["labels"], row["quarantine"], row["dead"]
+        record.carried = False
+    if carried:
+        raise ImgestError(f"{store.location}: the live shards table has no row for {', '.join(sorted(carried)[:3])}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from imgest.core import workdir
+from imgest.sinks.shards.shard_table import TABLE_KEY
 
 STAGING = "_staging"  # the staging area of the layout before versioned prefixes (collected by gc)
 
@@ -46,7 +47,13 @@ def samples_object(manifest: dict[str, Any]) -> str:
     return str(manifest.get("samples_table") or workdir.PUBLISHED_SAMPLES)
 
 
+def tables_objects(manifest: dict[str, Any]) -> list[str]:
+    """The tables MANIFEST names beside its shards: samples.parquet, and shards.parquet when it has one."""
+    return [samples_object(manifest), *([str(manifest[TABLE_KEY])] if manifest.get(TABLE_KEY) else [])]
+
+
 def manifest_objects(manifest: dict[str, Any]) -> set[str]:
-    """Every object MANIFEST refers to (shards, indexes, sidecars, samples table), relative to the destination."""
+    """Every object MANIFEST refers to (shards, indexes, sidecars, samples and shards tables), relative to the
+    destination."""
     names = {name for entry in manifest.get("shards", []) for name in shard_objects(entry)}
-    return names | {samples_object(manifest)}
+    return names | set(tables_objects(manifest))

@@ -1,14 +1,14 @@
 """Verification of a published shard dataset: every object manifest.json names is there, every shard sha256-equal.
 
-Shards are hashed by a small pool of threads, each streaming one shard in 1 MiB chunks (at most ``workers``
-shards in flight, so memory stays at a few chunks whatever the shard size); the .idx and .info.json sidecars
-and the samples table are checked for presence. A shard kept by a refresh with dead samples (see ``replan``) is
-checked against its first version's sha256 (its tar is never rewritten) and its new index must list exactly its
-live samples: as many as the entry says, none of its dead keys. At ImageNet's count this is a few hundred shards:
-every byte is re-read and hashed by default, the cost of an honest check after an ingest. A refresh's check
-(``hash_kept=False``) hashes what its version wrote (the shards under its own ``v/<key>/``) and checks each kept
-shard, hashed by the version that wrote it, for presence and size: its cost follows the change; `imgest verify`
-re-hashes everything.
+Shards are hashed by a small pool of threads, each streaming one shard in 1 MiB chunks (at most ``workers`` shards
+in flight, so memory stays at a few chunks whatever the shard size); the .idx and .info.json sidecars and the
+samples and shards tables are checked for presence. A shard kept by a refresh with dead samples (see ``replan``) is
+checked against its first version's sha256 (its tar is never rewritten) and its new index must list exactly its live
+samples: as many as the entry says, none of its dead keys (read from the shards table). At ImageNet's count this is
+a few hundred shards: every byte is re-read and hashed by default, the cost of an honest check after an ingest. A
+refresh's check (``hash_kept=False``) hashes what its version wrote (the shards under its own ``v/<key>/``) and
+checks each kept shard, hashed by the version that wrote it, for presence and size: its cost follows the change;
+`imgest verify` re-hashes everything.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from imgest.core.errors import ImgestError
+from imgest.sinks.shards.shard_table import ShardTableError, dead_count, dead_keys
 from imgest.sinks.shards.store import ShardStore
-from imgest.sinks.shards.store_names import samples_object, shard_object, shard_objects
+from imgest.sinks.shards.store_names import shard_object, shard_objects, tables_objects
 from imgest.sinks.shards.tar_writer import index_key
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,11 @@ class ShardVerifyReport:
         }
 
 
-def shard_problem(store: ShardStore, entry: dict[str, Any]) -> tuple[str | None, int]:
+def shard_problem(
+    store: ShardStore, entry: dict[str, Any], dead: frozenset[str] = frozenset()
+) -> tuple[str | None, int]:
     """(what is wrong with manifest ENTRY's objects or None, bytes hashed): the tar streamed and hashed, its
-    size and sha256 compared with the entry; its sidecars present."""
+    size and sha256 compared with the entry; its sidecars present; its index without its DEAD keys."""
     path = shard_object(entry)
     chunks = store.read_chunks(path)
     if chunks is None:
@@ -80,12 +83,12 @@ def shard_problem(store: ShardStore, entry: dict[str, Any]) -> tuple[str | None,
     absent = [name for name in shard_objects(entry)[1:] if store.size(name) is None]
     if absent:
         return f"{path}: missing {', '.join(absent)}", size
-    return (index_problem(store, entry) if entry.get("dead") else None), size
+    return (index_problem(store, entry, dead) if dead_count(entry) else None), size
 
 
-def kept_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
+def kept_problem(store: ShardStore, entry: dict[str, Any], dead: frozenset[str] = frozenset()) -> str | None:
     """What is wrong with the objects of ENTRY, a shard kept from the version that hashed it, or None: the tar of its
-    size (no byte read), its sidecars present, its index listing its live samples."""
+    size (no byte read), its sidecars present, its index listing its live samples (none of its DEAD keys)."""
     path = shard_object(entry)
     size = store.size(path)
     if size is None:
@@ -95,19 +98,20 @@ def kept_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
     absent = [name for name in shard_objects(entry)[1:] if store.size(name) is None]
     if absent:
         return f"{path}: missing {', '.join(absent)}"
-    return index_problem(store, entry) if entry.get("dead") else None
+    return index_problem(store, entry, dead) if dead_count(entry) else None
 
 
-def index_problem(store: ShardStore, entry: dict[str, Any]) -> str | None:
-    """What is wrong with the index of ENTRY, a shard with dead samples, or None: it must list exactly the entry's
-    live sample count, none of them a dead key."""
+def index_problem(store: ShardStore, entry: dict[str, Any], dead: frozenset[str]) -> str | None:
+    """What is wrong with the index of ENTRY, a shard with dead samples (DEAD, from the shards table), or None: it
+    must list exactly the entry's live sample count, none of them a dead key."""
     name = str(entry["index"])
     lines = (store.read_bytes(name) or b"").decode().splitlines()
     head = lines[0].split() if lines else []
     if len(head) != 2 or head[1] != str(len(lines) - 1) or len(lines) - 1 != entry["samples"]:
         listed = max(len(lines) - 1, 0)
         return f"{name}: lists {listed} samples (header {' '.join(head)!r}), manifest.json says {entry['samples']}"
-    dead = set(entry["dead"])
+    if len(dead) != dead_count(entry):
+        return f"{name}: the shards table lists {len(dead)} dead samples, manifest.json says {dead_count(entry)}"
     listed = [index_key(line) for line in lines[1:] if index_key(line) in dead]
     return f"{name}: lists dead samples {', '.join(listed[:3])}" if listed else None
 
@@ -131,8 +135,8 @@ def _bounded(
 
 def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS, hash_kept: bool = True) -> ShardVerifyReport:
     """Check every shard listed in manifest.json: present, of its size, sha256-equal (WORKERS hashed at once),
-    with its sidecars; and the samples table present. Memory stays flat (chunks, bounded in flight). HASH_KEPT
-    False: a shard outside the version's own folder (kept from an earlier version, which hashed it) is checked
+    with its sidecars; and the samples and shards tables present. Memory stays flat (chunks, bounded in flight).
+    HASH_KEPT False: a shard outside the version's own folder (kept from an earlier version, which hashed it) is checked
     for presence and size, its sidecars and index as any other."""
     manifest = store.read_manifest()
     if manifest is None:
@@ -148,18 +152,25 @@ def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS, hash_kept: 
         if not hash_kept and not shard_object(entry).startswith(own):
             report.kept_unhashed += 1
 
+    try:
+        dead = dead_keys(store, manifest)  # the dead column of the marked shards' rows only
+    except ShardTableError:  # reported below as a missing table; each marked shard's index as unchecked
+        dead = {}
+
     def check(entry: dict[str, Any]) -> tuple[str | None, int]:
+        keys = dead.get(entry["name"], frozenset())
         if hash_kept or shard_object(entry).startswith(own):
-            return shard_problem(store, entry)
-        return kept_problem(store, entry), 0
+            return shard_problem(store, entry, keys)
+        return kept_problem(store, entry, keys), 0
 
     with ThreadPoolExecutor(workers, thread_name_prefix="imgest-verify") as pool:
         for problem, hashed in _bounded(pool, check, entries, workers):
             report.hashed_bytes += hashed
             if problem:
                 report.mismatches.append(problem)
-    if store.size(samples_object(manifest)) is None:
-        report.mismatches.append(f"{samples_object(manifest)}: missing")
+    for table in tables_objects(manifest):
+        if store.size(table) is None:
+            report.mismatches.append(f"{table}: missing")
     report.mismatches.sort()
     log.info("verified %d shards (%d bytes hashed) at %s", report.shards, report.hashed_bytes, store.location)
     return report
