@@ -30,13 +30,13 @@ def test_prepare_skips_migrate_and_import_until_the_stamp_differs(
 ) -> None:
     calls = _spy(monkeypatch)
     stamp = json.loads((airflow_home.home / PREPARED).read_text())
-    assert set(stamp) == {"airflow", "connections"}
+    assert set(stamp) == {"airflow", "connections", "pools"}
     airflow_home.prepare(cassandra_server, s3_server)
     assert calls == []  # prepared by the fixture with the same connections: nothing to do
 
     (airflow_home.home / PREPARED).write_text(json.dumps({**stamp, "connections": "other"}))
     airflow_home.prepare(cassandra_server, s3_server)
-    assert [c[:2] for c in calls] == [("db", "migrate"), ("connections", "import")]
+    assert [c[:2] for c in calls] == [("db", "migrate"), ("connections", "import"), ("pools", "set")]
     assert json.loads((airflow_home.home / PREPARED).read_text()) == stamp
 
 
