@@ -157,8 +157,9 @@ class CeleryAirflow(AirflowServer):
         """PostgreSQL, Redis, the migrated database with imgest's connections and pools, then every component."""
         if all(self.process_of(c).pid() for c in (*COMPONENTS, *WORKERS)) and self.answers():
             return UpResult(self.name, False, 0.0, f"airflow (Celery) already running at {self.url}")
-        require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_CELERY_PORT")
-        waited = self.postgres.up() + self.redis.up()
+        if self.process_of("api-server").pid() is None:
+            require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_CELERY_PORT")
+        waited = self.postgres.up() + self.redis.up()  # each starts only if it is not running
         self.prepare(CassandraServer.default(), S3Server.default())  # migrates, connections, the spark pool
         for component in (*COMPONENTS, *WORKERS):
             if self.process_of(component).pid() is None:

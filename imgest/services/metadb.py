@@ -133,7 +133,17 @@ class PostgresServer:
             conn.close()
 
     def down(self) -> bool:
-        return self.process.stop(timeout=60)
+        """Fast shutdown (SIGINT: open sessions are ended, as an orchestrator's stop does), then the group."""
+        import signal
+        import time
+
+        pid = self.process.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGINT)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.process.pid() is not None:
+                time.sleep(0.2)
+        return self.process.stop(timeout=30) or pid is not None
 
 
 @dataclass(frozen=True)

@@ -179,3 +179,72 @@ def test_worker_lost_and_scheduler_restarted_during_ingest(
     assert ingest[1] == other  # retried on the worker that was left
     assert ingest[2] >= 2
     assert _stored(cassandra_server, conf["keyspace"]) == stored  # nothing lost, nothing duplicated
+
+
+def _api(celery: CeleryAirflow, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """The REST API as the UI calls it (a token for the generated admin login)."""
+    import urllib.request
+
+    user, password = celery.login().split(" / ", 1)
+    req = urllib.request.Request(
+        f"{celery.url}/auth/token",
+        data=json.dumps({"username": user, "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        token = json.load(resp)["access_token"]
+    req = urllib.request.Request(
+        f"{celery.url}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        method=method,
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.load(resp)
+
+
+def _published(s3_server: S3Server, dataset: str) -> tuple[list[tuple[str, str]], list[str]]:
+    client = s3_server.settings().client()
+    doc = json.loads(client.get_object(Bucket="imgest", Key=f"{dataset}/manifest.json")["Body"].read())
+    listed = client.list_objects_v2(Bucket="imgest", Prefix=f"{dataset}/")
+    return sorted((s["name"], s["sha256"]) for s in doc["shards"]), sorted(o["Key"] for o in listed["Contents"])
+
+
+def test_postgres_restarted_between_tasks_and_a_task_cleared_from_the_ui(
+    celery: CeleryAirflow, s3_server: S3Server, source: Path
+) -> None:
+    """The scheduler exits when its database goes away (Airflow's own behaviour); started again like a pod with a
+    restart policy, it finishes the run. Clearing ingest_shards and what follows re-runs them to the same result."""
+    suffix = str(time.time_ns())[-6:]
+    conf = {"source": str(source), "target": "shards", "dataset": f"celery-p{suffix}", "read_check": False}
+    run = _trigger(celery, conf)
+    deadline = time.monotonic() + 300
+    while (_tasks(celery, run).get("scan") or ("",))[0] != "success":
+        assert time.monotonic() < deadline, _tasks(celery, run)
+        time.sleep(0.5)
+    celery.postgres.down()  # the metadata database goes away between tasks, and comes back
+    time.sleep(3)
+    celery.postgres.up()
+    celery.up()  # what exited on the lost database starts again, as an orchestrator's restart policy does
+    assert _wait(celery, [run])[run] == "success", _tasks(celery, run)
+    before = _published(s3_server, conf["dataset"])
+    assert len(before[0]) >= 2  # train and val shards
+
+    cleared = _api(
+        celery,
+        "POST",
+        "/api/v2/dags/ingest_imagenet/clearTaskInstances",
+        {
+            "dag_run_id": run,
+            "task_ids": ["ingest_shards"],
+            "include_downstream": True,
+            "only_failed": False,  # the API's default clears failed tasks only; the UI's Clear sends False
+            "reset_dag_runs": True,
+            "dry_run": False,
+        },
+    )
+    assert "ingest_shards" in {t["task_id"] for t in cleared["task_instances"]}
+    time.sleep(2)
+    assert _wait(celery, [run])[run] == "success", _tasks(celery, run)
+    assert _tasks(celery, run)["ingest_shards"][2] >= 2  # it ran again
+    assert _published(s3_server, conf["dataset"]) == before  # idempotent: the same tars, nothing stray
