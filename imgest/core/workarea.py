@@ -62,9 +62,14 @@ class WorkArea:
         }
 
     def pull(self) -> int:
-        """Download every file of the store's copy this folder lacks or holds in another version; returns how many."""
+        """Download every file of the store's copy this folder lacks or holds in another version, and remove here
+        what another task deleted there since this folder last saw it; returns how many files were downloaded."""
         index, here, fetched = self._index(), self._local(), 0
-        for rel, (etag, _size) in self._remote().items():
+        remote = self._remote()
+        for rel in [r for r in index if r not in remote]:  # deleted in the store by a task elsewhere
+            (self.local / rel).unlink(missing_ok=True)
+            del index[rel]
+        for rel, (etag, _size) in remote.items():
             known = index.get(rel)
             st = here.get(rel)
             if st is not None and known and known["etag"] == etag and _same(st, known):

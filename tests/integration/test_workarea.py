@@ -1,0 +1,39 @@
+"""A dataset's work folder carried between two "hosts" (two local folders) through the S3 store: what one pushes
+the other pulls, changes and deletions included; unchanged files move once."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+
+from imgest.core.workarea import WorkArea
+from imgest.services.s3 import S3Server
+
+pytestmark = pytest.mark.services
+
+
+def test_two_hosts_see_each_others_writes_changes_and_deletions(s3_server: S3Server, tmp_path: Path) -> None:
+    url = f"s3://{s3_server.bucket}/tests/workarea-{secrets.token_hex(4)}"
+    a = WorkArea(tmp_path / "a", "ds", url, s3_server.settings())
+    b = WorkArea(tmp_path / "b", "ds", url, s3_server.settings())
+    (tmp_path / "a" / "refresh").mkdir(parents=True)
+    (tmp_path / "a" / "manifest.parquet").write_bytes(b"m" * 10_000)
+    (tmp_path / "a" / "refresh" / "state.json").write_text('{"v": 1}')
+    assert a.push() == (2, 0)
+    assert a.push() == (0, 0)  # nothing changed: nothing sent again
+
+    assert b.pull() == 2
+    assert (tmp_path / "b" / "manifest.parquet").read_bytes() == b"m" * 10_000
+    assert b.pull() == 0  # already here: nothing fetched again
+    (tmp_path / "b" / "refresh" / "state.json").write_text('{"v": 2}')
+    (tmp_path / "b" / "manifest.parquet").unlink()
+    (tmp_path / "b" / "split-shards.npz").write_bytes(b"s")
+    assert b.push() == (2, 1)
+
+    assert a.pull() == 2
+    assert not (tmp_path / "a" / "manifest.parquet").exists()  # deleted on the other host
+    assert (tmp_path / "a" / "refresh" / "state.json").read_text() == '{"v": 2}'
+    assert (tmp_path / "a" / "split-shards.npz").read_bytes() == b"s"
+    assert a.push() == (0, 0)
