@@ -85,15 +85,19 @@ def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> in
 
 def locks_cmd(args: argparse.Namespace) -> int:
     from imgest.core import locks
+    from imgest.core.lock_stores import default_store
 
+    store = default_store()
     if args.action == "release":
         if not args.dataset:
             print("imgest: error: name the dataset whose lock to release", file=sys.stderr)
             return 2
-        freed = locks.release(args.dataset)
-        print(f"{args.dataset}: {'released' if freed else 'was not locked'}")
+        freed = locks.release(args.dataset, store=store)
+        print(f"{args.dataset}: {'released' if freed else 'was not locked'} (lock store {store.location})")
         return 0
-    for dataset, lock in locks.held().items():
+    held = locks.held(store)
+    print(f"lock store {store.location}: {len(held)} held")
+    for dataset, lock in held.items():
         stale = f"  [stale: {lock.why_stale()}]" if lock.stale() else ""
         print(f"{dataset:<24} {lock.holder.who} (since {lock.holder.since}){stale}")
     return 0
