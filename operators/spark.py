@@ -9,6 +9,7 @@ that reaches its store.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -24,7 +25,9 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         from imgest.spark.submit import job_path
 
         kwargs.setdefault("conn_id", "spark_default")
-        kwargs.setdefault("pool", "spark")  # one slot per Spark job the master can run at once (imgest services)
+        # $IMGEST_SPARK_POOL: the pool whose slots are the Spark jobs the master can run at once (imgest's services
+        # create `spark` and set it); unset, Airflow's default_pool: a task never waits on a pool that is missing.
+        kwargs.setdefault("pool", os.environ.get("IMGEST_SPARK_POOL") or "default_pool")
         kwargs.setdefault("name", f"imgest-{self.job}")
         super().__init__(application=str(job_path(self.job)), **kwargs)
         self.source_conn_id = source_conn_id  # an s3:// source's connection ('' for a local source)

@@ -98,6 +98,7 @@ class AirflowServer:
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         env["AIRFLOW_HOME"] = str(self.home)
+        env.setdefault("IMGEST_SPARK_POOL", SPARK_POOL)  # created with the connections (prepare)
         env.setdefault("IMGEST_HOME", str(state_dir()))
         return env
 

@@ -21,7 +21,7 @@ import pytest
 
 from imgest.core.settings import CassandraSettings
 from imgest.services import CassandraServer, S3Server
-from imgest.services.airflow_celery import WORKERS, CeleryAirflow
+from imgest.services.airflow_celery import COMPONENTS, WORKERS, CeleryAirflow
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 
@@ -79,9 +79,14 @@ def _state(celery: CeleryAirflow, run_id: str) -> str | None:
     return rows[0][0] if rows else None
 
 
-def _wait(celery: CeleryAirflow, run_ids: list[str], timeout: float = 900) -> dict[str, str | None]:
+def _wait(
+    celery: CeleryAirflow, run_ids: list[str], timeout: float = 900, supervise: bool = False
+) -> dict[str, str | None]:
+    """The runs' final states; SUPERVISE starts again any component that exited (an orchestrator's restart policy)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if supervise and any(celery.process_of(c).pid() is None for c in (*COMPONENTS, *WORKERS)):
+            celery.up()
         states = {r: _state(celery, r) for r in run_ids}
         if all(s in ("success", "failed") for s in states.values()):
             return states
@@ -225,8 +230,8 @@ def test_postgres_restarted_between_tasks_and_a_task_cleared_from_the_ui(
     celery.postgres.down()  # the metadata database goes away between tasks, and comes back
     time.sleep(3)
     celery.postgres.up()
-    celery.up()  # what exited on the lost database starts again, as an orchestrator's restart policy does
-    assert _wait(celery, [run])[run] == "success", _tasks(celery, run)
+    # what exits on the lost database (the scheduler, at its next query) starts again, as a restart policy does
+    assert _wait(celery, [run], supervise=True)[run] == "success", _tasks(celery, run)
     before = _published(s3_server, conf["dataset"])
     assert len(before[0]) >= 2  # train and val shards
 
