@@ -36,7 +36,7 @@ TARGET_RSS_RATIO = 1.5
 TARGET_RSS_BYTES = 2 << 30
 
 
-def run_size(kind: str, label: str, source: Path, images: int, target: str, out: Path) -> list[dict[str, Any]]:
+def run_size(kind: str, label: str, source: Path | str, images: int, target: str, out: Path) -> list[dict[str, Any]]:
     """Every step of TARGET over SOURCE (IMAGES images), each measured; returns one row per step."""
     from imgest.core.settings import S3Settings
 
@@ -46,7 +46,7 @@ def run_size(kind: str, label: str, source: Path, images: int, target: str, out:
     reset_dataset(dataset, keyspace, dest)
     conf = {
         "source": str(source),
-        "layout": "cls-loc",
+        "layout": "tar" if kind == "count21k" else "cls-loc",
         "dataset": dataset,
         "target": target,
         "keyspace": keyspace,
@@ -149,8 +149,11 @@ def plot(path: Path, summary: list[dict[str, Any]], title: str) -> None:
     save_figure(fig, path)
 
 
-def prepare_datasets(kind: str, fractions: list[float]) -> list[tuple[str, Path, int]]:
-    """(label, source folder, images) for each fraction of the KIND dataset, generated once and cached."""
+def prepare_datasets(kind: str, fractions: list[float]) -> list[tuple[str, Path | str, int]]:
+    """(label, source, images) for each fraction of the KIND dataset, generated once and cached (count21k: the
+    tars uploaded to the S3 source bucket, the source an s3:// URL)."""
+    if kind == "count21k":
+        return prepare_count21k(fractions)
     from imgest.sources.devdata.countscale import (
         BYTE_SCALE,
         CountScaleSpec,
@@ -164,6 +167,35 @@ def prepare_datasets(kind: str, fractions: list[float]) -> list[tuple[str, Path,
     full = write_count_scale(root / "full", spec)
     made = [(f, link_fraction(full, root / f"f{f:g}", spec, f)) for f in fractions]
     return [(f"{f * 100:g}pct", path, sum(counts_of(path).values())) for f, path in made]
+
+
+def prepare_count21k(
+    fractions: list[float], spec: Any = None, root: Path | None = None, prefix: str = "count21k"
+) -> list[tuple[str, Path | str, int]]:
+    """Each fraction's tar of SPEC's class tars (ImageNet-21k's 21,841 by default) under ROOT, generated once and
+    uploaded once to s3://imgest-src/PREFIX/."""
+    from boto3.s3.transfer import TransferConfig
+
+    from imgest.bench.source_scan import BUCKET
+    from imgest.core.settings import S3Settings
+    from imgest.sources.devdata.count21k import TAR_NAME, Count21kSpec, images_of, write_count21k
+
+    spec, client = spec or Count21kSpec(), S3Settings.from_env().client()
+    root = root or state_dir() / "bench" / "count21k"
+    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=BUCKET)
+    out = []
+    for fraction, path in zip(fractions, write_count21k(root, fractions, spec), strict=True):
+        key = f"{prefix}/f{fraction:g}/{TAR_NAME}"
+        try:
+            there = client.head_object(Bucket=BUCKET, Key=key)["ContentLength"]
+        except client.exceptions.ClientError:
+            there = None
+        if there != path.stat().st_size:
+            print(f"  uploading {path} ({path.stat().st_size / 2**20:,.0f} MiB) to s3://{BUCKET}/{key}", flush=True)
+            client.upload_file(str(path), BUCKET, key, Config=TransferConfig(multipart_chunksize=64 << 20))
+        out.append((f"{fraction * 100:g}pct", f"s3://{BUCKET}/{key}", images_of(spec, fraction)))
+    return out
 
 
 def main(

@@ -132,10 +132,14 @@ def register_scale(bench_parser: Any) -> None:
         "Targets: time(100 %) / time(10 %) <= 11 per step, peak RSS <= 2 GiB and RSS(100 %) / RSS(10 %) <= 1.5. "
         "--dataset count: 1,281,167 + 50,000 small JPEGs in 1,000 classes (generated once into "
         "$IMGEST_HOME/bench/count-scale, about 1.4 GB and 3 minutes on 2 cores); bytes: 100,000 ImageNet-size "
-        "images (2,000 distinct, hard-linked). Needs Cassandra and S3 (imgest services up cassandra s3). The full "
+        "images (2,000 distinct, hard-linked); count21k: ImageNet-21k's 21,841 classes at the same 1,331,167 images, "
+        "one tar of class tars per size on the S3 source bucket (generated into $IMGEST_HOME/bench/count21k, about "
+        "2.6 GB, and uploaded once). Needs Cassandra and S3 (imgest services up cassandra s3). The full "
         "count run takes hours on 2 cores: try --fractions 0.01,0.1 first.",
     )
-    bs.add_argument("--dataset", choices=("count", "bytes"), default="count", help="which dataset (default count)")
+    bs.add_argument(
+        "--dataset", choices=("count", "count21k", "bytes"), default="count", help="which dataset (default count)"
+    )
     bs.add_argument("--fractions", default="0.01,0.1,1", help="sizes as fractions of it (default 0.01,0.1,1)")
     bs.add_argument("--targets", default="cassandra,shards", help="targets, comma-separated (default both)")
     bs.add_argument(

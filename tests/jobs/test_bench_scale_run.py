@@ -39,3 +39,24 @@ def test_every_step_runs_and_is_measured(tmp_path: Path) -> None:
     assert verify["ok"] is True
     assert steps["build_split"]["result"]["parts"]
     assert steps["read_throughput"]["result"]
+
+
+def test_count21k_tar_of_class_tars_on_s3_runs_every_step(tmp_path: Path) -> None:
+    """The 21k-class dataset's shape (one tar of class tars, on the S3 source) through every shards step."""
+    from imgest.sources.devdata.count21k import Count21kSpec, class_counts, fraction_counts
+
+    spec = Count21kSpec(classes=30, images=150)
+    made = scale.prepare_count21k([0.2, 1.0], spec, tmp_path / "tars", prefix=f"test-count21k-{tmp_path.name}")
+    assert [(label, images) for label, _src, images in made] == [
+        ("20pct", int(fraction_counts(spec, 0.2).sum())),
+        ("100pct", int(class_counts(spec).sum())),
+    ]
+    assert made[1][1].startswith("s3://imgest-src/")
+    assert made[1][1].endswith("/f1/winter21_whole.tar")
+    target = "shards"
+    rows = scale.run_size("count21k", "test", made[1][1], 150, target, tmp_path / "runs")
+    steps = {r["step"]: r for r in rows}
+    assert list(steps) == list(scale.STEPS[target])
+    assert "150 candidates in 30 classes" in steps["scan"]["result"]["summary"]
+    assert steps[f"verify_{target}"]["result"]["ok"] is True
+    assert steps[f"ingest_{target}"]["bytes_written"] > 150 * 500  # every image's bytes (each over 500) went in

@@ -118,3 +118,41 @@ def test_plot_is_written(tmp_path: Path) -> None:
     rows = [_row("cassandra", "scan", n, n / 1000, 60) for n in (1000, 10_000, 100_000)]
     scale.plot(tmp_path / "scale.png", scale.summarize(rows), "test")
     assert (tmp_path / "scale.png").stat().st_size > 10_000
+
+
+def test_count21k_has_21k_classes_and_fractions_share_their_first_images(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from imgest.sources.devdata import count21k
+
+    full = count21k.class_counts(count21k.Count21kSpec())
+    assert len(full) == 21_841
+    assert full.sum() == 1_331_167
+    assert full.min() >= 1
+    assert 50 <= full.mean() <= 70
+    assert full.max() > 5 * full.mean()
+
+    spec = count21k.Count21kSpec(classes=12, images=90)
+    small, whole = count21k.write_count21k(tmp_path, [0.25, 1.0], spec)
+    assert count21k.write_count21k(tmp_path, [0.25, 1.0], spec) == [small, whole]  # cached: same spec, no rewrite
+
+    def members(path: Path) -> dict[str, dict[str, bytes]]:
+        out = {}
+        with tarfile.open(path) as outer:
+            for m in outer:
+                data = outer.extractfile(m).read()  # type: ignore[union-attr]
+                with tarfile.open(fileobj=io.BytesIO(data)) as inner:
+                    out[m.name] = {i.name: inner.extractfile(i).read() for i in inner}  # type: ignore[union-attr]
+        return out
+
+    a, b = members(small), members(whole)
+    wnids = list(b)
+    assert len(wnids) == 12
+    assert list(a) == wnids
+    assert all(n.endswith(".tar") for n in wnids)
+    counts = count21k.class_counts(spec)
+    assert [len(b[w]) for w in wnids] == counts.tolist()
+    assert [len(a[w]) for w in wnids] == count21k.fraction_counts(spec, 0.25).tolist()
+    assert all(a[w][name] == b[w][name] for w in wnids for name in a[w])  # a fraction holds the first images
+    assert len({data for w in wnids for data in b[w].values()}) == 90  # every image distinct
