@@ -16,11 +16,25 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def _dataset(context: Any, fixed: str | None) -> str:
-    if fixed:
-        return fixed
+def _request(context: Any) -> dict[str, Any]:
+    """The run's request as `validate` resolved it ({} in validate itself)."""
     request = context["ti"].xcom_pull(task_ids="validate") if context["ti"].task_id != "validate" else None
-    return (request or {}).get("dataset", "") if isinstance(request, dict) else ""
+    return request if isinstance(request, dict) else {}
+
+
+def _dataset(context: Any, fixed: str | None) -> str:
+    return fixed or str(_request(context).get("dataset", ""))
+
+
+def _ensure_sample(context: Any) -> None:
+    """A run of the generated sample reads it on whichever host a task runs: generate it here too (the same spec
+    gives the same bytes on every host, so the job, the verify and the read-back see what the scan saw)."""
+    request = _request(context)
+    if request.get("sample") and request.get("dataset"):
+        from imgest.core.paths import state_dir
+        from imgest.sources.devdata.sample import DEMO_SAMPLE, ensure_sample
+
+        ensure_sample(state_dir() / "demo" / str(request["dataset"]), DEMO_SAMPLE)
 
 
 def _area(context: Any, dataset: str) -> Any:
@@ -51,6 +65,8 @@ def work_hooks(dataset: str | None = None) -> dict[str, Callable[..., None]]:
         area = _area(context, name)
         if area is not None:
             log.info("work area %s: pulled %d files into %s", area.prefix, area.pull(), area.local)
+        if dataset is None:  # ingest_imagenet's run: its source may be the generated sample
+            _ensure_sample(context)
 
     def push_work(context: Any, result: Any = None) -> None:
         area = _area(context, _dataset(context, dataset))

@@ -34,6 +34,7 @@ import pytest
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
 from imgest.services import AirflowServer, CassandraServer, S3Server, airflow_cli, get_service
+from imgest.services.airflow_celery import CeleryAirflow
 from imgest.services.base import Service
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
@@ -51,6 +52,7 @@ SERVICE_FIXTURES = frozenset(
         "s3_server",
         "airflow_home",
         "airflow_scheduler",
+        "airflow_celery",
     }
 )
 # Modules the install left uncompiled (scripts/install.sh: torch, packages' tests, build tools) are compiled once
@@ -134,19 +136,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
     """Module -> its group under ``make test``'s xdist (a group's tests run on one worker, in collection order).
-    Whole modules, so that module fixtures run once: "airflow-scheduler" for the modules that use `airflow
-    standalone` (the scheduler, the browser), "airflow-dags" for those on the `dags test` home, "readback" for
-    tests/readback (one stored sample, one latency-proxy port), else the module alone. The Spark cluster is
-    shared, one test at a time (_one_cluster_user)."""
+    Whole modules, so that module fixtures run once: "airflow-celery" for the modules on the deployed shape (the
+    browser, the Celery faults), "airflow-scheduler" for those on `airflow standalone` (refresh), "airflow-dags"
+    for those on the `dags test` home, "readback" for tests/readback (one stored sample, one latency-proxy
+    port), else the module alone. The Spark cluster is shared, one test at a time (_one_cluster_user)."""
     marks: dict[str, set[str]] = {}
     for item in items:
         uses = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("browser") is not None:
-            uses.add("airflow_scheduler")
+            uses.add("airflow_celery")
         marks.setdefault(_module(item), set()).update(uses)
     group_of = {}
     for module, uses in marks.items():
-        if "airflow_scheduler" in uses:
+        if "airflow_celery" in uses:
+            group_of[module] = "airflow-celery"
+        elif "airflow_scheduler" in uses:
             group_of[module] = "airflow-scheduler"
         elif "airflow_home" in uses:
             group_of[module] = "airflow-dags"
@@ -242,6 +246,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     stop_after_last_user(item, nextitem)
+    uses = [getattr(i, "fixturenames", ()) for i in (item, nextitem) if i is not None]
+    if "airflow_celery" in uses[0] and (len(uses) == 1 or "airflow_celery" not in uses[1]):
+        while _celery_stoppers:  # the last test on the deployed shape ran (its group keeps them together)
+            _celery_stoppers.pop()()
+
+
+_celery_stoppers: list[Any] = []
+
+
+@pytest.fixture(scope="session")
+def airflow_celery(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[CeleryAirflow]:
+    """`imgest services up airflow-celery` (PostgreSQL, Redis, scheduler, API server, two Celery workers of their own
+    hosts), shared by the browser and Celery tests; stopped after the last of them when this session started it."""
+    deployment = CeleryAirflow.default()
+    if deployment.up().started:
+        _celery_stoppers.append(deployment.down)
+    yield deployment
+    while _celery_stoppers:
+        _celery_stoppers.pop()()
 
 
 @pytest.fixture(scope="session")

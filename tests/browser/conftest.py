@@ -1,4 +1,5 @@
-"""Fixtures for the browser tests: `airflow standalone` (scheduler included) and Debian's Chromium via Playwright.
+"""Fixtures for the browser tests: Airflow as it is deployed (`imgest services up airflow-celery`: PostgreSQL, the
+scheduler, two Celery workers of their own hosts) and Debian's Chromium via Playwright.
 
 Screenshots are kept in ``$IMGEST_HOME/artifacts/browser/`` (``.imgest/artifacts/browser/`` in a checkout).
 """
@@ -16,6 +17,7 @@ from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 from imgest.core.paths import state_dir
 from imgest.services import AirflowServer
+from imgest.services.airflow_celery import CeleryAirflow
 from tests.browser.airflow_ui import CHROMIUM, CHROMIUM_ARGS, AirflowUI
 
 
@@ -32,14 +34,14 @@ def _chromium_or_skip() -> str:
 
 
 @pytest.fixture(scope="package")
-def airflow_ui(airflow_scheduler: AirflowServer) -> AirflowServer:
-    """`airflow standalone` with connections to the embedded services (shared with the refresh tests)."""
-    return airflow_scheduler
+def airflow_ui(airflow_celery: CeleryAirflow) -> AirflowServer:
+    """The Celery deployment with connections to the embedded services (shared with its fault tests)."""
+    return airflow_celery
 
 
 @pytest.fixture(scope="package")
 def admin_login(airflow_ui: AirflowServer) -> tuple[str, str]:
-    """The admin user and the password `airflow standalone` generated."""
+    """The admin user and the password the API server's simple auth manager generated."""
     users = json.loads((airflow_ui.home / "simple_auth_manager_passwords.json.generated").read_text())
     return next(iter(users.items()))
 

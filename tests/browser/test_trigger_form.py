@@ -1,7 +1,9 @@
-"""The `ingest_imagenet` trigger form in a real browser, as a new user meets it, against `airflow standalone`.
+"""The `ingest_imagenet` trigger form in a real browser, as a new user meets it, against Airflow as it is deployed
+(PostgreSQL, the scheduler, two Celery workers that share only the stores: `imgest services up airflow-celery`).
 
-Each run is triggered from the form and executed by the scheduler (Spark in local[*]); the tests read the outcome
-from the UI: the run page's task states, the validate task's log, the dialog's error, the Assets view.
+Each run is triggered from the form and executed by the scheduler on the workers (Spark in local[*]); a run of
+the generated sample finds it on whichever worker a task lands (each generates the same bytes); the tests read
+the outcome from the UI: the run page's task states, the validate task's log, the dialog's error, the Assets view.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,9 @@ STORED = 3 * 6 + 3 * 2 + 8  # train + val + the eight awkward-but-valid planted 
 
 
 @pytest.fixture(scope="module")
-def celery(cassandra_server: CassandraServer, s3_server: S3Server) -> Iterator[CeleryAirflow]:
-    deployment = CeleryAirflow.default()
-    started = deployment.up().started
-    yield deployment
-    if started:
-        deployment.down()
+def celery(airflow_celery: CeleryAirflow) -> CeleryAirflow:
+    """The deployment (tests/conftest.py), shared with the browser tests that run before these."""
+    return airflow_celery
 
 
 @pytest.fixture(scope="module")

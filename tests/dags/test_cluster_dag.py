@@ -24,7 +24,7 @@ import pytest
 
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
-from imgest.flow.demo import run_dag, task_durations
+from imgest.flow.demo import run_dag, task_durations, task_results
 from imgest.services import AirflowServer, CassandraServer, S3Server
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
@@ -169,3 +169,79 @@ def test_no_shared_disk_between_tasks_or_executors(
     assert list(list_objects(client, "imgest", f"{state}/locks/")) == []  # the runs let go of the dataset's lock
     with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
         assert session.execute(f"SELECT count(*) FROM dagnsd_{run}.data").one()[0] == STORED
+
+
+def _upload_tree(client: Any, root: Path, prefix: str) -> None:
+    """ROOT's files as objects under s3://imgest-src/PREFIX, whatever was there before removed."""
+    for obj in list_objects(client, SOURCE_BUCKET, prefix):
+        client.delete_object(Bucket=SOURCE_BUCKET, Key=obj.key)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        client.upload_file(str(path), SOURCE_BUCKET, prefix + path.relative_to(root).as_posix())
+
+
+def _change_source(client: Any, prefix: str) -> None:
+    """One train image rewritten with other bytes, one added, one removed (the same change for every run)."""
+    keys = sorted(o.key for o in list_objects(client, SOURCE_BUCKET, prefix + "train/"))
+    first, second, last = keys[0], keys[1], keys[-1]
+    other = client.get_object(Bucket=SOURCE_BUCKET, Key=second)["Body"].read()
+    client.put_object(Bucket=SOURCE_BUCKET, Key=first, Body=other)
+    client.put_object(Bucket=SOURCE_BUCKET, Key=first.rsplit("/", 1)[0] + "/added.JPEG", Body=other + b"\0")
+    client.delete_object(Bucket=SOURCE_BUCKET, Key=last)
+
+
+def _refresh_twice(airflow: AirflowServer, client: Any, root: Path, prefix: str) -> list[dict[str, Any]]:
+    """refresh_rfnsd on the source as written (version 1), then after _change_source (version 2); each version's
+    plan (added, changed, removed, unchanged)."""
+    _upload_tree(client, root, prefix)
+    plans = []
+    for change in (False, True):
+        if change:
+            _change_source(client, prefix)
+        proc = airflow.airflow("dags", "test", "refresh_rfnsd", check=False)
+        assert proc.returncode == 0, (proc.stdout or "")[-3000:] + (proc.stderr or "")[-3000:]
+        plans.append(task_results(airflow, "refresh_rfnsd", ("shards.plan",))["shards.plan"]["counts"])
+    return plans
+
+
+def test_refresh_of_a_changed_s3_source_without_shared_disk(
+    airflow_home: AirflowServer,
+    on_cluster: SparkCluster,
+    s3_server: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """refresh_<name> of a source on S3, a first version and one after a change, each task on an empty disk and the
+    executors on workers that see none of the Airflow side's folders: the plans and the published shards (names,
+    samples, sha256, dead samples) equal those of the same two refreshes on one machine."""
+    client, run = s3_server.settings().client(), secrets.token_hex(3)
+    root, prefix = tmp_path / "src", f"tests/refresh-nsd-{run}/"
+    write_sample(root, SampleSpec("imagefolder", classes=3, per_class=4, val_per_class=1, seed=43))
+    work = state_dir() / "work"
+
+    def register(dest: str) -> None:
+        path = tmp_path / f"datasets-{dest.rsplit('/', 1)[1]}.toml"
+        path.write_text(
+            f'[datasets.rfnsd]\nsource = "s3://{SOURCE_BUCKET}/{prefix}"\nlayout = "imagefolder"\n'
+            f'targets = ["shards"]\nschedule = "0 0 29 2 *"\ns3_dest = "{dest}"\nshard_max_count = 4\n'
+            'source_conn_id = "aws_default"\n'
+        )
+        monkeypatch.setenv("IMGEST_DATASETS_FILE", str(path))
+
+    with monkeypatch.context() as local:  # the reference: one machine, local master, the work folder on disk
+        local.delenv("AIRFLOW_CONN_SPARK_DEFAULT")
+        register(f"s3://imgest/tests/rfnsd-ref-{run}")
+        reference = _refresh_twice(airflow_home, client, root, prefix)
+    shutil.rmtree(work / "rfnsd", ignore_errors=True)
+    hidden = replace(on_cluster, hide=(str(work),))
+    hidden.restart_workers()
+    try:
+        monkeypatch.setenv("IMGEST_WORKAREA_EPHEMERAL", "1")
+        monkeypatch.setenv("IMGEST_STATE_URL", f"s3://imgest/tests/rfnsd-state-{run}")
+        register(f"s3://imgest/tests/rfnsd-{run}")
+        plans = _refresh_twice(airflow_home, client, root, prefix)
+    finally:
+        on_cluster.restart_workers()
+    assert plans == reference
+    assert plans[1] == {"added": 1, "changed": 1, "removed": 1, "unchanged": plans[0]["added"] - 2}
+    assert _published(client, f"tests/rfnsd-{run}/") == _published(client, f"tests/rfnsd-ref-{run}/")
+    assert not (work / "rfnsd").exists()  # nothing of the runs stayed on the "pod's" disk

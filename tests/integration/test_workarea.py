@@ -37,3 +37,26 @@ def test_two_hosts_see_each_others_writes_changes_and_deletions(s3_server: S3Ser
     assert (tmp_path / "a" / "refresh" / "state.json").read_text() == '{"v": 2}'
     assert (tmp_path / "a" / "split-shards.npz").read_bytes() == b"s"
     assert a.push() == (0, 0)
+
+
+def test_a_sample_run_finds_the_sample_on_every_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ingest_imagenet's pre-execute hook on a host whose disk has never seen the run (a Celery worker, a pod):
+    a run of the generated sample gets the same bytes the scan's host read, so the Spark job and verify find it."""
+    from imgest.operators.workarea import work_hooks
+
+    class TaskInstance:
+        task_id = "ingest_cassandra"
+
+        def xcom_pull(self, task_ids: str) -> dict[str, object]:
+            assert task_ids == "validate"
+            return {"dataset": "sampled", "sample": True}
+
+    monkeypatch.delenv("IMGEST_STATE_URL", raising=False)
+    trees = []
+    for host in ("a", "b"):
+        monkeypatch.setenv("IMGEST_HOME", str(tmp_path / host))
+        work_hooks()["pre_execute"]({"ti": TaskInstance()})
+        root = tmp_path / host / "demo" / "sampled"
+        trees.append({p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()})
+    assert len(trees[0]) > 50
+    assert trees[0] == trees[1]
