@@ -43,11 +43,9 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
 
     @task(task_id="plan", doc_md="Scan vs the last complete version: added, changed, removed, unchanged.")
     def plan(scan_result: dict[str, Any]) -> dict[str, Any]:
-        from pathlib import Path
+        from imgest.operators.refresh import plan_target
 
-        from imgest.flow.refresh import plan_refresh
-
-        return plan_refresh(conf, Path(scan_result["manifest_dir"]))
+        return plan_target(conf, scan_result["manifest_dir"])
 
     @task.short_circuit(
         task_id="changed",

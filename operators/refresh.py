@@ -44,6 +44,17 @@ class DatasetLockOperator(BaseOperator):
         return f"{holder.who} holds {self.dataset} (lock store {store.location})"
 
 
+def plan_target(conf: dict[str, Any], manifest_dir: str) -> dict[str, Any]:
+    """The plan task of a refresh DAG's target: plan_refresh, with the Cassandra target's connection (where its
+    ingest recorded each image's source sha256)."""
+    from imgest.operators.hooks import ImgestCassandraHook
+
+    from imgest.flow.refresh import plan_refresh
+
+    cassandra = ImgestCassandraHook().settings() if conf.get("target") == "cassandra" else None
+    return plan_refresh(conf, Path(manifest_dir), cassandra)
+
+
 class FinishRefreshOperator(RequestOperator):
     """Apply what the Spark job leaves, verify the new version, move the refresh baseline forward."""
 

@@ -49,6 +49,11 @@ def _submit(job: str, args: list[str], log_file: Path) -> dict[str, Any]:
     return json.loads(Path(args[args.index("--summary-json") + 1]).read_text())
 
 
+def _cassandra(state: dict[str, Any]) -> CassandraSettings | None:
+    """The Cassandra settings of a Cassandra target's refresh (where its ingest recorded the source hashes)."""
+    return CassandraSettings.from_env() if state["target"] == "cassandra" else None
+
+
 def _refresh_conf(state: dict[str, Any]) -> dict[str, Any]:
     """The registered dataset's request for the state's target, read from the datasets file as the DAG does."""
     from imgest.flow.registry import load_registry
@@ -85,7 +90,7 @@ def _refresh_steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
 
     return {
         "scan": lambda s: steps.scan_step(_refresh_conf(s)),
-        "plan": lambda s: refresh.plan_refresh(_refresh_conf(s), Path(s["work"])),
+        "plan": lambda s: refresh.plan_refresh(_refresh_conf(s), Path(s["work"]), _cassandra(s)),
         "prepare": prepare,
         "ingest": _refresh_ingest,
         "finish": lambda s: refresh.finish_refresh(

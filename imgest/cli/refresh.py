@@ -55,12 +55,12 @@ def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> in
     from imgest.spark.submit import run_submit, submit_command
 
     request = IngestRequest.from_conf(conf)
-    plan = plan_refresh(conf, manifest_dir)
+    cassandra = CassandraSettings.from_env()
+    plan = plan_refresh(conf, manifest_dir, cassandra if request.target == "cassandra" else None)
     print(f"{request.target}: {json.dumps(plan['counts'])}", flush=True)
     if not plan["changed"]:
         print(f"{request.target}: no change since version {plan['version']}; nothing to do")
         return 0
-    cassandra = CassandraSettings.from_env()
     args = list(plan["job_args"])
     if request.target == "cassandra":
         job = "ingest_cassandra"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from imgest.core.errors import ConfigError
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.flow.registry import REFRESH_TARGETS
 from imgest.flow.request import IngestRequest
-from imgest.sources.diff import SourceChanges, diff_manifest, write_rows
+from imgest.sources.diff import KnownHashes, SourceChanges, diff_manifest, write_rows
 from imgest.sources.manifest import manifest_metadata
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,36 @@ def _transform_changed(previous_version: str, request: IngestRequest) -> bool:
     return previous_version.rsplit("-r", 1)[0] != version_name(request, 0).rsplit("-r", 1)[0]
 
 
-def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
+def plan_refresh(
+    conf: dict[str, Any], manifest_dir: Path, cassandra: CassandraSettings | None = None
+) -> dict[str, Any]:
     """Compare the scan in MANIFEST_DIR with the last complete version; write the delta and return the plan
-    (``changed`` False: nothing to do, no Spark job, no new version)."""
+    (``changed`` False: nothing to do, no Spark job, no new version). CASSANDRA (the Cassandra target): where the
+    ingest recorded the source sha256 of the images the baseline never read."""
+    with ExitStack() as stack:
+        return _plan(IngestRequest.from_conf(conf), manifest_dir, _known_hashes(conf, cassandra, stack))
+
+
+def _known_hashes(conf: dict[str, Any], cassandra: CassandraSettings | None, stack: ExitStack) -> KnownHashes | None:
+    """The Cassandra target's recorded source hashes (a session opened on the first question, closed by STACK)."""
     request = IngestRequest.from_conf(conf)
+    if request.target != "cassandra" or cassandra is None:
+        return None
+    session: list[Any] = []
+
+    def known(rows: list[tuple[str, str]]) -> dict[str, str]:
+        from imgest.sinks.cassandra.client import cassandra_session
+        from imgest.sinks.cassandra.refresh import recorded_hashes
+
+        if not session:
+            session.append(stack.enter_context(cassandra_session(cassandra)))
+        return recorded_hashes(session[0], request.tables(), rows)
+
+    return known
+
+
+def _plan(request: IngestRequest, manifest_dir: Path, known: KnownHashes | None) -> dict[str, Any]:
+    """plan_refresh for REQUEST, KNOWN answering for the baseline's unread hashes."""
     if request.target not in REFRESH_TARGETS:
         raise ConfigError(f"refresh supports the targets {', '.join(REFRESH_TARGETS)}, not {request.target!r}")
     rdir = refresh_dir(request.dataset, request.target)
@@ -79,7 +106,7 @@ def plan_refresh(conf: dict[str, Any], manifest_dir: Path) -> dict[str, Any]:
     manifest = manifest_dir / workdir.MANIFEST
     root = Path(manifest_metadata(manifest)["root"])
     scanned = rdir / SCANNED_BASELINE
-    changes = diff_manifest(manifest, rdir / BASELINE if state else None, root, scanned)
+    changes = diff_manifest(manifest, rdir / BASELINE if state else None, root, scanned, known=known)
     if state and _transform_changed(state["version"], request):
         log.warning(
             "%s/%s: the transform differs from version %s's (settings or JPEG decoder): every image is re-transformed",

@@ -6,6 +6,12 @@ S3 source compares its ETag instead of its mtime (a re-upload of the same bytes 
 differ: the file is hashed and only a different hash (or label) makes it changed. Ids are deterministic
 (dataset/split/path), so a changed image keeps its id and is re-ingested in place.
 
+The first version reads no file here: every row is added, and the ingest job, which reads every byte anyway,
+records each image's source sha256 with it (Cassandra's metadata ``src_sha256``). Its baseline leaves the hash
+empty; when such a row later looks changed (size or mtime), the hash recorded at ingest is asked for (``known``,
+O(suspects)); without one the row counts as changed and is re-ingested in place, and the baseline keeps the hash
+from then on.
+
 Memory stays flat whatever the dataset's size: the baseline's ids are held as sorted 64-bit keys (12 bytes a row,
 a seeded hash of each id), the manifest is read, compared and written READ_ROWS rows at a time, and the baseline
 rows a chunk matches are read back from the row groups holding them (their id compared too: a key collision
@@ -14,7 +20,7 @@ never matches two different ids). Besides the keys, one byte a row of each file 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,17 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from imgest.core.errors import ImgestError
-from imgest.sinks.shards.plan import id_hashes
+from imgest.sources.diff_index import READ_ROWS, KeyIndex, RowReader, index_baseline
 from imgest.sources.manifest import Candidate
 from imgest.sources.source_hash import HASH_COLUMN, MISSING_HASH, hash_candidates
 
 COMPARED = ("size", "mtime", "label", "wnid")  # equal in the baseline: unchanged, the file is not read
 ETAG = "etag"  # an S3 object's: compared instead of the mtime when the row has one
 HASH_CHUNK = 4096  # suspects hashed (and held as Python rows) at a time
-READ_ROWS = 16_384  # rows of a manifest or baseline decoded, compared and written at a time
 READ_BUFFER = 1 << 20  # bytes of a column chunk read at a time (else a whole row group's chunk is read at once)
-KEY_SEEDS = (0, 1, 2, 3)  # id key seeds tried in turn while two different ids of the baseline share a key
 CANDIDATE = frozenset(f.name for f in fields(Candidate))
 _SAME, _ADDED, _CHANGED, _SAME_BYTES = 0, 1, 2, 3  # what diff_manifest found of a row (_SAME_BYTES: hashed, equal)
 _BEFORE = ("id", *COMPARED, ETAG, HASH_COLUMN)  # the baseline's columns a comparison reads
@@ -51,8 +54,8 @@ _BEFORE_SCHEMA = pa.schema(  # their types (a first version has no baseline)
 )
 
 
-class BaselineError(ImgestError):
-    """The baseline of the last version cannot be compared with (its ids cannot be told apart)."""
+# (id, split) of baseline rows whose source sha256 the baseline lacks -> the sha256 recorded when they were ingested
+KnownHashes = Callable[[list[tuple[str, str]]], dict[str, str]]
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:
@@ -125,113 +128,15 @@ def _array(ids: pa.Array | pa.ChunkedArray | list[str]) -> pa.Array:
     return pa.array(ids, pa.string())
 
 
-@dataclass
-class _KeyIndex:
-    """The baseline's ids as sorted 64-bit keys: ``rows[i]`` is the baseline row of ``keys[i]``. ``aliases`` are
-    the later rows of an id the baseline holds twice, ``alias_of`` the first row of each (they share its fate)."""
-
-    keys: np.ndarray
-    rows: np.ndarray
-    seed: int
-    size: int
-    aliases: np.ndarray = field(default_factory=lambda: _no_rows(np.int64))
-    alias_of: np.ndarray = field(default_factory=lambda: _no_rows(np.int64))
-
-    def find(self, ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-        """The baseline row of each of IDS whose key it holds (-1 where none): compare the ids before trusting it."""
-        keys = id_hashes(ids, self.seed)
-        if not len(self.keys):
-            return np.full(len(keys), -1, np.int64)
-        slot = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[slot] == keys, self.rows[slot].astype(np.int64), -1)
-
-
-def _index_baseline(baseline: pq.ParquetFile | None, path: Path | None) -> _KeyIndex:
-    """The key index of BASELINE's ids (the file PATH; empty when there is none), with a seed under which no two
-    different ids share a key."""
-    if baseline is None:
-        return _KeyIndex(_no_rows(np.uint64), _no_rows(np.uint32), KEY_SEEDS[0], 0)
-    size = baseline.metadata.num_rows
-    for seed in KEY_SEEDS:
-        keys = np.empty(size, np.uint64)
-        start = 0
-        for batch in baseline.iter_batches(batch_size=READ_ROWS, columns=["id"]):
-            keys[start : start + batch.num_rows] = id_hashes(batch.column(0), seed)
-            start += batch.num_rows
-        order = np.argsort(keys, kind="stable")  # equal keys keep the baseline's order: the first row first
-        keys.sort()  # in place: the same as keys[order], without a third array a row
-        rows = order.astype(np.uint32) if size < 2**32 else order
-        del order
-        later = np.flatnonzero(keys[1:] == keys[:-1]) + 1
-        if not len(later):
-            return _KeyIndex(keys, rows, seed, size)
-        head = np.maximum.accumulate(np.where(np.r_[True, keys[1:] != keys[:-1]], np.arange(size), 0))[later]
-        aliases, alias_of = rows[later].astype(np.int64), rows[head].astype(np.int64)
-        twice = _RowReader(baseline, ["id"]).take(aliases).column("id")
-        if twice.equals(_RowReader(baseline, ["id"]).take(alias_of).column("id")):  # the same id twice, not a collision
-            keep = np.ones(size, bool)
-            keep[later] = False
-            return _KeyIndex(keys[keep], rows[keep], seed, size, aliases, alias_of)
-    raise BaselineError(
-        f"{path}: different ids share a 64-bit key under every seed {KEY_SEEDS}: delete the folder holding it "
-        f"({path.parent if path else 'refresh/<target>'}: baseline, plan and state) so that the next refresh "
-        "makes a new first version of every image, or report this (it should never happen)"
-    )
-
-
-class _RowReader:
-    """The COLUMNS of SOURCE's rows by row number, a batch of READ_ROWS rows decoded at a time. A read continues
-    where the last one stopped when its rows come later in the row group (rows asked for in the file's order cost
-    one pass, however large the row groups); an earlier row starts its row group again."""
-
-    def __init__(self, source: pq.ParquetFile, columns: list[str]) -> None:
-        self.source, self.columns = source, columns
-        meta = source.metadata
-        self.starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
-        self.empty = pa.table({c: pa.array([], source.schema_arrow.field(c).type) for c in columns})
-        self._group = -1
-        self._batches: Iterator[pa.RecordBatch] = iter(())
-        self._batch: pa.RecordBatch | None = None
-        self._offset = 0  # the row number of the batch's first row
-
-    def _seek(self, row: int) -> pa.RecordBatch:
-        """The batch holding ROW (self._offset is its first row's number)."""
-        group = int(np.searchsorted(self.starts, row, side="right")) - 1
-        if group != self._group or row < self._offset:
-            self._group, self._offset, self._batch = group, int(self.starts[group]), None
-            self._batches = self.source.iter_batches(batch_size=READ_ROWS, row_groups=[group], columns=self.columns)
-        while self._batch is None or row >= self._offset + self._batch.num_rows:
-            if self._batch is not None:
-                self._offset += self._batch.num_rows
-            self._batch = next(self._batches)
-        return self._batch
-
-    def take(self, at: np.ndarray) -> pa.Table:
-        """The rows AT (row numbers; -1: a null row), in AT's order."""
-        valid = np.flatnonzero(at >= 0)
-        order = valid[np.argsort(at[valid], kind="stable")]
-        wanted = at[order]
-        pieces, lo = [self.empty], 0
-        while lo < len(wanted):
-            batch = self._seek(int(wanted[lo]))
-            hi = int(np.searchsorted(wanted, self._offset + batch.num_rows))
-            pieces.append(pa.Table.from_batches([batch.take(pa.array(wanted[lo:hi] - self._offset))]))
-            lo = hi
-        found = pa.concat_tables(pieces).combine_chunks()
-        index = np.full(len(at), -1, np.int64)
-        index[order] = np.arange(len(order))
-        return found.take(pa.array(index, mask=index < 0))
-
-
-def _before_reader(baseline: pq.ParquetFile | None) -> _RowReader | None:
+def _before_reader(baseline: pq.ParquetFile | None) -> RowReader | None:
     """A reader of the baseline's compared columns (None when there is no baseline)."""
     if baseline is None:
         return None
     present = set(baseline.schema_arrow.names)
-    return _RowReader(baseline, [c for c in _BEFORE if c in present])
+    return RowReader(baseline, [c for c in _BEFORE if c in present])
 
 
-def _before(reader: _RowReader | None, at: np.ndarray) -> pa.Table:
+def _before(reader: RowReader | None, at: np.ndarray) -> pa.Table:
     """The baseline's compared columns at the rows AT (-1: null), with an ``etag`` ('' when it has none)."""
     if reader is None or not np.any(at >= 0):
         return pa.table({f.name: pa.nulls(len(at), f.type) for f in _BEFORE_SCHEMA})
@@ -253,14 +158,20 @@ def parquet_writer(path: Path, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
 
 
 def diff_manifest(
-    manifest: Path, baseline: Path | None, root: Path, new_baseline: Path, chunk: int = HASH_CHUNK
+    manifest: Path,
+    baseline: Path | None,
+    root: Path,
+    new_baseline: Path,
+    chunk: int = HASH_CHUNK,
+    known: KnownHashes | None = None,
 ) -> SourceChanges:
-    """Compare MANIFEST with BASELINE (None: everything is added); returns the changes and writes NEW_BASELINE
-    (the manifest's rows with their source sha256). Compared as Arrow columns READ_ROWS rows at a time (64-bit
-    id keys locate each row in the baseline), never one Python object per row; only the suspects (added, or
-    size / mtime / label differ) are read and hashed, CHUNK at a time."""
+    """Compare MANIFEST with BASELINE (None: everything is added, no file read); returns the changes and writes
+    NEW_BASELINE (the manifest's rows with their source sha256, '' where not read yet). Compared as Arrow columns
+    READ_ROWS rows at a time (64-bit id keys locate each row in the baseline), never one Python object per row;
+    only the suspects (added, or size / mtime / label differ) are read and hashed, CHUNK at a time. KNOWN gives
+    the hash recorded at ingest of a suspect whose baseline row has none."""
     old = open_parquet(baseline) if baseline is not None and baseline.is_file() else None
-    index = _index_baseline(old, baseline)
+    index = index_baseline(old, baseline)
     reader = _before_reader(old)
     source = open_parquet(manifest)
     kinds = np.zeros(source.metadata.num_rows, np.uint8)
@@ -270,7 +181,7 @@ def diff_manifest(
     with parquet_writer(new_baseline, _baseline_schema(source.schema_arrow)) as writer:
         for batch in source.iter_batches(batch_size=READ_ROWS):
             table = _with_etag(pa.Table.from_batches([batch]))
-            part = _compare(table, reader, index, root, chunk)
+            part = _compare(table, reader, index, root, chunk, known)
             seen[part.rows[part.rows >= 0]] = True
             kinds[start : start + table.num_rows] = part.kinds
             unchanged += part.unchanged
@@ -280,7 +191,7 @@ def diff_manifest(
             start += table.num_rows
     seen[index.aliases] = seen[index.alias_of]
     removed_at = np.flatnonzero(~seen)
-    removed = _RowReader(old, ["id"]).take(removed_at).column("id") if old is not None else _no_ids()
+    removed = RowReader(old, ["id"]).take(removed_at).column("id") if old is not None else _no_ids()
     removed = _array(removed)
     same_bytes = int(np.count_nonzero(kinds == _SAME_BYTES))
     return SourceChanges(
@@ -304,8 +215,13 @@ class _Compared:
     unchanged: int
 
 
-def _compare(table: pa.Table, old: _RowReader | None, index: _KeyIndex, root: Path, chunk: int) -> _Compared:
+def _compare(
+    table: pa.Table, old: RowReader | None, index: KeyIndex, root: Path, chunk: int, known: KnownHashes | None
+) -> _Compared:
     """Compare TABLE (a chunk of the manifest, with an etag column) with its rows in the baseline (read by OLD)."""
+    if old is None:  # a first version: every row added, none read (the ingest records each hash)
+        unread = pa.array(np.full(table.num_rows, MISSING_HASH, object), pa.string())
+        return _Compared(np.full(table.num_rows, -1, np.int64), np.full(table.num_rows, _ADDED, np.uint8), unread, 0)
     at = index.find(table.column("id"))
     before = _before(old, at)
     match = pc.fill_null(pc.equal(table.column("id"), before.column("id")), False)  # a key collision: no match
@@ -324,6 +240,7 @@ def _compare(table: pa.Table, old: _RowReader | None, index: _KeyIndex, root: Pa
         then = before.select(["label", "wnid", HASH_COLUMN]).take(pa.array(part)).to_pylist()
         fresh = hash_candidates(root, [Candidate(**{k: v for k, v in row.items() if k in CANDIDATE}) for row in rows])
         digests.append(pa.array(fresh, pa.string()))
+        _recall(known, part, at, rows, then)
         for i, row, prior, digest in zip(part, rows, then, fresh, strict=True):
             if at[i] < 0:
                 kinds[i] = _ADDED
@@ -333,6 +250,21 @@ def _compare(table: pa.Table, old: _RowReader | None, index: _KeyIndex, root: Pa
                 kinds[i] = _CHANGED
     hashes = _hash_column(same, before.column(HASH_COLUMN), suspects, digests)
     return _Compared(at, kinds, hashes, int(pc.sum(same).as_py() or 0))
+
+
+def _recall(known: KnownHashes | None, part: np.ndarray, at: np.ndarray, rows: list[dict], then: list[dict]) -> None:
+    """Fill THEN's missing source sha256 (rows of a version whose baseline did not read them) from KNOWN."""
+    unknown = [
+        (row["id"], row["split"])
+        for i, row, prior in zip(part, rows, then, strict=True)
+        if at[i] >= 0 and not prior[HASH_COLUMN]
+    ]
+    if known is None or not unknown:
+        return
+    recorded = known(unknown)
+    for row, prior in zip(rows, then, strict=True):
+        if not prior[HASH_COLUMN] and row["id"] in recorded:
+            prior[HASH_COLUMN] = recorded[row["id"]]
 
 
 def _hash_column(same: pa.Array, before: pa.ChunkedArray, suspects: np.ndarray, digests: list[pa.Array]) -> pa.Array:

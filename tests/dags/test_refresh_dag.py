@@ -81,7 +81,7 @@ def _wait_checks(airflow: AirflowServer, version: str, timeout: float = 420) -> 
 
 
 def _change_source(source: Path, tmp: Path) -> dict[str, list[str]]:
-    """Add 10 images, change 3, delete 2 (train split); returns their ids."""
+    """Add 10 images, change 3, delete 2, touch 1 (same bytes, new mtime; train split); returns their ids."""
     more = tmp / "more"
     write_sample(more, SampleSpec("imagefolder", classes=3, per_class=10, val_per_class=2, seed=5))
     other = tmp / "other"
@@ -101,9 +101,12 @@ def _change_source(source: Path, tmp: Path) -> dict[str, list[str]]:
         shutil.copyfile(other / rel, source / rel)
     for rel in removed:
         (source / rel).unlink()
+    touched = [f"train/{wnids[1]}/{wnids[1]}_4.JPEG"]
+    later = time.time() + 60
+    os.utime(source / touched[0], (later, later))
     ids = {
         k: [image_id("rfx", "train", r) for r in v]
-        for k, v in {"added": added, "changed": changed, "removed": removed}.items()
+        for k, v in {"added": added, "changed": changed, "removed": removed, "touched": touched}.items()
     }
     return ids
 
@@ -189,8 +192,12 @@ def test_refresh_applies_exactly_the_changes(
     states = _refresh(scheduler, output=output)
     assert states["cassandra.ingest"] == states["shards.ingest"] == "success", states
     plans = task_results(scheduler, "refresh_rfx", ("cassandra.plan", "shards.plan"))
+    # The touched file: Cassandra's metadata holds the source sha256 its ingest recorded (the first version's plan
+    # read no file), so the plan tells it unchanged; the shards target records none, so it is re-packed in place.
     expected = {"added": 10, "changed": 3, "removed": 2, "unchanged": 19}
-    assert plans["cassandra.plan"]["counts"] == plans["shards.plan"]["counts"] == expected
+    assert plans["cassandra.plan"]["counts"] == expected
+    repacked = {**expected, "changed": 4, "unchanged": 18}
+    assert plans["shards.plan"]["counts"] == repacked
     version = plans["cassandra.plan"]["version"]
     assert version.endswith("-r2")
     assert "as written" in output[0]  # the job took the re-plan's file, not a rewrite of it
@@ -216,9 +223,9 @@ def test_refresh_applies_exactly_the_changes(
     # Shards: new manifest with the version's counts; untouched shards kept as they were; every sample read back.
     manifest2, images2 = _shards(s3_server)
     assert manifest2["version"]["name"] == version
-    assert manifest2["version"]["changes"] == expected
+    assert manifest2["version"]["changes"] == repacked
     assert set(images2) == set(rows)
-    assert all(images2[i] == images1[i] for i in unchanged)
+    assert all(images2[i] == images1[i] for i in unchanged)  # the re-packed touched image too: same bytes
     old = {s["name"]: s["sha256"] for s in manifest1["shards"]}
     kept = [s for s in manifest2["shards"] if s["name"] in old]
     assert kept

@@ -27,7 +27,7 @@ from imgest.core import workdir
 from imgest.flow import refresh
 from imgest.flow.request import IngestRequest
 from imgest.sinks.shards.plan import id_hashes
-from imgest.sources import diff
+from imgest.sources import diff_index
 from imgest.sources.diff import HASH_COLUMN
 from imgest.sources.manifest import SCHEMA, image_id
 
@@ -181,7 +181,7 @@ def _small_id(i: int) -> str:
 @pytest.mark.parametrize("keys", [_first_seed_collides, _added_ids_collide])
 def test_a_key_collision_plans_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: object) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(diff, "id_hashes", keys)
+    monkeypatch.setattr(diff_index, "id_hashes", keys)
     conf, work, expected = _small_scenario(tmp_path)
     assert _small_outputs(refresh.plan_refresh(conf, work)) == expected
 
@@ -190,9 +190,9 @@ def test_a_baseline_whose_ids_collide_under_every_seed_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(diff, "id_hashes", lambda ids, seed: np.zeros(len(ids), np.uint64))
+    monkeypatch.setattr(diff_index, "id_hashes", lambda ids, seed: np.zeros(len(ids), np.uint64))
     conf, work, _ = _small_scenario(tmp_path)
-    with pytest.raises(diff.BaselineError, match=r"baseline\.parquet: different ids share a 64-bit key"):
+    with pytest.raises(diff_index.BaselineError, match=r"baseline\.parquet: different ids share a 64-bit key"):
         refresh.plan_refresh(conf, work)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -60,19 +61,36 @@ def test_diff_finds_added_changed_removed_and_ignores_touched(tmp_path: Path) ->
     write_sample(src, SampleSpec("imagefolder", classes=2, per_class=4, val_per_class=1, seed=3))
     changes = diff_manifest(_scan(src, tmp_path / "w1"), None, src, tmp_path / "baseline.parquet")
     assert changes.counts() == {"added": 10, "changed": 0, "removed": 0, "unchanged": 0}
+    first = pq.read_table(tmp_path / "baseline.parquet")
+    assert set(first.column("src_sha256").to_pylist()) == {""}  # a first version reads no file: the ingest will
+    # what the ingest recorded (Cassandra's metadata src_sha256), asked for only for rows that look changed
+    recorded = {
+        row["id"]: hashlib.sha256((src / row["rel_path"]).read_bytes()).hexdigest()
+        for row in first.select(["id", "rel_path"]).to_pylist()
+    }
+    asked: list[tuple[str, str]] = []
+
+    def known(rows: list[tuple[str, str]]) -> dict[str, str]:
+        asked.extend(rows)
+        return {key: recorded[key] for key, _split in rows}
+
     files = sorted((src / "train").rglob("*.JPEG"))
     shutil.copyfile(files[0], files[0].with_name("new.JPEG"))  # added
     files[1].write_bytes(files[2].read_bytes())  # changed bytes
     files[3].unlink()  # removed
     later = time.time() + 10
     os.utime(files[4], (later, later))  # touched: same bytes, new mtime
-    changes = diff_manifest(_scan(src, tmp_path / "w2"), tmp_path / "baseline.parquet", src, tmp_path / "next.parquet")
+    manifest = _scan(src, tmp_path / "w2")
+    changes = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "next.parquet", known=known)
     assert changes.counts() == {"added": 1, "changed": 1, "removed": 1, "unchanged": 8}
     assert changes.touched_same_bytes == 1
+    assert sorted(split for _key, split in asked) == ["train", "train"]  # the changed and the touched file only
+    # Without the recorded hashes a touched file cannot be told from a changed one: it is re-ingested in place.
+    blind = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "blind.parquet")
+    assert blind.counts() == {"added": 1, "changed": 2, "removed": 1, "unchanged": 7}
     # Suspects are hashed a chunk at a time: any chunk size gives the same changes and the same new baseline.
-    manifest = tmp_path / "w2" / "manifest.parquet"
-    small = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "small.parquet", chunk=1)
-    large = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "large.parquet")
+    small = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "small.parquet", 1, known)
+    large = diff_manifest(manifest, tmp_path / "baseline.parquet", src, tmp_path / "large.parquet", known=known)
     new_small, new_large = pq.read_table(tmp_path / "small.parquet"), pq.read_table(tmp_path / "large.parquet")
     assert (small.added, small.changed, small.removed, small.counts()) == (
         large.added,
@@ -82,7 +100,13 @@ def test_diff_finds_added_changed_removed_and_ignores_touched(tmp_path: Path) ->
     )
     assert new_small.equals(new_large)
     hashes = dict(zip(new_large.column("id").to_pylist(), new_large.column("src_sha256").to_pylist(), strict=True))
-    assert all(len(h) == 64 for h in hashes.values())  # every current file's source sha256 is in the baseline
+    suspects = {
+        row["id"]
+        for row in new_large.to_pylist()
+        if Path(row["rel_path"]).name in ("new.JPEG", files[1].name, files[4].name)
+    }
+    assert {key for key, digest in hashes.items() if len(digest) == 64} == suspects  # the files read now
+    assert all(hashes[key] == "" for key in hashes.keys() - suspects)  # the others: still the ingest's to tell
 
 
 def test_replan_keeps_touched_shards_with_dead_rows_and_recuts_past_the_threshold(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from imgest.core.errors import ConfigError
 from imgest.sinks.shards.plan import DEAD, ShardSpec, plan_shards
 from imgest.sinks.shards.plan_digest import version_key
 from imgest.sinks.shards.replan import COMPACT_DEAD_FRACTION, replan, replan_file
-from imgest.sources.diff import BaselineError
+from imgest.sources.diff_index import BaselineError
 from imgest.sources.manifest import SCHEMA, image_id
 from imgest.transform.image import TransformSpec
 

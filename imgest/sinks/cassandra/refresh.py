@@ -126,3 +126,21 @@ def record_changes(
         " WHERE dataset = %s AND version = %s",
         (changes, splits, found, dataset, version),
     )
+
+
+def recorded_hashes(session: Any, tables: TableLayout, rows: list[tuple[str, str]]) -> dict[str, str]:
+    """id -> the source sha256 the ingest recorded in the metadata table, for ROWS (id, split): what a refresh
+    compares a file with when its baseline never read it (queries of 100 ids, one metadata table per split)."""
+    found: dict[str, str] = {}
+    by_split: dict[str, list[uuid.UUID]] = {}
+    for key, split in rows:
+        by_split.setdefault(split, []).append(uuid.UUID(key))
+    for split, ids in by_split.items():
+        query = session.prepare(
+            f"SELECT id, src_sha256 FROM {tables.keyspace}.{tables.metadata_table(split)} WHERE id IN ?"
+        )
+        for start in range(0, len(ids), 100):
+            for row in session.execute(query, (ids[start : start + 100],)):
+                if row.src_sha256:
+                    found[str(row.id)] = row.src_sha256
+    return found

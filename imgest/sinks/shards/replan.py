@@ -31,7 +31,7 @@ from imgest.core.errors import ConfigError
 from imgest.core.idset import IdSet
 from imgest.sinks.shards.plan import DEAD, PlanFile, PlanWriter, ShardSpec
 from imgest.sinks.shards.plan_cut import cut_shards, shard_index_of
-from imgest.sources.diff import BaselineError
+from imgest.sources.diff_index import BaselineError
 from imgest.transform.image import TransformSpec
 
 COMPACT_DEAD_FRACTION = 0.25  # a shard with more dead rows than this fraction of its rows is re-cut
