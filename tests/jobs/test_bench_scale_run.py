@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from imgest.bench import scale
+from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.countscale import CountScaleSpec, write_count_scale
 
 pytestmark = pytest.mark.usefixtures("cassandra_server", "s3_server")
@@ -33,7 +35,9 @@ def test_every_step_runs_and_is_measured(tmp_path: Path) -> None:
     assert ingest["rss"]["spark_driver"] > 100 << 20  # the JVM of spark-submit was followed
     assert ingest["rss"]["driver_python"] > 20 << 20  # the job's Python driver
     assert ingest["rss"]["spark_worker"] > 20 << 20  # and the Python workers
-    assert ingest["bytes_written"] > 0
+    with cassandra_session(CassandraSettings.from_env()) as session:  # what the run's keyspace holds, byte for byte
+        rows = session.execute("SELECT data FROM scale_count_test_cassandra.data")
+        assert ingest["bytes_written"] == sum(len(row.data) for row in rows)
     assert "70 candidates in 5 classes" in steps["scan"]["result"]["summary"]
     verify = steps[f"verify_{target}"]["result"]
     assert verify["ok"] is True
