@@ -7,7 +7,7 @@ install:
 install-dev:
 	bash scripts/install.sh --dev
 
-# Benchmark peers with their own CUDA torch (LitData on the dev torch comes with install-dev): `imgest bench pack` on a GPU.
+# Every benchmark peer pinned to the transitive version, on the dev install's torch (requirements/torch.txt).
 install-bench: install-dev
 	.venv/bin/uv pip install -q --python .venv/bin/python -r requirements/bench.lock
 
@@ -52,7 +52,7 @@ lint: install-dev
 lock:
 	.venv/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/runtime.lock
 	.venv/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/dev.lock
-	.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/bench.lock
+	.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench -c requirements/torch.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/bench.lock
 
 services-down:
 	.venv/bin/imgest services down

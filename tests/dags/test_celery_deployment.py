@@ -247,5 +247,9 @@ def test_postgres_restarted_between_tasks_and_a_task_cleared_from_the_ui(
     assert "ingest_shards" in {t["task_id"] for t in cleared["task_instances"]}
     time.sleep(2)
     assert _wait(celery, [run])[run] == "success", _tasks(celery, run)
-    assert _tasks(celery, run)["ingest_shards"][2] >= 2  # it ran again
+    tasks = _tasks(celery, run)
+    assert tasks["ingest_shards"][2] >= 2  # it ran again
+    # Under the dataset's lock again: Clear takes the task's setup (lock) and teardown (release_lock) along.
+    assert tasks["lock"][2] >= 2, tasks
+    assert tasks["release_lock"][2] >= 2, tasks
     assert _published(s3_server, conf["dataset"]) == before  # idempotent: the same tars, nothing stray
