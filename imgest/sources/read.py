@@ -18,14 +18,16 @@ from imgest.sources.s3source import is_s3
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 READ_AHEAD = 16  # objects of an S3 source requested ahead of the consumer (one GET each)
+FOLLOW_GAP = 64 * 1024  # a tar member this close after the last one read is read from the archive's blocks
 
 
-def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
-    """The encoded bytes of CAND under ROOT; a vanished or over-sized file raises BadImage."""
+def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FILE_BYTES, exact: bool = False) -> bytes:
+    """The encoded bytes of CAND under ROOT; a vanished or over-sized file raises BadImage. EXACT (an S3 tar
+    member): one ranged GET of the member alone."""
     if cand.size > max_bytes:
         raise BadImage(Reason.TOO_LARGE, f"{cand.size} bytes > file limit {max_bytes}")
     if is_s3(root):
-        return read_s3_candidate(root, cand)
+        return read_s3_candidate(root, cand, exact)
     try:
         if cand.container:
             with open(root / cand.container, "rb") as fh:
@@ -39,11 +41,16 @@ def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FIL
         raise BadImage(Reason.MISSING, f"{root / (cand.container or cand.rel_path)} vanished since the scan") from None
 
 
-def _read_or_bad(root: Path, cand: Candidate, max_bytes: int) -> bytes | BadImage:
+def _read_or_bad(root: Path, cand: Candidate, max_bytes: int, exact: bool = False) -> bytes | BadImage:
     try:
-        return read_candidate(root, cand, max_bytes)
+        return read_candidate(root, cand, max_bytes, exact)
     except BadImage as bad:
         return bad
+
+
+def _follows(before: tuple[str, int] | None, cand: Candidate) -> bool:
+    """Whether tar member CAND starts where the member read before it ended, or shortly after (same archive)."""
+    return before is not None and before[0] == cand.container and 0 <= cand.offset - before[1] <= FOLLOW_GAP
 
 
 def read_ahead(
@@ -52,9 +59,11 @@ def read_ahead(
     """Each of CANDS, in order, with its bytes or the BadImage reading them raised (other errors propagate).
 
     For an S3 root DEPTH objects are requested ahead of the consumer, so the round trip of each GET overlaps the
-    transform of the images before it. A tar member is read in order, where it is consumed: its archive's reader
-    already fetches coalesced blocks ahead (imgest.sources.s3objects), and members read out of order would each
-    cost an exact-range GET. A local root is read as it is consumed.
+    transform of the images before it. A tar member that follows the two before it (the manifest's order) is read
+    where it is consumed: its archive's reader already fetches coalesced blocks ahead (imgest.sources.s3objects).
+    One that does not (a shard's shuffled members) is requested ahead like an object, by an exact ranged GET of its
+    own bytes: one round trip each, DEPTH in flight, nothing fetched that is not used. A local root is read as it
+    is consumed.
     """
     if not is_s3(root):
         for cand in cands:
@@ -62,14 +71,19 @@ def read_ahead(
         return
     with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="imgest-read-ahead") as pool:
         pending: deque[tuple[Candidate, Future[bytes | BadImage]]] = deque()
+        before: tuple[str, int] | None = None
+        streak = 0  # members in a row that followed the one before: 2 or more is a forward stream, not chance
         for cand in cands:
-            if cand.container:
+            member = bool(cand.container)
+            streak = streak + 1 if member and _follows(before, cand) else 0
+            before = (cand.container, cand.offset + cand.size) if member else None
+            if streak >= 2:
                 while pending:  # keep the order
                     first, future = pending.popleft()
                     yield first, future.result()
                 yield cand, _read_or_bad(root, cand, max_bytes)
                 continue
-            pending.append((cand, pool.submit(_read_or_bad, root, cand, max_bytes)))
+            pending.append((cand, pool.submit(_read_or_bad, root, cand, max_bytes, member)))
             if len(pending) >= depth:
                 first, future = pending.popleft()
                 yield first, future.result()

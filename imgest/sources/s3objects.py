@@ -323,15 +323,20 @@ class ArchiveReader:
             self._blocks[index] = _pool().submit(get_range, self.getter, self.bucket, self.key, start, end)
         return self._blocks[index]
 
-    def read(self, offset: int, size: int) -> bytes:
-        """SIZE bytes at OFFSET (fewer when the archive ends first)."""
+    def read(self, offset: int, size: int, exact: bool = False) -> bytes:
+        """SIZE bytes at OFFSET (fewer when the archive ends first). EXACT: by one ranged GET of just those bytes,
+        leaving the blocks alone (a member of a shuffled stream, read while others are in flight)."""
+        if exact:
+            return get_range(self.getter, self.bucket, self.key, offset, min(self.size, offset + size))
         first, last = offset // COALESCE_BYTES, (offset + max(size, 1) - 1) // COALESCE_BYTES
         with self._lock:
-            if first not in (self._last, self._last + 1) and first not in self._blocks:
-                # Not where the last read ended: this member alone. The next read, if it follows on, is served
-                # from blocks (a partition starts anywhere in the archive, then reads forward).
-                self._last = last
-                return get_range(self.getter, self.bucket, self.key, offset, min(self.size, offset + size))
+            jump = first not in (self._last, self._last + 1) and first not in self._blocks
+            self._last = last
+        if jump:
+            # Not where the last read ended: this member alone. The next read, if it follows on, is served from
+            # blocks (a partition starts anywhere in the archive, then reads forward).
+            return get_range(self.getter, self.bucket, self.key, offset, min(self.size, offset + size))
+        with self._lock:
             for stale in [i for i in self._blocks if i < first]:
                 del self._blocks[stale]
             futures = [self._block(i) for i in range(first, max(last, first + IN_FLIGHT - 1) + 1)]
@@ -369,8 +374,9 @@ def _archive(settings: S3Settings, bucket: str, key: str) -> ArchiveReader:
         return reader
 
 
-def read_s3_candidate(root: str | PurePath, cand: Candidate) -> bytes:
-    """The bytes of CAND from the S3 source at ROOT: one GET for an object, coalesced ranges for a tar member.
+def read_s3_candidate(root: str | PurePath, cand: Candidate, exact: bool = False) -> bytes:
+    """The bytes of CAND from the S3 source at ROOT: one GET for an object, coalesced ranges for a tar member
+    (EXACT: the member's own range, for a member that does not follow the one read before it).
 
     A vanished object, or one whose ETag differs from the scan's, raises BadImage (missing); an archive that
     ends inside the member raises BadImage (corrupt). Other failures (refused keys, endpoint down) raise
@@ -384,7 +390,7 @@ def read_s3_candidate(root: str | PurePath, cand: Candidate) -> bytes:
     key = base + (cand.container or cand.rel_path)
     try:
         if cand.container:
-            data = _archive(settings, bucket, key).read(cand.offset, cand.size)
+            data = _archive(settings, bucket, key).read(cand.offset, cand.size, exact)
             if len(data) != cand.size:
                 raise BadImage(Reason.CORRUPT, f"archive s3://{bucket}/{key} ends {cand.size - len(data)} bytes early")
             return data

@@ -417,6 +417,38 @@ def test_a_large_archive_is_read_in_8_mib_ranges_ahead_and_a_member_out_of_order
     )
 
 
+def test_shuffled_archive_members_are_read_ahead_by_their_own_ranges(
+    source: S3Settings, tmp_path: Path, seen: Requests
+) -> None:
+    """A shard's members (a seeded shuffle of the archive): each by one exact ranged GET, DEPTH in flight, no 8 MiB
+    block fetched for a member that does not follow the last; in archive order the blocks serve them as before."""
+    import random
+
+    from imgest.sources import s3objects
+    from imgest.sources.read import read_ahead
+
+    inner = [(f"n0{i}_{j}.JPEG", os.urandom(300_000 + j)) for i in range(4) for j in range(10)]
+    classes = [(f"n0{i}.tar", _outer(inner[10 * i : 10 * i + 10])) for i in range(4)]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / TRAIN).write_bytes(_outer(classes))
+    url = upload(source, tmp_path / "src", "tests/tars/shuffled/")
+    scan_to_dir(url, tmp_path / "m", "tar", "ds")
+    train = list(iter_manifest(tmp_path / "m" / "manifest.parquet"))
+    expected = {c.id: data for c, (_, data) in zip(train, inner, strict=True)}
+    shuffled = random.Random(7).sample(train, len(train))
+    s3objects._archives.clear()
+    seen.gets.clear()
+    got = list(read_ahead(Path(url), shuffled, depth=8))
+    assert [c.id for c, _ in got] == [c.id for c in shuffled]
+    assert all(data == expected[c.id] for c, data in got)
+    exact = sorted(f"bytes={c.offset}-{c.offset + c.size - 1}" for c in shuffled)
+    assert sorted(g["Range"] for g in seen.gets) == exact  # each member once, by its own bytes; no block
+    seen.gets.clear()
+    in_order = list(read_ahead(Path(url), train, depth=8))
+    assert all(data == expected[c.id] for c, data in in_order)
+    assert len(seen.gets) < len(train) // 2  # the manifest's order: served from coalesced blocks
+
+
 def test_read_ahead_keeps_order_and_reasons_with_gets_in_flight(source: S3Settings, tmp_path: Path) -> None:
     from imgest.sources.read import read_ahead
 
