@@ -21,6 +21,7 @@ def _item(nodeid: str, *fixtures: str, browser: bool = False) -> Any:
 def test_modules_sharing_airflow_or_the_readback_sample_share_a_group() -> None:
     items = [
         _item("tests/browser/test_form.py::test_a", "ui", browser=True),
+        _item("tests/dags/test_celery.py::test_c", "celery", "airflow_celery"),
         _item("tests/dags/test_refresh.py::test_r", "airflow_scheduler"),
         _item("tests/dags/test_ingest.py::test_x", "source"),  # a test without the fixture: its module decides
         _item("tests/dags/test_ingest.py::test_y", "airflow_home"),
@@ -30,7 +31,8 @@ def test_modules_sharing_airflow_or_the_readback_sample_share_a_group() -> None:
         _item("tests/unit/test_cli.py::test_help"),
     ]
     assert xdist_groups(items) == {
-        "tests/browser/test_form.py": "airflow-scheduler",
+        "tests/browser/test_form.py": "airflow-celery",  # the browser on the deployed shape
+        "tests/dags/test_celery.py": "airflow-celery",
         "tests/dags/test_refresh.py": "airflow-scheduler",
         "tests/dags/test_ingest.py": "airflow-dags",
         "tests/jobs/test_cluster.py": "tests/jobs/test_cluster.py",  # the cluster: one test at a time, by lock
