@@ -79,7 +79,24 @@ class PostgresServer:
         return f"postgresql+psycopg2://airflow:{self.password}@{self.host}:{self.port}/airflow"
 
     def answers(self) -> bool:
-        return port_open(self.host, self.port)
+        """Accepting logins, not only its port open: after a restart it refuses them while it recovers ("the
+        database system is starting up")."""
+        if not port_open(self.host, self.port):
+            return False
+        import psycopg2
+
+        try:
+            psycopg2.connect(
+                host=self.host,
+                port=self.port,
+                user="airflow",
+                password=self.password,
+                dbname="postgres",
+                connect_timeout=3,
+            ).close()
+        except psycopg2.OperationalError:
+            return False
+        return True
 
     def _init(self) -> None:
         if (self.data / "PG_VERSION").is_file():
@@ -113,7 +130,7 @@ class PostgresServer:
             *("-c", "max_connections=200", "-c", "shared_buffers=64MB", "-c", "fsync=on"),
         ]
         self.process.start(_as_postgres(self.data, cmd), cwd=self.home)
-        waited = self.process.wait_ready(self.answers, timeout, f"TCP on {self.host}:{self.port}")
+        waited = self.process.wait_ready(self.answers, timeout, f"logins on {self.host}:{self.port}")
         self._create_database()
         return waited
 
