@@ -74,13 +74,13 @@ def plan_refresh(
     """Compare the scan in MANIFEST_DIR with the last complete version; write the delta and return the plan
     (``changed`` False: nothing to do, no Spark job, no new version). CASSANDRA (the Cassandra target): where the
     ingest recorded the source sha256 of the images the baseline never read."""
-    with ExitStack() as stack:
-        return _plan(IngestRequest.from_conf(conf), manifest_dir, _known_hashes(conf, cassandra, stack))
-
-
-def _known_hashes(conf: dict[str, Any], cassandra: CassandraSettings | None, stack: ExitStack) -> KnownHashes | None:
-    """The Cassandra target's recorded source hashes (a session opened on the first question, closed by STACK)."""
     request = IngestRequest.from_conf(conf)
+    with ExitStack() as stack:
+        return _plan(request, manifest_dir, _known_hashes(request, cassandra, stack))
+
+
+def _known_hashes(request: IngestRequest, cassandra: CassandraSettings | None, stack: ExitStack) -> KnownHashes | None:
+    """The Cassandra target's recorded source hashes (a session opened on the first question, closed by STACK)."""
     if request.target != "cassandra" or cassandra is None:
         return None
     session: list[Any] = []
