@@ -27,7 +27,8 @@ from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
 from imgest.core.staging import Staged, Stager
-from imgest.sinks.shards.pack import PackConfig, Published, ShardRecord, pack_planned
+from imgest.sinks.shards.pack import pack_planned
+from imgest.sinks.shards.pack_ordered import pack_in_source_order, source_order
 from imgest.sinks.shards.pack_publish import (
     build_manifest,
     carry_published,
@@ -36,6 +37,7 @@ from imgest.sinks.shards.pack_publish import (
     publish,
     samples_table,
 )
+from imgest.sinks.shards.pack_record import PackConfig, Published, ShardRecord
 from imgest.sinks.shards.plan import ShardSpec, build_plan, take_plan
 from imgest.sinks.shards.shard_table import shards_table
 from imgest.sinks.shards.store import ShardStore, open_store
@@ -90,27 +92,55 @@ def shard_task(
     the two accumulators (DONE, NBYTES; None: not counted); each shard's live entry comes with the shard."""
 
     def partition(it: Iterator[tuple[str, int, Published]]) -> list[ShardRecord]:
-        def on_sample(size: int) -> None:
-            if done is not None:
-                done.add(1)
-                nbytes.add(size)
-
-        return pack_planned(plan_path, it, cfg, lambda: open_store(cfg.dest, cfg.s3), on_sample)
+        return pack_planned(plan_path, it, cfg, _store_factory(cfg), _counter(done, nbytes))
 
     return partition
 
 
+def _counter(done: Any, nbytes: Any) -> Callable[[int], None]:
+    """What a task calls per sample it wrote: adds to the accumulators DONE and NBYTES (None: not counted)."""
+
+    def on_sample(size: int) -> None:
+        if done is not None:
+            done.add(1)
+            nbytes.add(size)
+
+    return on_sample
+
+
+def _store_factory(cfg: PackConfig) -> Callable[[], ShardStore]:
+    """Opens the destination inside a task (its S3 settings travel in CFG)."""
+    return lambda: open_store(cfg.dest, cfg.s3)
+
+
 def load(
-    spark: Any, plan_path: Staged, items: list[tuple[str, int, Published]], cfg: PackConfig, rows: int, partitions: int
+    spark: Any,
+    plan_path: Staged,
+    items: list[tuple[str, int, Published]],
+    cfg: PackConfig,
+    rows: int,
+    args: argparse.Namespace,
 ) -> list[ShardRecord]:
-    """Write every shard of ITEMS (plan_items: each task reads its shards' row groups, no shuffle, and gets their
-    live entries as its data); log progress while it runs."""
+    """Write every shard of ITEMS (plan_items: each task reads its shards' row groups and gets their live entries as
+    its data), in the plan's order (each shard reads its samples where they lie, no shuffle) or in the source's
+    (pack_ordered); log progress while it runs."""
     sc = spark.sparkContext
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
-    slices = max(1, min(len(items), partitions or 4 * sc.defaultParallelism))
+    forward = read_order(args, cfg) == "source"
+    log.info("reading the source in the %s's order", "source" if forward else "plan")
     with progress_log(log, "pack", done, nbytes, rows):
+        if forward:
+            store_factory = _store_factory(cfg)
+            return pack_in_source_order(sc, plan_path, items, cfg, store_factory, rows, _counter(done, nbytes))
+        slices = max(1, min(len(items), args.partitions or 4 * sc.defaultParallelism))
         task = shard_task(plan_path, cfg, done, nbytes)
         return list(sc.parallelize(items, slices).mapPartitions(task).collect())
+
+
+def read_order(args: argparse.Namespace, cfg: PackConfig) -> str:
+    """The order the job reads the source in, "plan" or "source" (--read-order, auto resolved)."""
+    layout = manifest_metadata(args.manifest_dir / workdir.MANIFEST).get("layout", "")
+    return "source" if source_order(args.read_order, cfg.root, layout) else "plan"
 
 
 def _pack(
@@ -123,12 +153,13 @@ def _pack(
     log.info("packing %d samples of %s into %d shards at %s/%s", rows, cfg.dataset, len(shards), store.location, key)
     items = plan_items(shards, live, store, marked_shards(plan_path))
     with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the plan from the store
-        records = load(spark, stager.stage(plan_path), items, cfg, rows, args.partitions)
+        records = load(spark, stager.stage(plan_path), items, cfg, rows, args)
     carry_published(records, live, store)
     return records, plan_path, rows, key, cfg
 
 
 def _summary(
+    order: str,
     cfg: PackConfig,
     location: str,
     records: list[ShardRecord],
@@ -142,6 +173,7 @@ def _summary(
     return {
         "dataset": cfg.dataset,
         "dest": location,
+        "read_order": order,
         "shards": len(records),
         "key": key,
         "previous": manifest["previous"],
@@ -190,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples = samples_table(plan_path, records)  # streamed a shard's row group at a time
         changed = publish(store, manifest, samples, shards_table(records))
         seconds = time.monotonic() - t0
-        summary = _summary(cfg, store.location, records, key, manifest, changed, rows, seconds)
+        summary = _summary(read_order(args, cfg), cfg, store.location, records, key, manifest, changed, rows, seconds)
         emit_summary(summary, args.summary_json)
         spark.stop()
         return 0

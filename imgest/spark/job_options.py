@@ -171,6 +171,16 @@ SHARD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
             "help": "Spark partitions (default: one per shard, at most 4 x cores)",
         },
     ),
+    (
+        "--read-order",
+        {
+            "default": "auto",
+            "choices": ["auto", "plan", "source"],
+            "help": "plan: each shard reads its samples where they lie; source: read the source forward and let Spark "
+            "move each sample to its shard (one pass over an archive instead of a GET per image); auto (default): "
+            "source for tar archives on S3",
+        },
+    ),
 ]
 
 

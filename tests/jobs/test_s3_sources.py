@@ -328,6 +328,39 @@ def test_cluster_packs_shards_from_an_s3_source_the_workers_reach_only_through_t
     assert_clean(watch, spark_cluster, list(s3_server.credentials()), [work])
 
 
+def test_a_shuffled_pack_from_an_archive_on_s3_reads_it_forward_and_writes_the_same_shards(
+    source: S3Settings, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """--read-order auto packs shards from a tar on S3 in the archive's order (one forward read, Spark moves each
+    sample to its shard): the shards, their bytes and the quarantine (planted defects) are those of the plan's order."""
+    write_sample(tmp_path / "src", SampleSpec("tar", classes=4, per_class=14, val_per_class=3, seed=8, defects=True))
+    url = upload(source, tmp_path / "src", "tests/tars/order/")
+    scan_to_dir(url, tmp_path / "m", "tar", "ds")
+    client, key, secret = s3_server.settings().client(), *s3_server.credentials()
+    env = {**source_env(source), "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
+    env["IMGEST_S3_ENDPOINT"] = s3_server.endpoint
+    docs, summaries = {}, {}
+    for order in ("plan", "auto"):
+        prefix = f"tests/pack-order-{order}"
+        for obj in list_objects(client, "imgest", prefix + "/"):
+            client.delete_object(Bucket="imgest", Key=obj.key)
+        out = tmp_path / f"{order}.json"
+        args = ["--manifest-dir", str(tmp_path / "m"), "--dest", f"s3://imgest/{prefix}", "--max-count", "9"]
+        rc, log = run_job("pack_shards", [*args, "--seed", "3", "--read-order", order, "--summary-json", str(out)], env)
+        assert rc == 0, log[-3000:]
+        summaries[order] = read_summary(out)
+        docs[order] = json.loads(client.get_object(Bucket="imgest", Key=f"{prefix}/manifest.json")["Body"].read())
+    assert summaries["plan"]["read_order"] == "plan"
+    assert summaries["auto"]["read_order"] == "source"
+    fields = ("name", "split", "samples", "bytes", "sha256", "digest", "path")
+    plan, forward = ([{f: s[f] for f in fields} for s in docs[o]["shards"]] for o in ("plan", "auto"))
+    assert forward == plan  # same shards, same tar bytes (sha256), same place
+    assert len(plan) > 4
+    assert docs["auto"]["quarantine"] == docs["plan"]["quarantine"]
+    assert docs["auto"]["quarantine"]["count"] > 0  # the planted defects, quarantined in the forward pass too
+    assert docs["auto"]["samples"] == docs["plan"]["samples"]
+
+
 class Requests(logging.Handler):
     """The GETs the source reader sends: the ObjectGetter's own DEBUG record of each request (key and range)."""
 

@@ -8,78 +8,28 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
-from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.scratch import scratch_dir
-from imgest.core.settings import S3Settings
 from imgest.core.staging import Staged
-from imgest.sinks.shards.plan import DEAD, ShardSpec, read_shard_table
+from imgest.sinks.shards.pack_keep import kept_with_deletions
+from imgest.sinks.shards.pack_record import PackConfig, Published, ShardRecord
+from imgest.sinks.shards.plan import DEAD, read_shard_table
 from imgest.sinks.shards.plan_digest import shard_digest, shard_table_digest
-from imgest.sinks.shards.shard_table import DEAD_COUNT, dead_count
+from imgest.sinks.shards.shard_table import dead_count
 from imgest.sinks.shards.store import ShardStore
-from imgest.sinks.shards.store_names import shard_object, version_prefix
-from imgest.sinks.shards.tar_writer import INDEX_VERSION, ShardTarWriter, index_key
+from imgest.sinks.shards.store_names import shard_object
+from imgest.sinks.shards.tar_writer import ShardTarWriter
 from imgest.sources.manifest import Candidate
-from imgest.transform.image import TransformSpec
 from imgest.transform.pipeline import process_candidates
 
 log = logging.getLogger(__name__)
 CANDIDATE_FIELDS = ("id", "split", "rel_path", "wnid", "label", "size", "mtime", "container", "offset")
 KEEP_COLUMNS = ["id", "split", "size", "mtime", "label", DEAD]  # what keep_published reads of a shard's plan rows
-# What a task needs of a shard's live manifest entry to keep it (its labels, quarantine and dead keys only travel
-# with the shards a refresh marks dead rows in: see pack_publish.plan_items).
-PUBLISHED_FIELDS = ("name", "split", "samples", "bytes", "sha256", "digest", "path", "index", "info", DEAD_COUNT)
-Published = dict[str, Any] | None  # a shard's live entry (PUBLISHED_FIELDS), or None when none is live
-
-
-@dataclass(frozen=True)
-class PackConfig:
-    """What every shard task needs. S3 (endpoint, keys) is resolved once by the driver and travels inside the
-    pickled task, never in Spark conf, argv or the executors' environment (its repr hides the keys). The live
-    manifest's entries are not here: each shard travels with its own (pack_publish.plan_items)."""
-
-    root: str
-    dataset: str
-    dest: str
-    spec: TransformSpec
-    shards: ShardSpec
-    s3: S3Settings | None = None  # None: a local folder, or the executor's environment
-    key: str = ""  # plan.version_key of the run's plan: new shards go under v/<key>/
-
-    def prefix(self) -> str:
-        """Where this run's new objects go, relative to the destination: ``v/<key>``."""
-        if not self.key:
-            raise ConfigError(
-                f"no version key for the shards of {self.dataset} at {self.dest}: "
-                "set PackConfig.key to plan.version_key(plan, spec)"
-            )
-        return version_prefix(self.key)
-
-
-@dataclass
-class ShardRecord:
-    """One shard as it appears in manifest.json, plus what happened while building it. NAME is the shard's name
-    in the plan and samples.parquet; PATH, INDEX and INFO are its objects, relative to the destination."""
-
-    name: str
-    split: str
-    samples: int
-    bytes: int
-    sha256: str
-    digest: str
-    path: str
-    index: str
-    info: str
-    reused: str = ""  # "", "resumed" (written by an interrupted run) or "published" (already live)
-    labels: dict[str, int] = field(default_factory=dict)
-    quarantine: list[dict[str, Any]] = field(default_factory=list)
-    dead: list[str] = field(default_factory=list)  # keys of the tar's samples that are no longer live (sorted)
-    carried: bool = False  # labels, quarantine and dead are the live version's: the driver fills them in
 
 
 def sample_members(
@@ -164,6 +114,9 @@ def written_info(path: str, digest: str, store: ShardStore) -> dict[str, Any] | 
     return info if info.get("digest") == digest else None
 
 
+Sample = tuple[Candidate, bytes, str, int, int, str | None]  # candidate, stored bytes, ext, width, height, sha256
+
+
 def pack_shard(
     name: str,
     rows: list[dict[str, Any]],
@@ -173,9 +126,21 @@ def pack_shard(
     live: Published = None,
 ) -> ShardRecord:
     """Build shard NAME from ROWS (in planned order) and write it to ``v/<key>/NAME`` unless it is already
-    published (as LIVE) or written there with the same inputs. ROWS with dead ones (a refresh's kept shard, see
-    replan) keep the published tar with a new index of its live samples (kept_with_deletions); when that tar is not
-    there with the same inputs, the live rows are written to a new tar."""
+    published (as LIVE) or written there with the same inputs (settle_shard)."""
+    settled = settle_shard(name, rows, cfg, store, live)
+    if isinstance(settled, ShardRecord):
+        return settled
+    rows, digest = settled
+    return write_shard(name, rows, digest, cfg, store, on_sample)
+
+
+def settle_shard(
+    name: str, rows: list[dict[str, Any]], cfg: PackConfig, store: ShardStore, live: Published = None
+) -> ShardRecord | tuple[list[dict[str, Any]], str]:
+    """The record of shard NAME when no sample of it needs writing (published as LIVE, or written under this run's
+    prefix with the same inputs), else (the ROWS to write, their digest). ROWS with dead ones (a refresh's kept
+    shard, see replan) keep the published tar with a new index of its live samples (kept_with_deletions); when that
+    tar is not there with the same inputs, its live rows are to be written as a new tar."""
     planned = len(rows)
     if any(r.get(DEAD) for r in rows):
         kept = kept_with_deletions(name, _table(rows), cfg, store, live)
@@ -183,13 +148,17 @@ def pack_shard(
             return kept
         rows = [r for r in rows if not r.get(DEAD)]  # its live rows, packed (or kept) as a shard of their own
     digest = shard_digest(rows, cfg.spec)
-    split = rows[0]["split"]
-    reused = reused_shard(name, digest, split, cfg, store, live)
+    reused = reused_shard(name, digest, rows[0]["split"], cfg, store, live)
     if reused is not None:
         return reused
     if len(rows) < planned:
         log.warning("shard %s: no published tar with the same inputs to keep; its live samples are rewritten", name)
-    return write_shard(name, rows, digest, cfg, store, on_sample)
+    return rows, digest
+
+
+def candidate(row: dict[str, Any]) -> Candidate:
+    """The candidate of a plan row."""
+    return Candidate(**{k: row[k] for k in CANDIDATE_FIELDS})
 
 
 def write_shard(
@@ -200,24 +169,39 @@ def write_shard(
     store: ShardStore,
     on_sample: Callable[[int], None] | None = None,
 ) -> ShardRecord:
-    """Transform ROWS into the tar NAME with its DALI index and info sidecars (the shard last: its presence means
-    the sidecars are there), written to ``v/<key>/NAME`` with DIGEST in the objects' metadata."""
-    split = rows[0]["split"]
-    path = f"{cfg.prefix()}/{name}"
+    """Transform ROWS, in their order, into the shard NAME (store_shard)."""
     quarantine = QuarantineLog()
-    labels: Counter[str] = Counter()
-    candidates = [Candidate(**{k: r[k] for k in CANDIDATE_FIELDS}) for r in rows]
     keeps_source = cfg.spec.mode == "unchanged"  # stored bytes are the source bytes: hash them once
+    processed = process_candidates([candidate(r) for r in rows], Path(cfg.root), cfg.spec, quarantine)
+    samples: Iterable[Sample] = (
+        (p.candidate, p.image.data, p.image.ext, p.image.width, p.image.height, p.src_sha256 if keeps_source else None)
+        for p in processed
+    )
+    return store_shard(name, rows[0]["split"], digest, samples, quarantine, cfg, store, on_sample)
+
+
+def store_shard(
+    name: str,
+    split: str,
+    digest: str,
+    samples: Iterable[Sample],
+    quarantine: QuarantineLog,
+    cfg: PackConfig,
+    store: ShardStore,
+    on_sample: Callable[[int], None] | None = None,
+) -> ShardRecord:
+    """Write SAMPLES (in shard order) into the tar NAME with its DALI index and info sidecars (the shard last: its
+    presence means the sidecars are there), at ``v/<key>/NAME`` with DIGEST in the objects' metadata. QUARANTINE
+    holds the shard's quarantined inputs once SAMPLES is consumed."""
+    path = f"{cfg.prefix()}/{name}"
+    labels: Counter[str] = Counter()
     with scratch_dir() as tmp:
-        local = Path(tmp) / name
-        with ShardTarWriter(local) as writer:
-            for item in process_candidates(candidates, Path(cfg.root), cfg.spec, quarantine):
-                img, known = item.image, item.src_sha256 if keeps_source else None
-                members = sample_members(item.candidate, img.data, img.ext, img.width, img.height, known)
-                writer.add(sample_key(item.candidate), members)
-                labels[str(item.candidate.label)] += 1
+        with ShardTarWriter(Path(tmp) / name) as writer:
+            for cand, data, ext, width, height, sha256 in samples:
+                writer.add(sample_key(cand), sample_members(cand, data, ext, width, height, sha256))
+                labels[str(cand.label)] += 1
                 if on_sample:
-                    on_sample(len(img.data))
+                    on_sample(len(data))
         shard = writer.result
         assert shard is not None
         bad = [{**asdict(e), "reason": str(e.reason)} for e in quarantine.entries]
@@ -292,96 +276,6 @@ def pack_planned(
             record = pack_shard(name, read_shard_table(source, group).to_pylist(), cfg, store, on_sample, live)
         records.append(record)
     return records
-
-
-def kept_with_deletions(
-    name: str, rows: Any, cfg: PackConfig, store: ShardStore, live: Published
-) -> ShardRecord | None:
-    """The record of shard NAME kept as published with the dead ROWS taken out, or None when LIVE (its live entry
-    with its labels, quarantine and dead keys) is no tar of NAME with the same inputs (every row, dead or live, in
-    its order). No byte of the tar is rewritten: its live samples are listed in a new DALI index
-    ``v/<key>/NAME.idx`` (never the published index's name), its dead keys in the record. A shard with no new dead
-    sample keeps its published entry: its index is neither read nor written, so a refresh costs nothing for the
-    shards an earlier one marked."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    digest = shard_table_digest(rows, cfg.spec)
-    if live is None or live.get("digest") != digest or store.size(shard_object(live)) != live["bytes"]:
-        return None
-    _require_detail(name, live)
-    flags = pc.fill_null(rows.column(DEAD), False)
-    dead = {str(i) for i in pc.filter(rows.column("id"), flags).to_pylist()}
-    record = ShardRecord(
-        name,
-        str(rows.column("split")[0].as_py()),
-        live["samples"],
-        live["bytes"],
-        live["sha256"],
-        digest,
-        shard_object(live),
-        str(live["index"]),
-        live.get("info") or workdir.shard_info(shard_object(live)),
-        reused="published",
-        labels=live.get("labels", {}),
-        quarantine=[q for q in live.get("quarantine", []) if q.get("id") not in dead],
-        dead=list(live.get("dead", [])),
-    )
-    if not dead - set(record.dead):  # no new dead sample: the published entry stays right, nothing is read
-        return record
-    raw = store.read_bytes(record.index)
-    if raw is None:
-        log.warning("shard %s: its index %s is missing", name, record.index)
-        return None
-    cut = _index_lines(raw, dead - set(record.dead), record.index)  # the samples dead since, found by key
-    if not cut:  # the new dead rows were never in the tar (quarantined)
-        return record
-    header, _, body = raw.partition(b"\n")
-    pieces, at = [], 0
-    for start, end in sorted(cut.values()):
-        pieces.append(body[at:start])
-        at = end
-    pieces.append(body[at:])
-    record.samples = int(header.split()[1]) - len(cut)
-    record.index = workdir.shard_index(f"{cfg.prefix()}/{name}")
-    store.put_bytes(record.index, b"".join([f"{INDEX_VERSION} {record.samples}\n".encode(), *pieces]))
-    dead_keys = sorted(set(record.dead) | set(cut))
-    record.dead = dead_keys
-    absent = pa.array(sorted({str(q.get("id")) for q in record.quarantine}), pa.string())  # live, never in the tar
-    counted = pc.and_(pc.invert(flags), pc.invert(pc.is_in(rows.column("id"), value_set=absent)))
-    counts = pc.value_counts(pc.filter(rows.column("label"), counted)).to_pylist()
-    record.labels = {str(c["values"]): int(c["counts"]) for c in counts}
-    log.info("shard %s: kept as %s, %d samples dead, indexed by %s", name, record.path, len(dead_keys), record.index)
-    return record
-
-
-def _require_detail(name: str, live: dict[str, Any]) -> None:
-    """Refuse to keep shard NAME with deletions when its LIVE entry came without its detail (plan_items adds it)."""
-    if "dead" not in live:
-        raise ConfigError(
-            f"shard {name}: its live entry came without its labels, quarantine and dead keys; "
-            "pass the plan's shards through pack_publish.plan_items"
-        )
-
-
-def _index_lines(raw: bytes, keys: set[str], where: str) -> dict[str, tuple[int, int]]:
-    """key -> (start, end) of its sample line in the body of DALI index RAW (the object WHERE; after the header line),
-    for each of KEYS listed there. A key is found by its member names (`` <key>.``: keys are ids without dots or
-    spaces), so only the lines of KEYS are looked at, not the index's thousands of others."""
-    body = raw.partition(b"\n")[2]
-    found = {}
-    for key in keys:
-        at = body.find(f" {key}.".encode())
-        if at < 0:
-            continue
-        start = body.rfind(b"\n", 0, at) + 1
-        stop = body.find(b"\n", at)
-        stop = len(body) if stop < 0 else stop
-        named = index_key(body[start:stop].decode())
-        if named != key:
-            raise ValueError(f"shard index {where}: the line at byte {start} names {named}, not {key}")
-        found[key] = (start, min(stop + 1, len(body)))
-    return found
 
 
 def info_bytes(digest: str, labels: Counter[str], quarantine: list[dict[str, Any]]) -> bytes:

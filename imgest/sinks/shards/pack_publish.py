@@ -13,7 +13,7 @@ from typing import Any
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
-from imgest.sinks.shards.pack import PUBLISHED_FIELDS, PackConfig, Published, ShardRecord
+from imgest.sinks.shards.pack_record import PUBLISHED_FIELDS, PackConfig, Published, ShardRecord
 from imgest.sinks.shards.plan import DEAD
 from imgest.sinks.shards.shard_table import DEAD_COUNT, DETAIL, TABLE_KEY, dead_count, iter_details, table_name
 from imgest.sinks.shards.store import ShardStore, manifest_bytes
