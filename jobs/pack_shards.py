@@ -6,8 +6,10 @@ Usually started by `imgest ingest shards` or the `ingest_imagenet` DAG. S3 crede
 driver's environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_ENDPOINT), never from arguments;
 the driver ships them to executors inside the tasks. Shards are written once, to DEST/v/<key>/ (key: the
 digest of the plan and transform), and published by writing DEST/manifest.json last, the only switch.
-Executors read the shard plan from the work folder (manifest_dir), which must be on storage every node sees,
-like the source images.
+Executors read the shard plan from the work folder, or from object storage where IMGEST_STATE_URL stages it.
+--read-order: each shard's task reads its samples where they lie ("plan"), or the source is read forward and
+Spark's shuffle moves each sample to its shard ("source": imgest.sinks.shards.pack_ordered; "auto" picks it for
+tar archives on S3).
 """
 
 from __future__ import annotations

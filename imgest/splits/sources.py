@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,19 +106,31 @@ def qualified(name: str, what: str) -> tuple[str, str]:
 def _version_columns(
     session: Any, metadata_table: str, dataset: str, version: str | list[str], only_split: str | None, **scan: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(ids as 16-byte UUIDs, int32 labels) of one version's rows (VERSION: its members), from a token-range scan in
-    bounded batches."""
+    """(ids as 16-byte UUIDs, int32 labels) of one version's rows (VERSION: its members), sorted by id, from a
+    token-range scan in bounded batches. Memory: the two output columns (20 bytes a row) and one batch: the scan is
+    spilled to a temporary file as it streams in (counting the ids per first byte), then read back into each
+    row's bucket of the output (bucket_sorted)."""
     from imgest.sinks.cassandra.scan import scan_columns, uuid_column
 
-    ids, labels = [], []
-    for batch in scan_columns(session, metadata_table, ["id", "label", "split"], dataset, version, **scan):
-        if only_split is not None:
-            batch = batch.filter(pc.equal(batch.column("split"), only_split))
-        ids.append(uuid_column(batch.column("id")))
-        labels.append(batch.column("label").fill_null(-1).to_numpy().astype(np.int32))
-    if not ids:
-        return np.zeros(0, dtype="S16"), np.zeros(0, dtype=np.int32)
-    return np.concatenate(ids), np.concatenate(labels)
+    counts = np.zeros(256, dtype=np.int64)
+    with tempfile.TemporaryDirectory(prefix="imgest-split-") as tmp:
+        ids_file, labels_file = Path(tmp) / "ids", Path(tmp) / "labels"
+        with ids_file.open("wb") as ids_out, labels_file.open("wb") as labels_out:
+            for batch in scan_columns(session, metadata_table, ["id", "label", "split"], dataset, version, **scan):
+                if only_split is not None:
+                    batch = batch.filter(pc.equal(batch.column("split"), only_split))
+                ids = uuid_column(batch.column("id"))
+                counts += np.bincount(_first_byte(ids), minlength=256)
+                ids_out.write(ids.tobytes())
+                labels_out.write(batch.column("label").fill_null(-1).to_numpy().astype(np.int32).tobytes())
+        return bucket_sorted(lambda: _spilled(ids_file, labels_file), counts)
+
+
+def _spilled(ids_file: Path, labels_file: Path, rows: int = 8 * 8_192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The (ids, labels) that _version_columns spilled, ROWS at a time."""
+    with ids_file.open("rb") as ids_in, labels_file.open("rb") as labels_in:
+        while len(ids := np.fromfile(ids_in, dtype="S16", count=rows)):
+            yield ids, np.fromfile(labels_in, dtype=np.int32, count=len(ids))
 
 
 def from_cassandra(
@@ -145,7 +157,6 @@ def from_cassandra(
     if not len(ids):
         raise ImgestError(f"no rows in {where}" + (f" for split {only_split!r}" if only_split else ""))
     classes = len(record.class_map) or int(labels.max()) + 1
-    order = np.argsort(ids, kind="stable")  # byte order of the UUIDs = the order of their strings
     source = {
         "kind": "cassandra",
         "data_table": data_table,
@@ -153,7 +164,7 @@ def from_cassandra(
         "dataset": record.dataset,
         "version": record.version,
     }
-    return LabelledRows(ids[order], labels[order], classes, source)
+    return LabelledRows(ids, labels, classes, source)
 
 
 UUID_CHUNK = 65_536  # ids converted at a time: the temporaries stay a few MB whatever the count
@@ -205,16 +216,23 @@ SAMPLE_BATCH_ROWS = 8_192  # samples.parquet rows decoded at a time
 
 def sorted_columns(samples: pq.ParquetFile, only_split: str | None) -> tuple[np.ndarray, np.ndarray]:
     """(ids as 16-byte UUIDs, int32 labels) of SAMPLES' rows (of ONLY_SPLIT), sorted by id (byte order), in memory
-    of the output plus one batch: a counting pass finds how many ids start with each byte, a second pass puts
-    every row in its byte's bucket, then each bucket is sorted in place."""
+    of the output plus one batch: a counting pass finds how many ids start with each byte, then bucket_sorted."""
     counts = np.zeros(256, dtype=np.int64)
     for ids, _ in _sample_batches(samples, only_split, with_labels=False):
         counts += np.bincount(_first_byte(ids), minlength=256)
+    return bucket_sorted(lambda: _sample_batches(samples, only_split, with_labels=True), counts)
+
+
+def bucket_sorted(
+    batches: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]], counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (ids, labels) of BATCHES sorted by id, COUNTS being how many ids start with each byte: every row is put
+    in its byte's bucket of the output, then each bucket is sorted in place (memory: the output and a batch)."""
     ends = np.cumsum(counts)
     starts = ends - counts
     out_ids, out_labels = np.empty(int(ends[-1]), dtype="S16"), np.empty(int(ends[-1]), dtype=np.int32)
     cursor = starts.copy()
-    for ids, labels in _sample_batches(samples, only_split, with_labels=True):
+    for ids, labels in batches():
         first = _first_byte(ids)
         order = np.argsort(first, kind="stable")
         first = first[order]

@@ -6,10 +6,10 @@
  *       -> bytes (RGB, out_w*out_h*3). flags: 1 = libjpeg's box chroma upsampling (no "fancy" triangle), 2 = the
  *       fast integer inverse DCT, 4 = a progressive file stops before the scans refining the AC coefficients' last
  *       bit (consume_until_last_bits), 8 = libjpeg's own arithmetic decoder instead of fast_arith (to compare the
- *       two; the pixels are the same). narrow > 0: the filter's width is that fraction of the downscale factor (kept
+ *       two; the pixels are the same), 16 / 32 = the BICUBIC / LANCZOS kernel instead of the triangle. narrow > 0: the filter's width is that fraction of the downscale factor (kept
  *       above 1 pixel), for pixels the DCT scaling has already low-passed. CMYK / YCCK sources come out RGB as
  *       Pillow converts them (see cmyk_to_rgb).
- *   transform(data, resize, crop, quality, max_pixels, dct_scaling, min_ratio, narrow, fancy, last_ac_bits,
+ *   transform(data, resize, crop, quality, max_pixels, dct_scaling, min_ratio, narrow, fancy, last_ac_bits, kernel,
  *             orientation=0, width=0, height=0)
  *       -> (jpeg, width, height) | None: the whole transform of one JPEG (see transform_one); None leaves the file
  *       to the Pillow path. ORIENTATION > 0: the EXIF orientation Pillow read for a file of WIDTH x HEIGHT stored
@@ -32,6 +32,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -361,7 +364,31 @@ static void start_scaled(j_decompress_ptr cinfo, int num, J_COLOR_SPACE cs, int 
   if (fast) fast_arith(cinfo);
 }
 
-/* Pillow's precompute_coeffs for the triangle filter: per output index, first input index, tap count, weights. */
+/* The resampling kernels, as Pillow defines them (Resample.c): 0 triangle (BILINEAR, support 1), 1 BICUBIC (a = -0.5,
+ * support 2), 2 LANCZOS (a = 3, support 3). */
+#define KERNELS 3
+static const double kernel_support[KERNELS] = {1.0, 2.0, 3.0};
+
+static double sinc(double x) {
+  if (x == 0.0) return 1.0;
+  x *= M_PI;
+  return sin(x) / x;
+}
+
+static double kernel_at(int kernel, double x) {
+  if (kernel == 1) {
+    const double a = -0.5;
+    if (x < 0.0) x = -x;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+  }
+  if (kernel == 2) return (x > -3.0 && x < 3.0) ? sinc(x) * sinc(x / 3.0) : 0.0;
+  if (x < 0.0) x = -x;
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+/* Pillow's precompute_coeffs for KERNEL: per output index, first input index, tap count, weights. */
 typedef struct {
   int *start;
   int *count;
@@ -369,12 +396,13 @@ typedef struct {
   int ksize;
 } coeffs_t;
 
-static int make_coeffs(coeffs_t *k, int in_size, double in0, double in1, int out_size, double narrow) {
+static int make_coeffs(coeffs_t *k, int in_size, double in0, double in1, int out_size, double narrow, int kernel) {
   double scale = (in1 - in0) / out_size;
   double filterscale = scale < 1.0 ? 1.0 : scale;
   if (narrow > 0.0 && filterscale * narrow > 1.0) filterscale *= narrow;
-  double support = 1.0 * filterscale;
+  double support = kernel_support[kernel] * filterscale;
   int ksize = (int)ceil(support) * 2 + 1;
+  if (ksize > 64) ksize = 64; /* the taps past 64 are dropped, as below */
   k->ksize = ksize;
   k->start = malloc(sizeof(int) * out_size);
   k->count = malloc(sizeof(int) * out_size);
@@ -389,8 +417,7 @@ static int make_coeffs(coeffs_t *k, int in_size, double in0, double in1, int out
     if (xmax > ksize) xmax = ksize;
     double tmp[64];
     for (int x = 0; x < xmax && x < 64; x++) {
-      double t = fabs((x + xmin - center + 0.5) * ss);
-      tmp[x] = t < 1.0 ? 1.0 - t : 0.0;
+      tmp[x] = kernel_at(kernel, (x + xmin - center + 0.5) * ss);
       ww += tmp[x];
     }
     for (int x = 0; x < xmax && x < 64; x++) k->w[(size_t)xx * ksize + x] = (float)(ww != 0.0 ? tmp[x] / ww : 0.0);
@@ -549,10 +576,10 @@ static int use_avx2; /* set at import: the CPU has AVX2 */
 /* Separable resample of the w x h RGB region PX (box in its coordinates) to ow x oh: per output row, the vertical
  * taps over contiguous input rows (vectorised), then the horizontal taps per output pixel. */
 static int resample(const unsigned char *px, int w, int h, double bx0, double by0, double bx1, double by1, int ow,
-                    int oh, double narrow, unsigned char *dst) {
+                    int oh, double narrow, int kernel, unsigned char *dst) {
   coeffs_t kx = {0}, ky = {0};
   int rc = -1;
-  if (make_coeffs(&ky, h, by0, by1, oh, narrow) || make_coeffs(&kx, w, bx0, bx1, ow, narrow)) goto done;
+  if (make_coeffs(&ky, h, by0, by1, oh, narrow, kernel) || make_coeffs(&kx, w, bx0, bx1, ow, narrow, kernel)) goto done;
   size_t pad = (size_t)kx.ksize * 3 + 4; /* the fourth lane of the last pixel's load; horizontal_pairs' zero taps */
   float *row = scratch_buf(1, sizeof(float) * ((size_t)w * 3 + pad));
   if (!row) goto done;
@@ -603,7 +630,7 @@ static void skip_to_end(j_decompress_ptr cinfo, unsigned char *row) {
  * (or the truncation warning) in MSG; -2: the region lies outside the scaled image or the components are not 3
  * (4 for CMYK / YCCK); -3: out of memory. */
 typedef struct {
-  int num, x0, y0, x1, y1, ow, oh, flags;
+  int num, x0, y0, x1, y1, ow, oh, flags, kernel;
   double bx0, by0, bx1, by1, narrow;
 } region_t;
 
@@ -670,7 +697,7 @@ static int read_region(j_decompress_ptr cinfo, struct err_mgr *err, const region
   /* Rows below the region are not read: the caller has checked the end marker (a truncated file). */
   if (err->truncated) return -1;
   if (resample(region, (int)w, h, r->bx0 - xoff, r->by0 - r->y0, r->bx1 - xoff, r->by1 - r->y0, r->ow, r->oh,
-               r->narrow, dst))
+               r->narrow, r->kernel, dst))
     return -3;
   return 0;
 }
@@ -700,9 +727,11 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "y*iiiiiddddii|id", &buf, &r.num, &r.x0, &r.y0, &r.x1, &r.y1, &r.bx0, &r.by0, &r.bx1,
                         &r.by1, &r.ow, &r.oh, &r.flags, &r.narrow))
     return NULL;
-  if (r.num < 1 || r.num > 16 || r.ow < 1 || r.oh < 1 || r.x0 < 0 || r.y0 < 0 || r.x1 <= r.x0 || r.y1 <= r.y0) {
+  r.kernel = (r.flags >> 4) & 3;
+  if (r.num < 1 || r.num > 16 || r.ow < 1 || r.oh < 1 || r.x0 < 0 || r.y0 < 0 || r.x1 <= r.x0 || r.y1 <= r.y0 ||
+      r.kernel >= KERNELS) {
     PyBuffer_Release(&buf);
-    PyErr_SetString(PyExc_ValueError, "crop_resize: invalid region or scale");
+    PyErr_SetString(PyExc_ValueError, "crop_resize: invalid region, scale or kernel");
     return NULL;
   }
   PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)r.ow * r.oh * 3);
@@ -778,7 +807,7 @@ static PyObject *check(PyObject *self, PyObject *args) {
  * with baseline tables, 4:2:0, no optimisation, JFIF header), so the bytes equal Image.save(..., quality=Q). */
 
 typedef struct {
-  int resize, crop, quality, dct_scaling, fancy, last_ac_bits;
+  int resize, crop, quality, dct_scaling, fancy, last_ac_bits, kernel;
   double max_pixels, min_ratio, narrow;
   /* 0: the header decides; else the EXIF orientation (1-8) and stored size that Pillow read, for a file whose header
    * this path leaves to Pillow (MPO, irregular EXIF): the size must then be libjpeg's too. */
@@ -916,6 +945,7 @@ static void plan_region(const spec_t *s, int width, int height, const double box
   int downscaled = min_d(r->bx1 - r->bx0, r->by1 - r->by0) >= s->crop;
   r->flags = (s->fancy || !downscaled ? 0 : 1) | (s->last_ac_bits || m == 8 ? 0 : 4);
   r->narrow = m < 8 ? s->narrow : 0.0;
+  r->kernel = s->kernel;
   r->ow = r->oh = s->crop;
 }
 
@@ -1049,17 +1079,18 @@ static int transform_one(const unsigned char *data, size_t len, const spec_t *s,
 }
 
 /* transform()'s arguments after the data: resize, crop, quality, max_pixels, dct_scaling, then the revision's
- * RegionSettings (min_ratio, narrow_when_reduced, fancy_upsampling, last_ac_bits_when_reduced), then optionally the
+ * RegionSettings (min_ratio, narrow_when_reduced, fancy_upsampling, last_ac_bits_when_reduced, kernel), then optionally the
  * orientation, width and height Pillow read (spec_t). */
 static int parse_spec(PyObject *args, PyObject **first, spec_t *s) {
   s->orientation = s->width = s->height = 0;
-  return PyArg_ParseTuple(args, "Oiiididdii|iii", first, &s->resize, &s->crop, &s->quality, &s->max_pixels,
-                          &s->dct_scaling, &s->min_ratio, &s->narrow, &s->fancy, &s->last_ac_bits, &s->orientation,
-                          &s->width, &s->height) &&
+  return PyArg_ParseTuple(args, "Oiiididdiii|iii", first, &s->resize, &s->crop, &s->quality, &s->max_pixels,
+                          &s->dct_scaling, &s->min_ratio, &s->narrow, &s->fancy, &s->last_ac_bits, &s->kernel,
+                          &s->orientation, &s->width, &s->height) &&
          (s->crop >= 1 && s->resize >= s->crop && s->quality >= 1 && s->quality <= 100 && s->orientation >= 0 &&
-                  s->orientation <= 8
+                  s->orientation <= 8 && s->kernel >= 0 && s->kernel < KERNELS
               ? 1
-              : (PyErr_SetString(PyExc_ValueError, "transform: invalid resize, crop, quality or orientation"), 0));
+              : (PyErr_SetString(PyExc_ValueError, "transform: invalid resize, crop, quality, kernel or orientation"),
+                 0));
 }
 
 /* The Python value of one result: (jpeg, width, height); None where the Pillow path decides (a file this path does

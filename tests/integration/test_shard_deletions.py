@@ -5,12 +5,14 @@ shards then delivers exactly the live samples, each once, a changed one with its
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import shutil
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from imgest.services.s3 import S3Server
 from imgest.sinks.shards import pack as pack_module
 from imgest.sinks.shards.gc import collect
 from imgest.sinks.shards.pack import PackConfig, pack_planned
+from imgest.sinks.shards.pack_ordered import Pending, settle_planned, source_rows, transform_in_order, write_in_order
 from imgest.sinks.shards.pack_publish import (
     build_manifest,
     carry_published,
@@ -57,9 +60,35 @@ SPEC = TransformSpec(mode="unchanged")  # stored bytes are the source bytes: the
 PREFIX = "tests/shard-deletions"
 
 
+TWIN: dict[str, ShardStore] = {}  # "store": a second store every _pack also packs into in the source's order
+
+
+def _in_source_order(plan: Path, items: list[Any], cfg: PackConfig, store: ShardStore) -> list[Any]:
+    """pack_in_source_order's passes in one process, Spark's two sorts as Python sorts."""
+    settled = settle_planned(plan, items, cfg, lambda: store)
+    pending = [s for s in settled if isinstance(s, Pending)]
+    located = sorted(source_rows(plan, enumerate(pending)), key=lambda item: item[0])
+    moved = sorted(transform_in_order(iter(located), cfg), key=lambda item: item[0])
+    written = {r.name: r for r in write_in_order(iter(moved), pending, cfg, lambda: store)}
+    return [written.get(s.name) if isinstance(s, Pending) else s for s in settled]
+
+
+def _twin(work: Path, shards: list[tuple[str, int]], cfg: PackConfig, plan: pa.Table) -> list[Any]:
+    """The records and manifest of PLAN packed in the source's order into TWIN's store, published there."""
+    twin = TWIN["store"]
+    live, cfg = twin.read_manifest(), dataclasses.replace(cfg, dest=twin.location)
+    items = plan_items(shards, live, twin, marked_shards(work / "plan.parquet"))
+    records = _in_source_order(work / "plan.parquet", items, cfg, twin)
+    carry_published(records, live, twin)
+    doc = build_manifest(records, cfg, read_classes(work / "classes.json"), QuarantineLog())
+    publish(twin, doc, samples_table(plan, records), shards_table(records))
+    return records
+
+
 def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
     """What the pack job does with PLAN, in one process; returns the published manifest, with each shard's row of
-    its shards table (``detail``: labels, quarantine, dead keys) and the shards read as rows (``read_as_rows``)."""
+    its shards table (``detail``: labels, quarantine, dead keys) and the shards read as rows (``read_as_rows``).
+    With a TWIN store the same plan is also packed there in the source's order: its records must be the same."""
     manifest = work / "manifest.parquet"
     key = version_key(plan, SPEC)
     root = manifest_metadata(manifest)["root"]
@@ -80,6 +109,8 @@ def _pack(work: Path, store: ShardStore, plan: pa.Table) -> dict[str, Any]:
         items = plan_items(writer.result().shards, live, store, marked_shards(work / "plan.parquet"))
         records = pack_planned(work / "plan.parquet", items, cfg, lambda: store)
     carry_published(records, live, store)
+    if TWIN:
+        assert [asdict(r) for r in _twin(work, writer.result().shards, cfg, plan)] == [asdict(r) for r in records]
     doc = build_manifest(records, cfg, read_classes(work / "classes.json"), QuarantineLog())
     publish(store, doc, samples_table(plan, records), shards_table(records))
     detail = {row["name"]: row for row in iter_details(store, doc)}
@@ -382,3 +413,16 @@ def test_a_third_refresh_rewrites_only_the_index_of_a_shard_with_new_dead_sample
     rs = shards_set(store, split=None)
     assert gone["id"] not in set(rs.id_list())
     assert len(rs) == 57
+
+
+def test_the_source_order_packs_each_version_of_a_refresh_as_the_plan_order_does(tmp_path: Path) -> None:
+    """Every version of the refresh (new shards, kept tars with dead samples, a re-cut shard) packed in the source's
+    order (pack_ordered's passes) gives the records the plan's order gives: same tars, indexes, labels, dead keys."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TWIN, "store", LocalStore(tmp_path / "twin"))
+        done = _refreshed(tmp_path, LocalStore(tmp_path / "shards"))
+    assert done["second"]["shards"]
+    twin = {p.relative_to(tmp_path / "twin").as_posix(): p.read_bytes() for p in (tmp_path / "twin").rglob("*.tar")}
+    ours = {p.relative_to(tmp_path / "shards").as_posix(): p.read_bytes() for p in (tmp_path / "shards").rglob("*.tar")}
+    assert twin == ours
+    assert len(ours) == 7  # every tar of both versions
