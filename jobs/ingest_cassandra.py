@@ -53,9 +53,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
-    spec = TransformSpec(
-        args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
-    )
+    spec = TransformSpec.from_args(args)
     return CassandraIngestConfig(
         root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
         dataset=args.dataset or meta["dataset"],

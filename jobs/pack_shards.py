@@ -67,9 +67,7 @@ def build_config(args: argparse.Namespace) -> PackConfig:
         root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
         dataset=args.dataset or meta["dataset"],
         dest=args.dest,
-        spec=TransformSpec(
-            args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
-        ),
+        spec=TransformSpec.from_args(args),
         shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
         s3=S3Settings.from_env() if args.dest.startswith("s3://") else None,
     )

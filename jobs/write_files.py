@@ -55,9 +55,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> FilesConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
-    spec = TransformSpec(
-        args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
-    )
+    spec = TransformSpec.from_args(args)
     dataset = args.dataset or meta["dataset"]
     key = version_key(args.manifest_dir / workdir.MANIFEST, dataset, spec)
     return FilesConfig(shippable_root(meta["root"]), dataset, str(args.dest.resolve()), spec, key)

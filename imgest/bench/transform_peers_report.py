@@ -126,7 +126,29 @@ def measure_group(
             **_psnr_stats(deltas, "delta_vs_full"),
             "fallbacks_to_pillow_draft": fallbacks.get(pipe, 0),
         }
-    return {"group": name, "images": len(batch), **_verdict(name, pipelines), "pipelines": pipelines}
+    row = {"group": name, "images": len(batch), **_verdict(name, pipelines), "pipelines": pipelines}
+    if name.endswith("progressive"):
+        row["entropy_profile"] = entropy_profile(batch, rounds, pipelines)
+    return row
+
+
+def entropy_profile(batch: list[bytes], rounds: int, pipelines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How much of imgest's time on BATCH is libjpeg-turbo's entropy decoding of every scan (fastjpeg.check: the
+    coefficients decoded, no pixel rebuilt), which every peer here pays as well; and the lead over the best peer
+    that imgest could reach if everything after the entropy decoding cost nothing (the limit of any route that
+    keeps libjpeg-turbo's Huffman decoder)."""
+    from imgest.transform import fastjpeg
+
+    runs = [_timed_pass(fastjpeg.check, batch)[0] for _ in range(rounds)]
+    entropy_rate = statistics.median(len(batch) / max(c, 1e-9) for c in runs)
+    ours = pipelines[IMGEST]["images_per_cpu_s"]
+    peers = [v["images_per_cpu_s"] for k, v in pipelines.items() if k not in (FULL, IMGEST)]
+    best = max(peers) if peers else None
+    return {
+        "entropy_only_images_per_cpu_s": round(entropy_rate, 1),
+        "entropy_share_of_imgest": round(ours / entropy_rate, 3),
+        "lead_limit_with_libjpeg_entropy": round(entropy_rate / best, 2) if best else None,
+    }
 
 
 def _verdict(name: str, pipelines: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -249,6 +271,12 @@ def print_tables(report: dict[str, Any]) -> None:
     verdict = [("group", "group"), ("best_peer", "best peer"), ("imgest_vs_best_peer_cpu", "imgest / best")]
     verdict += [("imgest_psnr_minus_best_peer_db", "dPSNR dB"), ("target_speedup", "target"), ("meets_target", "met")]
     print(format_table(rows, verdict))
+    profiled = [{"group": r["group"], **r["entropy_profile"]} for r in rows if "entropy_profile" in r]
+    if profiled:
+        print("\nprogressive files: imgest's time in libjpeg-turbo's entropy decoding, and the lead it bounds")
+        cols = [("group", "group"), ("entropy_only_images_per_cpu_s", "entropy only img/CPU s")]
+        cols += [("entropy_share_of_imgest", "share of imgest"), ("lead_limit_with_libjpeg_entropy", "lead limit")]
+        print(format_table(profiled, cols))
 
 
 def plot(path: Path, report: dict[str, Any]) -> None:

@@ -45,9 +45,7 @@ def scan_cmd(args: argparse.Namespace) -> int:
 def transform_spec(args: argparse.Namespace) -> Any:
     from imgest.transform.image import TransformSpec
 
-    return TransformSpec(
-        args.mode, args.resize, args.crop, args.quality, args.max_pixels, unchanged_check=args.unchanged_check
-    )
+    return TransformSpec.from_args(args)
 
 
 def check_cmd(args: argparse.Namespace) -> int:

@@ -151,6 +151,14 @@ class IngestRequest:
         "marker without decoding pixels (several times faster; a file corrupt in the middle passes).",
         enum=list(defaults.UNCHANGED_CHECKS),
     )
+    jpeg_decoder: str = _param(
+        "auto",
+        "JPEG decoder",
+        "Transform",
+        "auto: imgest's region decoder with the bicubic kernel (region4) where it is built, else Pillow; region3: "
+        "the same with the bilinear kernel (torchvision's), for versions it wrote; pillow: Pillow alone.",
+        enum=["auto", "region4", "region3", "pillow"],
+    )
     keyspace: str = _param(
         defaults.KEYSPACE,
         "Keyspace",
@@ -344,8 +352,14 @@ class IngestRequest:
         ]
 
     def transform(self) -> TransformSpec:
+        decoder = {} if self.jpeg_decoder == "auto" else {"jpeg_decoder": self.jpeg_decoder}
         return TransformSpec(
-            self.image_mode.lower(), self.resize, self.crop, self.quality, unchanged_check=self.unchanged_check
+            self.image_mode.lower(),
+            self.resize,
+            self.crop,
+            self.quality,
+            unchanged_check=self.unchanged_check,
+            **decoder,
         )
 
     def shards(self) -> ShardSpec:

@@ -63,7 +63,7 @@ def scan_step(conf: dict[str, Any], source: S3Settings | None = None) -> dict[st
 def _transform_args(request: IngestRequest) -> list[str]:
     spec = request.transform()
     sizes = ["--resize", str(spec.resize), "--crop", str(spec.crop), "--quality", str(spec.quality)]
-    return ["--mode", spec.mode, *sizes, "--unchanged-check", spec.unchanged_check]
+    return ["--mode", spec.mode, *sizes, "--unchanged-check", spec.unchanged_check, "--jpeg-decoder", spec.jpeg_decoder]
 
 
 def _common_args(request: IngestRequest, manifest_dir: Path, target: str) -> list[str]:

@@ -34,6 +34,15 @@ TRANSFORM_OPTIONS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "--jpeg-decoder",
+        {
+            "choices": ["region4", "region3", "region2", "region", "pillow"],
+            "help": "JPEG decode and resample: region4 (the default where it is built: imgest's region decoder, "
+            "Pillow's bicubic kernel), region3 (the same, bilinear like torchvision), region2 / region (earlier "
+            "revisions) or pillow; recorded with the transform",
+        },
+    ),
+    (
         "--max-pixels",
         {
             "type": int,

@@ -86,10 +86,10 @@ def available() -> bool:
     return _module is not None
 
 
-def default_decoder() -> Literal["region", "region2", "region3", "pillow"]:
+def default_decoder() -> Literal["region", "region2", "region3", "region4", "pillow"]:
     """The JPEG decoder a TransformSpec uses unless told: the latest region decoder where the compiled module is
     built."""
-    return "region3" if _module is not None else "pillow"
+    return "region4" if _module is not None else "pillow"
 
 
 def library_version() -> str | None:

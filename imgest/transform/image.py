@@ -5,7 +5,7 @@ UNCHANGED mode: the original bytes, after checking that they decode (or, with un
 that the header parses and the end marker is there: several times faster, but a corrupt middle passes).
 
 How it is fast without losing quality:
-- With jpeg_decoder="region3" (the default where it is built), JPEGs (and MPO's first frame) go through
+- With jpeg_decoder="region4" (the default where it is built), JPEGs (and MPO's first frame) go through
   imgest.transform.fastjpeg: only the crop's region is decoded (libjpeg-turbo, SIMD DCT scales, the decoded
   crop kept at least 2x the output; see REGION_SETTINGS) and resampled straight to C x C; EXIF orientation
   turns the crop box into stored coordinates and the small output afterwards; CMYK / YCCK convert as Pillow
@@ -14,7 +14,8 @@ How it is fast without losing quality:
   doubts takes the Pillow path below, which decides and words every quarantine reason; one whose header it leaves
   to Pillow (MPO, irregular EXIF) comes back to the one call with the orientation Pillow read. Earlier revisions
   are kept so that versions they wrote re-transform byte for byte: "region" (RGB / grey upright JPEGs only, scaled
-  as far as the output allowed) and "region2" (region3 reading every scan of progressive files).
+  as far as the output allowed), "region2" (region3 reading every scan of progressive files) and "region3"
+  (region4 with the bilinear kernel, torchvision's).
 - On the Pillow path, JPEG sources are decoded with libjpeg's DCT-domain downscaling (Pillow's draft
   mode) by the largest power of two that still leaves the shorter side at least S, so the final resample
   never upsamples what DCT scaling took away. Images of several megapixels decode 4-8x smaller.
@@ -48,22 +49,32 @@ from imgest.transform import fastjpeg
 
 Mode = Literal["jpeg", "unchanged"]
 Check = Literal["decode", "header"]
-Decoder = Literal["region", "region2", "region3", "pillow"]
-REGION_DECODERS = ("region", "region2", "region3")
+Decoder = Literal["region", "region2", "region3", "region4", "pillow"]
+REGION_DECODERS = ("region", "region2", "region3", "region4")
 # Each revision of the region decoder (issue 27 measured them on the real-photo set, docs/bench/transform-real.json):
 # "region" reduced by DCT scaling as far as the output allowed: 1/8 aliases, up to 2.6 dB below Pillow.
 # "region2" keeps the decoded crop >= 2x the output, narrows the bilinear filter to 0.8 of the factor when it
 # reduced (the DCT scaling already low-passed), and upsamples chroma as a box (sharper after the downscale).
 # "region3" is region2 that, for a progressive file decoded at a reduced DCT scale, stops before the scans refining
 # the AC coefficients' last bit: 38 % less decoding of such files, 0.016 dB mean PSNR, no image below Pillow's.
+# "region4" is region3 resampling with Pillow's BICUBIC kernel instead of the bilinear (triangle) one: about 2 dB
+# closer to the full-precision reference (1.4-1.6 dB on real photos), above OpenCV's INTER_AREA, for 4-10 % of the
+# time (issue 44).
 REGION_SETTINGS = {
     "region": fastjpeg.FIRST,
     "region2": fastjpeg.RegionSettings(min_ratio=2.0, narrow_when_reduced=0.8, fancy_upsampling=False),
     "region3": fastjpeg.RegionSettings(
         min_ratio=2.0, narrow_when_reduced=0.8, fancy_upsampling=False, last_ac_bits_when_reduced=False
     ),
+    "region4": fastjpeg.RegionSettings(
+        min_ratio=2.0,
+        narrow_when_reduced=0.8,
+        fancy_upsampling=False,
+        last_ac_bits_when_reduced=False,
+        kernel="bicubic",
+    ),
 }
-ONE_CALL_DECODERS = ("region2", "region3")  # whose JPEGs take fastjpeg.transform (the Pillow-free path)
+ONE_CALL_DECODERS = ("region2", "region3", "region4")  # whose JPEGs take fastjpeg.transform (the Pillow-free path)
 # A complete file's last marker and the bytes that must follow it (PNG: the IEND chunk's CRC); more bytes
 # after it (padding, appended data) are tolerated.
 END_MARKERS = {"JPEG": (b"\xff\xd9", 0), "PNG": (b"IEND", 4)}
@@ -95,9 +106,9 @@ class TransformSpec:
     # UNCHANGED mode only: "decode" decodes every file (JPEG: all entropy-coded data is read);
     # "header" parses the header and checks the end marker (JPEG EOI, PNG IEND) without decoding pixels.
     unchanged_check: Check = defaults.UNCHANGED_CHECK  # type: ignore[assignment]
-    # Which code decodes JPEG sources: "region3" (imgest's compiled libjpeg-turbo region decode, the default where
-    # it is built), "region2" / "region" (its earlier revisions, for versions they wrote) or "pillow". Recorded
-    # because each produces different output bytes.
+    # Which code decodes JPEG sources: "region4" (imgest's compiled libjpeg-turbo region decode, the default where
+    # it is built), "region3" (the same with the bilinear kernel), "region2" / "region" (earlier revisions, for
+    # versions they wrote) or "pillow". Recorded because each produces different output bytes.
     jpeg_decoder: Decoder = field(default_factory=fastjpeg.default_decoder)
 
     def __post_init__(self) -> None:
@@ -113,12 +124,27 @@ class TransformSpec:
             raise ConfigError(f"max_pixels {self.max_pixels} must be positive")
         if self.jpeg_decoder not in (*REGION_DECODERS, "pillow"):
             raise ConfigError(
-                f"JPEG decoder {self.jpeg_decoder!r} is not one of 'region3', 'region2', 'region', 'pillow'"
+                f"JPEG decoder {self.jpeg_decoder!r} is not one of 'region4', 'region3', 'region2', 'region', 'pillow'"
             )
         if self.jpeg_decoder in REGION_DECODERS and not fastjpeg.available():
             raise ConfigError(
                 f"the JPEG decoder {self.jpeg_decoder!r} is not built in this installation: {fastjpeg.BUILD_HINT}"
             )
+
+    @classmethod
+    def from_args(cls, args: Any) -> TransformSpec:
+        """The spec of a job's or command's TRANSFORM_OPTIONS (imgest.spark.job_options); no --jpeg-decoder: the
+        default."""
+        decoder = getattr(args, "jpeg_decoder", None)
+        return cls(
+            args.mode,
+            args.resize,
+            args.crop,
+            args.quality,
+            args.max_pixels,
+            unchanged_check=args.unchanged_check,
+            **({"jpeg_decoder": decoder} if decoder else {}),
+        )
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> TransformSpec:
@@ -271,7 +297,7 @@ def _fast_jpeg(
     data: bytes, img: Image.Image, orientation: int, spec: TransformSpec, one_call: bool = True
 ) -> bytes | None:
     """The compiled region decode + resample, when it applies; else None. "region" (the first revision) takes
-    upright YCbCr / grey JPEGs only; "region2" and "region3" also oriented, CMYK / YCCK and MPO (its first frame),
+    upright YCbCr / grey JPEGs only; "region2" to "region4" also oriented, CMYK / YCCK and MPO (its first frame),
     in one compiled call with the orientation Pillow read (ONE_CALL False: crop_resize, then Pillow turns and
     encodes, as region2 first ran: the same bytes, the tests' reference).
 

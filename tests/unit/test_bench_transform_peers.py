@@ -136,6 +136,12 @@ def test_the_report_compares_imgest_with_the_best_peer(tmp_path: Path, monkeypat
     for pipe in row["pipelines"].values():
         assert pipe["psnr_worst_db"] <= pipe["psnr_p5_db"] <= pipe["psnr_mean_db"]
         assert len(pipe["rounds_images_per_cpu_s"]) == 1
+    profile = row["entropy_profile"]  # progressive groups only: the share of imgest's time in entropy decoding
+    assert 0 < profile["entropy_share_of_imgest"] < 1  # the check decodes the same coefficients, then nothing more
+    assert profile["lead_limit_with_libjpeg_entropy"] == pytest.approx(
+        profile["entropy_only_images_per_cpu_s"] / best["images_per_cpu_s"], rel=0.02
+    )
+    assert "entropy_profile" not in groups["real: baseline"]
     assert set(report["quiet"]) >= {"quiet", "other_cores", "load_start"}
     if not report["quiet"]["quiet"]:  # no target is met on a machine that was not quiet
         assert row["meets_target"] is False

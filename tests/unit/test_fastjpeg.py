@@ -37,6 +37,7 @@ pytestmark = pytest.mark.skipif(not fastjpeg.available(), reason=f"region decode
 REGION = TransformSpec(jpeg_decoder="region")
 REGION2 = TransformSpec(jpeg_decoder="region2")
 REGION3 = TransformSpec(jpeg_decoder="region3")
+REGION4 = TransformSpec(jpeg_decoder="region4")
 PILLOW = TransformSpec(jpeg_decoder="pillow")
 
 
@@ -66,7 +67,7 @@ def _pixels(data: bytes) -> np.ndarray:
         ((641, 479), "RGB", {"subsampling": 0}),  # 4:4:4
     ],
 )
-@pytest.mark.parametrize("decoder", ["region", "region2"])
+@pytest.mark.parametrize("decoder", ["region", "region2", "region4"])
 def test_region_decoder_draws_the_same_crop_as_pillow(
     size: tuple[int, int], mode: str, save: dict, decoder: str
 ) -> None:
@@ -77,7 +78,7 @@ def test_region_decoder_draws_the_same_crop_as_pillow(
     ref = reference_pixels(data, REGION)
     # Same crop, same place: the two outputs agree closely, and ours is no further from the reference.
     agreement = psnr(ours.data, _pixels(theirs.data))
-    assert agreement > 34, agreement
+    assert agreement > (30 if decoder == "region4" else 34), agreement  # region4: bicubic, Pillow's path bilinear
     assert psnr(ours.data, ref) > psnr(theirs.data, ref) - 0.5
 
 
@@ -147,8 +148,8 @@ def test_scale_is_a_power_of_two_that_never_upsamples() -> None:
 
 
 def test_the_decoder_is_part_of_the_recorded_transform() -> None:
-    assert TransformSpec().jpeg_decoder == "region3"
-    assert TransformSpec().as_dict()["jpeg_decoder"] == "region3"
+    assert TransformSpec().jpeg_decoder == "region4"
+    assert TransformSpec().as_dict()["jpeg_decoder"] == "region4"
     old = {k: v for k, v in REGION.as_dict().items() if k != "jpeg_decoder"}  # a record from before the field
     assert TransformSpec.from_record(old).jpeg_decoder == "pillow"
     assert TransformSpec.from_record(REGION.as_dict()) == REGION  # versions the first revision wrote
@@ -352,7 +353,7 @@ XMP_6 = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:Description tiff:Orientation=
         pytest.param(partial(_jpeg, 900, 600, xmp=XMP_6), id="xmp orientation"),
     ],
 )
-@pytest.mark.parametrize("spec", [REGION2, REGION3], ids=["region2", "region3"])
+@pytest.mark.parametrize("spec", [REGION2, REGION3, REGION4], ids=["region2", "region3", "region4"])
 def test_the_one_call_path_writes_the_revisions_bytes_exactly(make: Callable[[], bytes], spec: TransformSpec) -> None:
     """transform_image runs header, EXIF / XMP orientation, region decode, turn and JPEG encoding in one compiled
     call: byte for byte what the Pillow-header path with Pillow's encoder writes (region2 ran that way, so the
@@ -487,3 +488,102 @@ def test_mpo_and_irregular_exif_take_one_call_with_the_orientation_pillow_read()
         assert fastjpeg.transform(data, 256, 224, 90, 10**8, True, settings, 6, (size[0] + 1, size[1])) is None
         assert transform_image(data, REGION3) == _through_pillow(data, REGION3)
     assert transform_image(two_exif, REGION3).src_width == 900  # upright: stored 600 x 900, turned
+
+
+@pytest.mark.parametrize("kernel", ["triangle", "bicubic", "lanczos"])
+def test_the_resampling_kernels_are_pillows(kernel: str) -> None:
+    """At full scale with libjpeg's fancy chroma upsampling (what Pillow decodes), crop_resize with each kernel draws
+    what Pillow's resize with that filter draws from the same box, up to Pillow's 8-bit intermediate rounding."""
+    data = _jpeg(500, 375, seed=5)
+    box, out = (37.25, 12.5, 437.25, 362.5), 224
+    settings = fastjpeg.RegionSettings(fancy_upsampling=True, kernel=kernel)
+    ours = fastjpeg.crop_resize(data, (500, 375), box, out, dct_scaling=False, settings=settings)
+    pillow_filter = {"triangle": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}.get(
+        kernel, Image.Resampling.LANCZOS
+    )
+    theirs = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((out, out), pillow_filter, box=box))
+    diff = np.abs(np.frombuffer(ours, np.uint8).reshape(out, out, 3).astype(int) - theirs.astype(int))
+    assert diff.max() <= (4 if kernel == "lanczos" else 2), diff.max()  # Pillow rounds to 8 bits between passes
+    assert 10 * np.log10(255**2 / max(float(np.mean(diff.astype(float) ** 2)), 1e-12)) > 50
+
+
+def test_region4_is_region3_with_the_bicubic_kernel_and_nearer_the_reference() -> None:
+    """region4 changes the kernel only (the same decode, cut and geometry) and lands closer to the full-precision
+    Lanczos reference at ImageNet size (decoded at full scale; at 2 MP and more, decoded at a reduced DCT scale, the
+    bench measured +0.3 dB on real photos and -0.1 dB on generated ones)."""
+    assert replace(REGION_SETTINGS["region3"], kernel="bicubic") == REGION_SETTINGS["region4"]
+    for data in (_jpeg(500, 375, seed=7), _jpeg(500, 375, seed=8, progressive=True), _jpeg(375, 500, seed=9)):
+        ref = reference_pixels(data, REGION4)
+        four, three = transform_image(data, REGION4), transform_image(data, REGION3)
+        assert (four.width, four.height) == (three.width, three.height) == (224, 224)
+        assert psnr(four.data, ref) > psnr(three.data, ref), "region4 no nearer the reference"
+
+
+def _progressive_variants() -> list[tuple[str, bytes]]:
+    """Progressive Huffman files as encoders write them: Pillow's (libjpeg's default progression: two refinement
+    scans of luma) in colour 4:2:0 / 4:4:4, grey and CMYK, optimised tables, quality 50 to 98, small and large."""
+    out = []
+    for name, (w, h), mode, save in (
+        ("imagenet q90", (500, 375), "RGB", {"quality": 90}),
+        ("q98 4:4:4", (641, 479), "RGB", {"quality": 98, "subsampling": 0}),
+        ("q50 optimised", (333, 500), "RGB", {"quality": 50, "optimize": True}),
+        ("grey", (400, 300), "L", {"quality": 85}),
+        ("cmyk", (320, 240), "CMYK", {"quality": 92}),
+        ("large", (2048, 1536), "RGB", {"quality": 88}),
+        ("tiny", (17, 9), "RGB", {"quality": 75}),
+    ):
+        img = photo_like(np.random.default_rng(w), w, h, np.array([0.4, 0.35, 0.25])).convert(mode)
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", progressive=True, **save)
+        out.append((name, buf.getvalue()))
+    return out
+
+
+def test_the_refinement_scans_decode_to_libjpegs_coefficients() -> None:
+    """fast_refine (the AC refinement scans with the block's nonzero coefficients as a bit mask) decodes the same
+    coefficients as libjpeg's decode_mcu_AC_refine: every progressive file's pixels equal those of libjpeg's own
+    decoders (crop_resize flag 8) at every DCT scale, whole image and region, and through the cut that stops before
+    the last-bit scans (flag 4)."""
+    _compiled().refine_counts()
+    for name, data in _progressive_variants():
+        assert b"\xff\xc2" in data, name  # SOF2: progressive, Huffman-coded
+        w, h = Image.open(io.BytesIO(data)).size
+        _compiled().refine_counts()
+        _compiled().crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 8)
+        assert _compiled().refine_counts() == (0, 0), name  # flag 8: libjpeg's own decoders, no hook
+        _compiled().crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 0)
+        fast, delegated = _compiled().refine_counts()
+        assert fast > (20 * delegated if w * h > 10_000 else 0), (name, fast, delegated)  # it ran: libjpeg the last few
+        for num in (8, 4, 2, 1):
+            sw, sh = -(-w * num // 8), -(-h * num // 8)
+            whole = (num, 0, 0, sw, sh, 0.0, 0.0, float(sw), float(sh), sw, sh)
+            region = (num, sw // 7, sh // 5, sw - sw // 9, sh, sw / 7, sh / 5, sw - sw / 9, float(sh), 64, 48)
+            for box in (whole, region) if sw > 8 and sh > 8 else (whole,):
+                for cut in (0, 4):
+                    ours, libjpegs = (_compiled().crop_resize(data, *box, cut | flag) for flag in (0, 8))
+                    assert ours == libjpegs, (name, num, box, cut)
+
+
+def test_a_broken_progressive_file_fails_as_libjpegs_decoder_fails() -> None:
+    """Corrupt bytes, stray 0xFF and cuts in the scans: fast_refine gives libjpeg's pixels or libjpeg's error, file
+    by file (a marker, the end of the data or a bad code within reach leave the block to libjpeg)."""
+    rng = np.random.default_rng(6)
+    for name, data in _progressive_variants()[:3]:
+        w, h = Image.open(io.BytesIO(data)).size
+        region = (8, 0, h // 4, w, h, 0.0, h / 4, float(w), float(h), 64, 64)
+        for i in range(60):
+            broken = bytearray(data)
+            at = int(rng.integers(len(data) // 3, len(data) - 2))
+            if i % 3 == 0:
+                broken[at] = int(rng.integers(256))
+            elif i % 3 == 1:
+                broken[at] = 0xFF
+            else:
+                broken = broken[:at]
+            results = []
+            for flags in (0, 8):
+                try:
+                    results.append(_compiled().crop_resize(bytes(broken), *region, flags))
+                except ValueError as exc:
+                    results.append(str(exc))
+            assert results[0] == results[1], (name, i)
