@@ -397,6 +397,9 @@ static __thread struct {
   boolean (*libjpeg_refine)(j_decompress_ptr, JBLOCKROW *);
   refine_table_t tbl;
   unsigned long long fast, delegated; /* MCUs refine_mcu decoded, and those it left to libjpeg (refine_counts) */
+  JDIMENSION row_limit;                /* iMCU rows from this one down are never reconstructed (0: none) */
+  boolean (*decode)(j_decompress_ptr, JBLOCKROW *); /* this scan's decoder above the limit */
+  unsigned long long skipped;          /* MCUs below the limit not decoded (refine_counts) */
 } rf;
 
 static uint64_t zigzag_bits[8][256]; /* natural-order byte B of a nonzero mask, value V -> its zigzag-order bits */
@@ -580,16 +583,31 @@ libjpegs: /* not the plain case: the block as it was, for libjpeg's own function
   return rf.libjpeg_refine(cinfo, MCU_data);
 }
 
-/* libjpeg's start_pass, then, for an AC refinement scan without restart markers, refine_mcu in its place. */
+/* An MCU of a scan's iMCU rows below the region: left undecoded (its coefficients are never reconstructed, and the
+ * rest of the scan's data is skipped by libjpeg's search for the next marker). */
+static boolean tail_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+  if (cinfo->input_iMCU_row < rf.row_limit) return rf.decode(cinfo, MCU_data);
+  rf.skipped++;
+  return TRUE;
+}
+
+/* libjpeg's start_pass, then, without restart markers: refine_mcu in place of libjpeg's for an AC refinement scan,
+ * and tail_mcu in front of the scan's decoder where a row limit is set (a region's decode). */
 static void refine_start_pass(j_decompress_ptr cinfo) {
   rf.start_pass(cinfo);
-  if (cinfo->Ss > 0 && cinfo->Ah != 0 && cinfo->comps_in_scan == 1 && cinfo->restart_interval == 0) {
-    int t = cinfo->cur_comp_info[0]->ac_tbl_no;
-    if (t < 0 || t >= NUM_HUFF_TBLS || !cinfo->ac_huff_tbl_ptrs[t]) return;
+  if (cinfo->restart_interval != 0) return;
+  boolean (*chosen)(j_decompress_ptr, JBLOCKROW *) = cinfo->entropy->decode_mcu;
+  int t = cinfo->comps_in_scan == 1 ? cinfo->cur_comp_info[0]->ac_tbl_no : -1;
+  if (cinfo->Ss > 0 && cinfo->Ah != 0 && t >= 0 && t < NUM_HUFF_TBLS && cinfo->ac_huff_tbl_ptrs[t]) {
     refine_build(cinfo->ac_huff_tbl_ptrs[t], &rf.tbl);
-    rf.libjpeg_refine = cinfo->entropy->decode_mcu;
-    cinfo->entropy->decode_mcu = refine_mcu;
+    rf.libjpeg_refine = chosen;
+    chosen = refine_mcu;
   }
+  if (rf.row_limit > 0 && rf.row_limit < cinfo->total_iMCU_rows) {
+    rf.decode = chosen;
+    chosen = tail_mcu;
+  }
+  cinfo->entropy->decode_mcu = chosen;
 }
 
 /* Put refine_start_pass in front of a progressive Huffman decoder's start_pass (once; the scans after this one). */
@@ -603,12 +621,12 @@ static void refine_install(j_decompress_ptr cinfo) {
 
 static void refine_monitor(j_common_ptr cinfo) { refine_install((j_decompress_ptr)cinfo); }
 
-/* refine_counts() -> (MCUs of AC refinement scans fast_refine decoded, MCUs it left to libjpeg) in this thread since
- * the last call; None where fast_refine is not built (a test that names it checks that it ran). */
+/* refine_counts() -> (MCUs of AC refinement scans fast_refine decoded, MCUs it left to libjpeg, MCUs of any scan left
+ * undecoded below a region) in this thread since the last call; None where fast_refine is not built (a test that names it checks that it ran). */
 static PyObject *refine_counts(PyObject *self, PyObject *args) {
   (void)self, (void)args;
-  PyObject *out = Py_BuildValue("(KK)", rf.fast, rf.delegated);
-  rf.fast = rf.delegated = 0;
+  PyObject *out = Py_BuildValue("(KKK)", rf.fast, rf.delegated, rf.skipped);
+  rf.fast = rf.delegated = rf.skipped = 0;
   return out;
 }
 #else
@@ -620,12 +638,14 @@ static PyObject *refine_counts(PyObject *self, PyObject *args) {
 #endif
 
 /* Start decompressing at scale NUM/8 (into colour space CS unless JCS_UNKNOWN); FAST: fast_arith and fast_refine
- * where they apply (off only to compare them with libjpeg's own decoders). */
-static void start_scaled(j_decompress_ptr cinfo, int num, J_COLOR_SPACE cs, int fast) {
+ * where they apply (off only to compare them with libjpeg's own decoders). ROW_LIMIT > 0: a progressive file's
+ * scans leave the iMCU rows from ROW_LIMIT down undecoded (the caller never reads them). */
+static void start_scaled(j_decompress_ptr cinfo, int num, J_COLOR_SPACE cs, int fast, JDIMENSION row_limit) {
   if (cs != JCS_UNKNOWN) cinfo->out_color_space = cs;
   cinfo->scale_num = (unsigned int)num;
   cinfo->scale_denom = 8;
 #ifdef HAVE_FAST_REFINE
+  rf.row_limit = fast ? row_limit : 0;
   if (fast && cinfo->progressive_mode && !cinfo->arith_code) {
     rf.progress.progress_monitor = refine_monitor; /* jpeg_start_decompress calls it before each step of absorbing */
     cinfo->progress = &rf.progress;
@@ -939,12 +959,16 @@ static int read_region(j_decompress_ptr cinfo, struct err_mgr *err, const region
   int cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
   if (r->flags & 1) cinfo->do_fancy_upsampling = FALSE;
   if (r->flags & 2) cinfo->dct_method = JDCT_IFAST;
+  /* The iMCU rows a progressive file's scans must decode: down to the region's last source row, the next one (the
+   * upsampler's context) and one spare; the rows below are never reconstructed. */
+  JDIMENSION group = (JDIMENSION)(cinfo->max_v_samp_factor * DCTSIZE);
+  JDIMENSION limit = ((JDIMENSION)ceil((double)r->y1 * 8.0 / r->num) + group - 1) / group + 2;
   if ((r->flags & 4) && cinfo->progressive_mode) {
     cinfo->buffered_image = TRUE;
-    start_scaled(cinfo, r->num, cmyk ? JCS_CMYK : JCS_RGB, !(r->flags & 8));
+    start_scaled(cinfo, r->num, cmyk ? JCS_CMYK : JCS_RGB, !(r->flags & 8), limit);
     jpeg_start_output(cinfo, consume_until_last_bits(cinfo));
   } else {
-    start_scaled(cinfo, r->num, cmyk ? JCS_CMYK : JCS_RGB, !(r->flags & 8));
+    start_scaled(cinfo, r->num, cmyk ? JCS_CMYK : JCS_RGB, !(r->flags & 8), limit);
   }
   if ((JDIMENSION)r->x1 > cinfo->output_width || (JDIMENSION)r->y1 > cinfo->output_height ||
       cinfo->output_components != (cmyk ? 4 : 3))
@@ -1054,7 +1078,7 @@ static PyObject *check(PyObject *self, PyObject *args) {
     if (max_pixels > 0 && (double)width * (double)height > max_pixels) {
       too_large = 1;
     } else {
-      start_scaled(&cinfo, 1, JCS_UNKNOWN, 1);
+      start_scaled(&cinfo, 1, JCS_UNKNOWN, 1, 0);
       unsigned char *volatile row = scratch_buf(0, (size_t)cinfo.output_width * cinfo.output_components);
       if (row) {
         skip_to_end(&cinfo, row);

@@ -550,18 +550,25 @@ def test_the_refinement_scans_decode_to_libjpegs_coefficients() -> None:
         w, h = Image.open(io.BytesIO(data)).size
         _compiled().refine_counts()
         _compiled().crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 8)
-        assert _compiled().refine_counts() == (0, 0), name  # flag 8: libjpeg's own decoders, no hook
+        assert _compiled().refine_counts() == (0, 0, 0), name  # flag 8: libjpeg's own decoders, no hook
         _compiled().crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 0)
-        fast, delegated = _compiled().refine_counts()
+        fast, delegated, skipped = _compiled().refine_counts()
         assert fast > (20 * delegated if w * h > 10_000 else 0), (name, fast, delegated)  # it ran: libjpeg the last few
+        assert skipped == 0  # the whole image: every row decoded
         for num in (8, 4, 2, 1):
             sw, sh = -(-w * num // 8), -(-h * num // 8)
             whole = (num, 0, 0, sw, sh, 0.0, 0.0, float(sw), float(sh), sw, sh)
             region = (num, sw // 7, sh // 5, sw - sw // 9, sh, sw / 7, sh / 5, sw - sw / 9, float(sh), 64, 48)
-            for box in (whole, region) if sw > 8 and sh > 8 else (whole,):
+            top = max(9, sh // 2)  # a region ending halfway: the scans leave the rows below it undecoded
+            upper = (num, sw // 7, 0, sw - sw // 9, top, sw / 7, 0.0, sw - sw / 9, float(top), 64, 48)
+            for box in (whole, region, upper) if sw > 8 and sh > 8 else (whole,):
                 for cut in (0, 4):
                     ours, libjpegs = (_compiled().crop_resize(data, *box, cut | flag) for flag in (0, 8))
                     assert ours == libjpegs, (name, num, box, cut)
+        if h >= 256:  # tall enough for rows below the upper region's iMCU rows and their margin
+            _compiled().refine_counts()
+            _compiled().crop_resize(data, 8, 0, 0, w, h // 2, 0.0, 0.0, float(w), h / 2, 32, 32, 0)
+            assert _compiled().refine_counts()[2] > 0, name  # MCUs below the region left undecoded
 
 
 def test_a_broken_progressive_file_fails_as_libjpegs_decoder_fails() -> None:
