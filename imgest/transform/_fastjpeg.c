@@ -1246,7 +1246,7 @@ static void plan_region(const spec_t *s, int width, int height, const double box
   int downscaled = min_d(r->bx1 - r->bx0, r->by1 - r->by0) >= s->crop;
   r->flags = (s->fancy || !downscaled ? 0 : 1) | (s->last_ac_bits || m == 8 ? 0 : 4);
   r->narrow = m < 8 ? s->narrow : 0.0;
-  r->kernel = s->kernel;
+  r->kernel = m == 8 ? s->kernel : 0; /* a reduced decode keeps the narrowed triangle (RegionSettings.kernel) */
   r->ow = r->oh = s->crop;
 }
 

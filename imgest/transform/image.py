@@ -57,9 +57,9 @@ REGION_DECODERS = ("region", "region2", "region3", "region4")
 # reduced (the DCT scaling already low-passed), and upsamples chroma as a box (sharper after the downscale).
 # "region3" is region2 that, for a progressive file decoded at a reduced DCT scale, stops before the scans refining
 # the AC coefficients' last bit: 38 % less decoding of such files, 0.016 dB mean PSNR, no image below Pillow's.
-# "region4" is region3 resampling with Pillow's BICUBIC kernel instead of the bilinear (triangle) one: about 2 dB
-# closer to the full-precision reference (1.4-1.6 dB on real photos), above OpenCV's INTER_AREA, for 4-10 % of the
-# time (issue 44).
+# "region4" is region3 resampling a full-scale decode (ImageNet-size sources) with Pillow's BICUBIC kernel instead of
+# the bilinear (triangle) one: about 2 dB closer to the full-precision reference (1.8 dB on real photos), above
+# OpenCV's INTER_AREA, for about 4 % of the time; reduced decodes (2 MP and more) stay region3's (issue 44).
 REGION_SETTINGS = {
     "region": fastjpeg.FIRST,
     "region2": fastjpeg.RegionSettings(min_ratio=2.0, narrow_when_reduced=0.8, fancy_upsampling=False),
