@@ -29,7 +29,7 @@ SLICES = 64  # 4 x defaultParallelism of a 16-core executor set: the partitions 
 
 
 def _records(classes: int, seed: int = 0) -> list[Any]:
-    from imgest.sinks.shards.pack import ShardRecord
+    from imgest.sinks.shards.pack_record import ShardRecord
 
     rng = np.random.default_rng(seed)
     images = IMAGES.get(classes, classes * 650)
@@ -86,7 +86,7 @@ def measure(classes: int) -> dict[str, Any]:
     """One size: build and publish the manifest of CLASSES classes, read it back as the next run does."""
     from imgest.core.quarantine import QuarantineLog
     from imgest.sinks.shards import pack_publish
-    from imgest.sinks.shards.pack import PackConfig
+    from imgest.sinks.shards.pack_record import PackConfig
     from imgest.sinks.shards.plan import ShardSpec
     from imgest.sinks.shards.store import LocalStore, manifest_bytes
     from imgest.sources.manifest import ClassInfo

@@ -50,7 +50,7 @@ def pack_in_process(
     """What the pack job does, in one process: plan, version key, the first ONLY shards (all by default), manifest,
     publish (with its samples table). Returns (PackConfig, records, manifest)."""
     from imgest.core.quarantine import QuarantineLog
-    from imgest.sinks.shards.pack import PackConfig, pack_shard
+    from imgest.sinks.shards.pack import pack_shard
     from imgest.sinks.shards.pack_publish import (
         build_manifest,
         carry_published,
@@ -58,6 +58,7 @@ def pack_in_process(
         published_entries,
         samples_table,
     )
+    from imgest.sinks.shards.pack_record import PackConfig
     from imgest.sinks.shards.plan import plan_shards
     from imgest.sinks.shards.plan_digest import version_key
     from imgest.sinks.shards.shard_table import shards_table

@@ -155,8 +155,7 @@ class IngestRequest:
         "auto",
         "JPEG decoder",
         "Transform",
-        "auto: imgest's region decoder with the bicubic kernel (region4) where it is built, else Pillow; region3: "
-        "the same with the bilinear kernel (torchvision's), for versions it wrote; pillow: Pillow alone.",
+        "auto: region4 (imgest's, bicubic) where built, else pillow; region3: bilinear like torchvision.",
         enum=["auto", "region4", "region3", "pillow"],
     )
     keyspace: str = _param(
@@ -353,14 +352,8 @@ class IngestRequest:
 
     def transform(self) -> TransformSpec:
         decoder = {} if self.jpeg_decoder == "auto" else {"jpeg_decoder": self.jpeg_decoder}
-        return TransformSpec(
-            self.image_mode.lower(),
-            self.resize,
-            self.crop,
-            self.quality,
-            unchanged_check=self.unchanged_check,
-            **decoder,
-        )
+        check = {"unchanged_check": self.unchanged_check}
+        return TransformSpec(self.image_mode.lower(), self.resize, self.crop, self.quality, **check, **decoder)
 
     def shards(self) -> ShardSpec:
         return ShardSpec(self.shard_max_count, self.shard_max_bytes, self.shuffle_seed)

@@ -31,7 +31,7 @@ from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 from imgest.services.s3 import S3Server
 from imgest.sinks.shards import pack as pack_module
 from imgest.sinks.shards.gc import collect
-from imgest.sinks.shards.pack import PackConfig, pack_planned
+from imgest.sinks.shards.pack import pack_planned
 from imgest.sinks.shards.pack_ordered import Pending, settle_planned, source_rows, transform_in_order, write_in_order
 from imgest.sinks.shards.pack_publish import (
     build_manifest,
@@ -41,6 +41,7 @@ from imgest.sinks.shards.pack_publish import (
     publish,
     samples_table,
 )
+from imgest.sinks.shards.pack_record import PackConfig
 from imgest.sinks.shards.plan import PlanWriter, ShardSpec, plan_shards, read_shard_table
 from imgest.sinks.shards.plan_digest import version_key
 from imgest.sinks.shards.replan import replan

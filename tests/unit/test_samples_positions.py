@@ -8,8 +8,8 @@ import io
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from imgest.sinks.shards.pack import ShardRecord
 from imgest.sinks.shards.pack_publish import samples_table
+from imgest.sinks.shards.pack_record import ShardRecord
 from imgest.sinks.shards.plan import DEAD
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from imgest.core import workdir
 from imgest.core.quarantine import QuarantineLog
-from imgest.sinks.shards.pack import PackConfig, pack_shard
+from imgest.sinks.shards.pack import pack_shard
 from imgest.sinks.shards.pack_publish import build_manifest, publish
+from imgest.sinks.shards.pack_record import PackConfig
 from imgest.sinks.shards.plan import ShardSpec
 from imgest.sinks.shards.shard_table import iter_details, shards_table
 from imgest.sinks.shards.store import S3_MAX_METADATA_BYTES, LocalStore, ObjectLimitError, check_key, check_metadata

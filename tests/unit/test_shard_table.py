@@ -15,8 +15,8 @@ from pyspark import cloudpickle
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
 from imgest.sinks.shards import shard_table
-from imgest.sinks.shards.pack import PUBLISHED_FIELDS, PackConfig, ShardRecord
 from imgest.sinks.shards.pack_publish import build_manifest, carry_published, plan_items, publish, published_entries
+from imgest.sinks.shards.pack_record import PUBLISHED_FIELDS, PackConfig, ShardRecord
 from imgest.sinks.shards.plan import ShardSpec
 from imgest.sinks.shards.shard_table import DEAD_COUNT, TABLE_KEY, dead_keys, iter_details, shards_table
 from imgest.sinks.shards.store import LocalStore

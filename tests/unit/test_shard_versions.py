@@ -15,8 +15,8 @@ import pytest
 from imgest.cli import main
 from imgest.readback.datasets import shards_set
 from imgest.sinks.shards.gc import GcError, collect
-from imgest.sinks.shards.pack import PackConfig, ShardRecord
 from imgest.sinks.shards.pack_publish import publish, samples_table
+from imgest.sinks.shards.pack_record import PackConfig, ShardRecord
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
 from imgest.sinks.shards.shard_table import shards_table
 from imgest.sinks.shards.store import LocalStore

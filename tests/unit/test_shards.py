@@ -15,8 +15,9 @@ import pytest
 
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import QuarantineLog
-from imgest.sinks.shards.pack import PackConfig, pack_shard
+from imgest.sinks.shards.pack import pack_shard
 from imgest.sinks.shards.pack_publish import build_manifest, publish
+from imgest.sinks.shards.pack_record import PackConfig
 from imgest.sinks.shards.plan import ShardSpec, plan_shards
 from imgest.sinks.shards.plan_cut import sample_bound
 from imgest.sinks.shards.plan_digest import version_key
