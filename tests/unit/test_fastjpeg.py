@@ -440,14 +440,14 @@ def test_arithmetic_coded_files_transform_to_the_huffman_files_bytes() -> None:
             assert _compiled().crop_resize(data, *region, 0) == _compiled().crop_resize(data, *region, 8)
 
 
-def test_a_broken_arithmetic_coded_file_fails_as_libjpegs_decoder_fails() -> None:
-    """Corrupt bytes, stray 0xFF and cuts in the arithmetic-coded data: fast_arith gives libjpeg's pixels or libjpeg's
-    error, file by file, and the transform refuses the cut ones as the Pillow path does."""
-    rng = np.random.default_rng(5)
-    for name, data in _arithmetic_variants()[:2]:
+def _damaged_like_libjpeg(variants: list[tuple[str, bytes]], tries: int, seed: int) -> None:
+    """Corrupt bytes, stray 0xFF and cuts in each of VARIANTS' entropy-coded data: the module's own entropy decoders
+    give libjpeg's pixels or libjpeg's error (crop_resize flag 8: libjpeg's), file by file."""
+    rng = np.random.default_rng(seed)
+    for name, data in variants:
         w, h = Image.open(io.BytesIO(data)).size
         region = (8, 0, h // 4, w, h, 0.0, h / 4, float(w), float(h), 64, 64)
-        for i in range(40):
+        for i in range(tries):
             broken = bytearray(data)
             at = int(rng.integers(len(data) // 3, len(data) - 2))
             if i % 3 == 0:
@@ -463,6 +463,13 @@ def test_a_broken_arithmetic_coded_file_fails_as_libjpegs_decoder_fails() -> Non
                 except ValueError as exc:
                     results.append(str(exc))
             assert results[0] == results[1], (name, i)
+
+
+def test_a_broken_arithmetic_coded_file_fails_as_libjpegs_decoder_fails() -> None:
+    """Corrupt bytes, stray 0xFF and cuts in the arithmetic-coded data: fast_arith gives libjpeg's pixels or libjpeg's
+    error, file by file, and the transform refuses the cut ones as the Pillow path does."""
+    _damaged_like_libjpeg(_arithmetic_variants()[:2], 40, 5)
+    for _, data in _arithmetic_variants()[:2]:
         cut = data[: len(data) * 2 // 3]
         assert fastjpeg.check(cut) is None  # the UNCHANGED decode check reads to the end: it notices the cut
         assert _refusal(cut, REGION3).reason == _refusal(cut, PILLOW).reason == "corrupt"
@@ -576,23 +583,4 @@ def test_the_refinement_scans_decode_to_libjpegs_coefficients() -> None:
 def test_a_broken_progressive_file_fails_as_libjpegs_decoder_fails() -> None:
     """Corrupt bytes, stray 0xFF and cuts in the scans: fast_refine gives libjpeg's pixels or libjpeg's error, file
     by file (a marker, the end of the data or a bad code within reach leave the block to libjpeg)."""
-    rng = np.random.default_rng(6)
-    for name, data in _progressive_variants()[:3]:
-        w, h = Image.open(io.BytesIO(data)).size
-        region = (8, 0, h // 4, w, h, 0.0, h / 4, float(w), float(h), 64, 64)
-        for i in range(60):
-            broken = bytearray(data)
-            at = int(rng.integers(len(data) // 3, len(data) - 2))
-            if i % 3 == 0:
-                broken[at] = int(rng.integers(256))
-            elif i % 3 == 1:
-                broken[at] = 0xFF
-            else:
-                broken = broken[:at]
-            results = []
-            for flags in (0, 8):
-                try:
-                    results.append(_compiled().crop_resize(bytes(broken), *region, flags))
-                except ValueError as exc:
-                    results.append(str(exc))
-            assert results[0] == results[1], (name, i)
+    _damaged_like_libjpeg(_progressive_variants()[:3], 60, 6)
