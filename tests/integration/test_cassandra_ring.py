@@ -137,6 +137,9 @@ def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing) -> Non
             timeout=60,
         )
         session.execute(f"CREATE TABLE IF NOT EXISTS {READS_KS}.data (id uuid PRIMARY KEY, label int, data blob)")
+        # Under load the driver's own wait (10 s) can end before the three nodes agree: a prepare then reaches a
+        # node without the table (seen once in CI). Wait for the agreement itself.
+        assert session.cluster.control_connection.wait_for_schema_agreement(wait_time=120), "no schema agreement"
         insert = session.prepare(f"INSERT INTO {READS_KS}.data (id, label, data) VALUES (?, ?, ?)")
         execute_concurrent_with_args(
             session, insert, [(uuid.UUID(i), k % 7, b) for k, (i, b) in enumerate(zip(ids, blobs, strict=True))]
