@@ -126,8 +126,8 @@ def load(
     (pack_ordered); log progress while it runs."""
     sc = spark.sparkContext
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
-    forward = read_order(args, cfg) == "source"
-    log.info("reading the source in the %s's order", "source" if forward else "plan")
+    forward = args.read_order == "source"  # auto resolved by main
+    log.info("reading the source in the %s's order", args.read_order)
     with progress_log(log, "pack", done, nbytes, rows):
         if forward:
             store_factory = _store_factory(cfg)
@@ -201,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if check is not None:
             check()  # wrong keys or bucket fail here, before any Spark work
         cfg, live = build_config(args), store.read_manifest()
+        args.read_order = read_order(args, cfg)  # "auto" resolved once: the pack and the summary use it
         from imgest.spark.submit import build_session
 
         spark = build_session("imgest-pack-shards")
@@ -222,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples = samples_table(plan_path, records)  # streamed a shard's row group at a time
         changed = publish(store, manifest, samples, shards_table(records))
         seconds = time.monotonic() - t0
-        summary = _summary(read_order(args, cfg), cfg, store.location, records, key, manifest, changed, rows, seconds)
+        summary = _summary(args.read_order, cfg, store.location, records, key, manifest, changed, rows, seconds)
         emit_summary(summary, args.summary_json)
         spark.stop()
         return 0
