@@ -94,6 +94,12 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
     return last
 
 
+def _source_of(entry: DatasetEntry) -> dict[str, Any]:
+    """The entry's source and its connection (aws_default unless the entry names one), for every task."""
+    conf = entry.conf(entry.targets[0])
+    return {"source": conf.get("source"), "source_conn_id": conf.get("source_conn_id") or "aws_default"}
+
+
 def build_refresh_dag(entry: DatasetEntry) -> DAG:
     with DAG(
         dag_id=f"refresh_{entry.name}",
@@ -109,7 +115,9 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
             "retries": 2,
             "retry_delay": timedelta(seconds=30),
             "execution_timeout": timedelta(hours=12),
-            **work_hooks(entry.name),  # the work folder follows the run through $IMGEST_STATE_URL when set
+            # the work folder follows the run through $IMGEST_STATE_URL (or beside its S3 destination when the
+            # deployment spans hosts); the source's connection too
+            **work_hooks(entry.name, _source_of(entry), confs=[entry.conf(t) for t in entry.targets]),
         },
     ) as dag:
         lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")

@@ -16,7 +16,7 @@ from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.providers.apache.cassandra.hooks.cassandra import CassandraHook
 
 from imgest.core.errors import ConfigError
-from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.core.settings import CassandraSettings, S3Settings, env_consistency
 
 
 class ImgestCassandraHook(CassandraHook):
@@ -45,7 +45,7 @@ class ImgestCassandraHook(CassandraHook):
             password=conn.password or None,
             ssl_ca_file=ssl_ca or None,
             protocol_version=int(extra.get("protocol_version") or 4),
-            consistency=extra.get("consistency") or CassandraSettings.from_env().consistency,
+            consistency=extra.get("consistency") or env_consistency(),
             local_dc=extra.get("local_dc") or (extra.get("load_balancing_policy_args") or {}).get("local_dc") or None,
         )
 
@@ -82,23 +82,45 @@ class ImgestS3Hook(S3Hook):
     """The Amazon provider's S3Hook, plus the connection as imgest's S3Settings."""
 
     def settings(self, bucket: str = "imgest") -> S3Settings:
-        """Keys from the provider's credential chain; endpoint and region from the connection."""
-        creds = self.get_credentials()
-        return S3Settings(
+        """The connection's keys, else the provider's chain (role, web identity, profile...) resolved now with its
+        session token and expiry (renewed before then by whoever holds them); endpoint and region from the
+        connection (no endpoint: AWS S3)."""
+        region = self.conn_config.region_name or "us-east-1"
+        creds = self.get_session(region_name=region).get_credentials()
+        if creds is None:
+            raise ConfigError(
+                f"Airflow connection {self.aws_conn_id!r} yields no S3 credentials: set its Login / Password (key "
+                "id / secret), its extra role_arn or profile_name, or give this host a role"
+            )
+        frozen = creds.get_frozen_credentials()
+        settings = S3Settings(
             endpoint_url=self.conn_config.endpoint_url or None,
-            access_key=creds.access_key,
-            secret_key=creds.secret_key,
-            region=self.conn_config.region_name or "us-east-1",
+            access_key=frozen.access_key,
+            secret_key=frozen.secret_key,
+            region=region,
             bucket=bucket,
+            session_token=frozen.token or None,
         )
+        return _with_expiry(settings, creds)
 
     def spark_env(self) -> dict[str, str]:
-        """What a Spark job needs to reach this S3 endpoint, as environment variables."""
+        """What a Spark job needs to reach this S3 endpoint, as environment variables (never argv)."""
+        from imgest.core.credentials import env_of
+
         s = self.settings()
-        env = {"AWS_ACCESS_KEY_ID": s.access_key or "", "AWS_SECRET_ACCESS_KEY": s.secret_key or ""}
+        env = {**env_of(s), "AWS_DEFAULT_REGION": s.region}
         if s.endpoint_url:
             env["IMGEST_S3_ENDPOINT"] = s.endpoint_url
         return env
+
+
+def _with_expiry(settings: S3Settings, credentials: Any) -> S3Settings:
+    """SETTINGS with the expiry of temporary CREDENTIALS (when botocore knows it)."""
+    from dataclasses import replace
+    from datetime import datetime
+
+    when = getattr(credentials, "_expiry_time", None)
+    return replace(settings, expires_at=when.timestamp()) if isinstance(when, datetime) else settings
 
 
 def store_settings(dest: str, aws_conn_id: str) -> S3Settings | None:

@@ -36,6 +36,7 @@ from imgest.core.settings import CassandraSettings
 from imgest.services import AirflowServer, CassandraServer, S3Server, airflow_cli, get_service
 from imgest.services.airflow_celery import CeleryAirflow
 from imgest.services.base import Service
+from imgest.services.embedded import use_embedded
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.spark import driver_server
@@ -71,6 +72,9 @@ os.environ.setdefault(
     "IMGEST_CASSANDRA_JAVA_OPTIONS",
     "-XX:TieredStopAtLevel=1 -XX:ParallelGCThreads=1 -XX:ConcGCThreads=1 -XX:-UsePerfData",
 )
+# The suite is a person who ran `eval "$(imgest services env)"`: the embedded stores' addresses and keys come from
+# these variables (nothing in imgest falls back to 127.0.0.1 by itself). Tests of what happens without them unset them.
+use_embedded()
 # Local Spark jobs run one after another in one reused driver (imgest.spark.driver_server) instead of a
 # spark-submit each: 5-20 s less per job, about seventy jobs. Tests of spark-submit itself call it directly;
 # IMGEST_TEST_SPARK_SUBMIT=1 sends every job through spark-submit.
@@ -390,10 +394,17 @@ def _one_cluster_user(request: pytest.FixtureRequest) -> Iterator[None]:
 def cassandra_role(cassandra_auth_server: CassandraServer) -> tuple[CassandraSettings, str]:
     """A login role with a random password on the password-checking node: (settings, password)."""
     role, password = f"imgest_test_{secrets.token_hex(4)}", "pw" + secrets.token_hex(12)
-    admin = CassandraSettings(port=cassandra_auth_server.native_port, username="cassandra", password="cassandra")
+    admin = CassandraSettings(
+        hosts=(cassandra_auth_server.host,),
+        port=cassandra_auth_server.native_port,
+        username="cassandra",
+        password="cassandra",
+    )
     with cassandra_session(admin) as session:
         session.execute(f"CREATE ROLE {role} WITH LOGIN = true AND SUPERUSER = true AND PASSWORD = '{password}'")
-    return CassandraSettings(port=cassandra_auth_server.native_port, username=role, password=password), password
+    return CassandraSettings(
+        hosts=(cassandra_auth_server.host,), port=cassandra_auth_server.native_port, username=role, password=password
+    ), password
 
 
 @pytest.fixture

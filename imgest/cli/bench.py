@@ -219,6 +219,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p = bench_sub.add_parser(name, **kwargs)
         p.add_argument("--json", type=Path, required=True, help="where to write the JSON report")
         p.add_argument("--plot", type=Path, help="also save a bar chart PNG here")
+        p.set_defaults(embedded=True)  # benchmarks run on the embedded services they start (services env's settings)
         return p
 
     bt = bench_parser(

@@ -59,23 +59,24 @@ def credentials_env(args: argparse.Namespace) -> None:
 
 
 def s3_env(dest: str) -> None:
-    """Give the Spark job S3 credentials through its environment: the user's, else the embedded server's."""
+    """Give the Spark job the destination's S3 settings through its environment (never argv): the endpoint and,
+    when this process has keys (its own, or the embedded server's), those keys with their session token."""
     if not dest.startswith("s3://"):
         return
+    from imgest.core.credentials import env_of
     from imgest.core.settings import S3Settings
 
     settings = S3Settings.from_env()
-    if settings.access_key and settings.secret_key:
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", settings.access_key)
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", settings.secret_key)
+    for key, value in env_of(settings).items():
+        os.environ.setdefault(key, value)
     if settings.endpoint_url:
         os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)
 
 
 def add_cassandra_args(p: argparse.ArgumentParser) -> None:
     """Where Cassandra is and who connects (the password is read from a file, never from argv)."""
-    p.add_argument("--hosts", default="127.0.0.1", help="comma-separated contact points (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9042, help="CQL port (default 9042)")
+    p.add_argument("--hosts", help="comma-separated contact points (default: $IMGEST_CASSANDRA_HOSTS; one is required)")
+    p.add_argument("--port", type=int, help="CQL port (default: $IMGEST_CASSANDRA_PORT, else 9042)")
     p.add_argument("--user", help="Cassandra user")
     p.add_argument("--password-file", help="file holding the Cassandra password")
     from imgest.spark.job_options import CASSANDRA_OPTIONS
@@ -93,10 +94,10 @@ def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
     from imgest.core.settings import CassandraSettings
 
     credentials_env(args)
-    env = CassandraSettings.from_env()
+    env = CassandraSettings.from_env(args.hosts, args.port)
     return CassandraSettings(
-        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
-        port=args.port,
+        hosts=env.hosts,
+        port=env.port,
         username=env.username,
         password=env.password,
         ssl_ca_file=getattr(args, "ssl_ca", None) or env.ssl_ca_file,
@@ -121,6 +122,10 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
         logging.getLogger("cassandra").setLevel(logging.CRITICAL)
     from imgest.core.errors import ImgestError
 
+    if getattr(args, "embedded", False):
+        from imgest.services.embedded import use_embedded
+
+        use_embedded()
     try:
         return int(args.func(args) or 0)
     except ImgestError as exc:

@@ -175,7 +175,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="pack webdataset shards (+ DALI .idx) to s3://bucket/prefix or a folder",
         description="Global seeded shuffle, shards cut by --max-count and --max-bytes, named {split}-{index:06d}.tar, "
         "each with a DALI index and a sha256, written once under DEST/v/<key>/ and published by writing manifest.json. "
-        "S3 endpoint and keys: IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the embedded server.",
+        "S3 endpoint and keys: IMGEST_S3_ENDPOINT (none: AWS S3), AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
+        "AWS_SESSION_TOKEN or botocore's chain (profiles, roles, SSO); the embedded server's: "
+        'eval "$(imgest services env)".',
     )
     add_source_args(ish)
     add_source_conn_arg(ish)

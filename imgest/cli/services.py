@@ -23,12 +23,15 @@ def services_cmd(args: argparse.Namespace) -> int:
 
 
 def env_cmd(args: argparse.Namespace) -> int:
+    import shlex
+
     from imgest.services import AirflowServer
+    from imgest.services.embedded import embedded_env
 
     server = AirflowServer.default()
     env = server.env()
-    for key in ("AIRFLOW_HOME", "IMGEST_HOME", "PATH"):
-        print(f"export {key}={env[key]!s}")
+    for key in ("AIRFLOW_HOME", "IMGEST_HOME", "PATH", *embedded_env()):
+        print(f"export {key}={shlex.quote(str(env[key]))}")
     return 0
 
 
@@ -55,12 +58,16 @@ def register(sub: argparse._SubParsersAction) -> None:
             metavar="SERVICE",
             help="cassandra, cassandra-auth (PasswordAuthenticator), cassandra-tls (TLS only, own CA), "
             "cassandra-ring (3 nodes on 127.0.0.2-4), s3, "
-            "airflow, latency-proxy (Toxiproxy), spark (standalone master + 2 workers)",
+            "airflow, airflow-celery (CeleryExecutor, PostgreSQL, Redis, 2 workers), latency-proxy (Toxiproxy), "
+            "spark (standalone master + 2 workers), hosts (the whole deployment on 7 network-namespace hosts "
+            "that share nothing; root)",
         )
         p.set_defaults(func=services_cmd)
     env = services_sub.add_parser(
         "env",
-        help="print shell exports for using the `airflow` CLI with imgest",
-        description='Use as: eval "$(imgest services env)"',
+        help="print shell exports for the embedded services: the `airflow` CLI, and the addresses and keys "
+        "imgest's commands use to reach Cassandra and S3",
+        description='Use as: eval "$(imgest services env)". Without these, imgest reaches no store by itself: each '
+        "command needs --hosts / IMGEST_CASSANDRA_HOSTS and IMGEST_S3_ENDPOINT (none: AWS S3) or a connection.",
     )
     env.set_defaults(func=env_cmd)

@@ -18,7 +18,6 @@ KEYSPACE: Final = "imgest"
 TABLE_LAYOUT: Final = "split-column"
 TABLE_SUFFIX: Final = ""
 REPLICATION: Final = "SimpleStrategy:1"
-CASSANDRA_HOST: Final = "127.0.0.1"
 CASSANDRA_PORT: Final = 9042
 CONSISTENCY: Final = "LOCAL_QUORUM"  # writes and verify reads; IMGEST_CASSANDRA_CONSISTENCY, --consistency
 CONSISTENCY_LEVELS: Final = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")

@@ -1,7 +1,13 @@
 """Typed connection settings for Cassandra and S3, resolved once at an entry point.
 
-Values come from CLI flags, an Airflow connection or the environment; the defaults point at the
-embedded services that ``imgest services up`` starts. Secrets are excluded from ``repr``.
+Values come, in this order, from CLI flags, an Airflow connection or ``IMGEST_*`` variables, and nothing else:
+no address is assumed. The embedded services are reached only when ``eval "$(imgest services env)"`` (or the
+process that started them: the demo, the test suite, an embedded Airflow) put their settings in the environment
+(``imgest.services.embedded_env``). A Cassandra without contact points is an error naming the setting; an S3
+connection without an endpoint is AWS itself. S3 credentials follow botocore's default chain (environment,
+profiles, web identity, container and instance roles, SSO) unless keys are given; temporary ones carry their
+session token and expiry, and a process holding shipped ones renews them from its own chain before they expire.
+Secrets are excluded from ``repr``.
 """
 
 from __future__ import annotations
@@ -10,11 +16,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from imgest.core import credentials as _credentials
 from imgest.core import defaults
-from imgest.core.paths import state_dir
 
-EMBEDDED_HOST = "127.0.0.1"
+EMBEDDED_HOST = "127.0.0.1"  # where `imgest services up` binds the embedded servers (services code only)
+HOSTS_ENV = "IMGEST_CASSANDRA_HOSTS"
+CREDENTIALS_FILE_ENV = "IMGEST_S3_CREDENTIALS_FILE"  # the embedded S3 server's keys (`imgest services env`)
+EXPIRY_ENV = "IMGEST_S3_CREDENTIALS_EXPIRY"  # epoch seconds when AWS_SESSION_TOKEN's credentials expire
 
 
 def env_int(name: str, default: int) -> int:
@@ -44,7 +54,7 @@ def consistency_level(name: str) -> str:
 class CassandraSettings:
     """How to reach a Cassandra cluster."""
 
-    hosts: tuple[str, ...] = (EMBEDDED_HOST,)
+    hosts: tuple[str, ...] = ()
     port: int = 9042
     username: str | None = None
     password: str | None = field(default=None, repr=False)
@@ -65,20 +75,26 @@ class CassandraSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "consistency", consistency_level(self.consistency))
+        if not self.hosts:
+            from imgest.core.errors import ConfigError
+
+            raise ConfigError(
+                f"no Cassandra contact points: pass --hosts, set {HOSTS_ENV} (comma separated) or the Airflow "
+                'connection cassandra_default\'s Host; for the embedded server: eval "$(imgest services env)"'
+            )
 
     @classmethod
-    def from_env(cls) -> CassandraSettings:
-        """IMGEST_CASSANDRA_HOSTS (comma separated), _PORT, _USER, _PASSWORD, _SSL_CA, _PROTOCOL, _CONSISTENCY,
-        _LOCAL_DC."""
-        hosts = os.environ.get("IMGEST_CASSANDRA_HOSTS", EMBEDDED_HOST)
+    def from_env(cls, hosts: str | None = None, port: int | None = None) -> CassandraSettings:
+        """HOSTS / PORT (flags) when given, else IMGEST_CASSANDRA_HOSTS (comma separated; one of them is
+        required) and _PORT (9042); _USER, _PASSWORD, _SSL_CA, _PROTOCOL, _CONSISTENCY, _LOCAL_DC."""
         return cls(
-            hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
-            port=env_int("IMGEST_CASSANDRA_PORT", 9042),
+            hosts=split_hosts(hosts or os.environ.get(HOSTS_ENV, "")),
+            port=port or env_int("IMGEST_CASSANDRA_PORT", 9042),
             username=os.environ.get("IMGEST_CASSANDRA_USER") or None,
             password=os.environ.get("IMGEST_CASSANDRA_PASSWORD") or None,
             ssl_ca_file=os.environ.get("IMGEST_CASSANDRA_SSL_CA") or None,
             protocol_version=env_int("IMGEST_CASSANDRA_PROTOCOL", 4),
-            consistency=os.environ.get("IMGEST_CASSANDRA_CONSISTENCY") or defaults.CONSISTENCY,
+            consistency=env_consistency(),
             local_dc=os.environ.get("IMGEST_CASSANDRA_LOCAL_DC") or None,
         )
 
@@ -104,59 +120,79 @@ class CassandraSettings:
         return f"{','.join(self.hosts)}:{self.port}"
 
 
+def split_hosts(text: str) -> tuple[str, ...]:
+    """Contact points of a comma-separated TEXT, blanks dropped."""
+    return tuple(h.strip() for h in text.split(",") if h.strip())
+
+
+def env_consistency() -> str:
+    """The consistency level of IMGEST_CASSANDRA_CONSISTENCY, else imgest's default."""
+    return consistency_level(os.environ.get("IMGEST_CASSANDRA_CONSISTENCY") or defaults.CONSISTENCY)
+
+
+def env_endpoint(prefix: str = "") -> str | None:
+    """The S3 endpoint of PREFIX+IMGEST_S3_ENDPOINT, else AWS's own variables (AWS_ENDPOINT_URL_S3,
+    AWS_ENDPOINT_URL); None: AWS S3 itself."""
+    env = os.environ.get
+    if prefix:
+        return env(f"{prefix}S3_ENDPOINT") or None
+    return env("IMGEST_S3_ENDPOINT") or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
+
+
 @dataclass(frozen=True)
 class S3Settings:
-    """How to reach an S3-compatible object store."""
+    """How to reach an S3-compatible object store (no endpoint: AWS S3; no keys: botocore's default chain)."""
 
-    endpoint_url: str | None = f"http://{EMBEDDED_HOST}:8333"
+    endpoint_url: str | None = None
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     region: str = "us-east-1"
     bucket: str = "imgest"
+    session_token: str | None = field(default=None, repr=False)
+    # When temporary keys expire (epoch seconds); a process renews them from its own chain before that.
+    expires_at: float | None = None
 
     @classmethod
     def from_env(cls) -> S3Settings:
-        """IMGEST_S3_ENDPOINT, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, IMGEST_S3_BUCKET.
-
-        Without keys in the environment, the embedded server's generated keys are used.
-        """
-        endpoint = os.environ.get("IMGEST_S3_ENDPOINT", f"http://{EMBEDDED_HOST}:{env_int('IMGEST_S3_PORT', 8333)}")
-        key = os.environ.get("AWS_ACCESS_KEY_ID")
-        secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
+        """IMGEST_S3_ENDPOINT (or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL; none: AWS), AWS_ACCESS_KEY_ID /
+        AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN (with IMGEST_S3_CREDENTIALS_EXPIRY), else the embedded server's
+        keys when IMGEST_S3_CREDENTIALS_FILE names them, else botocore's chain; AWS_DEFAULT_REGION, IMGEST_S3_BUCKET."""
+        env = os.environ.get
+        key, secret, token = env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN")
         if not key or not secret:
-            key, secret = embedded_s3_credentials()
+            key, secret, token = (*credentials_file(env(CREDENTIALS_FILE_ENV) or ""), None)
+        expiry = env(EXPIRY_ENV)
         return cls(
-            endpoint_url=endpoint or None,
-            access_key=key,
-            secret_key=secret,
-            region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-            bucket=os.environ.get("IMGEST_S3_BUCKET", "imgest"),
+            endpoint_url=env_endpoint(),
+            access_key=key or None,
+            secret_key=secret or None,
+            region=env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1",
+            bucket=env("IMGEST_S3_BUCKET") or "imgest",
+            session_token=token or None,
+            expires_at=float(expiry) if expiry and token else None,
         )
+
+    def credentials(self) -> Any:
+        """botocore credentials for these settings: the keys given (renewed from this host's chain before they
+        expire when temporary), else botocore's default chain; None when the chain finds none."""
+        return _credentials.botocore_credentials(self)
+
+    def frozen(self) -> S3Settings:
+        """These settings with keys in them, for processes elsewhere (Spark executors): the chain's current keys,
+        session token and expiry when none were given. Given keys are returned as they are."""
+        return _credentials.frozen_settings(self)
 
     def client(self, max_pool_connections: int = 10):  # -> botocore S3 client; boto3 is imported lazily (heavy)
         """A boto3 S3 client for these settings (MAX_POOL_CONNECTIONS: HTTP connections kept for its threads)."""
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name=self.region,
-            config=Config(
-                retries={"max_attempts": 5, "mode": "standard"},
-                s3={"addressing_style": "path"},
-                max_pool_connections=max_pool_connections,
-            ),
-        )
+        return _credentials.s3_client(self, max_pool_connections)
 
 
-def embedded_s3_credentials() -> tuple[str | None, str | None]:
-    """The key pair generated for the embedded S3 server, or (None, None) before its first start."""
-    path = state_dir() / "s3" / "credentials.json"
+def credentials_file(path: str) -> tuple[str | None, str | None]:
+    """The key pair of a credentials JSON file at PATH (the embedded server's), or (None, None) without one."""
+    if not path:
+        return None, None
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:  # the embedded server has not started yet: no keys to give
         return None, None
     return data["access_key"], data["secret_key"]

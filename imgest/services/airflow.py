@@ -100,6 +100,9 @@ class AirflowServer:
         env["AIRFLOW_HOME"] = str(self.home)
         env.setdefault("IMGEST_SPARK_POOL", SPARK_POOL)  # created with the connections (prepare)
         env.setdefault("IMGEST_HOME", str(state_dir()))
+        from imgest.services.embedded import use_embedded
+
+        use_embedded(env)  # this Airflow is embedded: its tasks reach the embedded stores, as `services env` says
         return env
 
     def airflow(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,8 @@
 A source URL is ``s3://bucket/prefix/`` (a dataset tree) or ``s3://bucket/.../ILSVRC2012_img_train.tar``. Its
 connection is its own (``source_conn_id`` in the DAG; ``IMGEST_SOURCE_S3_ENDPOINT``,
 ``IMGEST_SOURCE_AWS_ACCESS_KEY_ID``, ``IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY``, ``IMGEST_SOURCE_AWS_REGION`` for a
-Spark driver or the CLI; unset ones fall back to the destination's ``S3Settings.from_env``). A Spark driver wraps
+Spark driver or the CLI, with ``IMGEST_SOURCE_AWS_SESSION_TOKEN`` for temporary keys; unset ones fall back to
+the destination's ``S3Settings.from_env``, and without keys botocore's chain signs). A Spark driver wraps
 the manifest's root in a ``SourceRoot``, a string that carries those settings inside the pickled task and
 registers them on the executor that unpickles it, so workers need neither the keys in their environment nor a
 shared file system.
@@ -82,18 +83,14 @@ class ObjectGetter:
     def __init__(self, settings: S3Settings, connections: int = CONNECTIONS) -> None:
         import urllib3
         from botocore.auth import S3SigV4Auth
-        from botocore.credentials import Credentials
-        from botocore.session import get_session
 
         self.endpoint = (settings.endpoint_url or f"https://s3.{settings.region}.amazonaws.com").rstrip("/")
-        if settings.access_key and settings.secret_key:
-            credentials: Any = Credentials(settings.access_key, settings.secret_key)
-        else:
-            credentials = get_session().get_credentials()
+        credentials = settings.credentials()  # given keys (renewed when temporary), else botocore's chain
         if credentials is None:
             raise S3SourceError(
-                f"no credentials for the source on {self.endpoint}: set IMGEST_SOURCE_AWS_ACCESS_KEY_ID and "
-                "IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY, or the source connection's keys (source_conn_id)"
+                f"no credentials for the source on {self.endpoint}: set the source connection's keys "
+                "(source_conn_id / --source-conn-id), IMGEST_SOURCE_AWS_ACCESS_KEY_ID and "
+                "IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY, or give this host a role or profile"
             )
         self._auth = S3SigV4Auth(credentials, "s3", settings.region)
         retries = urllib3.Retry(

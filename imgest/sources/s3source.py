@@ -11,7 +11,7 @@ from pathlib import PurePath
 from typing import Any
 
 from imgest.core.errors import ImgestError
-from imgest.core.settings import S3Settings
+from imgest.core.settings import S3Settings, env_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +48,25 @@ def source_settings_from_env() -> S3Settings:
     base = S3Settings.from_env()
     env = os.environ.get
     key, secret = env(ENV_PREFIX + "AWS_ACCESS_KEY_ID"), env(ENV_PREFIX + "AWS_SECRET_ACCESS_KEY")
+    own = bool(key and secret)
+    token, expiry = env(ENV_PREFIX + "AWS_SESSION_TOKEN"), env(ENV_PREFIX + "S3_CREDENTIALS_EXPIRY")
     return replace(
         base,
-        endpoint_url=env(ENV_PREFIX + "S3_ENDPOINT") or base.endpoint_url,
-        access_key=key if key and secret else base.access_key,
-        secret_key=secret if key and secret else base.secret_key,
+        endpoint_url=env_endpoint(ENV_PREFIX) or base.endpoint_url,
+        access_key=key if own else base.access_key,
+        secret_key=secret if own else base.secret_key,
+        session_token=(token or None) if own else base.session_token,
+        expires_at=(float(expiry) if token and expiry else None) if own else base.expires_at,
         region=env(ENV_PREFIX + "AWS_REGION") or base.region,
     )
 
 
 def source_env(settings: S3Settings) -> dict[str, str]:
-    """SETTINGS as the IMGEST_SOURCE_* variables a Spark driver or the CLI reads (for spark-submit's env)."""
-    env = {
-        ENV_PREFIX + "AWS_ACCESS_KEY_ID": settings.access_key or "",
-        ENV_PREFIX + "AWS_SECRET_ACCESS_KEY": settings.secret_key or "",
-        ENV_PREFIX + "AWS_REGION": settings.region,
-    }
+    """SETTINGS as the IMGEST_SOURCE_* variables a Spark driver or the CLI reads (for spark-submit's env); keys
+    only when the connection has them (else the chain of the host that reads decides)."""
+    from imgest.core.credentials import env_of
+
+    env = {**env_of(settings, ENV_PREFIX), ENV_PREFIX + "AWS_REGION": settings.region}
     if settings.endpoint_url:
         env[ENV_PREFIX + "S3_ENDPOINT"] = settings.endpoint_url
     return env
@@ -113,7 +116,7 @@ def shippable_root(root: str) -> str:
     """ROOT as a Spark driver ships it to executors: an S3 root carries this process's source connection."""
     if not is_s3(root):
         return root
-    settings = settings_for(root)
+    settings = settings_for(root).frozen()  # keys from this host's chain travel too (executors may have none)
     register_source(root, settings)
     return SourceRoot(s3_url(root), settings)
 

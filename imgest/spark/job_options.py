@@ -74,8 +74,8 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
         "--table-suffix",
         {"default": defaults.TABLE_SUFFIX, "help": "appended to table names, e.g. _orig for UNCHANGED images"},
     ),
-    ("--hosts", {"default": defaults.CASSANDRA_HOST, "help": "comma-separated contact points (default 127.0.0.1)"}),
-    ("--port", {"type": int, "default": defaults.CASSANDRA_PORT, "help": "CQL port (default 9042)"}),
+    ("--hosts", {"help": "comma-separated contact points (default: $IMGEST_CASSANDRA_HOSTS; one is required)"}),
+    ("--port", {"type": int, "help": "CQL port (default: $IMGEST_CASSANDRA_PORT, else 9042)"}),
     (
         "--consistency",
         {

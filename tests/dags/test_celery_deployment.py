@@ -105,7 +105,9 @@ def _log(celery: CeleryAirflow, run_id: str, task_id: str) -> str:
 
 
 def _stored(cassandra_server: CassandraServer, keyspace: str) -> int:
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         return session.execute(f"SELECT count(*) FROM {keyspace}.data").one()[0]
 
 

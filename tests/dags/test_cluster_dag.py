@@ -167,7 +167,9 @@ def test_no_shared_disk_between_tasks_or_executors(
     assert not (work / dataset).exists()  # nothing of the run stayed on the "pod's" disk
     assert list(list_objects(client, "imgest", f"{state}/staging/")) == []
     assert list(list_objects(client, "imgest", f"{state}/locks/")) == []  # the runs let go of the dataset's lock
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         assert session.execute(f"SELECT count(*) FROM dagnsd_{run}.data").one()[0] == STORED
 
 

@@ -36,7 +36,9 @@ def _states(airflow: AirflowServer) -> dict[str, str | None]:
 
 def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: CassandraServer, source: Path) -> None:
     conf = {"target": "cassandra", "source": str(source), "dataset": "dagtest-c", "keyspace": "imgest_dag_test"}
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         session.execute("DROP KEYSPACE IF EXISTS imgest_dag_test", timeout=60)
     ok, _, tail = run_dag(airflow_home, conf)
     assert ok, tail
@@ -57,7 +59,9 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
     assert states["validate_xnvme"] == "skipped"  # the xNVMe check reads the files target only
     assert states["gc"] == "success"  # versions of the Cassandra target live in its tables: nothing removed
     assert "skipped" in task_results(airflow_home, "ingest_imagenet", ("gc",))["gc"]
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         record = session.execute("SELECT status, quarantine_count FROM imgest_dag_test.dataset_versions").one()
         stored = session.execute("SELECT count(*) FROM imgest_dag_test.data").one()[0]
     assert record.status == "complete"
@@ -68,7 +72,9 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
     out = airflow_home.airflow("connections", "get", "cassandra_default", "-o", "json").stdout
     conn = json.loads(next(line for line in out.splitlines() if line.startswith("[")))[0]
     assert f"cassandra://{conn['host']}:{conn['port']}/imgest_dag_test/data" in uris
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         checks = session.execute("SELECT checks FROM imgest_dag_test.dataset_versions").one().checks
     report = json.loads(Path(checks["read_throughput"]).read_text())
     assert {(r["reader"], r["mode"]) for r in report["readers"]} == {

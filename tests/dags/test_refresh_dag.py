@@ -113,7 +113,7 @@ def _change_source(source: Path, tmp: Path) -> dict[str, list[str]]:
 
 def _rows(cassandra: CassandraServer) -> dict[str, tuple[str, str, str]]:
     """id -> (version, src_sha256, sha256 of the stored bytes) of every row of the refresh test's tables."""
-    with cassandra_session(CassandraSettings(port=cassandra.native_port)) as session:
+    with cassandra_session(CassandraSettings(hosts=(cassandra.host,), port=cassandra.native_port)) as session:
         meta = {
             str(r.id): (r.version, r.src_sha256)
             for r in session.execute(f"SELECT id, version, src_sha256 FROM {KEYSPACE}.metadata")
@@ -127,7 +127,7 @@ def _rows(cassandra: CassandraServer) -> dict[str, tuple[str, str, str]]:
 
 
 def _versions(cassandra: CassandraServer) -> dict[str, tuple[str, dict | None]]:
-    with cassandra_session(CassandraSettings(port=cassandra.native_port)) as session:
+    with cassandra_session(CassandraSettings(hosts=(cassandra.host,), port=cassandra.native_port)) as session:
         rows = session.execute(
             f"SELECT version, status, changes FROM {KEYSPACE}.dataset_versions WHERE dataset = 'rfx'"
         )
@@ -135,7 +135,7 @@ def _versions(cassandra: CassandraServer) -> dict[str, tuple[str, dict | None]]:
 
 
 def _lineage(cassandra: CassandraServer, version: str) -> list[str]:
-    with cassandra_session(CassandraSettings(port=cassandra.native_port)) as session:
+    with cassandra_session(CassandraSettings(hosts=(cassandra.host,), port=cassandra.native_port)) as session:
         row = session.execute(
             f"SELECT lineage FROM {KEYSPACE}.dataset_versions WHERE dataset = 'rfx' AND version = %s", (version,)
         ).one()
@@ -173,7 +173,9 @@ def test_refresh_applies_exactly_the_changes(
     tmp_path: Path,
 ) -> None:
     resume_checks(scheduler)  # this test checks that the Assets trigger check_datasets
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)
     shutil.rmtree(state_dir() / "work" / "rfx", ignore_errors=True)
     assert "refresh_rfx" in listed_dags(scheduler)

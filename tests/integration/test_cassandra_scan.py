@@ -57,7 +57,7 @@ def _rows() -> list[tuple[uuid.UUID, int, str, str | None, str | None]]:
 def session(cassandra_server: CassandraServer) -> Iterator[Any]:
     from cassandra.concurrent import execute_concurrent_with_args
 
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as s:
+    with cassandra_session(CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)) as s:
         s.execute(f"DROP KEYSPACE IF EXISTS {TABLES.keyspace}", timeout=60)
         apply_schema(s, TABLES, ["train", "val"], "SimpleStrategy:1")
         insert = s.prepare(f"INSERT INTO {META} (id, label, split, dataset, version) VALUES (?, ?, ?, ?, ?)")

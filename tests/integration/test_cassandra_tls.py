@@ -21,13 +21,17 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
 def _settings(server: CassandraServer) -> CassandraSettings:
-    return CassandraSettings(port=server.native_port, ssl_ca_file=str(server.ca_file), connect_timeout=5)
+    return CassandraSettings(
+        hosts=(server.host,), port=server.native_port, ssl_ca_file=str(server.ca_file), connect_timeout=5
+    )
 
 
 def test_tls_node_refuses_plain_and_untrusted(cassandra_tls_server: CassandraServer, tmp_path: Path) -> None:
     from imgest.services.tls import make_server_tls
 
-    plain = CassandraSettings(port=cassandra_tls_server.native_port, connect_timeout=5)
+    plain = CassandraSettings(
+        hosts=(cassandra_tls_server.host,), port=cassandra_tls_server.native_port, connect_timeout=5
+    )
     with pytest.raises(CassandraConnectError), cassandra_session(plain):
         pass
     untrusted = make_server_tls(tmp_path / "other-ca", "127.0.0.1").ca_pem  # a CA that did not sign the node

@@ -39,7 +39,7 @@ def ingested(cassandra_server: CassandraServer, tmp_path_factory: pytest.TempPat
     scan_to_dir(root / "src", root / "manifest")
     manifest = root / "manifest"
     meta = manifest_metadata(manifest / "manifest.parquet")
-    settings = CassandraSettings(port=cassandra_server.native_port)
+    settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
     cfg = CassandraIngestConfig(
         meta["root"], meta["dataset"], VERSION, TABLES, TransformSpec(), port=cassandra_server.native_port
     )

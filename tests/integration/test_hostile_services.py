@@ -74,7 +74,9 @@ def test_dag_prepare_steps_fail_without_retries_on_refused_credentials(
 
     from imgest.flow.steps import prepare_bucket, prepare_cassandra
 
-    bad_cassandra = CassandraSettings(port=cassandra_auth_server.native_port, username="cassandra", password="no")
+    bad_cassandra = CassandraSettings(
+        hosts=(cassandra_auth_server.host,), port=cassandra_auth_server.native_port, username="cassandra", password="no"
+    )
     with pytest.raises(AuthenticationError):
         prepare_cassandra({"sample": True, "keyspace": "hostile"}, tmp_path, bad_cassandra)
     with pytest.raises(AirflowFailException, match="refused the credentials"), fail_without_retry():

@@ -84,3 +84,28 @@ def test_server_listens_on_loopback_only(s3_server: S3Server) -> None:
     addresses = _listening_addresses(pid)
     assert addresses, "weed listens on no TCP socket"
     assert addresses == {"0100007F"}  # 127.0.0.1 in /proc/net/tcp byte order
+
+
+def test_shipped_keys_renewed_from_the_hosts_own_chain(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An executor holding shipped temporary keys that are about to expire (here: keys the server no longer
+    knows) signs with its own chain's keys: both the boto3 client and the source's object getter read on."""
+    from dataclasses import replace
+
+    from imgest.sources.s3objects import ObjectGetter
+
+    good = s3_server.settings()
+    client = good.client()
+    client.put_object(Bucket=good.bucket, Key="tests/renewed.txt", Body=b"renewed")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", good.access_key or "")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", good.secret_key or "")
+    import time
+
+    shipped = replace(
+        good, access_key="ASIAEXPIRED", secret_key="revoked", session_token="t", expires_at=time.time() + 5
+    )
+    body = shipped.client().get_object(Bucket=good.bucket, Key="tests/renewed.txt")["Body"].read()
+    assert body == b"renewed"
+    assert ObjectGetter(shipped).get(good.bucket, "tests/renewed.txt") == b"renewed"
+    stale = replace(shipped, expires_at=time.time() + 7200)  # far from expiry: the shipped keys sign, and are refused
+    with pytest.raises(S3AccessError, match="refused"):
+        check_access(stale)

@@ -28,7 +28,7 @@ KS = "imgest_test_apart"
 
 @pytest.fixture(scope="module")
 def session(cassandra_server: CassandraServer) -> Iterator[Any]:
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as s:
+    with cassandra_session(CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)) as s:
         s.execute(f"DROP KEYSPACE IF EXISTS {KS}", timeout=60)
         yield s
 

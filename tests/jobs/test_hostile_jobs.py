@@ -72,13 +72,17 @@ def test_nothing_ingestible_fails_cassandra_and_never_writes_a_version(
     from imgest.core.settings import CassandraSettings
     from imgest.sinks.cassandra.client import cassandra_session
 
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         session.execute("DROP KEYSPACE IF EXISTS hostile_none", timeout=60)  # a record left by an earlier run
     work = tmp_path / "w"
     argv = ["cassandra", str(all_bad), "--keyspace", "hostile_none", "--work-dir", str(work)]
     done = _ingest([*argv, "--port", str(cassandra_server.native_port)])
     _assert_nothing_ingestible(done, work, "cassandra")
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         rows = session.execute("SELECT status FROM hostile_none.dataset_versions").all()
     assert [r.status for r in rows] == ["writing"]  # never 'written' or 'complete'
 

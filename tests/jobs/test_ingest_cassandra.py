@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def session(cassandra_server: CassandraServer) -> Iterator[Any]:
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as s:
+    with cassandra_session(CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)) as s:
         yield s
 
 

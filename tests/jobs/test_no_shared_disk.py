@@ -118,7 +118,7 @@ def test_jobs_on_executors_that_see_no_driver_file(
     )  # the manifest (cassandra) and the plan (shards) went through the store
     assert list(list_objects(client, "imgest", f"tests/nsd-state-{run}/staging/")) == []  # removed when the jobs ended
 
-    settings = CassandraSettings(port=cassandra_server.native_port)
+    settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
     local_rows = _stored_rows(settings, ks["local"])
     assert len(local_rows) == spec.classes * (spec.per_class + spec.val_per_class) + 8  # + the valid planted ones
     assert _stored_rows(settings, ks["cluster"]) == local_rows

@@ -34,7 +34,9 @@ def stored(
     ]
     from imgest.sinks.cassandra.client import cassandra_session
 
-    with cassandra_session(CassandraSettings(port=cassandra_server.native_port)) as session:
+    with cassandra_session(
+        CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    ) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)  # a version left by an earlier run
     for argv in steps:
         assert cli(argv) == 0, argv
@@ -43,7 +45,7 @@ def stored(
         "files": root / "files",
         "shards": root / "shards",
         "s3": s3_dest,
-        "cassandra": CassandraSettings(port=cassandra_server.native_port),
+        "cassandra": CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port),
         "s3_settings": s3_server.settings(),
         "train": 60,
     }

@@ -43,7 +43,9 @@ def test_loopback_masters_and_what_is_shipped() -> None:
 def test_connection_travels_pickled_with_the_ca_text_and_no_secret_in_repr(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\nabc\n-----END CERTIFICATE-----\n")
-    settings = CassandraSettings(username="u", password="s3cr3t-pw", ssl_ca_file=str(ca), local_dc="dc2").shippable()
+    settings = CassandraSettings(
+        hosts=("10.0.0.5",), username="u", password="s3cr3t-pw", ssl_ca_file=str(ca), local_dc="dc2"
+    ).shippable()
     back = pickle.loads(pickle.dumps(settings))
     assert back == settings
     assert back.ssl_ca_data == ca.read_text()
@@ -56,7 +58,7 @@ def test_connection_travels_pickled_with_the_ca_text_and_no_secret_in_repr(tmp_p
 
 def test_missing_ca_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"ca\.pem.*--ssl-ca"):
-        CassandraSettings(ssl_ca_file=str(tmp_path / "ca.pem")).shippable()
+        CassandraSettings(hosts=("10.0.0.5",), ssl_ca_file=str(tmp_path / "ca.pem")).shippable()
 
 
 def test_ingest_config_prefers_the_shipped_connection(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,7 +67,7 @@ def test_ingest_config_prefers_the_shipped_connection(monkeypatch: pytest.Monkey
     from imgest.transform.image import TransformSpec
 
     monkeypatch.setenv("IMGEST_CASSANDRA_PASSWORD", "from-env")
-    conn = CassandraSettings(username="u", password="shipped", protocol_version=5, local_dc="dc1")
+    conn = CassandraSettings(hosts=("10.0.0.5",), username="u", password="shipped", protocol_version=5, local_dc="dc1")
     cfg = CassandraIngestConfig("r", "d", "v", TableLayout(), TransformSpec(), hosts=("h1",), consistency="ONE")
     cfg_shipped = CassandraIngestConfig(**{**cfg.__dict__, "connection": conn})
     assert cfg.settings().password == "from-env"  # no connection: the executor's environment

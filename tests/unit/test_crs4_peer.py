@@ -19,7 +19,9 @@ def test_lfn_preset_is_the_plugins_published_one() -> None:
     lfn = PRESETS["lfn"]
     assert (lfn.prefetch_buffers, lfn.io_threads, lfn.comm_threads, lfn.copy_threads) == (16, 8, 1, 4)
     assert (lfn.ooo, lfn.slow_start) == (True, 4)
-    args = crs4_reader_args(CassandraSettings(port=9142), "ks.data", ["6A2F41A3-C54C-4BC8-8E2A-3C2F6C2C2C2C"], lfn)
+    args = crs4_reader_args(
+        CassandraSettings(hosts=("10.0.0.5",), port=9142), "ks.data", ["6A2F41A3-C54C-4BC8-8E2A-3C2F6C2C2C2C"], lfn
+    )
     assert args["source_uuids"] == ["6a2f41a3-c54c-4bc8-8e2a-3c2f6c2c2c2c"]
     assert (args["cassandra_port"], args["table"], args["prefetch_buffers"]) == (9142, "ks.data", 16)
 

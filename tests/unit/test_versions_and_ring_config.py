@@ -36,11 +36,11 @@ def test_only_active_versions_in_the_same_tables_conflict() -> None:
 
 
 def test_consistency_level_from_env_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert CassandraSettings().consistency == "LOCAL_QUORUM"
+    assert CassandraSettings(hosts=("10.0.0.5",)).consistency == "LOCAL_QUORUM"
     monkeypatch.setenv("IMGEST_CASSANDRA_CONSISTENCY", "quorum")
     assert CassandraSettings.from_env().consistency == "QUORUM"
     with pytest.raises(ConfigError, match="not one of"):
-        CassandraSettings(consistency="MOST")
+        CassandraSettings(hosts=("10.0.0.5",), consistency="MOST")
 
 
 def test_job_options_forward_consistency_and_replace_flag() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import defaults
+from imgest.core.locks import check_fence
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.sinks.cassandra.client import shared_session
@@ -69,7 +70,7 @@ class CassandraIngestConfig:
     version: str
     tables: TableLayout
     spec: TransformSpec
-    hosts: tuple[str, ...] = ("127.0.0.1",)
+    hosts: tuple[str, ...] = ()  # () : the connection's
     port: int = 9042
     max_in_flight: int = defaults.MAX_IN_FLIGHT
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
@@ -83,8 +84,8 @@ class CassandraIngestConfig:
     def settings(self) -> CassandraSettings:
         """Connection settings: the driver's (shipped with the task), else the environment's; hosts, port and
         consistency from this config."""
-        base = self.connection or CassandraSettings.from_env()
-        return with_fields(base, hosts=self.hosts, port=self.port, consistency=self.consistency)
+        base = self.connection or CassandraSettings.from_env(",".join(self.hosts) or None)
+        return with_fields(base, hosts=self.hosts or base.hosts, port=self.port, consistency=self.consistency)
 
 
 @dataclass
@@ -231,8 +232,10 @@ def ingest_partition(
 # ---- dataset version record (driver side) -------------------------------------------------------------
 def begin_version(session: Any, cfg: CassandraIngestConfig, splits: list[str], replication: str) -> str | None:
     """Create the schema if needed and mark the version 'writing' (a complete one stays complete); refuses
-    to overwrite another version's rows unless CFG.replace. Returns the status the version had before."""
+    to overwrite another version's rows unless CFG.replace. Returns the status the version had before. Fenced: a
+    process that lost the dataset's lock raises LockLostError before the record changes."""
     apply_schema(session, cfg.tables, splits, replication)
+    check_fence(cfg.dataset)
     return claim_version(
         session,
         cfg.tables.keyspace,
@@ -245,7 +248,9 @@ def begin_version(session: Any, cfg: CassandraIngestConfig, splits: list[str], r
 
 
 def finish_version(session: Any, cfg: CassandraIngestConfig, total: PartitionResult, classes: list[str]) -> None:
-    """Record counts and quarantine summary; status 'written' unless already 'complete' (verify completes it)."""
+    """Record counts and quarantine summary; status 'written' unless already 'complete' (verify completes it).
+    Fenced: a process that lost the dataset's lock raises LockLostError before the record changes."""
+    check_fence(cfg.dataset)
     split_counts: Counter[str] = Counter()
     for key, n in total.counts.items():
         split_counts[key.split("/")[0]] += n

@@ -1,0 +1,146 @@
+"""S3 credentials as AWS users have them: given keys, or botocore's default chain, with temporary ones renewed.
+
+``botocore_credentials`` turns ``S3Settings`` into what botocore signs with:
+- no keys: botocore's default chain of this process (environment, shared config and profiles, SSO, web identity,
+  container and instance metadata), which renews temporary credentials itself;
+- keys without an expiry: those keys (and their session token, when they have one);
+- keys with an expiry (temporary keys a Spark driver or an Airflow task resolved and shipped inside the task
+  objects): those keys until ``RENEW_BEFORE_S`` before they expire, then this host's own chain (the role every
+  executor of a Kubernetes or EC2 deployment has). A host with no credentials of its own fails then with an
+  error that says when the shipped ones expired and what to give the host.
+
+``frozen_settings`` is the driver's side: the chain's current keys, token and expiry, put into the settings that
+travel to executors (inside pickled tasks, never in Spark conf, argv or logs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from imgest.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+RENEW_BEFORE_S = 600.0  # shipped temporary credentials are renewed this long before they expire
+S3Settings = Any  # imgest.core.settings.S3Settings, which builds on this module (it is not imported here)
+
+
+def _chain() -> Any:
+    """This process's botocore default credential chain (None when it finds nothing)."""
+    from botocore.session import get_session
+
+    return get_session().get_credentials()
+
+
+def _expiry(credentials: Any) -> float | None:
+    """When CREDENTIALS expire (epoch seconds), None for keys that do not."""
+    when = getattr(credentials, "_expiry_time", None)
+    return when.timestamp() if isinstance(when, datetime) else None
+
+
+def _renewer(settings: S3Settings):  # -> Callable[[], dict[str, str]]
+    """botocore's refresh callback for shipped temporary keys: this host's own chain, else a clear error."""
+
+    def renew() -> dict[str, str]:
+        own = _chain()
+        if own is None:
+            expired = datetime.fromtimestamp(settings.expires_at or 0, UTC).isoformat(timespec="seconds")
+            raise ConfigError(
+                f"the temporary S3 credentials shipped with this job expire at {expired} and this host has none of "
+                "its own to renew them: give it a role (instance profile, IRSA / web identity, container "
+                "credentials) or use credentials that outlive the job"
+            )
+        frozen = own.get_frozen_credentials()
+        until = _expiry(own) or time.time() + 3600.0
+        log.info("S3 credentials renewed from this host's chain (%s), valid until %s", own.method, until)
+        return {
+            "access_key": frozen.access_key,
+            "secret_key": frozen.secret_key,
+            "token": frozen.token or "",
+            "expiry_time": datetime.fromtimestamp(until, UTC).isoformat(),
+        }
+
+    return renew
+
+
+def botocore_credentials(settings: S3Settings) -> Any:
+    """What botocore signs with for SETTINGS (see the module's docstring); None when nothing is found."""
+    from botocore.credentials import Credentials, RefreshableCredentials
+
+    if not (settings.access_key and settings.secret_key):
+        return _chain()
+    if settings.expires_at is None:
+        return Credentials(settings.access_key, settings.secret_key, settings.session_token)
+    creds = RefreshableCredentials.create_from_metadata(
+        metadata={
+            "access_key": settings.access_key,
+            "secret_key": settings.secret_key,
+            "token": settings.session_token or "",
+            "expiry_time": datetime.fromtimestamp(settings.expires_at, UTC).isoformat(),
+        },
+        refresh_using=_renewer(settings),
+        method="imgest-shipped",
+    )
+    creds._advisory_refresh_timeout = RENEW_BEFORE_S  # botocore's defaults: 15 / 10 minutes before expiry
+    creds._mandatory_refresh_timeout = min(RENEW_BEFORE_S, 300.0)
+    return creds
+
+
+def frozen_settings(settings: S3Settings) -> S3Settings:
+    """SETTINGS with the chain's current keys, token and expiry when it has no keys (unchanged otherwise)."""
+    if settings.access_key and settings.secret_key:
+        return settings
+    chain = _chain()
+    if chain is None:
+        where = settings.endpoint_url or f"AWS S3 ({settings.region})"
+        raise ConfigError(
+            f"no S3 credentials for {where}: set the connection's keys (aws_default / source_conn_id), "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE), or run with a role"
+        )
+    frozen = chain.get_frozen_credentials()
+    return replace(
+        settings,
+        access_key=frozen.access_key,
+        secret_key=frozen.secret_key,
+        session_token=frozen.token or None,
+        expires_at=_expiry(chain),
+    )
+
+
+def s3_client(settings: S3Settings, max_pool_connections: int) -> Any:
+    """A boto3 S3 client signing with ``botocore_credentials(SETTINGS)`` (renewed as they near expiry)."""
+    import boto3
+    import botocore.session
+    from botocore.config import Config
+
+    core = botocore.session.get_session()
+    credentials = botocore_credentials(settings)
+    if credentials is not None:
+        core._credentials = credentials  # botocore's own slot: every client of the session signs with it
+    return boto3.Session(botocore_session=core, region_name=settings.region).client(
+        "s3",
+        endpoint_url=settings.endpoint_url,
+        config=Config(
+            retries={"max_attempts": 5, "mode": "standard"},
+            s3={"addressing_style": "path"},
+            max_pool_connections=max_pool_connections,
+        ),
+    )
+
+
+def env_of(settings: S3Settings, prefix: str = "") -> dict[str, str]:
+    """SETTINGS' keys as the environment of a process imgest starts (spark-submit): PREFIX+AWS_ACCESS_KEY_ID,
+    _SECRET_ACCESS_KEY, _SESSION_TOKEN and IMGEST_S3_CREDENTIALS_EXPIRY; {} without keys (the chain decides)."""
+    if not (settings.access_key and settings.secret_key):
+        return {}
+    env = {f"{prefix}AWS_ACCESS_KEY_ID": settings.access_key, f"{prefix}AWS_SECRET_ACCESS_KEY": settings.secret_key}
+    if settings.session_token:
+        env[f"{prefix}AWS_SESSION_TOKEN"] = settings.session_token
+        if settings.expires_at is not None:
+            env[f"{prefix}S3_CREDENTIALS_EXPIRY" if prefix else "IMGEST_S3_CREDENTIALS_EXPIRY"] = repr(
+                settings.expires_at
+            )
+    return env
