@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from imgest.core.errors import ImgestError
 from imgest.core.quarantine import BadImage, Reason
 from imgest.sources.manifest import Candidate
 from imgest.sources.s3objects import read_s3_candidate
@@ -38,7 +39,22 @@ def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FIL
             return data
         return (root / cand.rel_path).read_bytes()
     except (FileNotFoundError, NotADirectoryError):
+        if not Path(root).is_dir():
+            raise SourceNotVisibleError(root) from None
         raise BadImage(Reason.MISSING, f"{root / (cand.container or cand.rel_path)} vanished since the scan") from None
+
+
+class SourceNotVisibleError(ImgestError):
+    """The source folder the scan saw is not on the host that must read it: every image would be lost, so the job
+    fails (never a quarantine of every file as MISSING)."""
+
+    def __init__(self, root: Path) -> None:
+        import socket
+
+        super().__init__(
+            f"source folder {root} does not exist on host {socket.gethostname()}, which must read it: a local source "
+            "must be on storage every Spark node mounts at the same path; or put the source on S3 (s3://...)"
+        )
 
 
 def _read_or_bad(root: Path, cand: Candidate, max_bytes: int, exact: bool = False) -> bytes | BadImage:
