@@ -101,12 +101,13 @@ with DAG(
         import logging
 
         from airflow.sdk.exceptions import AirflowFailException
+        from imgest.operators.state import task_deployment
 
         from imgest.core.errors import ConfigError
         from imgest.flow.steps import validate_conf
 
-        try:
-            return validate_conf(dict(params or {}))
+        try:  # a run across hosts also needs a store for its state (IMGEST_STATE_URL, or its S3 destination)
+            return validate_conf(dict(params or {}), task_deployment())
         except ConfigError as exc:
             # The first line of this task's log, and the failure shown for the run: what to fix, nothing else.
             logging.getLogger(__name__).error("%s", exc)
@@ -116,12 +117,13 @@ with DAG(
     def scan(request: dict[str, Any]) -> dict[str, Any]:
         """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
         from imgest.operators.failures import fail_without_retry
-        from imgest.operators.hooks import source_settings
+        from imgest.operators.hooks import source_settings, state_store
 
         from imgest.flow.steps import scan_step
 
         with fail_without_retry():
-            return scan_step(request, source_settings(request.get("source"), request.get("source_conn_id", "")))
+            source = source_settings(request.get("source"), request.get("source_conn_id", ""))
+            return scan_step(request, source, state_store())
 
     @task.branch(doc_md="Follows the Target: the other branch's tasks are skipped, not failed.")
     def choose_target(request: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.locks import submitter_holdings
 from imgest.core.phases import PhaseClock
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
@@ -54,29 +55,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
     spec = TransformSpec.from_args(args)
+    connection = connection_settings(args)
     return CassandraIngestConfig(
         root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
         dataset=args.dataset or meta["dataset"],
         version=args.version or f"t-{transform_key(spec)}",
         tables=TableLayout(args.keyspace, args.table_layout, args.table_suffix),
         spec=spec,
-        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
-        port=args.port,
+        hosts=connection.hosts,
+        port=connection.port,
         max_in_flight=args.max_in_flight,
         max_blob_bytes=args.max_blob_bytes,
-        consistency=args.consistency or CassandraSettings.from_env().consistency,
+        consistency=connection.consistency,
         replace=args.replace_version,
-        connection=connection_settings(args),
+        connection=connection,
     )
 
 
 def connection_settings(args: argparse.Namespace) -> CassandraSettings:
     """The driver's connection settings (environment, then flags), CA text inside, shipped to executors."""
-    env = CassandraSettings.from_env()
+    env = CassandraSettings.from_env(args.hosts, args.port)
     return replace(
         env,
-        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
-        port=args.port,
         consistency=args.consistency or env.consistency,
         local_dc=args.local_dc or env.local_dc,
         protocol_version=args.protocol_version or env.protocol_version,
@@ -103,6 +103,7 @@ def load(candidates: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionRes
         return total
 
 
+@submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("cassandra", "py4j"):

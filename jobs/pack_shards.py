@@ -26,6 +26,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.locks import submitter_holdings
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
 from imgest.core.staging import Staged, Stager
@@ -69,7 +70,7 @@ def build_config(args: argparse.Namespace) -> PackConfig:
         dest=args.dest,
         spec=TransformSpec.from_args(args),
         shards=ShardSpec(args.max_count, args.max_bytes, args.seed),
-        s3=S3Settings.from_env() if args.dest.startswith("s3://") else None,
+        s3=S3Settings.from_env().frozen() if args.dest.startswith("s3://") else None,
     )
 
 
@@ -190,6 +191,7 @@ def _summary(
     }
 
 
+@submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "py4j"):

@@ -20,6 +20,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.locks import submitter_holdings
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.staging import Stager
 from imgest.sinks.cassandra.ingest import transform_key
@@ -94,6 +95,7 @@ def merge_samples(total: FilesPartResult, cfg: FilesConfig, staged: Path) -> Non
         )
 
 
+@submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)

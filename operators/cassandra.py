@@ -51,8 +51,11 @@ class VerifyCassandraOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from imgest.operators.hooks import ImgestCassandraHook
+        from imgest.operators.state import run_lease
 
         from imgest.flow.steps import verify_cassandra
 
         settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
-        return verify_cassandra(dict(self.request), Path(self.manifest_dir), settings, self.sample)
+        request = dict(self.request)
+        with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # completes the version: fenced
+            return verify_cassandra(request, Path(self.manifest_dir), settings, self.sample)

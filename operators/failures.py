@@ -8,12 +8,13 @@ from contextlib import contextmanager
 
 @contextmanager
 def fail_without_retry() -> Iterator[None]:
-    """Re-raise imgest's refused-credential and bad-setting errors as AirflowFailException (same message)."""
+    """Re-raise imgest's refused-credential, bad-setting and lost-lock errors as AirflowFailException (same
+    message)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from imgest.core.errors import AuthenticationError, ConfigError, NothingIngestibleError
+    from imgest.core.errors import AuthenticationError, ConfigError, LockLostError, NothingIngestibleError
 
     try:
         yield
-    except (AuthenticationError, ConfigError, NothingIngestibleError) as exc:
+    except (AuthenticationError, ConfigError, LockLostError, NothingIngestibleError) as exc:
         raise AirflowFailException(str(exc)) from None

@@ -143,3 +143,14 @@ def lock_store(aws_conn_id: str = "aws_default"):  # -> imgest.core.lock_stores.
 
     url = state_url()
     return default_store(store_settings(url, aws_conn_id) if url else None)
+
+
+def state_store(aws_conn_id: str = "aws_default"):  # -> imgest.flow.steps.StateStore | None
+    """The run's state store when its state is in object storage ($IMGEST_STATE_URL, set or derived for this task),
+    reached through AWS_CONN_ID; None when it stays on the local disk."""
+    from imgest.core.lock_stores import state_url
+    from imgest.flow.steps import StateStore
+
+    url = state_url()
+    settings = store_settings(url, aws_conn_id) if url else None
+    return StateStore(url, aws_conn_id, settings) if url and settings else None

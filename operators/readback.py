@@ -12,7 +12,10 @@ class ReadThroughputOperator(RequestOperator):
     """Read the stored version back with DALI (every reader of its target); fail on any byte or label mismatch."""
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from imgest.operators.state import run_lease
+
         from imgest.flow.steps import read_throughput
 
         request, cassandra, s3 = self.resolved()
-        return read_throughput(request, Path(self.out_dir), cassandra, s3)
+        with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records its report: fenced
+            return read_throughput(request, Path(self.out_dir), cassandra, s3)

@@ -59,10 +59,13 @@ class FinishRefreshOperator(RequestOperator):
     """Apply what the Spark job leaves, verify the new version, move the refresh baseline forward."""
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from imgest.operators.state import run_lease
+
         from imgest.flow.refresh import finish_refresh
 
         request, cassandra, s3 = self.resolved()
-        return finish_refresh(request, Path(self.out_dir), cassandra, s3)
+        with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records the version: fenced
+            return finish_refresh(request, Path(self.out_dir), cassandra, s3)
 
 
 class CheckVersionsOperator(BaseOperator):

@@ -79,6 +79,7 @@ class CollectGarbageOperator(BaseOperator):
         from pathlib import Path
 
         from imgest.operators.hooks import store_settings
+        from imgest.operators.state import run_lease
 
         from imgest.flow.request import IngestRequest
         from imgest.flow.steps import collect_garbage
@@ -86,4 +87,5 @@ class CollectGarbageOperator(BaseOperator):
         conf = dict(self.request)  # type: ignore[arg-type]
         request = IngestRequest.from_conf(conf)
         s3 = store_settings(request.shard_dest, self.aws_conn_id) if request.target == "shards" else None
-        return collect_garbage(conf, s3, Path(self.manifest_dir) if self.manifest_dir else None)
+        with run_lease(self.dag_id, context["run_id"], request.dataset):  # deletes: fenced
+            return collect_garbage(conf, s3, Path(self.manifest_dir) if self.manifest_dir else None)

@@ -59,13 +59,12 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
 
     def master(self) -> str:
         """The master named by the Spark connection (its host, with port when given)."""
-        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+        from imgest.operators.state import spark_master
 
-        conn = SparkSubmitHook.get_connection(self._conn_id)
-        host = conn.host or "local[*]"
-        return f"{host}:{conn.port}" if conn.port else host
+        return spark_master(self._conn_id)
 
     def execute(self, context: Any) -> None:
+        from imgest.core import locks
         from imgest.spark.conf import needs_shipping, spark_conf, submit_env
         from imgest.spark.submit import package_zip
 
@@ -77,21 +76,38 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         if needs_shipping(master) and not self.py_files:
             self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
         with self._lease(context):
-            if not self._in_reused_driver(master):
-                super().execute(context)
+            self.env_vars = {**self.env_vars, **locks.holder_env()}  # the driver fences its publishing with it
+            try:
+                if not self._in_reused_driver(master):
+                    super().execute(context)
+            except Exception:
+                self._fail_if_lock_lost()
+                raise
 
-    def _lease(self, context: Any) -> Any:
-        """Renew this run's lease on its dataset's lock while the job runs (a job can outlast a lease)."""
-        from contextlib import nullcontext
-
-        from imgest.operators.hooks import lock_store
-
+    def _fail_if_lock_lost(self) -> None:
+        """After a failed job: LockLostError when the run lost its dataset's lock (a driver that found it lost
+        published nothing, and retrying cannot give it back), else nothing (the job's own error stands)."""
         from imgest.core import locks
 
         if not self.lock_dataset:
+            return
+        try:
+            locks.check_fence(self.lock_dataset)
+        except locks.LockLostError:
+            raise
+        except Exception as exc:  # the store is away: the job's own error is the one to report
+            self.log.warning("could not check the lock of %s after the job failed: %s", self.lock_dataset, exc)
+
+    def _lease(self, context: Any) -> Any:
+        """Hold this run's lease on its dataset's lock while the job runs (a job can outlast a lease): renewed,
+        handed to the driver, and a lost lock failing the task without retries."""
+        from contextlib import nullcontext
+
+        from imgest.operators.state import run_lease
+
+        if not self.lock_dataset:
             return nullcontext()
-        holder = locks.airflow_holder(self.dag_id, context["run_id"])
-        return locks.keep_alive(self.lock_dataset, holder, lock_store())
+        return run_lease(self.dag_id, context["run_id"], self.lock_dataset)
 
     def _in_reused_driver(self, master: str) -> bool:
         """Run the job in the reused local driver when $IMGEST_SPARK_DRIVER_SOCKET names one (the test suite's,

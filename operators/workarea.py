@@ -4,13 +4,15 @@ Every task of the imgest DAGs runs ``pull_work`` before it executes and ``push_w
 (``work_hooks``, in each DAG's ``default_args``), so a task may run on another worker or pod than the one
 before it: it finds the manifest, plans, reports, split files and refresh state the earlier tasks wrote. Without
 ``$IMGEST_STATE_URL`` both do nothing (one machine, or a work folder every worker mounts). The store is reached
-through the ``aws_default`` connection.
+through the ``aws_default`` connection. ``pull_work`` first decides where the run's state lives
+(``imgest.operators.state.use_run_state``): on a deployment across hosts without ``$IMGEST_STATE_URL``, next to
+the run's S3 destination, or the task fails without retries naming the variable.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -26,15 +28,33 @@ def _dataset(context: Any, fixed: str | None) -> str:
     return fixed or str(_request(context).get("dataset", ""))
 
 
+def _scanned(context: Any) -> dict[str, Any]:
+    """What the run's scan task returned ({} before it ran, and in a DAG without one)."""
+    if context["ti"].task_id in ("validate", "lock", "scan"):
+        return {}
+    scan = context["ti"].xcom_pull(task_ids="scan")
+    return scan if isinstance(scan, dict) else {}
+
+
 def _ensure_sample(context: Any) -> None:
     """A run of the generated sample reads it on whichever host a task runs: generate it here too (the same spec
-    gives the same bytes on every host, so the job, the verify and the read-back see what the scan saw)."""
+    gives the same bytes on every host, so the job, the verify and the read-back see what the scan saw), unless
+    the scan put it in the state store (hosts that share no disk), where every host reads it."""
     request = _request(context)
-    if request.get("sample") and request.get("dataset"):
+    if request.get("sample") and request.get("dataset") and not _scanned(context).get("source_root"):
         from imgest.core.paths import state_dir
         from imgest.sources.devdata.sample import DEMO_SAMPLE, ensure_sample
 
         ensure_sample(state_dir() / "demo" / str(request["dataset"]), DEMO_SAMPLE)
+
+
+def _use_run_state(confs: Sequence[dict[str, Any]]) -> None:
+    """Where this run keeps its state (exported for the task when derived); no retries when it has nowhere."""
+    from imgest.operators.failures import fail_without_retry
+    from imgest.operators.state import use_run_state
+
+    with fail_without_retry():
+        use_run_state(confs)
 
 
 def _area(context: Any, dataset: str) -> Any:
@@ -49,13 +69,25 @@ def _area(context: Any, dataset: str) -> Any:
     return work_area(dataset, store_settings(url, "aws_default"))
 
 
-def work_hooks(dataset: str | None = None) -> dict[str, Callable[..., None]]:
+def work_hooks(
+    dataset: str | None = None, source: dict[str, Any] | None = None, *, confs: Sequence[dict[str, Any]] | None = None
+) -> dict[str, Callable[..., None]]:
     """``pre_execute`` / ``post_execute`` for a DAG's default_args; DATASET for a DAG of one dataset, else the
-    dataset the run's ``validate`` task resolved."""
+    dataset the run's ``validate`` task resolved. Each task also reads an ``s3://`` source through the run's
+    source connection: SOURCE's ``source`` / ``source_conn_id`` (a DAG of one dataset), else the request's. The
+    run's state lives next to the S3 destination of CONFS (a DAG of one dataset: its targets' confs), else the
+    request's, when the deployment spans hosts and ``$IMGEST_STATE_URL`` is unset."""
     from imgest.core.workarea import ephemeral
 
     def pull_work(context: Any) -> None:
+        from imgest.operators.connections import register_request_source, register_run_source
+
+        register_request_source(source if source is not None else _request(context))
+        scanned = _scanned(context)  # where the scan found the source (the sample's copy in the store, too)
+        register_run_source(scanned.get("source_root"), scanned.get("source_conn_id"))
         name = _dataset(context, dataset)
+        if name:  # (validate decides it with the request it validates)
+            _use_run_state(confs if confs is not None else [_request(context)])
         if name and ephemeral():  # this task starts on an empty disk, as a fresh pod does
             import shutil
 
@@ -64,7 +96,10 @@ def work_hooks(dataset: str | None = None) -> dict[str, Callable[..., None]]:
             shutil.rmtree(dataset_workdir(name), ignore_errors=True)
         area = _area(context, name)
         if area is not None:
-            log.info("work area %s: pulled %d files into %s", area.prefix, area.pull(), area.local)
+            from imgest.operators.task_reads import task_reads
+
+            reads = task_reads(str(getattr(context["ti"], "dag_id", "")), context["ti"].task_id)
+            log.info("work area %s: pulled %d files into %s", area.prefix, area.pull(reads), area.local)
         if dataset is None:  # ingest_imagenet's run: its source may be the generated sample
             _ensure_sample(context)
 

@@ -19,3 +19,8 @@ class AuthenticationError(ImgestError):
 
 class NothingIngestibleError(ImgestError):
     """Every candidate of a source was quarantined or skipped: there is nothing to store or publish."""
+
+
+class LockLostError(ImgestError):
+    """A run or command no longer holds its dataset's write lock (its lease ran out and another writer took it
+    over, or it was released by hand): it must not publish, and retrying cannot give the lock back."""

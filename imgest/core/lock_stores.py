@@ -12,8 +12,10 @@ the caller last read, so two writers can never both believe they hold a lock:
 - ``delete``: remove it only if it is still at the version read.
 
 Which store: ``$IMGEST_STATE_URL`` (``s3://bucket/prefix``: locks under ``prefix/locks/``) or the local state
-folder (``$IMGEST_HOME/locks``). The S3 store needs a server that honours conditional writes; AWS S3 and
-SeaweedFS do (checked by ``tests/integration/test_locks_hosts.py``).
+folder (``$IMGEST_HOME/locks``; ``IMGEST_STATE_URL=local`` says so explicitly, for hosts that all mount it). An
+Airflow task of a deployment across hosts sets the variable before it runs when it is unset (``run_state``). The
+S3 store needs a server that honours conditional writes; AWS S3 and SeaweedFS do (checked by
+``tests/integration/test_locks_hosts.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 from imgest.core.settings import S3Settings
 
 STATE_URL_ENV = "IMGEST_STATE_URL"
+LOCAL_STATE = "local"  # IMGEST_STATE_URL=local: the local state folder, which every host mounts
 
 
 @dataclass(frozen=True)
@@ -158,14 +161,23 @@ class S3LockStore:
         return sorted(k[len(self.prefix) : -len(".json")] for k in keys if k.endswith(".json"))
 
 
-def state_url() -> str | None:
-    """``$IMGEST_STATE_URL`` (an ``s3://bucket/prefix`` every host reaches), or None for the local state folder."""
+def state_setting() -> str:
+    """``$IMGEST_STATE_URL`` as set: an ``s3://bucket/prefix``, ``local`` or '' (unset); ConfigError otherwise."""
     url = os.environ.get(STATE_URL_ENV, "").strip()
-    if url and not url.startswith("s3://"):
+    if url and url != LOCAL_STATE and not url.startswith("s3://"):
         from imgest.core.errors import ConfigError
 
-        raise ConfigError(f"{STATE_URL_ENV}={url!r}: expected s3://bucket/prefix (or unset for the local state folder)")
-    return url or None
+        raise ConfigError(
+            f"{STATE_URL_ENV}={url!r}: expected s3://bucket/prefix, or {LOCAL_STATE} (or unset) for the local state "
+            "folder"
+        )
+    return url
+
+
+def state_url() -> str | None:
+    """``$IMGEST_STATE_URL`` (an ``s3://bucket/prefix`` every host reaches), or None for the local state folder."""
+    url = state_setting()
+    return None if url == LOCAL_STATE else url or None
 
 
 def default_store(settings: S3Settings | None = None) -> LockStore:
@@ -176,3 +188,11 @@ def default_store(settings: S3Settings | None = None) -> LockStore:
     if url is None:
         return FileLockStore(state_dir() / "locks")
     return S3LockStore(url, settings or S3Settings.from_env())
+
+
+def store_at(location: str, settings: S3Settings | None = None) -> LockStore:
+    """The store whose ``location`` is LOCATION (how a holder names its store to the processes it starts); an S3
+    one is reached with SETTINGS or the environment's."""
+    if location.startswith("s3://"):
+        return S3LockStore(location.rstrip("/").removesuffix("locks").rstrip("/"), settings or S3Settings.from_env())
+    return FileLockStore(Path(location))

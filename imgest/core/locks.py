@@ -9,23 +9,32 @@ Spark tasks while they run). A holder is stale, and the next writer takes the lo
 that exactly one taker wins), when its lease ran out on the store's clock, or, at once, when it is a CLI process
 on this host that has died. An Airflow holder is released by its run's last task (it runs whatever happened),
 or by hand with ``imgest locks release <dataset>``.
+
+Holding is proven, not assumed, where it matters: each publishing step (a ``manifest.json`` switch, the Cassandra
+version record, gc) first calls ``check_fence(dataset)``, which restarts the lease by a write conditional on the
+version it just read (``fence``) and raises ``LockLostError``, naming the holder now, when the record is no longer
+this holder's; a lost lease can therefore never be followed by a publish. The holdings a process proves are those
+it registered (``keep_alive``: the CLI's ``dataset_lock`` and each Airflow task of a run); a Spark driver gets its
+submitter's through ``$IMGEST_LOCK_HOLDER`` (``holder_env`` / ``submitter_holdings``). A process that registered
+none (a library call, a benchmark) has nothing to prove.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from imgest.core.errors import ImgestError
-from imgest.core.lock_stores import LockStore, Record, default_store
+from imgest.core.errors import ImgestError, LockLostError
+from imgest.core.lock_stores import LockStore, Record, default_store, store_at
 from imgest.core.paths import state_dir
 from imgest.core.pids import pid_alive
 
@@ -76,6 +85,7 @@ class Held:
 
 WAIT_ENV = "IMGEST_LOCK_WAIT_S"  # how long a DAG run waits for another writer of its dataset (default 6 h)
 LEASE_ENV = "IMGEST_LOCK_LEASE_S"  # a holder's lease; default 10 min for the CLI (renewed each minute), 6 h for a run
+HOLDER_ENV = "IMGEST_LOCK_HOLDER"  # the holdings of the process that started this one (a Spark driver's submitter)
 
 
 def default_wait() -> float:
@@ -180,40 +190,136 @@ def acquire(
         time.sleep(min(poll, max(0.1, deadline - time.monotonic())))
 
 
+def _ours(record: Record | None, holder: Holder) -> bool:
+    return record is not None and _held(record).holder.who == holder.who
+
+
 def renew(dataset: str, holder: Holder, store: LockStore | None = None) -> bool:
-    """Restart HOLDER's lease on DATASET; False when the lock is no longer HOLDER's."""
+    """Restart HOLDER's lease on DATASET by a write conditional on the version read; False when the lock is no
+    longer HOLDER's."""
     store = store or default_store()
     record = store.read(dataset)
-    if record is None or _held(record).holder.who != holder.who:
+    if record is None or not _ours(record, holder):
         return False
-    return store.replace(dataset, record.fields, record.version)  # rewritten as it is: only its age restarts
+    if store.replace(dataset, record.fields, record.version):  # rewritten as it is: only its age restarts
+        return True
+    # changed since it was read: by another renewal of this holder (another task of the run: the lease is fresh),
+    # or by a taker (then it is no longer ours)
+    return _ours(store.read(dataset), holder)
+
+
+def fence(dataset: str, holder: Holder, store: LockStore | None = None) -> None:
+    """Prove that HOLDER holds DATASET's lock now, restarting its lease by a conditional write (S3 ``If-Match`` on
+    the version read; the file store's version check); LockLostError naming who holds it otherwise. A publish that
+    follows within the lease cannot be overtaken: a taker must first see the renewed lease run out."""
+    store = store or default_store()
+    if not renew(dataset, holder, store):
+        raise lost_error(dataset, holder, store)
+
+
+def lost_error(dataset: str, holder: Holder, store: LockStore) -> LockLostError:
+    """The error for HOLDER, which no longer holds DATASET's lock: who holds it now, and since when."""
+    now = read(dataset, store)
+    if now is None:
+        where = "nobody holds it now (it was released, by hand or by a writer that took it over)"
+    else:
+        where = f"it is held by {now.holder.who} since {now.holder.since or '?'}"
+    return LockLostError(
+        f"{holder.who} lost the write lock of dataset {dataset!r}: {where} (lock store {store.location}). Its "
+        "lease ran out before it was renewed, or the lock was released by hand: it publishes nothing; run it again "
+        "once that writer is done"
+    )
+
+
+@dataclass
+class Holding:
+    """A lock this process holds and proves before publishing; LOST once a renewal found it gone."""
+
+    holder: Holder
+    store: LockStore
+    lost: bool = False
+
+
+_holdings: dict[str, Holding] = {}
+
+
+@contextmanager
+def holding(dataset: str, holder: Holder, store: LockStore) -> Iterator[Holding]:
+    """Register HOLDER's hold of DATASET for this process while the block runs (check_fence proves it)."""
+    mine, before = Holding(holder, store), _holdings.get(dataset)
+    _holdings[dataset] = mine
+    try:
+        yield mine
+    finally:
+        if before is None:
+            _holdings.pop(dataset, None)
+        else:
+            _holdings[dataset] = before
+
+
+def check_fence(dataset: str) -> None:
+    """Called right before a step publishes DATASET: when this process holds DATASET's lock (``holding``), prove it
+    still does (``fence``), or LockLostError; a lock a renewal already found lost stays lost. Nothing to prove
+    when this process holds no lock on DATASET."""
+    mine = _holdings.get(dataset)
+    if mine is None:
+        log.debug("publishing %s outside a held lock: nothing to fence", dataset)
+        return
+    if mine.lost:
+        raise lost_error(dataset, mine.holder, mine.store)
+    fence(dataset, mine.holder, mine.store)
+    log.info("%s still holds the lock of %s: publishing (lease renewed)", mine.holder.who, dataset)
+
+
+def holder_env() -> dict[str, str]:
+    """``$IMGEST_LOCK_HOLDER`` naming this process's holdings (dataset, holder, store), for a process it starts
+    (spark-submit: the driver fences its publishing with them); {} when it holds none."""
+    if not _holdings:
+        return {}
+    held_now = [{"dataset": d, "store": h.store.location, "holder": asdict(h.holder)} for d, h in _holdings.items()]
+    return {HOLDER_ENV: json.dumps(held_now)}
+
+
+@contextmanager
+def submitter_holdings() -> Iterator[None]:
+    """Hold what ``$IMGEST_LOCK_HOLDER`` names while the block runs (a Spark driver: its submitter's holdings, whose
+    leases the submitter renews); the stores are reached with this environment's S3 settings."""
+    raw = os.environ.get(HOLDER_ENV, "").strip()
+    with ExitStack() as stack:
+        for entry in json.loads(raw) if raw else []:
+            holder = _held(Record(entry["holder"], "", 0.0)).holder
+            stack.enter_context(holding(entry["dataset"], holder, store_at(entry["store"])))
+        yield
 
 
 @contextmanager
 def keep_alive(dataset: str, holder: Holder, store: LockStore | None = None) -> Iterator[None]:
-    """Renew HOLDER's lease on DATASET every quarter lease (at most each minute) while the block runs."""
+    """Renew HOLDER's lease on DATASET every quarter lease (at most each minute) while the block runs, holding it
+    for check_fence; a renewal that finds the lock gone marks it lost: the next fence raises LockLostError."""
     store = store or default_store()
     every = min(60.0, holder.lease_s / 4) if holder.lease_s > 0 else 0.0
     stop = threading.Event()
 
-    def beat() -> None:
+    def beat(mine: Holding) -> None:
         while not stop.wait(every):
             try:
                 if not renew(dataset, holder, store):
+                    mine.lost = True
                     log.error("lost the lock of %s: now held by %s", dataset, current(dataset, store))
                     return
             except Exception as e:  # a store that is away for a moment: try again at the next beat
                 log.warning("could not renew the lock of %s: %s", dataset, e)
 
-    thread = threading.Thread(target=beat, name=f"lock-{dataset}", daemon=True) if every else None
-    if thread:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
+    with holding(dataset, holder, store) as mine:
+        thread = threading.Thread(target=beat, args=(mine,), name=f"lock-{dataset}", daemon=True) if every else None
         if thread:
-            thread.join(timeout=5)
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread:
+                thread.join(timeout=5)
 
 
 def release(dataset: str, holder: Holder | None = None, store: LockStore | None = None) -> bool:

@@ -17,9 +17,11 @@ harness; with it and no state URL, a task that needs an earlier task's file fail
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +63,17 @@ class WorkArea:
             if p.is_file() and p.name != INDEX and not p.name.endswith((".tmp", ".partial"))
         }
 
-    def pull(self) -> int:
-        """Download every file of the store's copy this folder lacks or holds in another version, and remove here
+    def pull(self, reads: Sequence[str] | None = None) -> int:
+        """Download every file of the store's copy this folder lacks or holds in another version (only those whose
+        relative path matches one of the glob patterns READS when given: what the task reads), and remove here
         what another task deleted there since this folder last saw it; returns how many files were downloaded."""
         index, here, fetched = self._index(), self._local(), 0
         remote = self._remote()
         for rel in [r for r in index if r not in remote]:  # deleted in the store by a task elsewhere
             (self.local / rel).unlink(missing_ok=True)
             del index[rel]
+        if reads is not None:
+            remote = {rel: v for rel, v in remote.items() if any(fnmatch.fnmatchcase(rel, p) for p in reads)}
         for rel, (etag, _size) in remote.items():
             known = index.get(rel)
             st = here.get(rel)

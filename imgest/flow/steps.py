@@ -8,21 +8,36 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from imgest.core import defaults, workdir
 from imgest.core.errors import ImgestError
+from imgest.core.lock_stores import state_setting
 from imgest.core.paths import state_dir
+from imgest.core.run_state import Deployment, state_url_for
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.flow.request import IngestRequest
 
 log = logging.getLogger(__name__)
 
 
-def validate_conf(conf: dict[str, Any]) -> dict[str, Any]:
-    """The validated request as a plain dict (ConfigError lists every problem)."""
-    return IngestRequest.from_conf(conf).as_dict()
+def validate_conf(conf: dict[str, Any], deployment: Deployment | None = None) -> dict[str, Any]:
+    """The validated request as a plain dict (ConfigError lists every problem). With DEPLOYMENT (an Airflow task's),
+    also where the run's state will live: a run across hosts with no store every host reaches is refused
+    (ConfigError naming IMGEST_STATE_URL)."""
+    request = IngestRequest.from_conf(conf).as_dict()
+    if deployment is not None:
+        state_url_for(deployment, s3_destination(request), state_setting())
+    return request
+
+
+def s3_destination(conf: dict[str, Any]) -> str | None:
+    """The run's destination on S3 (the shards target's s3:// one), where its state may live; None without one."""
+    request = IngestRequest.from_conf(conf)
+    dest = request.shard_dest if request.target == "shards" else ""
+    return dest if dest.startswith("s3://") else None
 
 
 def source_path(request: IngestRequest) -> Path:
@@ -34,10 +49,25 @@ def source_path(request: IngestRequest) -> Path:
     return ensure_sample(state_dir() / "demo" / request.dataset, DEMO_SAMPLE)
 
 
-def scan_step(conf: dict[str, Any], source: S3Settings | None = None) -> dict[str, Any]:
-    """Scan the source into the dataset's work folder; returns the folder and each job's arguments.
+@dataclass(frozen=True)
+class StateStore:
+    """Where a run that spans hosts keeps its state: the ``s3://`` URL, the Airflow connection that reaches it and
+    that connection's settings."""
+
+    url: str
+    conn_id: str
+    settings: S3Settings
+
+
+def scan_step(
+    conf: dict[str, Any], source: S3Settings | None = None, state: StateStore | None = None
+) -> dict[str, Any]:
+    """Scan the source into the dataset's work folder; returns the folder, where the source is and the connection
+    that reads it, and each job's arguments.
 
     SOURCE: the connection of an s3:// source (from ``source_conn_id``); None reads the IMGEST_SOURCE_* variables.
+    STATE: the run's state store when its state is in object storage (hosts that share no disk): a run of the
+    generated sample then reads its copy there, so every host and executor reaches it.
     """
     from imgest.sources.s3source import is_s3, register_source
     from imgest.sources.scan import scan_to_dir
@@ -45,14 +75,21 @@ def scan_step(conf: dict[str, Any], source: S3Settings | None = None) -> dict[st
     request = IngestRequest.from_conf(conf)
     manifest_dir = workdir.dataset_workdir(request.dataset)
     on_s3 = bool(request.source) and is_s3(request.source or "")
+    conn_id = request.source_conn_id if on_s3 else ""
     if on_s3 and source is not None:
         register_source(request.source or "", source)
-    src = request.source if on_s3 else source_path(request)
+    src: str | Path = request.source if on_s3 else source_path(request)
+    if request.sample and state is not None:
+        from imgest.sources.devdata.sample_store import sample_on_store
+
+        src, conn_id = sample_on_store(Path(src), state.url, request.dataset, state.settings), state.conn_id
+        register_source(src, state.settings)
     report = scan_to_dir(src or "", manifest_dir, request.layout, request.dataset)
     return {
         "manifest_dir": str(manifest_dir),
         "summary": report.summary_line(),
-        "source_conn_id": request.source_conn_id if on_s3 else "",
+        "source_root": str(src) if conn_id else "",
+        "source_conn_id": conn_id,
         "cassandra_args": cassandra_job_args(request, manifest_dir),
         "shards_args": shards_job_args(request, manifest_dir),
         "files_args": files_job_args(request, manifest_dir),
@@ -177,8 +214,13 @@ def collect_garbage(conf: dict[str, Any], s3: S3Settings | None, manifest_dir: P
     manifest names and ``keep_versions`` earlier ones; returns what was removed (the Cassandra target: nothing to
     collect). With MANIFEST_DIR, the shard plan key the run's pack job published (its summary there) must still be
     the live one, else nothing is removed. The caller holds the dataset's write lock, so no job of this dataset is
-    writing an unpublished version: unreferenced objects are collected whatever their age."""
+    writing an unpublished version: unreferenced objects are collected whatever their age; a caller that lost it
+    removes nothing (LockLostError)."""
+    from imgest.core.locks import check_fence
+
     request = IngestRequest.from_conf(conf)
+    if request.target != "cassandra":
+        check_fence(request.dataset)
     if request.target == "shards":
         from imgest.sinks.shards.gc import collect
         from imgest.sinks.shards.store import open_store

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from imgest.bench.report import format_table, write_json
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.locks import check_fence
 from imgest.readback.check import (
     ReadCheckOptions,
     cassandra_runs,
@@ -91,11 +92,13 @@ def run_target(
 
 
 def record_check(target: str, location: str, settings: dict[str, Any], version: str, report_path: Path) -> None:
-    """Reference the report from the version record."""
+    """Reference the report from the version record (fenced: a process that lost the dataset's lock changes
+    nothing)."""
     if target == "cassandra":
         from imgest.sinks.cassandra.client import cassandra_session
 
         ks = settings["tables"].keyspace
+        check_fence(str(settings.get("dataset", "")))
         with cassandra_session(settings["cassandra"]) as session:
             session.execute(
                 f"UPDATE {ks}.dataset_versions SET checks = checks + %s WHERE dataset = %s AND version = %s",
@@ -108,6 +111,7 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
     manifest_path = Path(location) / workdir.PUBLISHED_MANIFEST
     manifest = store.read_manifest() if store else json.loads(manifest_path.read_text())
     manifest["checks"] = {**manifest.get("checks", {}), "read_throughput": str(report_path)}
+    check_fence(str(manifest.get("dataset", "")))
     if store:
         store.write_manifest(manifest)
     else:

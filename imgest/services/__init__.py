@@ -19,6 +19,7 @@ ALL_SERVICE_NAMES = (
     "airflow-celery",
     "latency-proxy",
     "spark",
+    "hosts",
 )  # what `down` stops
 
 
@@ -46,9 +47,15 @@ def _spark() -> Service:
     return SparkCluster.default()
 
 
+def _hosts() -> Service:
+    from imgest.services.hosts import SimulatedHosts
+
+    return SimulatedHosts.default()
+
+
 def get_service(name: str) -> Service:
     """The embedded service called NAME (cassandra, cassandra-auth, cassandra-tls, cassandra-ring, s3, airflow,
-    airflow-celery, latency-proxy, spark)."""
+    airflow-celery, latency-proxy, spark, hosts)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
@@ -59,6 +66,7 @@ def get_service(name: str) -> Service:
         "airflow-celery": _airflow_celery,
         "latency-proxy": _latency_proxy,
         "spark": _spark,
+        "hosts": _hosts,
     }
     if name not in factories:
         raise ConfigError(f"unknown service {name!r}; choose from {', '.join(factories)}")

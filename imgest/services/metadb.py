@@ -38,6 +38,11 @@ def pg_bin(program: str) -> str:
     return found
 
 
+def pg_mountpoint(data: Path) -> Path:
+    """The folder under /tmp where a root-started PostgreSQL sees its data folder DATA (see _as_postgres)."""
+    return Path("/tmp") / f"imgest-pg-{hashlib.sha256(str(data).encode()).hexdigest()[:12]}"
+
+
 def _as_postgres(data: Path, argv: list[str]) -> list[str]:
     """ARGV run as the 'postgres' user with DATA reachable at a mount point of its own (root only)."""
     if os.geteuid() != 0:
@@ -46,7 +51,7 @@ def _as_postgres(data: Path, argv: list[str]) -> list[str]:
         pwd.getpwnam("postgres")
     except KeyError:
         raise ServiceError(f"postgres: running as root needs the 'postgres' system user; {INSTALL_HINT}") from None
-    mount = Path("/tmp") / f"imgest-pg-{hashlib.sha256(str(data).encode()).hexdigest()[:12]}"
+    mount = pg_mountpoint(data)
     mount.mkdir(mode=0o755, exist_ok=True)
     inner = [a.replace(str(data), str(mount)) for a in argv]
     script = (

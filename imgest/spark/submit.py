@@ -85,12 +85,16 @@ def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True)
     that measure spark-submit's processes).
 
     Without LOG_FILE its output streams through. With LOG_FILE everything goes to that file and only the job's
-    own lines (stdout, imgest's log lines) reach the console: Spark's and Java's traces stay in the file.
+    own lines (stdout, imgest's log lines) reach the console: Spark's and Java's traces stay in the file. The
+    driver learns the dataset locks this process holds (it fences its publishing with them).
     """
+    from imgest.core.locks import holder_env
+
+    held = holder_env()
     if log_file is not None and reuse:
         from imgest.spark import driver_server
 
-        rc = driver_server.submit(cmd, log_file)
+        rc = driver_server.submit(cmd, log_file, held)
         if rc is not None:  # ran in the reused local driver ($IMGEST_SPARK_DRIVER_SOCKET, the test suite's)
             with open(log_file) as done:
                 for line in done:
@@ -100,13 +104,12 @@ def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True)
             return rc
     log.info("running %s", " ".join([*cmd[:4], "...", cmd[-1]]))
     master = cmd[cmd.index("--master") + 1] if "--master" in cmd else LOCAL_MASTER
+    env = {**submit_env(master), **held}
     if log_file is None:
-        return subprocess.run(cmd, env=submit_env(master), check=False).returncode
+        return subprocess.run(cmd, env=env, check=False).returncode
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as out:
-        proc = subprocess.Popen(
-            cmd, env=submit_env(master), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout or ():
             out.write(line)
             if _job_line(line):

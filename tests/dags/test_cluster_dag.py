@@ -88,6 +88,9 @@ def test_cassandra_target_on_the_cluster(
     monkeypatch.setenv("AIRFLOW_CONN_CASSANDRA_DEFAULT", json.dumps(conn))
     dag_conf = {"target": "cassandra", "source": source, "dataset": "dagcluster-c", "keyspace": ks, "read_check": False}
     dag_conf["source_conn_id"] = "aws_default"
+    # the cluster's workers run on this machine and see its disk: the run's state may stay there (without this, a
+    # Cassandra run on a cluster master, with no S3 destination, is refused by validate: tests/unit/test_run_state.py)
+    monkeypatch.setenv("IMGEST_STATE_URL", "local")
     with ClusterWatch(on_cluster) as watch:
         ok, _, tail = run_dag(airflow_home, dag_conf)
     assert ok, tail
@@ -126,8 +129,8 @@ def test_no_shared_disk_between_tasks_or_executors(
 ) -> None:
     """Each task starts with an empty work folder (IMGEST_WORKAREA_EPHEMERAL) and the Spark workers cannot see
     the Airflow side's work folders: with $IMGEST_STATE_URL the shard run stores what the one-machine run stores
-    (same tars, same split file) and the Cassandra run completes; without it, the first task that needs an earlier
-    task's file fails naming it."""
+    (same tars, same split file) and the Cassandra run completes; told the hosts share a disk when they do not
+    (IMGEST_STATE_URL=local), the first task that needs an earlier task's file fails naming it."""
     client, run, dataset = s3_server.settings().client(), secrets.token_hex(3), "dagnsd"
     conf = {
         "target": "shards",
@@ -146,6 +149,7 @@ def test_no_shared_disk_between_tasks_or_executors(
     hidden.restart_workers()
     try:
         monkeypatch.setenv("IMGEST_WORKAREA_EPHEMERAL", "1")
+        monkeypatch.setenv("IMGEST_STATE_URL", "local")  # unset, the state would go beside the S3 destination
         lost = {**conf, "s3_dest": f"s3://imgest/tests/dagnsd-lost-{run}"}
         proc = airflow_home.airflow("dags", "test", "ingest_imagenet", "--conf", json.dumps(lost), check=False)
         assert proc.returncode != 0

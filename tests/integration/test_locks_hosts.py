@@ -1,6 +1,7 @@
 """The dataset lock across hosts: writers on different "hosts" (own hostname, own empty IMGEST_HOME, nothing
 shared but the S3 server) race for one dataset through ``$IMGEST_STATE_URL``; exactly one writes, the others are
-told who holds it; a holder that died is taken over once its lease runs out, and not before."""
+told who holds it; a holder that died is taken over once its lease runs out, and not before; a holder that stalled
+past its lease and was taken over publishes nothing when it wakes up."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from imgest.core import locks
 from imgest.core.lock_stores import S3LockStore
 from imgest.services.s3 import S3Server
+from imgest.sinks.shards.store import S3Store
 
 pytestmark = pytest.mark.services
 
@@ -56,12 +58,36 @@ def _host_env(s3_server: S3Server, home: Path, prefix: str, lease_s: float) -> d
     }
 
 
-def _on_host(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+# A holder that publishes a shard dataset (manifest.json) under the lock, as the CLI does: once at once, then again
+# when told to on stdin.
+PUBLISHER = """
+import sys
+from imgest.core import locks
+from imgest.sinks.shards.pack_publish import publish
+from imgest.sinks.shards.store import open_store
+dataset, dest = sys.argv[1], sys.argv[2]
+with locks.dataset_lock(dataset, "imgest ingest shards (fence test)") as holder:
+    store = open_store(dest)
+    publish(store, {"key": "first", "dataset": dataset, "shards": []})
+    print("PUBLISHED", holder.who, flush=True)
+    sys.stdin.readline()
+    try:
+        publish(store, {"key": "second", "dataset": dataset, "shards": []})
+    except locks.LockLostError as e:
+        print("LOST", e, flush=True)
+        sys.exit(4)
+    print("PUBLISHED AGAIN", flush=True)
+"""
+
+
+def _on_host(name: str, args: list[str], env: dict[str, str], script: str = CONTENDER) -> subprocess.Popen[str]:
     """A process that sees hostname NAME (its own UTS namespace, where unshare can make one)."""
-    cmd = [sys.executable, "-c", CONTENDER, *args]
+    cmd = [sys.executable, "-c", script, *args]
     if shutil.which("unshare") and os.geteuid() == 0:
         cmd = ["unshare", "-u", "sh", "-c", f'hostname {name} && exec "$@"', "sh", *cmd]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _markers(s3_server: S3Server, prefix: str) -> list[str]:
@@ -141,3 +167,44 @@ def test_dead_holder_is_taken_over_after_its_lease_and_not_before(s3_server: S3S
     assert "took over the lock of imagenet" in out
     assert "not renewed" in out
     assert _markers(s3_server, prefix) == [f"{prefix}/writes/a", f"{prefix}/writes/b"]
+
+
+def test_a_stalled_holder_taken_over_publishes_nothing(s3_server: S3Server, tmp_path: Path) -> None:
+    """Host A publishes under the lock, then stalls (SIGSTOP: no renewals) past its lease; host B takes the lock
+    over. Woken up, A's next publish fails with LockLostError naming B, and manifest.json is still A's first."""
+    prefix, dataset, lease = f"locktest-{secrets.token_hex(4)}", "imagenet", 3.0
+    dest = f"s3://{s3_server.bucket}/{prefix}/shards"
+    env_a = _host_env(s3_server, tmp_path / "a", prefix, lease_s=lease)
+    env_b = _host_env(s3_server, tmp_path / "b", prefix, lease_s=60)
+    holder = _on_host("host-a", [dataset, dest], env_a, PUBLISHER)
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    assert holder.stdout.readline().startswith("PUBLISHED"), holder.stdout.read()
+    store = S3LockStore(f"s3://{s3_server.bucket}/{prefix}", s3_server.settings())
+    shards = S3Store(s3_server.settings(), s3_server.bucket, f"{prefix}/shards")
+    holder.send_signal(signal.SIGSTOP)  # a stalled host: its lease is not renewed
+    try:
+        deadline = time.monotonic() + lease * 4
+        while not (held := locks.read(dataset, store)) or not held.stale():  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the stalled holder's lease never ran out"
+            time.sleep(0.5)
+        taker = _on_host("host-b", [dataset, f"{prefix}/writes/b", "30"], env_b)
+        assert taker.stdout is not None
+        said = [taker.stdout.readline() for _ in range(2)]
+        assert "took over the lock of imagenet from pid" in said[0]
+        assert said[1].startswith("WROTE"), said
+    finally:
+        holder.send_signal(signal.SIGCONT)
+    holder.stdin.write("publish again\n")
+    holder.stdin.flush()
+    out = holder.stdout.read()
+    assert holder.wait(timeout=60) == 4, out
+    assert "LOST" in out
+    assert "lost the write lock of dataset 'imagenet': it is held by pid " in out
+    assert "on host-b: imgest ingest (lock test)" in out
+    assert (shards.read_manifest() or {})["key"] == "first"  # nothing published after the loss
+    now = locks.read(dataset, store)
+    assert now is not None
+    assert "on host-b:" in now.holder.who  # A's exit left B's lock alone
+    taker.terminate()
+    taker.wait(timeout=60)

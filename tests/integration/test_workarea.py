@@ -39,6 +39,29 @@ def test_two_hosts_see_each_others_writes_changes_and_deletions(s3_server: S3Ser
     assert a.push() == (0, 0)
 
 
+def test_a_task_pulls_only_what_it_reads_and_keeps_the_rest(s3_server: S3Server, tmp_path: Path) -> None:
+    """gc reads the pack summary, not the gigabytes of manifest and plan; pushing what it wrote deletes nothing it
+    did not pull; the next task that reads everything gets everything."""
+    from imgest.operators.task_reads import task_reads
+
+    url = f"s3://{s3_server.bucket}/tests/workarea-{secrets.token_hex(4)}"
+    scan = WorkArea(tmp_path / "scan", "ds", url, s3_server.settings())
+    (tmp_path / "scan").mkdir()
+    for name in ("manifest.parquet", "shard_plan.parquet", "pack_shards.json", "scan_report.json"):
+        (tmp_path / "scan" / name).write_text(name)
+    assert scan.push() == (4, 0)
+    gc = WorkArea(tmp_path / "gc", "ds", url, s3_server.settings())
+    assert gc.pull(task_reads("ingest_imagenet", "gc")) == 1
+    assert sorted(p.name for p in (tmp_path / "gc").iterdir() if not p.name.startswith(".")) == ["pack_shards.json"]
+    (tmp_path / "gc" / "gc.json").write_text("{}")
+    assert gc.push() == (1, 0)
+    lock = WorkArea(tmp_path / "lock", "ds", url, s3_server.settings())
+    assert lock.pull(task_reads("ingest_imagenet", "lock")) == 0
+    assert task_reads("ingest_imagenet", "verify_cassandra") is None  # reads the manifest: the whole folder
+    everything = WorkArea(tmp_path / "all", "ds", url, s3_server.settings())
+    assert everything.pull(task_reads("refresh_x", "gc")) == 5
+
+
 def test_a_sample_run_finds_the_sample_on_every_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ingest_imagenet's pre-execute hook on a host whose disk has never seen the run (a Celery worker, a pod):
     a run of the generated sample gets the same bytes the scan's host read, so the Spark job and verify find it."""
@@ -50,10 +73,10 @@ def test_a_sample_run_finds_the_sample_on_every_host(tmp_path: Path, monkeypatch
         task_id = "ingest_cassandra"
 
         def xcom_pull(self, task_ids: str) -> dict[str, object]:
-            assert task_ids == "validate"
-            return {"dataset": "sampled", "sample": True}
+            assert task_ids in ("validate", "scan")
+            return {"dataset": "sampled", "sample": True} if task_ids == "validate" else {}  # scanned on a local disk
 
-    monkeypatch.delenv("IMGEST_STATE_URL", raising=False)
+    monkeypatch.setenv("IMGEST_STATE_URL", "local")  # no store (else the hook needs one: no spark_default here)
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "pod"))
     work_hooks()["pre_execute"]({"ti": TaskInstance()})
     root = tmp_path / "pod" / "demo" / "sampled"

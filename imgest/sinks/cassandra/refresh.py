@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from imgest.core.locks import check_fence
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.versions import set_lineage
 
@@ -81,7 +82,9 @@ def apply_refresh(
     session: Any, tables: TableLayout, dataset: str, version: str, previous: str | None, rows: RefreshRows
 ) -> dict[str, int]:
     """Record VERSION's lineage, carry the quarantine entries of untouched files over from PREVIOUS, delete
-    removed rows; returns the lineage's length and how many statements of each kind ran."""
+    removed rows; returns the lineage's length and how many statements of each kind ran. Fenced: a process that
+    lost the dataset's lock raises LockLostError before anything changes."""
+    check_fence(dataset)
     ks = tables.keyspace
     lineage = set_lineage(session, ks, dataset, version, previous)
     carried = _carry_quarantine(session, ks, dataset, version, previous, rows)

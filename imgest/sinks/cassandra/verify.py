@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.idset import IdSet
+from imgest.core.locks import check_fence
 from imgest.sinks.cassandra.scan import count_by
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.versions import advance_status
@@ -248,6 +249,8 @@ def verify(
     report.sampled = len(picked)
     report.ok = not report.count_mismatches and not report.byte_mismatches and not report.missing
     ks = tables.keyspace
+    if report.ok and mark_complete:
+        check_fence(dataset)  # a process that lost the dataset's lock completes nothing
     if report.ok and mark_complete and not advance_status(session, ks, dataset, version, "complete", FINAL):
         raise VerificationError(
             f"version {version!r} of {dataset!r} matches but its status is {record.status!r}, not 'written': "

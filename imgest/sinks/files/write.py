@@ -27,6 +27,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.locks import check_fence
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.sinks.files.layout import (
     LOCK_SUFFIX,
@@ -257,12 +258,14 @@ def publish(dest: Path, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """Rename the complete staging folder of KEY to DEST/v/KEY, then switch DEST/manifest.json to it (MANIFEST plus
     ``root`` and ``history``): until that one atomic replace, readers see the previous version. A folder v/KEY
     left by an earlier run of the same key (the same content) is replaced: moved aside, then removed; if the
-    manifest already named it, it is absent between those two renames. Returns what changed."""
+    manifest already named it, it is absent between those two renames. Returns what changed. A process that holds
+    the dataset's lock first proves it still does (LockLostError, nothing moved, otherwise)."""
     staged, final = staging_dir(dest, key), dest / VERSIONS / key
     if not (staged / workdir.PUBLISHED_SAMPLES).is_file():
         raise ImgestError(
             f"{staged} holds no {workdir.PUBLISHED_SAMPLES}: the version is incomplete; run the job again"
         )
+    check_fence(str(manifest.get("dataset", "")))
     live = _current(dest)
     root, previous = version_folder(key), live.get("root", "")
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.locks import check_fence
 from imgest.core.quarantine import QuarantineLog, quarantine_summary
 from imgest.sinks.shards.pack_record import PUBLISHED_FIELDS, PackConfig, Published, ShardRecord
 from imgest.sinks.shards.plan import DEAD
@@ -163,7 +164,8 @@ def publish(
     deleted; the previous manifest and its objects stay readable until the switch (and after it, until
     ``imgest gc shards`` collects them). Sets MANIFEST's ``previous`` to the key of the manifest it replaces.
 
-    Returns False, writing nothing, when the live manifest is already MANIFEST.
+    Returns False, writing nothing, when the live manifest is already MANIFEST. Right before the switch, a
+    process that holds the dataset's lock proves it still does (LockLostError, nothing switched, otherwise).
     """
     live = store.read_manifest()
     key = manifest["key"]
@@ -178,6 +180,7 @@ def publish(
     if shards is not None:
         store.put_bytes(str(manifest[TABLE_KEY]), shards)
     store.put_bytes(history_name(key), manifest_bytes(manifest))
+    check_fence(str(manifest.get("dataset", "")))
     store.write_manifest(manifest)
     log.info("published %s: %d shards under %s", store.location, len(manifest["shards"]), version_prefix(key))
     return True

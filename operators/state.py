@@ -1,0 +1,76 @@
+"""An Airflow task's view of its run's state: where the run keeps it, and the run's hold of its dataset's lock.
+
+Each task of an imgest DAG decides where the run's state lives before it runs (``use_run_state``, called by the
+work hooks' ``pull_work``): Airflow's executor (read here, inside the task, never when a DAG file is parsed) and
+the master of ``spark_default`` tell whether the run spans hosts (``imgest.core.run_state``). A state URL derived
+from the run's S3 destination is exported as ``$IMGEST_STATE_URL`` to this task's process, where the lock store,
+the work area and the Spark driver the task submits (which inherits the environment) all read it; every task of
+the run derives the same one. The tasks that publish hold the run's lease while they work (``run_lease``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from imgest.core.run_state import Deployment
+
+log = logging.getLogger(__name__)
+
+
+def spark_master(conn_id: str = "spark_default") -> str:
+    """The master named by the Spark connection CONN_ID (its host, with port when given); yarn when there is no
+    such connection, as the Spark provider then submits there."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    try:
+        conn = SparkSubmitHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return "yarn"
+    host = conn.host or "local[*]"
+    return f"{host}:{conn.port}" if conn.port else host
+
+
+def task_deployment(spark_conn_id: str = "spark_default") -> Deployment:
+    """This task's deployment: Airflow's configured executor and the Spark master of SPARK_CONN_ID."""
+    from airflow.configuration import conf
+
+    return Deployment(conf.get("core", "executor"), spark_master(spark_conn_id))
+
+
+def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
+    """Decide where the run of CONFS (its request, or each target's conf) keeps its state and export a derived URL
+    as $IMGEST_STATE_URL for this task; returns the URL (None: the local state folder). ConfigError naming
+    IMGEST_STATE_URL when the run spans hosts and no store every host reaches is known."""
+    from imgest.core.lock_stores import STATE_URL_ENV, state_setting
+    from imgest.core.run_state import state_url_for
+    from imgest.flow.steps import s3_destination
+
+    dests = [d for d in (s3_destination(c) for c in confs if c) if d]
+    configured = state_setting()
+    url = state_url_for(task_deployment(), dests[0] if dests else None, configured)
+    if url and not configured:
+        log.info("the run spans hosts: its state lives at %s (derived from its S3 destination)", url)
+        os.environ[STATE_URL_ENV] = url
+    return url
+
+
+@contextmanager
+def run_lease(dag_id: str, run_id: str, dataset: str) -> Iterator[None]:
+    """This run's hold of DATASET's lock while the block runs: its lease renewed, the block's publishing fenced
+    against it (imgest.core.locks), and a lost lock (LockLostError) failing the task without retries."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from imgest.operators.hooks import lock_store
+
+    from imgest.core import locks
+
+    holder = locks.airflow_holder(dag_id, run_id)
+    try:
+        with locks.keep_alive(dataset, holder, lock_store()):
+            yield
+    except locks.LockLostError as exc:  # retrying cannot give the lock back
+        raise AirflowFailException(str(exc)) from None

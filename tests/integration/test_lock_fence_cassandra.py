@@ -1,0 +1,66 @@
+"""The Cassandra target's publishing is fenced by the dataset lock: a holder whose lease ran out and was taken over
+neither records its version's counts nor completes it; the version record stays as the loss found it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from imgest.core import locks
+from imgest.core.lock_stores import FileLockStore
+from imgest.core.settings import CassandraSettings
+from imgest.services.cassandra import CassandraServer
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.ingest import CassandraIngestConfig, begin_version, finish_version, ingest_partition
+from imgest.sinks.cassandra.schema import TableLayout
+from imgest.sinks.cassandra.verify import verify
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from imgest.sources.manifest import iter_manifest, manifest_metadata
+from imgest.sources.scan import scan_to_dir
+from imgest.transform.image import TransformSpec
+
+pytestmark = pytest.mark.services
+TABLES = TableLayout("imgest_test_fence")
+
+
+def _record(session: object, version: str) -> tuple[str, object]:
+    row = session.execute(  # type: ignore[attr-defined]
+        f"SELECT status, finished_at FROM {TABLES.keyspace}.dataset_versions WHERE dataset = %s AND version = %s",
+        ("fenced", version),
+    ).one()
+    return row.status, row.finished_at
+
+
+def test_a_taken_over_holder_neither_records_nor_completes(cassandra_server: CassandraServer, tmp_path: Path) -> None:
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=3, val_per_class=1, seed=9))
+    manifest = tmp_path / "manifest"
+    scan_to_dir(tmp_path / "src", manifest, dataset="fenced")
+    root = manifest_metadata(manifest / "manifest.parquet")["root"]
+    settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    store = FileLockStore(tmp_path / "locks")
+    first = locks.cli_holder("imgest ingest cassandra", lease_s=0.5)
+    assert locks.try_acquire("fenced", first, store) is None
+    cfgs = [  # v2 in tables of its own
+        CassandraIngestConfig(root, "fenced", v, tables, TransformSpec(), (cassandra_server.host,), settings.port)
+        for v, tables in (("v1", TABLES), ("v2", replace(TABLES, suffix="_v2")))
+    ]
+    with cassandra_session(settings) as session, locks.holding("fenced", first, store):
+        session.execute(f"DROP KEYSPACE IF EXISTS {TABLES.keyspace}", timeout=60)
+        for cfg in cfgs:  # both claimed and written while the lock is held
+            begin_version(session, cfg, ["train", "val"], "SimpleStrategy:1")
+            total = ingest_partition(iter_manifest(manifest / "manifest.parquet"), cfg)
+        finish_version(session, cfgs[0], total, ["n0", "n1"])
+        written = _record(session, "v1")
+        time.sleep(first.lease_s + 0.1)  # the holder stalls past its lease; another run takes the lock over
+        second = locks.airflow_holder("ingest_imagenet", "manual__second", lease_s=600)
+        assert locks.try_acquire("fenced", second, store) is None
+        with pytest.raises(locks.LockLostError, match="held by Airflow DAG ingest_imagenet run manual__second"):
+            verify(session, manifest, TABLES, "fenced", "v1", sample=2)  # matches, but may not complete it
+        with pytest.raises(locks.LockLostError):
+            finish_version(session, cfgs[1], total, ["n0", "n1"])
+        assert _record(session, "v1") == written
+        assert written[0] == "written"
+        assert _record(session, "v2") == ("writing", None)  # no counts, no finish recorded
