@@ -73,6 +73,22 @@ def s3_env(dest: str) -> None:
         os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)
 
 
+def cli_run_state(master: str, dest: str | None) -> str | None:
+    """Where an ingest command on Spark master MASTER (writing to DEST) keeps its lock and the files its executors
+    read: ``$IMGEST_STATE_URL``; on a cluster without it, beside an ``s3://`` DEST (exported for the Spark job and
+    the lock), else a ConfigError naming the variable; None on a local master (this machine's state folder)."""
+    from imgest.core.lock_stores import STATE_URL_ENV, state_setting
+    from imgest.core.run_state import Deployment, state_url_for
+
+    configured = state_setting()
+    s3_dest = dest if dest and dest.startswith("s3://") else None
+    url = state_url_for(Deployment("", master), s3_dest, configured)
+    if url and not configured:
+        print(f"run state: {url} (the master {master} runs executors on other hosts)", flush=True)
+        os.environ[STATE_URL_ENV] = url
+    return url
+
+
 def add_cassandra_args(p: argparse.ArgumentParser) -> None:
     """Where Cassandra is and who connects (the password is read from a file, never from argv)."""
     p.add_argument("--hosts", help="comma-separated contact points (default: $IMGEST_CASSANDRA_HOSTS; one is required)")

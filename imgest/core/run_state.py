@@ -70,3 +70,32 @@ def state_url_for(deployment: Deployment, s3_dest: str | None, configured: str =
         f"the aws_default connection reaches), or {STATE_URL_ENV}={LOCAL_STATE} if every worker and Spark node "
         "mounts the same $IMGEST_HOME"
     )
+
+
+SHARED_ENV = "IMGEST_SHARED_MOUNTS"  # folders every Airflow worker and Spark node mounts at the same path
+
+
+def shared_mounts(setting: str) -> tuple[str, ...]:
+    """The folders of SETTING (``$IMGEST_SHARED_MOUNTS``: comma or colon separated absolute paths)."""
+    return tuple(p.strip().rstrip("/") for p in setting.replace(":", ",").split(",") if p.strip().startswith("/"))
+
+
+def check_shared(deployment: Deployment, folders: dict[str, str], setting: str) -> None:
+    """On a DEPLOYMENT across hosts, each of FOLDERS (what it is -> local path the run reads or writes on every
+    host: a local source, the files target's folder) must lie under a folder of SETTING (``$IMGEST_SHARED_MOUNTS``)
+    that every host mounts; ConfigError naming each one and what to do otherwise. Nothing to check on one machine."""
+    if deployment.one_machine():
+        return
+    mounts = shared_mounts(setting)
+
+    def shared(path: str) -> bool:
+        return any(path == m or path.startswith(m + "/") for m in mounts)
+
+    problems = [f"{what} {path}" for what, path in folders.items() if path and not shared(path)]
+    if problems:
+        raise ConfigError(
+            f"this run spans hosts ({deployment.describe()}) and every Airflow worker and Spark node must see "
+            f"{'; '.join(problems)} at the same path, which no host shares with another by default: put it on "
+            f"storage every host mounts and name that mount in {SHARED_ENV} (e.g. {SHARED_ENV}=/mnt/datasets), or "
+            "use an s3:// source and the shards or cassandra target, which need no shared disk"
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from imgest.core import defaults, workdir
 from imgest.core.errors import ImgestError
 from imgest.core.lock_stores import state_setting
 from imgest.core.paths import state_dir
-from imgest.core.run_state import Deployment, state_url_for
+from imgest.core.run_state import SHARED_ENV, Deployment, check_shared, state_url_for
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.flow.request import IngestRequest
 
@@ -29,8 +30,22 @@ def validate_conf(conf: dict[str, Any], deployment: Deployment | None = None) ->
     (ConfigError naming IMGEST_STATE_URL)."""
     request = IngestRequest.from_conf(conf).as_dict()
     if deployment is not None:
-        state_url_for(deployment, s3_destination(request), state_setting())
+        url = state_url_for(deployment, s3_destination(request), state_setting())
+        check_shared(deployment, local_folders(IngestRequest.from_conf(conf), url), os.environ.get(SHARED_ENV, ""))
     return request
+
+
+def local_folders(request: IngestRequest, state_url: str | None) -> dict[str, str]:
+    """The local folders a run of REQUEST reads or writes on every host (its state at STATE_URL): a local source
+    (the sample too, unless the scan copies it to an S3 state store) and the files target's folder."""
+    folders = {}
+    if request.source and not request.source.startswith("s3://"):
+        folders["the source folder"] = os.path.abspath(request.source)
+    elif request.sample and not (state_url or "").startswith("s3://"):
+        folders["the generated sample in"] = str(state_dir() / "demo")
+    if request.target == "files":
+        folders["the files target's folder"] = os.path.abspath(request.files_location)
+    return folders
 
 
 def s3_destination(conf: dict[str, Any]) -> str | None:

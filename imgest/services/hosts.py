@@ -57,6 +57,7 @@ SPARK_WORKER_HOSTS = ("spark-1", "spark-2")
 AIRFLOW_PORT, CASSANDRA_PORT, S3_PORT, PG_PORT, REDIS_PORT = 8080, 9042, 8333, 5432, 6379
 SPARK_PORT, SPARK_UI_PORT, SPARK_WORKER_UI_PORT = 7077, 8090, 8091
 STATE_URL = "s3://imgest/_hosts"
+DATASETS_FILE = "config/datasets.toml"  # under each Airflow host's own state folder
 PASSED_ON = ("JAVA_HOME", "IMGEST_SPARK_JAVA_OPTIONS", "IMGEST_JVM_CDS")  # the deployer's JVM settings, no address
 
 
@@ -120,6 +121,7 @@ class SimulatedHosts:
         (a Spark driver) binds and advertises its own address."""
         env = {
             "AIRFLOW_HOME": str(self.own(host) / "airflow"),
+            "IMGEST_DATASETS_FILE": str(self.state / DATASETS_FILE),  # each host's own copy (a mounted config map)
             "IMGEST_STATE_URL": STATE_URL,
             "IMGEST_SPARK_POOL": SPARK_POOL,
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
@@ -149,10 +151,27 @@ class SimulatedHosts:
             },
         }
 
-    def run_in(self, host: str, argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        """Run ARGV to its end inside HOST with HOST's environment (output captured)."""
+    def run_in(
+        self, host: str, argv: list[str], timeout: float = 600, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ARGV to its end inside HOST with ENV (default: HOST's environment; output captured)."""
         cmd = [*self.prefix(host), *argv]
-        return subprocess.run(cmd, env=self.env(host), text=True, capture_output=True, check=False, timeout=timeout)
+        env = self.env(host) if env is None else env
+        return subprocess.run(cmd, env=env, text=True, capture_output=True, check=False, timeout=timeout)
+
+    def base_env(self, host: str) -> dict[str, str]:
+        """HOST's environment without Airflow's settings (a person's shell there: no connection, no store)."""
+        env = {k: v for k, v in self.env(host).items() if not k.startswith(("AIRFLOW", "IMGEST_STATE_URL"))}
+        if host in WORKER_HOSTS:  # a Spark driver binds and advertises its own address
+            env["SPARK_LOCAL_IP"] = env["SPARK_LOCAL_HOSTNAME"] = self.address(host)
+        return env
+
+    def register_datasets(self, toml: str) -> None:
+        """The datasets file (refresh_<name> DAGs) of every Airflow host: each host's own copy, at one path."""
+        for host in ("control", *WORKER_HOSTS):
+            path = self.own(host) / DATASETS_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(toml)
 
     # ------------------------------------------------------------------------------------------------ servers
     def _in(self, host: str) -> dict[str, object]:

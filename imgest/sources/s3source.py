@@ -85,8 +85,14 @@ def register_source(root: str | PurePath, settings: S3Settings) -> None:
 
 
 def settings_for(root: str | PurePath) -> S3Settings:
-    """The connection of the source at ROOT: the one shipped with the task, else this process's environment."""
-    return _REGISTERED.get(_root_key(root)) or source_settings_from_env()
+    """The connection of the source at ROOT: the one shipped with the task or registered for ROOT or a prefix of it
+    (the dataset's URL, whose layout root lies below it: ``.../ILSVRC/Data/CLS-LOC``), the longest such prefix
+    first; else this process's environment."""
+    key = _root_key(root)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    within = [r for r in _REGISTERED if key.startswith(r + "/")]
+    return _REGISTERED[max(within, key=len)] if within else source_settings_from_env()
 
 
 class SourceRoot(str):

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -29,6 +30,14 @@ from imgest.sources.devdata.sample import DEMO_SAMPLE, write_sample
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 DEMO_STORED = 10 * (20 + 5) + 8  # DEMO_SAMPLE's train + val images and the eight awkward-but-valid planted ones
 SOURCE_BUCKET = "imgest-src"
+DATASETS_TOML = f"""[datasets.hr]
+source = "s3://{SOURCE_BUCKET}/hs3/"
+targets = ["shards"]
+schedule = "0 0 29 2 *"
+s3_dest = "s3://imgest/hr"
+source_conn_id = "aws_default"
+read_check = false
+"""
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +50,7 @@ def hosts() -> Iterator[SimulatedHosts]:
         yield deployment
         return
     deployment.wipe()
+    deployment.register_datasets(DATASETS_TOML)  # refresh_hr's entry, in each Airflow host's own config
     try:
         print(f"\n[fixture] {deployment.up().message}")
         yield deployment
@@ -134,22 +144,25 @@ def _sql(hosts: SimulatedHosts, query: str, *args: Any) -> list[tuple[Any, ...]]
         conn.close()
 
 
-def _run(hosts: SimulatedHosts, conf: dict[str, Any], timeout: float = 900) -> tuple[str, str | None]:
-    """Trigger ingest_imagenet with CONF inside the control host; (run id, final state)."""
+def _trigger(hosts: SimulatedHosts, dag_id: str, conf: dict[str, Any], name: str) -> str:
+    """Trigger DAG_ID with CONF inside the control host (the real scheduler, Celery workers); its run id."""
     deadline = time.monotonic() + 180
-    while not _sql(hosts, "SELECT 1 FROM dag WHERE dag_id = 'ingest_imagenet'") and time.monotonic() < deadline:
+    while not _sql(hosts, "SELECT 1 FROM dag WHERE dag_id = %s", dag_id) and time.monotonic() < deadline:
         time.sleep(2)  # the DAG processor has not stored it yet
-    run_id = f"hosts__{conf['dataset']}__{time.time_ns()}"
-    hosts.airflow().airflow("dags", "trigger", "ingest_imagenet", "--run-id", run_id, "--conf", json.dumps(conf))
-    deadline = time.monotonic() + timeout
-    state = None
-    while time.monotonic() < deadline:
-        rows = _sql(hosts, "SELECT state FROM dag_run WHERE run_id = %s", run_id)
-        state = rows[0][0] if rows else None
-        if state in ("success", "failed"):
-            break
+    run_id = f"hosts__{name}__{time.time_ns()}"
+    hosts.airflow().airflow("dags", "trigger", dag_id, "--run-id", run_id, "--conf", json.dumps(conf))
+    return run_id
+
+
+def _wait(hosts: SimulatedHosts, run_ids: list[str], timeout: float = 1200) -> dict[str, str | None]:
+    """Each run's final state (None: still running at TIMEOUT)."""
+    deadline, states = time.monotonic() + timeout, dict.fromkeys(run_ids)
+    while time.monotonic() < deadline and any(s not in ("success", "failed") for s in states.values()):
+        for run_id in run_ids:
+            rows = _sql(hosts, "SELECT state FROM dag_run WHERE run_id = %s", run_id)
+            states[run_id] = rows[0][0] if rows else None
         time.sleep(5)
-    return run_id, state
+    return states
 
 
 def _tasks(hosts: SimulatedHosts, run_id: str) -> dict[str, tuple[str, str]]:
@@ -157,11 +170,20 @@ def _tasks(hosts: SimulatedHosts, run_id: str) -> dict[str, tuple[str, str]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
-def _failed_logs(hosts: SimulatedHosts, run_id: str) -> str:
+def _xcom(hosts: SimulatedHosts, run_id: str, task_id: str) -> Any:
+    rows = _sql(
+        hosts, "SELECT value FROM xcom WHERE run_id = %s AND task_id = %s AND key = 'return_value'", run_id, task_id
+    )
+    assert rows, f"no XCom of {task_id} in {run_id}"
+    value = rows[0][0]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _failed_logs(hosts: SimulatedHosts, run_id: str, dag_id: str = "ingest_imagenet") -> str:
     """The end of every failed or retried task's logs, read from the disk of the worker host that ran it."""
     out = []
     for host in WORKER_HOSTS:
-        folder = hosts.own(host) / "airflow" / "logs" / "dag_id=ingest_imagenet" / f"run_id={run_id}"
+        folder = hosts.own(host) / "airflow" / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
         for path in sorted(folder.rglob("*.log")):
             lines = [ln for ln in path.read_text(errors="replace").splitlines() if '"level":"error"' in ln]
             if lines:
@@ -182,34 +204,26 @@ def _executor_apps(hosts: SimulatedHosts, host: str) -> set[str]:
     return {e["appid"] for e in doc["finishedexecutors"]} | {e["appid"] for e in doc["executors"]}
 
 
-def _ingest(hosts: SimulatedHosts, conf: dict[str, Any]) -> None:
-    """Run CONF through the scheduler; assert the shards, the workers that ran it and where the executors ran."""
-    before = _completed_apps(hosts)
-    t0 = time.monotonic()
-    run_id, state = _run(hosts, conf)
-    print(f"\n[hosts] {conf['dataset']}: run {run_id} {state} after {time.monotonic() - t0:.0f}s")
-    tasks = _tasks(hosts, run_id)
-    assert state == "success", f"{tasks}\n{_failed_logs(hosts, run_id)}"
-    assert {host for s, host in tasks.values() if s == "success"} <= set(WORKER_HOSTS)
-    client = hosts.s3().settings().client()
-    key = conf["s3_dest"].removeprefix("s3://imgest/") + "/manifest.json"
-    doc = json.loads(client.get_object(Bucket="imgest", Key=key)["Body"].read())
-    assert sum(doc["samples"].values()) == DEMO_STORED
+def _assert_ran_on_the_cluster(hosts: SimulatedHosts, before: set[str], jobs: int) -> None:
+    """JOBS new applications completed on the standalone master, and executors of them ran on each Spark worker
+    host (each worker's own page lists them)."""
     state_doc = hosts.spark_master().master_state() or {}
     addresses = {hosts.address(h) for h in SPARK_WORKER_HOSTS}
     assert {w["host"] for w in state_doc["workers"] if w["state"] == "ALIVE"} == addresses
     new = _completed_apps(hosts) - before
-    assert new, "no Spark application completed on the standalone master"
-    for host in SPARK_WORKER_HOSTS:  # each worker's own page: executors of the run's application ran there
+    assert len(new) == jobs, f"{len(new)} applications completed on the master, not {jobs}: {new}"
+    for host in SPARK_WORKER_HOSTS:
         assert _executor_apps(hosts, host) & new, f"no executor of {new} ran on {host}"
 
 
-def test_ingest_generated_sample_through_the_scheduler(hosts: SimulatedHosts) -> None:
-    _ingest(hosts, {"sample": True, "target": "shards", "dataset": "hsample", "s3_dest": "s3://imgest/hsample"})
+def _shard_manifest(hosts: SimulatedHosts, dest: str) -> dict[str, Any]:
+    bucket, _, prefix = dest.removeprefix("s3://").partition("/")
+    client = hosts.s3().settings().client()
+    return json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
 
 
-def test_ingest_s3_source_through_the_scheduler(hosts: SimulatedHosts) -> None:
-    """The same sample from the store host's S3, the source every host can read."""
+def _upload_source(hosts: SimulatedHosts) -> None:
+    """The demo sample on the store host's S3 (the source bucket), the source every host can read."""
     client = hosts.s3().settings().client()
     if SOURCE_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=SOURCE_BUCKET)
@@ -218,5 +232,104 @@ def test_ingest_s3_source_through_the_scheduler(hosts: SimulatedHosts) -> None:
         for path in sorted(Path(tmp).rglob("*")):
             if path.is_file():
                 client.upload_file(str(path), SOURCE_BUCKET, "hs3/" + path.relative_to(tmp).as_posix())
-    conf = {"source": f"s3://{SOURCE_BUCKET}/hs3/", "source_conn_id": "aws_default", "target": "shards"}
-    _ingest(hosts, {**conf, "dataset": "hs3", "s3_dest": "s3://imgest/hs3"})
+
+
+def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
+    """Triggered together, as users do: the generated sample into shards, an S3 source into Cassandra and into
+    shards, and the first version of refresh_hr (the datasets file's entry on that source). Each succeeds on the
+    Celery workers, each Spark job goes through spark-submit to the master on its host and its executors run on
+    spark-1 and spark-2; the stores hold what the sample holds."""
+    _upload_source(hosts)
+    before, t0 = _completed_apps(hosts), time.monotonic()
+    source = {"source": f"s3://{SOURCE_BUCKET}/hs3/", "source_conn_id": "aws_default"}
+    confs = {
+        "hsample": {"sample": True, "target": "shards", "dataset": "hsample", "s3_dest": "s3://imgest/hsample"},
+        "hs3c": {**source, "target": "cassandra", "dataset": "hs3c", "keyspace": "hs3c"},
+        "hs3": {**source, "target": "shards", "dataset": "hs3", "s3_dest": "s3://imgest/hs3"},
+    }
+    runs = {name: _trigger(hosts, "ingest_imagenet", conf, name) for name, conf in confs.items()}
+    runs["hr"] = _trigger(hosts, "refresh_hr", {}, "hr")
+    states = _wait(hosts, list(runs.values()))
+    print(f"\n[hosts] four runs: {states} after {time.monotonic() - t0:.0f}s")
+    for name, run_id in runs.items():
+        tasks = _tasks(hosts, run_id)
+        dag_id = "refresh_hr" if name == "hr" else "ingest_imagenet"
+        assert states[run_id] == "success", f"{name}: {tasks}\n{_failed_logs(hosts, run_id, dag_id)}"
+        assert {host for s, host in tasks.values() if s == "success"} <= set(WORKER_HOSTS)
+    for dest in ("s3://imgest/hsample", "s3://imgest/hs3", "s3://imgest/hr"):
+        assert sum(_shard_manifest(hosts, dest)["samples"].values()) == DEMO_STORED
+    from imgest.core.settings import CassandraSettings
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    with cassandra_session(CassandraSettings(hosts=(hosts.address("store"),))) as session:
+        assert session.execute("SELECT count(*) FROM hs3c.data").one()[0] == DEMO_STORED
+        status = session.execute("SELECT status FROM hs3c.dataset_versions").one().status
+    assert status == "complete"  # verify_cassandra read the S3 source through the run's connection
+    _assert_ran_on_the_cluster(hosts, before, jobs=4)
+
+
+def test_refresh_of_a_changed_s3_source_through_the_scheduler(hosts: SimulatedHosts) -> None:
+    """refresh_hr (the datasets file of each Airflow host) after one source image was rewritten, one added and
+    one removed: the plan sees exactly that, the new version is published and the run's job ran on the cluster."""
+    first = _shard_manifest(hosts, "s3://imgest/hr")  # the first version, test_runs_together_through_the_scheduler's
+    client = hosts.s3().settings().client()
+    listed = client.list_objects_v2(Bucket=SOURCE_BUCKET, Prefix="hs3/ILSVRC/Data/CLS-LOC/train/")["Contents"]
+    jpegs = sorted(o["Key"] for o in listed if re.search(r"/(n\d{8})/\1_\d+\.JPEG$", o["Key"]))  # no planted file
+    other = client.get_object(Bucket=SOURCE_BUCKET, Key=jpegs[1])["Body"].read()
+    client.put_object(Bucket=SOURCE_BUCKET, Key=jpegs[0], Body=other)
+    client.put_object(Bucket=SOURCE_BUCKET, Key=jpegs[0].rsplit("/", 1)[0] + "/added.JPEG", Body=other + b"\0")
+    client.delete_object(Bucket=SOURCE_BUCKET, Key=jpegs[-1])
+    before = _completed_apps(hosts)
+    run_id = _trigger(hosts, "refresh_hr", {}, "refresh")
+    state = _wait(hosts, [run_id])[run_id]
+    assert state == "success", f"{_tasks(hosts, run_id)}\n{_failed_logs(hosts, run_id, 'refresh_hr')}"
+    counts = _xcom(hosts, run_id, "shards.plan")["counts"]
+    assert (counts["added"], counts["changed"], counts["removed"]) == (1, 1, 1), counts
+    second = _shard_manifest(hosts, "s3://imgest/hr")
+    assert second["key"] != first["key"]
+    assert sum(second["samples"].values()) == DEMO_STORED  # one added, one removed
+    _assert_ran_on_the_cluster(hosts, before, jobs=1)
+
+
+def test_files_target_stops_in_validate_naming_the_shared_storage(hosts: SimulatedHosts) -> None:
+    """The files target writes a folder every host must see; on hosts that share no disk validate refuses the run
+    before any work, its error naming IMGEST_SHARED_MOUNTS."""
+    conf = {"source": f"s3://{SOURCE_BUCKET}/hs3/", "target": "files", "dataset": "hfiles"}
+    run_id = _trigger(hosts, "ingest_imagenet", conf, "files")
+    assert _wait(hosts, [run_id], timeout=300)[run_id] == "failed"
+    tasks = _tasks(hosts, run_id)
+    assert tasks["validate"][0] == "failed"
+    assert {t for t, (state, _) in tasks.items() if state == "success"} == set()
+    logs = _failed_logs(hosts, run_id)
+    assert "the files target's folder" in logs
+    assert "IMGEST_SHARED_MOUNTS" in logs
+
+
+def test_cli_on_a_fresh_host_with_settings_from_variables(hosts: SimulatedHosts) -> None:
+    """A person's shell on worker-a: no Airflow, nothing at 127.0.0.1, an empty disk, the stores named only by
+    IMGEST_* / AWS_* variables. `imgest ingest cassandra` (IMGEST_CASSANDRA_HOSTS, no --hosts) and `imgest ingest
+    shards` from the S3 source run on the cluster: the shards' run state goes beside their destination unasked,
+    Cassandra's to the IMGEST_STATE_URL the person sets (the command says so when it is missing)."""
+    key, secret = hosts.s3().credentials()
+    env = hosts.base_env("worker-a") | {
+        "IMGEST_CASSANDRA_HOSTS": hosts.address("store"),
+        "IMGEST_S3_ENDPOINT": f"http://{hosts.address('store')}:8333",
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+    }
+    master = hosts.spark_master().master_url
+    src = f"s3://{SOURCE_BUCKET}/hs3/"
+    imgest = str(Path(sys.executable).parent / "imgest")
+    cassandra = [imgest, "ingest", "cassandra", src, "--keyspace", "hcli", "--master", master, "--consistency", "ONE"]
+    refused = hosts.run_in("worker-a", cassandra, env=env)
+    assert refused.returncode == 1
+    assert "IMGEST_STATE_URL=s3://bucket/prefix" in refused.stderr
+    before = _completed_apps(hosts)
+    done = hosts.run_in("worker-a", [*cassandra, "--verify"], env=env | {"IMGEST_STATE_URL": "s3://imgest/_cli"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    shards = [imgest, "ingest", "shards", src, "--dest", "s3://imgest/hcli", "--master", master]
+    packed = hosts.run_in("worker-a", shards, env=env)
+    assert packed.returncode == 0, packed.stdout[-3000:] + packed.stderr[-3000:]
+    assert "run state: s3://imgest/_imgest-state" in packed.stdout
+    assert sum(_shard_manifest(hosts, "s3://imgest/hcli")["samples"].values()) == DEMO_STORED
+    _assert_ran_on_the_cluster(hosts, before, jobs=2)

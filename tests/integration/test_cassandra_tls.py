@@ -54,8 +54,9 @@ def test_ca_text_protocol_and_local_dc_reach_the_driver(cassandra_tls_server: Ca
 
 
 def test_ingest_over_tls_on_the_cluster(
-    tmp_path: Path, cassandra_tls_server: CassandraServer, spark_cluster: SparkCluster
+    tmp_path: Path, cassandra_tls_server: CassandraServer, spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("IMGEST_STATE_URL", "local")  # the suite's cluster runs on this machine: one disk
     ks = "imgest_test_tls"
     with cassandra_session(_settings(cassandra_tls_server)) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)

@@ -101,21 +101,26 @@ def test_jobs_on_executors_that_see_no_driver_file(
     capfd.readouterr()
 
     monkeypatch.setenv("IMGEST_SPARK_PYENV", "ship")  # the executors' Python goes with each job (spark.archives)
-    monkeypatch.delenv("IMGEST_STATE_URL", raising=False)  # executors would open the driver's work folder: fail
-    assert ingest("cluster", "shards", "--max-count", "6") != 0
+    monkeypatch.delenv("IMGEST_STATE_URL", raising=False)  # no opt-in: the state goes beside an S3 destination
+    assert ingest("cluster", "cassandra") != 0  # no S3 destination to put it beside: refused before any work
     failed = capfd.readouterr()
-    assert "is not on this machine" in failed.out + failed.err
     assert "IMGEST_STATE_URL=s3://bucket/prefix" in failed.out + failed.err
+    assert ingest("cluster", "shards", "--max-count", "6") == 0
+    derived = capfd.readouterr()
+    assert (
+        derived.out.count("for the executors at s3://imgest/_imgest-state/staging/")
+        + derived.err.count("for the executors at s3://imgest/_imgest-state/staging/")
+        == 1
+    )  # the plan went through the store beside the destination, with nobody opting in
 
     monkeypatch.setenv("IMGEST_STATE_URL", f"s3://imgest/tests/nsd-state-{run}")
     assert ingest("cluster", "cassandra") == 0
-    assert ingest("cluster", "shards", "--max-count", "6") == 0
     staged = capfd.readouterr()
     assert (
         staged.err.count(f"for the executors at s3://imgest/tests/nsd-state-{run}/staging/")
         + staged.out.count(f"for the executors at s3://imgest/tests/nsd-state-{run}/staging/")
-        >= 2
-    )  # the manifest (cassandra) and the plan (shards) went through the store
+        == 1
+    )  # the manifest (cassandra) went through the store
     assert list(list_objects(client, "imgest", f"tests/nsd-state-{run}/staging/")) == []  # removed when the jobs ended
 
     settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)

@@ -82,7 +82,29 @@ def test_validate_refuses_a_run_across_hosts_with_nowhere_for_its_state(monkeypa
         validate_conf(conf, CELERY)
     assert validate_conf(conf, ONE_MACHINE)["dataset"] == "imnet"
     assert validate_conf(conf)["dataset"] == "imnet"  # no deployment: the request alone (the CLI, the tests)
-    shards = {**conf, "target": "shards", "s3_dest": "s3://datasets/imnet"}
+    on_s3 = {**conf, "source": "s3://datasets-src/imagenet/"}
+    shards = {**on_s3, "target": "shards", "s3_dest": "s3://datasets/imnet"}
     assert validate_conf(shards, CELERY)["s3_dest"] == "s3://datasets/imnet"
     monkeypatch.setenv("IMGEST_STATE_URL", "s3://state/imgest")
-    assert validate_conf(conf, CELERY)["target"] == "cassandra"
+    assert validate_conf(on_s3, CELERY)["target"] == "cassandra"
+
+
+def test_validate_refuses_local_folders_no_host_shares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Across hosts a local source and the files target's folder must be on a mount every host has (named in
+    IMGEST_SHARED_MOUNTS); the sample is fine once the scan copies it to an S3 state store."""
+    monkeypatch.setenv("IMGEST_STATE_URL", "s3://state/imgest")
+    monkeypatch.delenv("IMGEST_SHARED_MOUNTS", raising=False)
+    local = {"target": "cassandra", "source": "/data/imagenet", "dataset": "imnet"}
+    with pytest.raises(ConfigError, match=r"the source folder /data/imagenet at the same path.*IMGEST_SHARED_MOUNTS"):
+        validate_conf(local, CELERY)
+    files = {"target": "files", "source": "s3://src/imagenet/", "dataset": "imnet", "files_dest": "/srv/files/imnet"}
+    with pytest.raises(ConfigError, match=r"the files target's folder /srv/files/imnet"):
+        validate_conf(files, CLUSTER)
+    assert validate_conf({"target": "shards", "sample": True, "dataset": "s"}, CELERY)["sample"] is True
+    monkeypatch.setenv("IMGEST_SHARED_MOUNTS", "/data,/srv/files")
+    assert validate_conf(local, CELERY)["source"] == "/data/imagenet"
+    assert validate_conf(files, CLUSTER)["files_dest"] == "/srv/files/imnet"
+    monkeypatch.setenv("IMGEST_SHARED_MOUNTS", "/data/imagenet2")  # a sibling is not a parent
+    with pytest.raises(ConfigError, match="the source folder"):
+        validate_conf(local, CELERY)
+    assert validate_conf(local, ONE_MACHINE)["dataset"] == "imnet"  # one machine: nothing to share

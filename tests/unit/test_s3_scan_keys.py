@@ -101,3 +101,19 @@ def test_a_local_root_is_shipped_as_it_is(monkeypatch: pytest.MonkeyPatch) -> No
     assert isinstance(shipped, SourceRoot)
     assert shipped.settings == settings_for("s3:/bucket/other")
     assert shipped.settings.endpoint_url == "http://source.invalid:9000"
+
+
+def test_a_connection_registered_for_the_dataset_serves_its_layout_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task registers the run's source URL; the manifest's root is the layout's folder below it (CLS-LOC), and a
+    bucket or prefix that merely starts the same way is not the same source."""
+    from imgest.sources.s3source import forget_sources, register_source, settings_for
+
+    monkeypatch.setenv("IMGEST_SOURCE_S3_ENDPOINT", "http://env.invalid:9000")
+    forget_sources()
+    try:
+        register_source("s3://bucket/imagenet/", SOURCE)
+        assert settings_for("s3://bucket/imagenet/ILSVRC/Data/CLS-LOC") is SOURCE
+        assert settings_for("s3://bucket/imagenet") is SOURCE
+        assert settings_for("s3://bucket/imagenet2/x").endpoint_url == "http://env.invalid:9000"
+    finally:
+        forget_sources()
