@@ -1,14 +1,13 @@
 """ingest_imagenet on Airflow as it is deployed (`imgest services up airflow-celery`): the real scheduler with
 the CeleryExecutor, PostgreSQL, Redis, and two Celery workers that are hosts of their own (host names worker-a and
-worker-b, each its own disk behind IMGEST_HOME, run state through IMGEST_STATE_URL). Three runs triggered
-together (two datasets, one of them twice) all finish; their Spark jobs never overlap (the `spark` pool, one
-slot on 2 cores); the second run of one dataset waits for the first, naming it; tasks run on both workers and
-each finds what the other wrote. Then the faults: a worker killed with SIGKILL while it runs ingest_cassandra
-(the task is retried on the other worker, counts exact) and the scheduler killed and restarted in the same run."""
+worker-b, each its own disk behind IMGEST_HOME, run state through IMGEST_STATE_URL): the faults. A worker killed
+with SIGKILL while it runs ingest_cassandra (the task is retried on the other worker, counts exact), the scheduler
+killed and restarted in the same run, PostgreSQL restarted between tasks. Runs triggered together (the spark pool,
+the lock of a dataset written twice, tasks on both workers) are tests/dags/test_hosts.py's, on hosts that share
+nothing."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from imgest.services import CassandraServer, S3Server
 from imgest.services.airflow_celery import COMPONENTS, WORKERS, CeleryAirflow
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample
+from tests.airflow_db import sql
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 STORED = 3 * 6 + 3 * 2 + 8  # train + val + the eight awkward-but-valid planted images
@@ -52,16 +52,7 @@ def big_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 
 
 def _sql(celery: CeleryAirflow, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    import psycopg2
-
-    pg = celery.postgres
-    conn = psycopg2.connect(host=pg.host, port=pg.port, user="airflow", password=pg.password, dbname="airflow")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
+    return sql(celery.postgres, query, *args)
 
 
 def _trigger(celery: CeleryAirflow, conf: dict[str, Any]) -> str:
@@ -99,46 +90,11 @@ def _tasks(celery: CeleryAirflow, run_id: str) -> dict[str, tuple[Any, ...]]:
     return {r[0]: r[1:] for r in rows}
 
 
-def _log(celery: CeleryAirflow, run_id: str, task_id: str) -> str:
-    folder = celery.home / "logs" / "dag_id=ingest_imagenet" / f"run_id={run_id}" / f"task_id={task_id}"
-    return "".join(p.read_text() for p in sorted(folder.rglob("*.log")))
-
-
 def _stored(cassandra_server: CassandraServer, keyspace: str) -> int:
     with cassandra_session(
         CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
     ) as session:
         return session.execute(f"SELECT count(*) FROM {keyspace}.data").one()[0]
-
-
-def test_three_runs_together_on_two_workers(
-    celery: CeleryAirflow, cassandra_server: CassandraServer, s3_server: S3Server, source: Path
-) -> None:
-    suffix = str(time.time_ns())[-6:]
-    shards = {"source": str(source), "target": "shards", "dataset": f"celery-s{suffix}", "read_check": False}
-    cass = {
-        "source": str(source),
-        "target": "cassandra",
-        "dataset": f"celery-c{suffix}",
-        "keyspace": f"celery_{suffix}",
-    }
-    cass["read_check"] = False
-    runs = [_trigger(celery, shards), _trigger(celery, cass), _trigger(celery, shards)]
-    states = _wait(celery, runs)
-    assert set(states.values()) == {"success"}, states
-    tasks = {r: _tasks(celery, r) for r in runs}
-    hosts = {t[1] for r in runs for t in tasks[r].values() if t[0] == "success"}
-    assert hosts == set(WORKERS)  # both workers ran tasks, each reading what the other wrote
-    ran = [tasks[r][t] for r in runs for t in ("ingest_shards", "ingest_cassandra") if tasks[r][t][0] == "success"]
-    jobs = sorted((t[3], t[4]) for t in ran)
-    assert len(jobs) == 3
-    assert all(a[1] <= b[0] for a, b in itertools.pairwise(jobs))  # one Spark job at a time: the pool
-    first, second = sorted((runs[0], runs[2]), key=lambda r: tasks[r]["lock"][4])  # who got it first
-    assert f"is being written by Airflow DAG ingest_imagenet run {first}" in _log(celery, second, "lock")
-    assert _stored(cassandra_server, cass["keyspace"]) == STORED
-    client = s3_server.settings().client()
-    doc = json.loads(client.get_object(Bucket="imgest", Key=f"{shards['dataset']}/manifest.json")["Body"].read())
-    assert sum(doc["samples"].values()) == STORED
 
 
 def _running_on(celery: CeleryAirflow, run_id: str, task_id: str, timeout: float = 600) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import pytest
 
 from imgest.services.hosts import SPARK_WORKER_HOSTS, STATE_URL, WORKER_HOSTS, SimulatedHosts
 from imgest.sources.devdata.sample import DEMO_SAMPLE, write_sample
+from tests.airflow_db import sql
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 DEMO_STORED = 10 * (20 + 5) + 8  # DEMO_SAMPLE's train + val images and the eight awkward-but-valid planted ones
@@ -132,16 +134,7 @@ def test_airflow_holds_the_stores_as_connections_only(hosts: SimulatedHosts) -> 
 
 # ------------------------------------------------------------------------------------------- DAG runs
 def _sql(hosts: SimulatedHosts, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    import psycopg2
-
-    pg = hosts.airflow().postgres
-    conn = psycopg2.connect(host=pg.host, port=pg.port, user="airflow", password=pg.password, dbname="airflow")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
+    return sql(hosts.airflow().postgres, query, *args)
 
 
 def _trigger(hosts: SimulatedHosts, dag_id: str, conf: dict[str, Any], name: str) -> str:
@@ -165,9 +158,18 @@ def _wait(hosts: SimulatedHosts, run_ids: list[str], timeout: float = 1200) -> d
     return states
 
 
-def _tasks(hosts: SimulatedHosts, run_id: str) -> dict[str, tuple[str, str]]:
-    rows = _sql(hosts, "SELECT task_id, state, hostname FROM task_instance WHERE run_id = %s", run_id)
-    return {r[0]: (r[1], r[2]) for r in rows}
+def _tasks(hosts: SimulatedHosts, run_id: str) -> dict[str, tuple[Any, ...]]:
+    """task id -> (state, host name, start, end) of RUN_ID's task instances."""
+    query = "SELECT task_id, state, hostname, start_date, end_date FROM task_instance WHERE run_id = %s"
+    return {r[0]: r[1:] for r in _sql(hosts, query, run_id)}
+
+
+def _task_log(hosts: SimulatedHosts, run_id: str, task_id: str) -> str:
+    """TASK_ID's logs in RUN_ID, from the disk of whichever worker host ran it."""
+    logs = [hosts.own(h) / "airflow" / "logs" / "dag_id=ingest_imagenet" / f"run_id={run_id}" for h in WORKER_HOSTS]
+    return "".join(
+        p.read_text(errors="replace") for folder in logs for p in sorted(folder.glob(f"task_id={task_id}/*.log"))
+    )
 
 
 def _xcom(hosts: SimulatedHosts, run_id: str, task_id: str) -> Any:
@@ -236,26 +238,38 @@ def _upload_source(hosts: SimulatedHosts) -> None:
 
 def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
     """Triggered together, as users do: the generated sample into shards, an S3 source into Cassandra and into
-    shards, and the first version of refresh_hr (the datasets file's entry on that source). Each succeeds on the
-    Celery workers, each Spark job goes through spark-submit to the master on its host and its executors run on
-    spark-1 and spark-2; the stores hold what the sample holds."""
+    shards (twice: the second run waits for the first's lock), and the first version of refresh_hr (the datasets
+    file's entry on that source). Each succeeds, tasks run on both Celery workers, one Spark job at a time (the
+    spark pool), each through spark-submit to the master on its host with executors on spark-1 and spark-2; the
+    stores hold what the sample holds."""
     _upload_source(hosts)
     before, t0 = _completed_apps(hosts), time.monotonic()
     source = {"source": f"s3://{SOURCE_BUCKET}/hs3/", "source_conn_id": "aws_default"}
+    shards = {**source, "target": "shards", "dataset": "hs3", "s3_dest": "s3://imgest/hs3", "read_check": False}
     confs = {
         "hsample": {"sample": True, "target": "shards", "dataset": "hsample", "s3_dest": "s3://imgest/hsample"},
         "hs3c": {**source, "target": "cassandra", "dataset": "hs3c", "keyspace": "hs3c"},
-        "hs3": {**source, "target": "shards", "dataset": "hs3", "s3_dest": "s3://imgest/hs3"},
+        "hs3": shards,
+        "hs3-again": shards,
     }
     runs = {name: _trigger(hosts, "ingest_imagenet", conf, name) for name, conf in confs.items()}
     runs["hr"] = _trigger(hosts, "refresh_hr", {}, "hr")
     states = _wait(hosts, list(runs.values()))
-    print(f"\n[hosts] four runs: {states} after {time.monotonic() - t0:.0f}s")
+    print(f"\n[hosts] five runs: {states} after {time.monotonic() - t0:.0f}s")
+    tasks = {name: _tasks(hosts, run_id) for name, run_id in runs.items()}
     for name, run_id in runs.items():
-        tasks = _tasks(hosts, run_id)
         dag_id = "refresh_hr" if name == "hr" else "ingest_imagenet"
-        assert states[run_id] == "success", f"{name}: {tasks}\n{_failed_logs(hosts, run_id, dag_id)}"
-        assert {host for s, host in tasks.values() if s == "success"} <= set(WORKER_HOSTS)
+        assert states[run_id] == "success", f"{name}: {tasks[name]}\n{_failed_logs(hosts, run_id, dag_id)}"
+    ran_on = {t[1] for done in tasks.values() for t in done.values() if t[0] == "success"}
+    assert ran_on == set(WORKER_HOSTS)  # both workers ran tasks, each reading what the other wrote
+    jobs = ("ingest_shards", "ingest_cassandra", "shards.ingest")
+    spans = sorted((t[2], t[3]) for done in tasks.values() for j, t in done.items() if j in jobs and t[0] == "success")
+    assert len(spans) == 5
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # one Spark job at a time: the spark pool
+    first, second = sorted(("hs3", "hs3-again"), key=lambda n: tasks[n]["lock"][2])  # who took the lock first
+    assert f"is being written by Airflow DAG ingest_imagenet run {runs[first]}" in _task_log(
+        hosts, runs[second], "lock"
+    )
     for dest in ("s3://imgest/hsample", "s3://imgest/hs3", "s3://imgest/hr"):
         assert sum(_shard_manifest(hosts, dest)["samples"].values()) == DEMO_STORED
     from imgest.core.settings import CassandraSettings
@@ -265,7 +279,7 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
         assert session.execute("SELECT count(*) FROM hs3c.data").one()[0] == DEMO_STORED
         status = session.execute("SELECT status FROM hs3c.dataset_versions").one().status
     assert status == "complete"  # verify_cassandra read the S3 source through the run's connection
-    _assert_ran_on_the_cluster(hosts, before, jobs=4)
+    _assert_ran_on_the_cluster(hosts, before, jobs=5)
 
 
 def test_refresh_of_a_changed_s3_source_through_the_scheduler(hosts: SimulatedHosts) -> None:
@@ -299,7 +313,7 @@ def test_files_target_stops_in_validate_naming_the_shared_storage(hosts: Simulat
     assert _wait(hosts, [run_id], timeout=300)[run_id] == "failed"
     tasks = _tasks(hosts, run_id)
     assert tasks["validate"][0] == "failed"
-    assert {t for t, (state, _) in tasks.items() if state == "success"} == set()
+    assert {t for t, (state, *_) in tasks.items() if state == "success"} == set()
     logs = _failed_logs(hosts, run_id)
     assert "the files target's folder" in logs
     assert "IMGEST_SHARED_MOUNTS" in logs

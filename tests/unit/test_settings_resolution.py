@@ -132,3 +132,10 @@ def test_shipped_keys_that_expire_on_a_host_without_a_role_fail_clearly(bare_hos
     shipped = S3Settings(access_key="ASIAOLD", secret_key="old", session_token="t-old", expires_at=time.time() + 30)
     with pytest.raises(ConfigError, match=r"expire at .* and this host has none of its own"):
         shipped.credentials().get_frozen_credentials()
+
+
+def test_no_credentials_anywhere_is_a_clear_error_before_any_request(bare_host: pytest.MonkeyPatch) -> None:
+    from imgest.sinks.shards.s3_client import S3AuthError, check_access
+
+    with pytest.raises(S3AuthError, match=r"no credentials found: .*AWS_PROFILE.*IMGEST_S3_ENDPOINT"):
+        check_access(S3Settings(bucket="datasets"))

@@ -24,7 +24,14 @@ def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> 
     response: Any = getattr(exc, "response", None)
     if isinstance(response, dict):
         code = str(response.get("Error", {}).get("Code", ""))
-    where = f"S3 at {settings.endpoint_url or 'AWS'} (bucket {bucket!r}, access key id {settings.access_key!r})"
+    key = settings.access_key or "from botocore's chain"
+    where = f"S3 at {settings.endpoint_url or 'AWS'} (bucket {bucket!r}, access key id {key!r})"
+    if type(exc).__name__ == "NoCredentialsError":
+        return S3AuthError(
+            f"{where}: no credentials found: set the Airflow connection aws_default's keys, AWS_ACCESS_KEY_ID / "
+            "AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE) or a role; a store other than AWS also needs "
+            'IMGEST_S3_ENDPOINT (the embedded one: eval "$(imgest services env)")'
+        )
     if code in AUTH_ERROR_CODES:
         return S3AuthError(
             f"{where} refused the credentials ({code}); check the key pair in the Airflow "
