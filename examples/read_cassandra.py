@@ -1,5 +1,6 @@
 """Train-style read of an ingested Cassandra dataset with DALI: the README's runnable example.
 
+    eval "$(.venv/bin/imgest services env)"   # or IMGEST_CASSANDRA_HOSTS=<your contact points>
     .venv/bin/python examples/read_cassandra.py --table imgest.data \
         --split-file .imgest/work/imagenet-sample/split-cassandra.npz
 

@@ -6,7 +6,8 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from imgest.core import workdir
@@ -73,20 +74,31 @@ def s3_env(dest: str) -> None:
         os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)
 
 
-def cli_run_state(master: str, dest: str | None) -> str | None:
-    """Where an ingest command on Spark master MASTER (writing to DEST) keeps its lock and the files its executors
-    read: ``$IMGEST_STATE_URL``; on a cluster without it, beside an ``s3://`` DEST (exported for the Spark job and
-    the lock), else a ConfigError naming the variable; None on a local master (this machine's state folder)."""
+@contextmanager
+def cli_run_state(master: str, dest: str | None) -> Iterator[str | None]:
+    """While the block runs: where an ingest command on Spark master MASTER (writing to DEST) keeps its lock and
+    the files its executors read. ``$IMGEST_STATE_URL``; on a cluster without it, beside an ``s3://`` DEST
+    (exported for the lock and the Spark job, restored afterwards), else a ConfigError naming the variable; None on
+    a local master (this machine's state folder)."""
     from imgest.core.lock_stores import STATE_URL_ENV, state_setting
     from imgest.core.run_state import Deployment, state_url_for
 
     configured = state_setting()
     s3_dest = dest if dest and dest.startswith("s3://") else None
     url = state_url_for(Deployment("", master), s3_dest, configured)
-    if url and not configured:
-        print(f"run state: {url} (the master {master} runs executors on other hosts)", flush=True)
-        os.environ[STATE_URL_ENV] = url
-    return url
+    if not url or configured:
+        yield url
+        return
+    print(f"run state: {url} (the master {master} runs executors on other hosts)", flush=True)
+    before = os.environ.get(STATE_URL_ENV)
+    os.environ[STATE_URL_ENV] = url
+    try:
+        yield url
+    finally:
+        if before is None:
+            os.environ.pop(STATE_URL_ENV, None)
+        else:
+            os.environ[STATE_URL_ENV] = before
 
 
 def add_cassandra_args(p: argparse.ArgumentParser) -> None:

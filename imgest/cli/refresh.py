@@ -166,8 +166,10 @@ def locked_ingest(fn: Any) -> Any:
             dataset = args.src.resolve().name
         from imgest.cli.common import cli_run_state
 
-        cli_run_state(args.master, str(getattr(args, "dest", "") or ""))  # the lock's store too
-        with dataset_lock(dataset, f"imgest ingest {args.target} {args.src}", args.wait_lock):
+        with (
+            cli_run_state(args.master, str(getattr(args, "dest", "") or "")),  # the lock's store too
+            dataset_lock(dataset, f"imgest ingest {args.target} {args.src}", args.wait_lock),
+        ):
             return fn(args)
 
     return run

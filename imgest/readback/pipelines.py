@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from imgest.core.errors import ImgestError
 
 MODES = ("raw", "train")
 IMAGE_EXTS = "jpg;jpeg;png;bmp;tif;tiff;webp;gif"
@@ -34,14 +37,35 @@ class PipelineSpec:
     verify_after: bool = False  # keep each sample's bytes and verify after the epoch (benchmarks: time only run())
 
 
-def cuda_devices() -> int:
-    """How many CUDA devices DALI sees (0 without a driver or CUDA runtime)."""
-    try:
-        from nvidia.dali.backend import GetCUDADeviceCount
+NVIDIA_SIGNS = ("/dev/nvidia0", "/dev/nvidiactl", "/proc/driver/nvidia/version")
 
+
+def nvidia_present() -> list[str]:
+    """What says this machine has an NVIDIA GPU and driver (device nodes, the driver's /proc entry); [] for none."""
+    return [sign for sign in NVIDIA_SIGNS if Path(sign).exists()]
+
+
+def cuda_devices() -> int:
+    """How many CUDA devices DALI sees: 0 on a machine without an NVIDIA GPU. A machine that has one (its device
+    nodes or driver are there) where DALI's probe fails has a broken install: GpuProbeError says so, so GPU checks
+    fail instead of being skipped as if there were no GPU."""
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    try:
         return int(GetCUDADeviceCount())
-    except Exception:  # no driver / no CUDA runtime: no GPU
-        return 0
+    except Exception as exc:
+        signs = nvidia_present()
+        if not signs:  # no driver, no device: no GPU
+            return 0
+        raise GpuProbeError(
+            f"this machine has an NVIDIA GPU ({', '.join(signs)}) but DALI cannot use it: {type(exc).__name__}: "
+            f"{exc}; check the driver against DALI's CUDA (nvidia-dali-cuda130 needs a CUDA 13 driver) and "
+            "LD_LIBRARY_PATH"
+        ) from exc
+
+
+class GpuProbeError(ImgestError):
+    """An NVIDIA GPU is there and DALI cannot use it (a broken driver, CUDA runtime or DALI install)."""
 
 
 def _train(jpegs: Any, spec: PipelineSpec) -> Any:

@@ -19,6 +19,7 @@ import os
 import secrets
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from imgest.services.process import ManagedProcess, require_free_port, stop_all
 from imgest.services.s3 import S3Server
 
 WORKERS = ("worker-a", "worker-b")
+SHARED_ON_THIS_MACHINE = (tempfile.gettempdir(), "/data", "/mnt", "/srv", "/home")
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 CELERY_CFG = """
 [celery]
@@ -101,6 +103,9 @@ class CeleryAirflow(AirflowServer):
         # A restarted scheduler adopts the tasks a dead one queued (only then it may fail them) every 30 s, not 5 min.
         env.setdefault("AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL", "30")
         env.setdefault("IMGEST_DATASETS_FILE", str(state_dir() / "datasets.toml"))  # the DAG files' config map
+        # One machine: its folders are the same for both workers and the local Spark master, except each worker's
+        # IMGEST_HOME; local sources and files targets there are allowed (the hosts deployment has none).
+        env.setdefault("IMGEST_SHARED_MOUNTS", ",".join(SHARED_ON_THIS_MACHINE))
         if worker:
             env["IMGEST_HOME"] = str(self.worker_home)
         return env

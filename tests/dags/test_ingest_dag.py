@@ -121,11 +121,19 @@ def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source:
     assert split.source["location"] == dest
 
 
-def test_files_target_with_read_back_and_xnvme(airflow_home: AirflowServer, source: Path, tmp_path: Path) -> None:
+def test_files_target_with_read_back_and_xnvme(
+    airflow_home: AirflowServer, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files target, its job through spark-submit as a deployment runs it (not the suite's reused driver; the
+    Cassandra and shard targets go through spark-submit in tests/dags/test_hosts.py)."""
     dest = tmp_path / "files"
     conf = {"target": "files", "source": str(source), "dataset": "dagtest-f", "files_dest": str(dest)}
-    ok, _, tail = run_dag(airflow_home, conf)
-    assert ok, tail
+    monkeypatch.delenv("IMGEST_SPARK_DRIVER_SOCKET", raising=False)
+    proc = airflow_home.airflow("dags", "test", "ingest_imagenet", "--conf", json.dumps(conf), check=False)
+    out = (proc.stdout or "") + (proc.stderr or "")
+    assert proc.returncode == 0, out[-3000:]
+    assert "Spark-Submit cmd" in out  # the provider's hook ran spark-submit
+    assert "reused Spark driver" not in out
     states = _states(airflow_home)
     for task in ("ingest_files", "verify_files", "build_split", "read_throughput", "validate_xnvme", "publish_asset"):
         assert states[task] == "success", (task, states)

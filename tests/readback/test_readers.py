@@ -173,7 +173,11 @@ def test_readme_example_reads_a_split_part(stored: dict[str, Any], tmp_path: Pat
     assert cli([*argv, "--port", port, "--split-of", "train", "-r", "3,1", "-o", str(split_file)]) == 0
     expected = len(load_split(split_file).part(0)[0])
     example = Path(__file__).parents[2] / "examples" / "read_cassandra.py"
-    env = {"IMGEST_CASSANDRA_PORT": port, "PATH": "/usr/bin:/bin"}
+    env = {
+        "IMGEST_CASSANDRA_HOSTS": stored["cassandra"].hosts[0],
+        "IMGEST_CASSANDRA_PORT": port,
+        "PATH": "/usr/bin:/bin",
+    }
     out = subprocess.run(
         [
             sys.executable,
