@@ -34,7 +34,14 @@ def refresh_cmd(args: argparse.Namespace) -> int:
 
     entry = load_registry(args.file).entry(args.name)
     targets = [args.target] if args.target else list(entry.targets)
-    with dataset_lock(entry.name, f"imgest refresh {entry.name}", args.wait_lock):
+    from imgest.cli.common import cli_run_state
+    from imgest.flow.steps import s3_destination
+
+    dests = [d for d in (s3_destination(entry.conf(t)) for t in targets) if d]
+    with (
+        cli_run_state(args.master, dests[0] if dests else None),  # across hosts: the lock and work in the store
+        dataset_lock(entry.name, f"imgest refresh {entry.name}", args.wait_lock),
+    ):
         from imgest.flow.steps import scan_step
 
         scanned = scan_step(entry.conf(targets[0]))
@@ -55,14 +62,14 @@ def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> in
     from imgest.spark.submit import run_submit, submit_command
 
     request = IngestRequest.from_conf(conf)
-    cassandra = CassandraSettings.from_env()
+    cassandra = CassandraSettings.from_env() if request.target == "cassandra" else None  # shards need none
     plan = plan_refresh(conf, manifest_dir, cassandra if request.target == "cassandra" else None)
     print(f"{request.target}: {json.dumps(plan['counts'])}", flush=True)
     if not plan["changed"]:
         print(f"{request.target}: no change since version {plan['version']}; nothing to do")
         return 0
     args = list(plan["job_args"])
-    if request.target == "cassandra":
+    if cassandra is not None:
         job = "ingest_cassandra"
         args += ["--hosts", ",".join(cassandra.hosts), "--port", str(cassandra.port)]
         from imgest.flow.steps import prepare_cassandra

@@ -130,3 +130,19 @@ def work_area(dataset: str, s3: S3Settings | None = None) -> WorkArea | None:
 
 def ephemeral() -> bool:
     return os.environ.get(EPHEMERAL_ENV, "").strip() in ("1", "true", "yes")
+
+
+def shared_location(path: Path) -> str:
+    """How a record read on other hosts names PATH, a file of a dataset's work folder: its copy in the state store
+    (``s3://.../work/<dataset>/...``) when the run state lives there, else the local path."""
+    from imgest.core.lock_stores import state_url
+    from imgest.core.paths import state_dir
+
+    url = state_url()
+    if url is None:
+        return str(path)
+    try:
+        rel = path.resolve().relative_to((state_dir() / "work").resolve())
+    except ValueError:  # not in a work folder: nothing else has a copy
+        return str(path)
+    return f"{url.rstrip('/')}/work/{rel.as_posix()}"

@@ -93,7 +93,9 @@ def run_target(
 
 def record_check(target: str, location: str, settings: dict[str, Any], version: str, report_path: Path) -> None:
     """Reference the report from the version record (fenced: a process that lost the dataset's lock changes
-    nothing)."""
+    nothing): by its copy in the state store when the run state lives there (another host reads the record)."""
+    from imgest.core.workarea import shared_location
+
     if target == "cassandra":
         from imgest.sinks.cassandra.client import cassandra_session
 
@@ -102,7 +104,7 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
         with cassandra_session(settings["cassandra"]) as session:
             session.execute(
                 f"UPDATE {ks}.dataset_versions SET checks = checks + %s WHERE dataset = %s AND version = %s",
-                ({"read_throughput": str(report_path)}, settings["dataset"], version),
+                ({"read_throughput": shared_location(report_path)}, settings["dataset"], version),
             )
         return
     from imgest.sinks.shards.store import open_store
@@ -110,7 +112,7 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
     store = open_store(location, settings.get("s3")) if target == "shards" else None
     manifest_path = Path(location) / workdir.PUBLISHED_MANIFEST
     manifest = store.read_manifest() if store else json.loads(manifest_path.read_text())
-    manifest["checks"] = {**manifest.get("checks", {}), "read_throughput": str(report_path)}
+    manifest["checks"] = {**manifest.get("checks", {}), "read_throughput": shared_location(report_path)}
     check_fence(str(manifest.get("dataset", "")))
     if store:
         store.write_manifest(manifest)

@@ -272,6 +272,8 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
     )
     for dest in ("s3://imgest/hsample", "s3://imgest/hs3", "s3://imgest/hr"):
         assert sum(_shard_manifest(hosts, dest)["samples"].values()) == DEMO_STORED
+    checked = _shard_manifest(hosts, "s3://imgest/hsample")["checks"]["read_throughput"]
+    assert checked == f"{STATE_URL}/work/hsample/read_throughput.json"  # where any host finds the report
     from imgest.core.settings import CassandraSettings
     from imgest.sinks.cassandra.client import cassandra_session
 

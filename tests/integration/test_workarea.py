@@ -86,3 +86,18 @@ def test_a_sample_run_finds_the_sample_on_every_host(tmp_path: Path, monkeypatch
     there = {p.relative_to(scanned): p.read_bytes() for p in sorted(scanned.rglob("*")) if p.is_file()}
     assert len(here) > 50
     assert here == there
+
+
+def test_a_record_names_a_report_by_its_copy_in_the_state_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version record read on another host names the read-back report where every host finds it."""
+    from imgest.core.workarea import shared_location
+
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path))
+    report = tmp_path / "work" / "ds" / "read_throughput.json"
+    monkeypatch.setenv("IMGEST_STATE_URL", "s3://state/imgest/")
+    assert shared_location(report) == "s3://state/imgest/work/ds/read_throughput.json"
+    assert shared_location(tmp_path / "elsewhere.json") == str(tmp_path / "elsewhere.json")
+    monkeypatch.setenv("IMGEST_STATE_URL", "local")
+    assert shared_location(report) == str(report)
