@@ -101,7 +101,11 @@ class ImgestS3Hook(S3Hook):
             bucket=bucket,
             session_token=frozen.token or None,
         )
-        return _with_expiry(settings, creds)
+        from dataclasses import replace
+
+        from imgest.core.credentials import expiry_of
+
+        return replace(settings, expires_at=expiry_of(creds))  # None for keys that do not expire
 
     def spark_env(self) -> dict[str, str]:
         """What a Spark job needs to reach this S3 endpoint, as environment variables (never argv)."""
@@ -112,15 +116,6 @@ class ImgestS3Hook(S3Hook):
         if s.endpoint_url:
             env["IMGEST_S3_ENDPOINT"] = s.endpoint_url
         return env
-
-
-def _with_expiry(settings: S3Settings, credentials: Any) -> S3Settings:
-    """SETTINGS with the expiry of temporary CREDENTIALS (when botocore knows it)."""
-    from dataclasses import replace
-    from datetime import datetime
-
-    when = getattr(credentials, "_expiry_time", None)
-    return replace(settings, expires_at=when.timestamp()) if isinstance(when, datetime) else settings
 
 
 def store_settings(dest: str, aws_conn_id: str) -> S3Settings | None:

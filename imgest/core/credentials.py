@@ -35,7 +35,7 @@ def _chain() -> Any:
     return get_session().get_credentials()
 
 
-def _expiry(credentials: Any) -> float | None:
+def expiry_of(credentials: Any) -> float | None:
     """When CREDENTIALS expire (epoch seconds), None for keys that do not."""
     when = getattr(credentials, "_expiry_time", None)
     return when.timestamp() if isinstance(when, datetime) else None
@@ -54,7 +54,7 @@ def _renewer(settings: S3Settings):  # -> Callable[[], dict[str, str]]
                 "credentials) or use credentials that outlive the job"
             )
         frozen = own.get_frozen_credentials()
-        until = _expiry(own) or time.time() + 3600.0
+        until = expiry_of(own) or time.time() + 3600.0
         log.info("S3 credentials renewed from this host's chain (%s), valid until %s", own.method, until)
         return {
             "access_key": frozen.access_key,
@@ -106,7 +106,7 @@ def frozen_settings(settings: S3Settings) -> S3Settings:
         access_key=frozen.access_key,
         secret_key=frozen.secret_key,
         session_token=frozen.token or None,
-        expires_at=_expiry(chain),
+        expires_at=expiry_of(chain),
     )
 
 
