@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, AssetAlias
+from airflow.sdk import DAG
+from imgest.operators.publish import DATASETS
 from imgest.operators.refresh import CheckVersionsOperator
 
 with DAG(
     dag_id="check_datasets",
     description="Read-back and xNVMe checks of each newly published dataset version",
     doc_md=__doc__,
-    schedule=[AssetAlias("imgest-datasets")],
+    schedule=[DATASETS],
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,

@@ -8,8 +8,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, AssetAlias, Param, task
+from airflow.sdk import DAG, Param, task
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
+from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
 from imgest.operators.refresh import DatasetLockOperator
 from imgest.operators.s3 import (
@@ -25,15 +26,12 @@ from imgest.operators.workarea import work_hooks
 
 from imgest.flow.request import param_specs
 
-DATASETS = AssetAlias("imgest-datasets")
 REQUEST = "{{ ti.xcom_pull(task_ids='validate') }}"
-MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
 CASSANDRA_ARGS = "{{ ti.xcom_pull(task_ids='scan')['cassandra_args'] }}"
 SHARDS_ARGS = "{{ ti.xcom_pull(task_ids='scan')['shards_args'] }}"
 FILES_ARGS = "{{ ti.xcom_pull(task_ids='scan')['files_args'] }}"
 SHARD_DEST = "{{ ti.xcom_pull(task_ids='validate')['s3_dest'] or 's3://imgest/' ~ params.dataset }}"
 FILES_DEST = "{{ ti.xcom_pull(task_ids='scan')['files_dest'] }}"
-SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"
 DATASET = "{{ (ti.xcom_pull(task_ids='validate') or {}).get('dataset', '') }}"
 
 DOC = """
@@ -211,15 +209,8 @@ with DAG(
     @task(outlets=[DATASETS], doc_md="Announces the verified dataset as an Asset (tables, shard prefix or folder).")
     def publish_asset(request: dict[str, Any], *, outlet_events: Any = None) -> str:
         """Announce the verified dataset as an Asset (keyspace/table or S3 prefix)."""
-        from imgest.operators.hooks import ImgestCassandraHook
-
-        from imgest.flow.steps import asset_uri
-
-        settings = ImgestCassandraHook().settings()
-        uri = asset_uri(request, f"{settings.hosts[0]}:{settings.port}")
         extra = {"dataset": request["dataset"], "target": request["target"], "checked": True}  # read back above
-        outlet_events[DATASETS].add(Asset(uri), extra=extra)
-        return uri
+        return announce(request, extra, outlet_events)
 
     gc = CollectGarbageOperator(
         task_id="gc",

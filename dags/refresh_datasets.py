@@ -13,18 +13,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, AssetAlias, TaskGroup, task
+from airflow.sdk import DAG, TaskGroup, task
 from imgest.operators.cassandra import ApplyCqlSchemaOperator
+from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
 from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
 from imgest.operators.workarea import work_hooks
 
 from imgest.flow.registry import DatasetEntry, load_registry
-
-DATASETS = AssetAlias("imgest-datasets")
-MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
-SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"  # an s3:// source's connection
 
 
 def _doc(entry: DatasetEntry) -> str:
@@ -57,15 +54,8 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
 
     @task(task_id="publish", outlets=[DATASETS], doc_md="Announces the new version as an Asset.")
     def publish(result: dict[str, Any], *, outlet_events: Any = None) -> str:
-        from imgest.operators.hooks import ImgestCassandraHook
-
-        from imgest.flow.steps import asset_uri
-
-        settings = ImgestCassandraHook().settings()
-        uri = asset_uri(conf, f"{settings.hosts[0]}:{settings.port}")
         extra = {"dataset": entry.name, "target": target, "version": result["version"], "conf": conf}
-        outlet_events[DATASETS].add(Asset(uri), extra={**extra, "changes": result["counts"]})
-        return uri
+        return announce(conf, {**extra, "changes": result["counts"]}, outlet_events)
 
     with TaskGroup(target):
         planned = plan(scanned)

@@ -9,7 +9,7 @@ from airflow.models import BaseOperator
 
 
 class CassandraRoundTripOperator(BaseOperator):
-    """Write a blob to Cassandra and read it back (imgest.services.smoke.cassandra_roundtrip)."""
+    """Write a blob to Cassandra and read it back (imgest.sinks.smoke.cassandra_roundtrip)."""
 
     template_fields: Sequence[str] = ("cassandra_conn_id", "nbytes")
 
@@ -21,7 +21,7 @@ class CassandraRoundTripOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.providers.apache.cassandra.hooks.cassandra import CassandraHook
 
-        from imgest.services.smoke import cassandra_roundtrip
+        from imgest.sinks.smoke import cassandra_roundtrip
 
         hook = CassandraHook(cassandra_conn_id=self.cassandra_conn_id)
         try:
@@ -34,7 +34,7 @@ class CassandraRoundTripOperator(BaseOperator):
 
 
 class S3RoundTripOperator(BaseOperator):
-    """Put an object to S3 and read it back (imgest.services.smoke.s3_roundtrip)."""
+    """Put an object to S3 and read it back (imgest.sinks.smoke.s3_roundtrip)."""
 
     template_fields: Sequence[str] = ("aws_conn_id", "bucket", "nbytes")
 
@@ -47,7 +47,7 @@ class S3RoundTripOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
-        from imgest.services.smoke import s3_roundtrip
+        from imgest.sinks.smoke import s3_roundtrip
 
         result = s3_roundtrip(S3Hook(aws_conn_id=self.aws_conn_id).get_conn(), self.bucket, int(self.nbytes))
         if not result.equal:

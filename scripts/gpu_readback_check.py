@@ -2,7 +2,7 @@
 """Read-back check of the DALI pipelines on CPU and on a GPU (``mixed`` decoding), with no services.
 
 Needs no Cassandra, S3 or Spark: it generates a small photo-like dataset with the project's own generator
-(``imgest.sources.devdata.files_target``: the files target's published layout), packs the same images into
+(``imgest.sinks.files.sample``: the files target's published layout), packs the same images into
 webdataset shards with the project's shard writer (``ShardTarWriter`` and ``LocalStore``: tar, DALI index,
 ``samples.parquet``, ``manifest.json``), and then runs the project's read-back checks over both
 (``files_runs``: ``fn.readers.file``; ``folder_shard_runs``: ``fn.readers.webdataset``) in raw and train mode,
@@ -62,7 +62,7 @@ class Config:
 
 def make_files(cfg: Config) -> Path:
     """The generated dataset in the files target's published layout (<split>/<wnid>/<id>.jpg, manifest last)."""
-    from imgest.sources.devdata.files_target import write_files_dataset
+    from imgest.sinks.files.sample import write_files_dataset
 
     root = cfg.work / "files"
     write_files_dataset(

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import spread
 from imgest.bench.pack import dataset
-from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.core import workdir
+from imgest.core.report import bar_chart, describe_machine, format_table, write_json
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sources.manifest import iter_manifest
 from imgest.spark.conf import submit_env

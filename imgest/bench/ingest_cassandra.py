@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import meets
-from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.core.quarantine import QuarantineLog
+from imgest.core.report import bar_chart, describe_machine, format_table, write_json
 from imgest.core.settings import CassandraSettings
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.writer import ImageWriter, Row

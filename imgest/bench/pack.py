@@ -26,11 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import fit_line, meets, spread
 from imgest.bench.pack_data import BASE_IMAGES, dataset, manifest_files
 from imgest.bench.pack_peers import PEER_TRANSFORMS, run_litdata, run_shardwriter, run_tar
-from imgest.bench.report import describe_machine, format_table, machine_info, pyplot, save_figure, write_json
 from imgest.core import workdir
+from imgest.core.report import describe_machine, format_table, pyplot, save_figure, write_json
 from imgest.sources.manifest import iter_manifest
 from imgest.spark.conf import submit_env
 from imgest.spark.submit import submit_command

@@ -186,11 +186,11 @@ def measure_all(
 ) -> dict[str, Any]:
     """Prepare the datasets (cached; stored with INGEST), then each of PARTS (readers, sweep, loop-read, writers,
     ring), the machine's quietness recorded over each."""
+    from imgest.bench.machine import machine_info
     from imgest.bench.measure import QuietWatch, server_pids
     from imgest.bench.read import medians
     from imgest.bench.read_data import prepare, prepare_sweep, read_sets, sweep_sets
     from imgest.bench.read_sweep import PLUGIN, latency_sweep
-    from imgest.bench.report import machine_info
     from imgest.core.paths import state_dir
     from imgest.peers.crs4_scripts import prepare_examples
     from imgest.readback.pinning import pinned
@@ -277,7 +277,7 @@ def main(json_out: Path, plot_out: Path | None, parts: set[str], **kw: Any) -> d
     """Measure PARTS (see measure_all; KW: its sizes and the ingest command), print the tables and targets, write
     JSON and the plot."""
     from imgest.bench.plugin_report import plot, print_report
-    from imgest.bench.report import write_json
+    from imgest.core.report import write_json
 
     report = measure_all(parts=parts, **kw)
     if json_out.is_file() and parts != set(PARTS):  # a run of some parts updates those parts of the report

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.report import describe_machine, format_table
+from imgest.core.report import describe_machine, format_table
 
 READER_COLUMNS = [
     ("reader", "reader"),

@@ -20,11 +20,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import QuietWatch, server_pids
 from imgest.bench.read_data import Ingest, prepare, prepare_sweep, read_sets, sweep_sets
 from imgest.bench.read_report import anchors, plot, print_report
 from imgest.bench.read_sweep import SWEPT, Condition, kept_under_latency, latency_sweep, targets
-from imgest.bench.report import machine_info, write_json
+from imgest.core.report import write_json
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.readback.check import ReadCheckOptions
 from imgest.readback.datasets import ReadSet

@@ -7,7 +7,7 @@ from typing import Any
 
 from imgest.bench.measure import Quietness
 from imgest.bench.read_sweep import kept_under_latency
-from imgest.bench.report import describe_machine, format_table, pyplot, save_figure
+from imgest.core.report import describe_machine, format_table, pyplot, save_figure
 
 # Published figures the report states beside ours (see docs/readback.md#benchmarks).
 ANCHORS = {

@@ -24,10 +24,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import fixed_cost
-from imgest.bench.report import describe_machine, format_table, machine_info, pyplot, save_figure, write_json
 from imgest.bench.scale_run import STEPS, peak, peak_role, reset_dataset, run_step, stored_bytes
 from imgest.core.paths import state_dir
+from imgest.core.report import describe_machine, format_table, pyplot, save_figure, write_json
 
 log = logging.getLogger(__name__)
 

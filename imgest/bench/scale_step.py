@@ -26,7 +26,7 @@ JOBS = {"ingest_cassandra": ("ingest_cassandra", "cassandra_args"), "ingest_shar
 
 def _spark(step: str, state: dict[str, Any]) -> dict[str, Any]:
     """spark-submit the step's job on local[*] with the arguments the scan produced (what the DAG submits)."""
-    from imgest.cli.common import s3_env
+    from imgest.core.settings import s3_env
 
     job, key = JOBS[step]
     args = list(state["scan"][key])
@@ -63,7 +63,7 @@ def _refresh_conf(state: dict[str, Any]) -> dict[str, Any]:
 
 def _refresh_ingest(state: dict[str, Any]) -> dict[str, Any]:
     """The refresh DAG's ingest task: the target's job with the plan's arguments."""
-    from imgest.cli.common import s3_env
+    from imgest.core.settings import s3_env
     from imgest.flow.request import IngestRequest
 
     request = IngestRequest.from_conf(_refresh_conf(state))

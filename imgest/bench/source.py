@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.measure import busy_seconds, meets, tree_seconds
-from imgest.bench.report import bar_chart, write_json
 from imgest.bench.source_scan import BUCKET, scan_main
 from imgest.core.paths import state_dir
+from imgest.core.report import bar_chart, write_json
 from imgest.core.settings import S3Settings, env_int
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import meets
-from imgest.bench.report import bar_chart, describe_machine, format_table, machine_info, write_json
 from imgest.bench.transform_speed import baseline_transform, psnr, reference_pixels, speed_summary
+from imgest.core.report import bar_chart, describe_machine, format_table, write_json
 from imgest.sources.devdata.images import jpeg_bytes
 from imgest.transform.image import TransformSpec, transform_image
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench import transform_peers as tp
+from imgest.bench.machine import machine_info
 from imgest.bench.measure import Quietness, QuietWatch, meets
-from imgest.bench.report import format_table, machine_info, pyplot, save_figure
+from imgest.core.report import format_table, pyplot, save_figure
 from imgest.transform.image import TransformSpec, transform_image
 
 FULL, IMGEST, SIMD = "pillow-full", "imgest", "pillow-simd"
@@ -313,8 +314,8 @@ def main(
     SOURCES, print the tables, write the JSON (and the plot)."""
     import warnings
 
-    from imgest.bench.report import describe_machine, write_json
     from imgest.bench.transform_real import load_folder
+    from imgest.core.report import describe_machine, write_json
 
     sets: dict[str, dict[str, list[bytes]]] = {}
     if images or large_images:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.measure import meets
-from imgest.bench.report import pyplot, save_figure
 from imgest.core.paths import state_dir
 from imgest.core.quarantine import BadImage
+from imgest.core.report import pyplot, save_figure
 from imgest.transform.image import TransformSpec, transform_image
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ log = logging.getLogger("imgest")
 
 
 def _demo_cmd(args: argparse.Namespace) -> int:
-    from imgest.flow.demo import run_demo
+    from imgest.services.demo import run_demo
 
     return run_demo()
 

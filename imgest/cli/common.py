@@ -59,21 +59,6 @@ def credentials_env(args: argparse.Namespace) -> None:
         os.environ["IMGEST_CASSANDRA_PASSWORD"] = Path(args.password_file).read_text().strip()
 
 
-def s3_env(dest: str) -> None:
-    """Give the Spark job the destination's S3 settings through its environment (never argv): the endpoint and,
-    when this process has keys (its own, or the embedded server's), those keys with their session token."""
-    if not dest.startswith("s3://"):
-        return
-    from imgest.core.credentials import env_of
-    from imgest.core.settings import S3Settings
-
-    settings = S3Settings.from_env()
-    for key, value in env_of(settings).items():
-        os.environ.setdefault(key, value)
-    if settings.endpoint_url:
-        os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)
-
-
 @contextmanager
 def cli_run_state(master: str, dest: str | None) -> Iterator[str | None]:
     """While the block runs: where an ingest command on Spark master MASTER (writing to DEST) keeps its lock and

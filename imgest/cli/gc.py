@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def gc_shards_cmd(args: argparse.Namespace) -> int:
-    from imgest.cli.common import s3_env
+    from imgest.core.settings import s3_env
     from imgest.sinks.shards.gc import collect
     from imgest.sinks.shards.store import open_store
 

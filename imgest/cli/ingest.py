@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, run_command, s3_env
+from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, run_command
 from imgest.cli.refresh import add_wait_lock, locked_ingest
 from imgest.core import workdir
+from imgest.core.settings import s3_env
 
 
 def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra: list[str], failed: str) -> int:

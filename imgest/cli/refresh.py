@@ -54,8 +54,7 @@ def refresh_cmd(args: argparse.Namespace) -> int:
 
 
 def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> int:
-    from imgest.cli.common import s3_env
-    from imgest.core.settings import CassandraSettings, S3Settings
+    from imgest.core.settings import CassandraSettings, S3Settings, s3_env
     from imgest.flow.refresh import finish_refresh, plan_refresh
     from imgest.flow.request import IngestRequest
     from imgest.spark.failures import last_error_sentence

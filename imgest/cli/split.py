@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from imgest.cli.common import add_cassandra_args, cassandra_settings, s3_env
+from imgest.cli.common import add_cassandra_args, cassandra_settings
+from imgest.core.settings import s3_env
 
 
 def split_cmd(args: argparse.Namespace) -> int:

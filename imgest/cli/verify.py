@@ -59,7 +59,7 @@ def verify_files_cmd(args: argparse.Namespace) -> int:
 
 
 def verify_shards_cmd(args: argparse.Namespace) -> int:
-    from imgest.cli.common import s3_env
+    from imgest.core.settings import s3_env
     from imgest.sinks.shards.store import open_store
     from imgest.sinks.shards.verify import verify_shards
 

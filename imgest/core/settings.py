@@ -196,3 +196,15 @@ def credentials_file(path: str) -> tuple[str | None, str | None]:
     except FileNotFoundError:  # the embedded server has not started yet: no keys to give
         return None, None
     return data["access_key"], data["secret_key"]
+
+
+def s3_env(dest: str) -> None:
+    """Give the Spark job the destination's S3 settings through its environment (never argv): the endpoint and,
+    when this process has keys (its own, or the embedded server's), those keys with their session token."""
+    if not dest.startswith("s3://"):
+        return
+    settings = S3Settings.from_env()
+    for key, value in _credentials.env_of(settings).items():
+        os.environ.setdefault(key, value)
+    if settings.endpoint_url:
+        os.environ.setdefault("IMGEST_S3_ENDPOINT", settings.endpoint_url)

@@ -18,10 +18,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imgest.bench.report import format_table, write_json
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.locks import check_fence
+from imgest.core.report import format_table, write_json
 from imgest.readback.check import (
     ReadCheckOptions,
     cassandra_runs,
@@ -156,7 +156,7 @@ def read_throughput_step(
 
 
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
-    from imgest.bench.report import bar_chart
+    from imgest.core.report import bar_chart
 
     readers = list(dict.fromkeys(r["reader"] for r in rows))
     series = {

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from imgest.core.errors import ImgestError
-from imgest.sinks.shards.plan import id_hashes
+from imgest.core.idhash import id_hashes
 
 KEY_SEEDS = (0, 1, 2, 3)  # id key seeds tried in turn while two different ids of the baseline share a key
 READ_ROWS = 16_384  # rows of a manifest or baseline decoded, compared and written at a time

@@ -100,6 +100,11 @@ def library_version() -> str | None:
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
 
+def machine_fields() -> dict[str, str | None]:
+    """What a benchmark's machine record says of the transform: the default JPEG decoder and libjpeg-turbo."""
+    return {"jpeg_decoder": default_decoder(), "libjpeg_turbo": library_version()}
+
+
 def check(data: bytes, max_pixels: int = 0) -> tuple[int, int] | None:
     """(width, height) if the JPEG DATA entropy-decodes to its end (no pixels rebuilt); None: unknown, ask Pillow.
 

@@ -6,7 +6,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from imgest.bench.report import bar_chart, format_table, machine_info, pyplot, save_figure, write_json
+from imgest.core.report import bar_chart, format_table, machine_info, pyplot, save_figure, write_json
+from imgest.transform import fastjpeg
 from imgest.validate.blockmap import write_block_map
 from imgest.validate.check import EngineResult
 from imgest.validate.runner import CheckReport
@@ -70,7 +71,7 @@ def report_dict(report: CheckReport) -> dict[str, Any]:
         "ok": report.ok,
         "dataset": str(report.root),
         "config": asdict(report.config),
-        "machine": machine_info(),
+        "machine": machine_info(**fastjpeg.machine_fields()),
         "timing": "seconds inside pipe.run() per pass, median of the timed passes; the verifying pass is untimed",
         "cache": _cache(report),
         **selection(report),

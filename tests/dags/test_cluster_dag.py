@@ -20,8 +20,8 @@ import pytest
 
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
-from imgest.flow.demo import run_dag, task_durations
 from imgest.services import AirflowServer, S3Server
+from imgest.services.demo import run_dag, task_durations
 from imgest.services.spark_cluster import SparkCluster
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sources.devdata.sample import SampleSpec, write_sample

@@ -12,9 +12,9 @@ import pytest
 from imgest.core.errors import ConfigError
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
-from imgest.flow.demo import run_dag, task_durations, task_results
 from imgest.flow.steps import asset_uri, validate_conf
 from imgest.services import AirflowServer, CassandraServer, S3Server
+from imgest.services.demo import run_dag, task_durations, task_results
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sources.devdata.sample import SampleSpec, write_sample

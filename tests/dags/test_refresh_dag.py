@@ -24,10 +24,10 @@ from imgest.core.locks import dataset_lock
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
 from imgest.flow.checks import check_out_dir
-from imgest.flow.demo import task_durations, task_results
 from imgest.flow.registry import load_registry
 from imgest.services import AirflowServer, CassandraServer, S3Server, airflow_cli
 from imgest.services.airflow_cli import WarmCommand
+from imgest.services.demo import task_durations, task_results
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.shard_table import dead_keys
 from imgest.sinks.shards.store import open_store

@@ -6,8 +6,8 @@ import pytest
 
 from imgest.core.settings import CassandraSettings
 from imgest.services.cassandra import CassandraServer, resolve_jars
-from imgest.services.smoke import cassandra_roundtrip
 from imgest.sinks.cassandra.client import CassandraConnectError, cassandra_session
+from imgest.sinks.smoke import cassandra_roundtrip
 
 pytestmark = pytest.mark.services
 

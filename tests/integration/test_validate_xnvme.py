@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from imgest.sinks.files.layout import data_root
-from imgest.sources.devdata.files_target import write_files_dataset
+from imgest.sinks.files.sample import write_files_dataset
 from imgest.validate.blockmap import BlockMap
 from imgest.validate.check import READ, CheckConfig, ValidationError
 from imgest.validate.dataset import load_splits

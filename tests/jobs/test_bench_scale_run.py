@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from imgest.bench import scale
-from imgest.core.settings import CassandraSettings
+from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.shards.store import open_store
 from imgest.sources.devdata.countscale import CountScaleSpec, write_count_scale
 
 pytestmark = pytest.mark.usefixtures("cassandra_server", "s3_server")
@@ -41,8 +42,21 @@ def test_every_step_runs_and_is_measured(tmp_path: Path) -> None:
     assert "70 candidates in 5 classes" in steps["scan"]["result"]["summary"]
     verify = steps[f"verify_{target}"]["result"]
     assert verify["ok"] is True
-    assert steps["build_split"]["result"]["parts"]
-    assert steps["read_throughput"]["result"]
+    split = steps["build_split"]["result"]
+    assert len(split["parts"]) == 2  # the default train/val ratios
+    assert sum(split["parts"]) == 60  # every train row went into a part
+    assert split["unused"] == 0
+    read = steps["read_throughput"]["result"]
+    assert read["checked"] == 60  # the whole train split compared byte for byte (smaller than the sample)
+    assert read["full_read"] is True
+    assert read["skipped"] == []
+    assert set(read["readers"]) == {
+        "cassandra/raw",
+        "cassandra-simple/raw",
+        "cassandra/train",
+        "cassandra-simple/train",
+    }
+    assert all(rate > 0 for rate in read["readers"].values())
 
 
 def test_count21k_tar_of_class_tars_on_s3_runs_every_step(tmp_path: Path) -> None:
@@ -63,4 +77,14 @@ def test_count21k_tar_of_class_tars_on_s3_runs_every_step(tmp_path: Path) -> Non
     assert list(steps) == list(scale.STEPS[target])
     assert "150 candidates in 30 classes" in steps["scan"]["result"]["summary"]
     assert steps[f"verify_{target}"]["result"]["ok"] is True
-    assert steps[f"ingest_{target}"]["bytes_written"] > 150 * 500  # every image's bytes (each over 500) went in
+    packed = steps[f"ingest_{target}"]
+    assert packed["result"]["samples"] == {"train": 150}  # every image went in, none quarantined
+    assert packed["result"]["quarantined"] == 0
+    assert packed["bytes_written"] == packed["result"]["bytes"] == _shard_bytes(packed["result"]["dest"])
+
+
+def _shard_bytes(dest: str) -> int:
+    """The sizes of the .tar objects the published manifest names, as the store lists them."""
+    store = open_store(dest, S3Settings.from_env())
+    named = {entry["path"] for entry in (store.read_manifest() or {})["shards"]}
+    return sum(o.size for o in store.list_objects("") if o.name in named)

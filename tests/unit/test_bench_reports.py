@@ -10,7 +10,8 @@ import pytest
 
 from imgest.bench import measure, pack, pack_data, transform
 from imgest.bench.ingest_cassandra import _group
-from imgest.bench.report import describe_machine, machine_info
+from imgest.bench.machine import machine_info
+from imgest.core.report import describe_machine
 
 
 def _run(wall: float, in_job: float | None = None, mb: float = 10.0, mb_in: float = 100.0) -> dict[str, float]:

@@ -15,9 +15,9 @@ from imgest.cli import main as cli
 from imgest.readback.datasets import files_set
 from imgest.sinks.files.gc import collect_files
 from imgest.sinks.files.layout import SAMPLES_COLUMNS, FilesDatasetError, data_root, iter_files, read_manifest
+from imgest.sinks.files.sample import write_files_dataset
 from imgest.sinks.files.verify import verify_files
 from imgest.sinks.files.write import merge_parts, samples_schema
-from imgest.sources.devdata.files_target import write_files_dataset
 from imgest.validate.dataset import load_splits
 
 

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from imgest.core import workdir
+from imgest.core.idhash import id_hashes
 from imgest.flow import refresh
 from imgest.flow.request import IngestRequest
-from imgest.sinks.shards.plan import id_hashes
 from imgest.sources import diff_index
 from imgest.sources.diff import HASH_COLUMN
 from imgest.sources.manifest import SCHEMA, image_id

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from imgest.jobs.pack_shards import shard_task
 from pyspark import cloudpickle
 
 from imgest.core.errors import ImgestError
@@ -23,7 +24,6 @@ from imgest.sinks.shards.store import LocalStore
 from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sources.manifest import ClassInfo
 from imgest.transform.image import TransformSpec
-from jobs.pack_shards import shard_task
 
 KEY = "k" * 16
 

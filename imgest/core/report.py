@@ -23,14 +23,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on: cores, processor, memory, Python, the packages that matter, and
-    which JPEG decoder the transform uses."""
+def machine_info(**extra: Any) -> dict[str, Any]:
+    """What the figures were measured on: cores, processor, memory, Python, the packages that matter, and EXTRA
+    (the transform's JPEG decoder: ``imgest.transform.fastjpeg.machine_fields()``; core imports no transform)."""
     from importlib import metadata
 
     import PIL
-
-    from imgest.transform import fastjpeg
 
     versions = {}
     for name in VERSIONED:
@@ -46,10 +44,9 @@ def machine_info() -> dict[str, Any]:
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "processor": _cpu_model(),
         "memory_gib": round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 1) if pages else None,
-        "jpeg_decoder": fastjpeg.default_decoder(),
-        "libjpeg_turbo": fastjpeg.library_version(),
         "versions": versions,
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        **extra,
     }
 
 
