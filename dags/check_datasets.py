@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
+
 from imgest.operators.publish import DATASETS
 from imgest.operators.refresh import CheckVersionsOperator
 

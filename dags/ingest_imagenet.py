@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, task
+
+from imgest.flow.request import param_specs
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
@@ -23,8 +25,6 @@ from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubm
 from imgest.operators.splits import BuildSplitOperator
 from imgest.operators.validate import ValidateXnvmeOperator
 from imgest.operators.workarea import work_hooks
-
-from imgest.flow.request import param_specs
 
 REQUEST = "{{ ti.xcom_pull(task_ids='validate') }}"
 CASSANDRA_ARGS = "{{ ti.xcom_pull(task_ids='scan')['cassandra_args'] }}"
@@ -98,26 +98,24 @@ with DAG(
         """Reject bad conf with every problem listed, before any Spark work (AirflowFailException: no retries)."""
         import logging
 
-        from airflow.sdk.exceptions import AirflowFailException
-        from imgest.operators.state import task_deployment
-
         from imgest.core.errors import ConfigError
         from imgest.flow.steps import validate_conf
+        from imgest.operators.compat import fail_exception
+        from imgest.operators.state import task_deployment
 
         try:  # a run across hosts also needs a store for its state (IMGEST_STATE_URL, or its S3 destination)
             return validate_conf(dict(params or {}), task_deployment())
         except ConfigError as exc:
             # The first line of this task's log, and the failure shown for the run: what to fix, nothing else.
             logging.getLogger(__name__).error("%s", exc)
-            raise AirflowFailException(str(exc)) from None
+            raise fail_exception()(str(exc)) from None
 
     @task(doc_md="Lists images, labels and ids into `manifest.parquet` in `$IMGEST_HOME/work/<dataset>/`.")
     def scan(request: dict[str, Any]) -> dict[str, Any]:
         """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
+        from imgest.flow.steps import scan_step
         from imgest.operators.failures import fail_without_retry
         from imgest.operators.hooks import source_settings, state_store
-
-        from imgest.flow.steps import scan_step
 
         with fail_without_retry():
             source = source_settings(request.get("source"), request.get("source_conn_id", ""))

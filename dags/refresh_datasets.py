@@ -14,14 +14,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, TaskGroup, task
+
+from imgest.flow.registry import DatasetEntry, load_registry
 from imgest.operators.cassandra import ApplyCqlSchemaOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
 from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
 from imgest.operators.workarea import work_hooks
-
-from imgest.flow.registry import DatasetEntry, load_registry
 
 
 def _doc(entry: DatasetEntry) -> str:
@@ -115,10 +115,9 @@ def build_refresh_dag(entry: DatasetEntry) -> DAG:
 
         @task(task_id="scan", doc_md="Scans the source into the dataset's work folder.")
         def scan() -> dict[str, Any]:
+            from imgest.flow.steps import scan_step
             from imgest.operators.failures import fail_without_retry
             from imgest.operators.hooks import source_settings
-
-            from imgest.flow.steps import scan_step
 
             conf = entry.conf(entry.targets[0])
             with fail_without_retry():

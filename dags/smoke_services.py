@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
+
 from imgest.operators.smoke import CassandraRoundTripOperator, S3RoundTripOperator
 
 with DAG(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.models import BaseOperator
+from airflow.sdk import BaseOperator
 
 
 class RequestOperator(BaseOperator):
@@ -28,9 +28,8 @@ class RequestOperator(BaseOperator):
 
     def resolved(self) -> tuple[dict[str, Any], Any, Any]:
         """(request dict, Cassandra settings, S3 settings of the shard destination or None), from the hooks."""
-        from imgest.operators.hooks import ImgestCassandraHook, store_settings
-
         from imgest.flow.request import IngestRequest
+        from imgest.operators.hooks import ImgestCassandraHook, store_settings
 
         request = IngestRequest.from_conf(dict(self.request))
         cassandra = ImgestCassandraHook(self.cassandra_conn_id).settings()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.models import BaseOperator
+from airflow.sdk import BaseOperator
 
 
 class ApplyCqlSchemaOperator(BaseOperator):
@@ -21,10 +21,9 @@ class ApplyCqlSchemaOperator(BaseOperator):
         self.request, self.manifest_dir, self.cassandra_conn_id = request, manifest_dir, cassandra_conn_id
 
     def execute(self, context: Any) -> list[str]:
+        from imgest.flow.steps import prepare_cassandra
         from imgest.operators.failures import fail_without_retry
         from imgest.operators.hooks import ImgestCassandraHook
-
-        from imgest.flow.steps import prepare_cassandra
 
         settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
         with fail_without_retry():  # refused credentials: no retries
@@ -50,10 +49,9 @@ class VerifyCassandraOperator(BaseOperator):
         self.cassandra_conn_id = cassandra_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from imgest.flow.steps import verify_cassandra
         from imgest.operators.hooks import ImgestCassandraHook
         from imgest.operators.state import run_lease
-
-        from imgest.flow.steps import verify_cassandra
 
         settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
         request = dict(self.request)

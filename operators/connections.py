@@ -14,7 +14,6 @@ def register_run_source(source: str | None, source_conn_id: str | None) -> bool:
     if not source or not str(source).startswith("s3://") or not source_conn_id:
         return False
     from imgest.operators.hooks import source_settings
-
     from imgest.sources.s3source import register_source
 
     settings = source_settings(str(source), str(source_conn_id))

@@ -10,11 +10,10 @@ from contextlib import contextmanager
 def fail_without_retry() -> Iterator[None]:
     """Re-raise imgest's refused-credential, bad-setting and lost-lock errors as AirflowFailException (same
     message)."""
-    from airflow.sdk.exceptions import AirflowFailException
-
     from imgest.core.errors import AuthenticationError, ConfigError, LockLostError, NothingIngestibleError
+    from imgest.operators.compat import fail_exception
 
     try:
         yield
     except (AuthenticationError, ConfigError, LockLostError, NothingIngestibleError) as exc:
-        raise AirflowFailException(str(exc)) from None
+        raise fail_exception()(str(exc)) from None

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.models import BaseOperator
+from airflow.sdk import BaseOperator
+
 from imgest.operators.base import RequestOperator
 
 log = logging.getLogger(__name__)
@@ -24,9 +25,8 @@ class DatasetLockOperator(BaseOperator):
         self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
 
     def execute(self, context: Any) -> str:
-        from imgest.operators.hooks import lock_store
-
         from imgest.core import locks
+        from imgest.operators.hooks import lock_store
 
         holder = locks.airflow_holder(self.dag_id, context["run_id"])
         if not self.dataset:  # the run failed before the dataset was known: nothing was taken
@@ -47,9 +47,8 @@ class DatasetLockOperator(BaseOperator):
 def plan_target(conf: dict[str, Any], manifest_dir: str) -> dict[str, Any]:
     """The plan task of a refresh DAG's target: plan_refresh, with the Cassandra target's connection (where its
     ingest recorded each image's source sha256)."""
-    from imgest.operators.hooks import ImgestCassandraHook
-
     from imgest.flow.refresh import plan_refresh
+    from imgest.operators.hooks import ImgestCassandraHook
 
     cassandra = ImgestCassandraHook().settings() if conf.get("target") == "cassandra" else None
     return plan_refresh(conf, Path(manifest_dir), cassandra)
@@ -59,9 +58,8 @@ class FinishRefreshOperator(RequestOperator):
     """Apply what the Spark job leaves, verify the new version, move the refresh baseline forward."""
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from imgest.operators.state import run_lease
-
         from imgest.flow.refresh import finish_refresh
+        from imgest.operators.state import run_lease
 
         request, cassandra, s3 = self.resolved()
         with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records the version: fenced
@@ -73,10 +71,9 @@ class CheckVersionsOperator(BaseOperator):
     of its target, and the xNVMe validation for the files target; reports recorded with the version."""
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        from imgest.operators.hooks import ImgestCassandraHook, store_settings
-
         from imgest.flow.checks import check_version, versions_to_check
         from imgest.flow.request import IngestRequest
+        from imgest.operators.hooks import ImgestCassandraHook, store_settings
 
         results = []
         for extra in versions_to_check(context.get("triggering_asset_events") or {}):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.models import BaseOperator
+from airflow.sdk import BaseOperator
 
 
 class EnsureBucketOperator(BaseOperator):
@@ -18,10 +18,9 @@ class EnsureBucketOperator(BaseOperator):
         self.dest, self.aws_conn_id = dest, aws_conn_id
 
     def execute(self, context: Any) -> str:
+        from imgest.flow.steps import prepare_bucket
         from imgest.operators.failures import fail_without_retry
         from imgest.operators.hooks import store_settings
-
-        from imgest.flow.steps import prepare_bucket
 
         with fail_without_retry():  # refused keys or a malformed destination: no retries
             return prepare_bucket(self.dest, store_settings(self.dest, self.aws_conn_id))
@@ -37,9 +36,8 @@ class VerifyShardsOperator(BaseOperator):
         self.dest, self.aws_conn_id = dest, aws_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from imgest.operators.hooks import store_settings
-
         from imgest.flow.steps import verify_shards
+        from imgest.operators.hooks import store_settings
 
         return verify_shards(self.dest, store_settings(self.dest, self.aws_conn_id))
 
@@ -78,11 +76,10 @@ class CollectGarbageOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from pathlib import Path
 
-        from imgest.operators.hooks import store_settings
-        from imgest.operators.state import run_lease
-
         from imgest.flow.request import IngestRequest
         from imgest.flow.steps import collect_garbage
+        from imgest.operators.hooks import store_settings
+        from imgest.operators.state import run_lease
 
         conf = dict(self.request)  # type: ignore[arg-type]
         request = IngestRequest.from_conf(conf)

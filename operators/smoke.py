@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.models import BaseOperator
+from airflow.sdk import BaseOperator
 
 
 class CassandraRoundTripOperator(BaseOperator):

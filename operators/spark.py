@@ -38,7 +38,6 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         if not self.source_conn_id:
             return {}
         from imgest.operators.hooks import ImgestS3Hook
-
         from imgest.sources.s3source import source_env
 
         return source_env(ImgestS3Hook(aws_conn_id=self.source_conn_id).settings())

@@ -63,14 +63,13 @@ def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
 def run_lease(dag_id: str, run_id: str, dataset: str) -> Iterator[None]:
     """This run's hold of DATASET's lock while the block runs: its lease renewed, the block's publishing fenced
     against it (imgest.core.locks), and a lost lock (LockLostError) failing the task without retries."""
-    from airflow.sdk.exceptions import AirflowFailException
-    from imgest.operators.hooks import lock_store
-
     from imgest.core import locks
+    from imgest.operators.compat import fail_exception
+    from imgest.operators.hooks import lock_store
 
     holder = locks.airflow_holder(dag_id, run_id)
     try:
         with locks.keep_alive(dataset, holder, lock_store()):
             yield
     except locks.LockLostError as exc:  # retrying cannot give the lock back
-        raise AirflowFailException(str(exc)) from None
+        raise fail_exception()(str(exc)) from None

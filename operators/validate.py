@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.models import BaseOperator
+from airflow.sdk import BaseOperator
 
 
 class ValidateXnvmeOperator(BaseOperator):
     """Read the files dataset back with DALI's reader, the Python file API and xNVMe's file and block APIs; fail
     when any engine reads a byte or label that differs from the ingest record. Returns the report's summary.
+    Without imgest[dali], DALI's reader is skipped with the reason and the other engines are still compared.
 
     SAMPLE images of each split are read, a seeded class-balanced sample (0: every image; None: the default)."""
 

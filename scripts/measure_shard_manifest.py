@@ -61,8 +61,9 @@ def _records(classes: int, seed: int = 0) -> list[Any]:
 
 def _task_bytes(cfg: Any, store: Any) -> tuple[int, int]:
     """(pickled task function, pickled data of the largest task) as the pack job hands them to Spark."""
-    import imgest.jobs.pack_shards as job
     from pyspark import cloudpickle
+
+    import imgest.jobs.pack_shards as job
 
     shards = [(e["name"], g) for g, e in enumerate((store.read_manifest() or {}).get("shards", []))]
     if hasattr(job, "shard_task"):  # this change: each task gets its own shards' published fields as its data

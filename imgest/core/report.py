@@ -1,13 +1,22 @@
 """The benchmarks' reports, shared by every benchmark: the machine record, an aligned table on stdout, a JSON file,
-and the plots (matplotlib without a display: :func:`pyplot`, :func:`save_figure`, a grouped :func:`bar_chart`)."""
+and the plots (matplotlib without a display: :func:`pyplot`, :func:`save_figure`, a grouped :func:`bar_chart`).
+
+matplotlib is an optional extra (``imgest[plots]``, also in ``imgest[bench]``): the runtime's steps draw their
+plots through :func:`optional_plot`, which draws none (and says why, once) where matplotlib is missing."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+PLOTS_EXTRA = "pip install 'imgest[plots]'"
 
 # The packages whose versions decide the figures (those installed are reported).
 VERSIONED = ("pillow", "numpy", "pyspark", "webdataset", "litdata", "torch", "cassandra-driver", "boto3")
@@ -85,8 +94,36 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def plots_missing() -> str | None:
+    """Why no plot can be drawn here (matplotlib not installed, or its import fails), or None when one can."""
+    try:
+        if importlib.util.find_spec("matplotlib") is None:
+            return f"matplotlib is not installed ({PLOTS_EXTRA})"
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "matplotlib":
+            return f"matplotlib is not installed ({PLOTS_EXTRA})"
+        return f"matplotlib cannot be imported ({type(exc).__name__}: {exc}; reinstall it: {PLOTS_EXTRA})"
+    return None
+
+
+def optional_plot(path: Path, draw: Callable[[Path], None]) -> Path | None:
+    """DRAW the plot at PATH and return PATH; where matplotlib is missing, log once why, remove a PNG an earlier
+    run left at PATH (it would not show this report) and return None."""
+    reason = plots_missing()
+    if reason is None:
+        draw(path)
+        return path
+    log.warning("no plot: %s", reason)
+    path.unlink(missing_ok=True)
+    return None
+
+
 def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    """matplotlib.pyplot on the Agg backend (no display needed); ModuleNotFoundError naming the extra without it."""
+    reason = plots_missing()
+    if reason is not None:
+        raise ModuleNotFoundError(f"plotting needs matplotlib: {reason}", name="matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")

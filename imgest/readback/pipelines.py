@@ -4,14 +4,21 @@ The reader never decides the training pipeline: the same graph (decode, random r
 normalize) sits behind ``fn.readers.file``, ``fn.readers.webdataset`` and ``fn.external_source`` alike, on CPU
 or with the ``mixed`` decoder on a GPU. Every pipeline also returns the encoded bytes, so each run can hash
 what it read.
+
+DALI is an optional extra (``imgest[dali]``): :func:`dali_missing` says whether it can be imported here. Without
+it, ``external_pipeline`` in raw mode is a :class:`HostPipeline` (each batch handed over as it came, in host
+memory), so the readers that only feed ``fn.external_source`` still run and are verified the same way.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from imgest.core.errors import ImgestError
 
@@ -20,6 +27,7 @@ IMAGE_EXTS = "jpg;jpeg;png;bmp;tif;tiff;webp;gif"
 MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 READER = "Reader"
+DALI_EXTRA = "pip install 'imgest[dali]'"
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,80 @@ def cuda_devices() -> int:
 
 class GpuProbeError(ImgestError):
     """An NVIDIA GPU is there and DALI cannot use it (a broken driver, CUDA runtime or DALI install)."""
+
+
+class DaliMissingError(ImgestError):
+    """What was asked needs DALI, and DALI cannot be imported here."""
+
+
+def dali_missing() -> str | None:
+    """Why DALI cannot be used here (``nvidia.dali`` not installed, or its import fails), or None when it can: the
+    one probe every reader and check asks."""
+    try:
+        if importlib.util.find_spec("nvidia.dali") is None:
+            return f"DALI is not installed ({DALI_EXTRA})"
+        import nvidia.dali  # noqa: F401
+    except ImportError as exc:  # no nvidia namespace at all, or DALI's own import failed
+        if isinstance(exc, ModuleNotFoundError) and exc.name in ("nvidia", "nvidia.dali"):
+            return f"DALI is not installed ({DALI_EXTRA})"
+        return f"DALI cannot be imported ({type(exc).__name__}: {exc}; reinstall it: {DALI_EXTRA})"
+    return None
+
+
+def dali_available() -> bool:
+    """Whether DALI can be imported here (imgest[dali] installed and working)."""
+    return dali_missing() is None
+
+
+class HostTensor:
+    """One sample of a HostPipeline output: its array (``numpy.asarray``) and an empty ``source_info()``."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        return np.asarray(self.data, dtype)
+
+    def source_info(self) -> str:
+        return ""
+
+
+class HostOutput:
+    """One output of a HostPipeline batch, with what the readers use of DALI's TensorListCPU: ``len``, ``at(i)``
+    (an array) and ``[i]`` (a tensor)."""
+
+    def __init__(self, items: Sequence[Any]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def at(self, i: int) -> np.ndarray:
+        return np.asarray(self.items[i])
+
+    def __getitem__(self, i: int) -> HostTensor:
+        return HostTensor(self.items[i])
+
+
+class HostPipeline:
+    """``fn.external_source`` in raw mode without DALI: each ``run()`` returns SOURCE's next batch (encoded images,
+    labels) as it came, in host memory, and raises StopIteration where the source ends, as DALI's does."""
+
+    device_id = None
+
+    def __init__(self, source: Callable[[], tuple[Sequence[Any], Any]]) -> None:
+        self.source = source
+
+    def run(self) -> tuple[HostOutput, HostOutput]:
+        images, labels = self.source()
+        return HostOutput(list(images)), HostOutput(labels)
+
+
+def host_pipeline(mode: str, source: Callable[[], tuple[Sequence[Any], Any]], reason: str) -> HostPipeline:
+    """A HostPipeline over SOURCE in MODE raw; any other MODE (decoding) needs DALI, missing for REASON."""
+    if mode != "raw":
+        raise DaliMissingError(f"the {mode} pipeline decodes images in DALI: {reason}")
+    return HostPipeline(source)
 
 
 def _train(jpegs: Any, spec: PipelineSpec) -> Any:
@@ -149,7 +231,11 @@ def webdataset_pipeline(
 
 
 def external_pipeline(spec: PipelineSpec, source: Callable[[], tuple[list[Any], Any]]) -> Any:
-    """fn.external_source(batch=True) fed by SOURCE, a callable returning (encoded images, labels)."""
+    """fn.external_source(batch=True) fed by SOURCE, a callable returning (encoded images, labels); without DALI
+    a HostPipeline over SOURCE (raw mode only)."""
+    reason = dali_missing()
+    if reason is not None:
+        return host_pipeline(spec.mode, source, reason)
     from nvidia.dali import fn, types
 
     def graph() -> tuple[Any, ...]:

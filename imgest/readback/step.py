@@ -5,7 +5,9 @@ It reads a seeded, class-balanced sample of the train split (``ReadCheckOptions.
 says which: ``sample`` (requested), ``checked`` (images each reader read and verified), ``split_rows``,
 ``full_read`` and ``balance`` (images per class: min, max and the counts).
 
-The report (JSON and a plot) goes to the work folder and is referenced from the version record: the
+Where DALI is not installed the readers that need none run in raw mode and the others are listed under
+``skipped`` with the reason (imgest.readback.without_dali); where matplotlib is not, no plot is drawn (``plot``
+None). The report (JSON and a plot) goes to the work folder and is referenced from the version record: the
 ``checks`` column of ``dataset_versions`` for Cassandra, a ``checks`` entry of ``manifest.json`` for shards and
 files. Any sample that does not hash to its recorded sha256, carries a wrong label, is missing or comes twice
 fails the step after the report is written.
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.locks import check_fence
-from imgest.core.report import format_table, write_json
+from imgest.core.report import format_table, optional_plot, write_json
 from imgest.readback.check import (
     ReadCheckOptions,
     cassandra_runs,
@@ -30,6 +32,7 @@ from imgest.readback.check import (
     s3_shard_runs,
 )
 from imgest.readback.measure import RunResult
+from imgest.readback.pipelines import dali_missing
 
 if TYPE_CHECKING:
     from imgest.readback.datasets import ReadSet
@@ -62,10 +65,8 @@ def _log_sample(rs: ReadSet) -> None:
     log.info("read-back of %s: %s", rs.location, rs.sample.summary() if rs.sample else f"{len(rs)} images")
 
 
-def run_target(
-    target: str, location: str, settings: dict[str, Any], opts: ReadCheckOptions, split: str = "train"
-) -> tuple[list[RunResult], list[str], ReadSet]:
-    """Readers of TARGET at LOCATION over the sample OPTS asks for; returns (results, skipped, what was read)."""
+def read_set(target: str, location: str, settings: dict[str, Any], opts: ReadCheckOptions, split: str) -> ReadSet:
+    """What the check reads of TARGET at LOCATION: the sample OPTS asks for (every row when it is 0)."""
     from imgest.readback import datasets
 
     pick = {"sample": opts.sample, "seed": opts.sample_seed}
@@ -74,16 +75,33 @@ def run_target(
 
         with cassandra_session(settings["cassandra"]) as session:
             rs = datasets.cassandra_set(session, settings["tables"], settings["dataset"], split=split, **pick)
-        _log_sample(rs)
+    elif target == "files":
+        rs = datasets.files_set(Path(location), split, **pick)
+    else:
+        from imgest.sinks.shards.store import open_store
+
+        rs = datasets.shards_set(open_store(location, settings.get("s3")), split, **pick)
+    _log_sample(rs)
+    return rs
+
+
+def run_target(
+    target: str, location: str, settings: dict[str, Any], opts: ReadCheckOptions, split: str = "train"
+) -> tuple[list[RunResult], list[str], ReadSet]:
+    """Readers of TARGET at LOCATION over the sample OPTS asks for; returns (results, skipped, what was read).
+    Where DALI cannot be imported, the readers that need none run (raw mode) and the others are skipped
+    (imgest.readback.without_dali)."""
+    rs = read_set(target, location, settings, opts, split)
+    reason = dali_missing()
+    if reason is not None:
+        from imgest.readback.without_dali import runs_without_dali
+
+        results, skipped = runs_without_dali(target, location, settings, rs, opts, reason)
+        return results, skipped, rs
+    if target == "cassandra":
         return cassandra_runs(settings["cassandra"], rs, opts), [], rs
     if target == "files":
-        rs = datasets.files_set(Path(location), split, **pick)
-        _log_sample(rs)
         return files_runs(rs, opts), [], rs
-    from imgest.sinks.shards.store import open_store
-
-    rs = datasets.shards_set(open_store(location, settings.get("s3")), split, **pick)
-    _log_sample(rs)
     if not location.startswith("s3://"):
         return folder_shard_runs(rs, location, opts), [], rs
     bucket, _, prefix = location[5:].partition("/")
@@ -134,9 +152,9 @@ def read_throughput_step(
     sample = rs.sample.to_dict() if rs.sample else {"sample": 0, "checked": len(rs), "full_read": True}
     report = {"target": target, "location": location, "version": version, **sample}
     report |= {"readers": rows, "skipped": skipped}
-    json_path, plot_path = out_dir / workdir.READ_REPORT, out_dir / workdir.READ_PLOT
+    json_path = out_dir / workdir.READ_REPORT
     write_json(json_path, report)
-    _plot(plot_path, rows)
+    plot_path = optional_plot(out_dir / workdir.READ_PLOT, lambda path: _plot(path, rows))
     log.info("read-back of %s:\n%s", location, format_table(rows, COLUMNS))
     record_check(target, location, settings, version, json_path)
     bad = [f"{r['reader']}/{r['mode']}: {'; '.join(r['problems'][:3])}" for r in rows if not r["ok"]]
@@ -146,7 +164,7 @@ def read_throughput_step(
         )
     return {
         "report": str(json_path),
-        "plot": str(plot_path),
+        "plot": str(plot_path) if plot_path else None,  # None: no matplotlib (imgest[plots]) here
         "sample": sample["sample"],
         "checked": sample["checked"],
         "full_read": sample["full_read"],

@@ -1,7 +1,9 @@
 """The one DALI pipeline every engine feeds: DALI's own file reader (the reference) or ``fn.external_source``.
 
 The graph after the reader is the same for all: the encoded bytes and the label come out (the check hashes the
-bytes DALI hands over), and with ``decode`` the images are also decoded and resized on the CPU.
+bytes DALI hands over), and with ``decode`` the images are also decoded and resized on the CPU. Where DALI is not
+installed, the engines feed a host pipeline instead (imgest.readback.pipelines.HostPipeline: the bytes as read,
+no decode) and DALI's file reader is skipped.
 """
 
 from __future__ import annotations
@@ -45,10 +47,9 @@ def reference_pipeline(split_dir: Path, batch_size: int, num_threads: int, decod
 def external_pipeline(
     read: Reader, batches: Callable[[], Iterator[Sequence[Sample]]], batch_size: int, num_threads: int, decode: bool
 ) -> Any:
-    """``fn.external_source`` fed by READ over the sample batches BATCHES() yields (labels from the samples), built."""
-    import nvidia.dali.fn as fn
-    import nvidia.dali.types as types
-    from nvidia.dali import pipeline_def
+    """``fn.external_source`` fed by READ over the sample batches BATCHES() yields (labels from the samples), built;
+    where DALI cannot be imported, a HostPipeline handing each batch over as read (no decode)."""
+    from imgest.readback.pipelines import dali_missing, host_pipeline
 
     def source() -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
         for part in batches():
@@ -57,6 +58,13 @@ def external_pipeline(
                 [np.frombuffer(d, dtype=np.uint8) for d in data],
                 [np.array([s.label], dtype=np.int32) for s in part],
             )
+
+    reason = dali_missing()
+    if reason is not None:
+        return host_pipeline("decode" if decode else "raw", source().__next__, reason)
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=None)
     def graph() -> tuple[Any, ...]:

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from imgest.core.report import bar_chart, format_table, machine_info, pyplot, save_figure, write_json
+from imgest.core.report import bar_chart, format_table, machine_info, optional_plot, pyplot, save_figure, write_json
 from imgest.transform import fastjpeg
 from imgest.validate.blockmap import write_block_map
 from imgest.validate.check import EngineResult
@@ -122,25 +122,34 @@ def summary_text(doc: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def write_outputs(report: CheckReport, json_path: Path, plot_path: Path | None, map_path: Path | None) -> dict:
-    """Write the JSON report (and the plot, and the block map columns when there is one); returns the report."""
+def write_outputs(
+    report: CheckReport, json_path: Path, plot_path: Path | None, map_path: Path | None
+) -> tuple[dict[str, Any], Path | None]:
+    """Write the JSON report (and the plot, and the block map columns when there is one); returns the report and
+    the plot's path (None: none drawn, as where matplotlib is not installed or no engine ran)."""
     doc = report_dict(report)
     write_json(json_path, doc)
     ran = [r for r in doc["engines"] if r["img_s"]]
+    plot = None
     if plot_path is not None and ran:
-        bar_chart(
-            plot_path,
-            f"xNVMe validation: read engines into one DALI pipeline (batch {report.config.batch_size}, "
-            f"{'cold' if report.config.cold else 'warm'} page cache)",
-            [r["engine"] for r in ran],
-            {"img/s": [r["img_s"] for r in ran]},
-            "images/s",
-        )
-    if plot_path is not None and doc["queue_depth_sweep"]:
-        sweep_plot(sweep_plot_path(plot_path), doc)
+        plot = optional_plot(plot_path, lambda path: _plots(path, report, doc, ran))
     if map_path is not None and report.block_map is not None:
         write_block_map(map_path, report.block_map)
-    return doc
+    return doc, plot
+
+
+def _plots(path: Path, report: CheckReport, doc: dict[str, Any], ran: list[dict[str, Any]]) -> None:
+    """The engines' bar chart at PATH, and the queue-depth sweep's beside it when there is one."""
+    bar_chart(
+        path,
+        f"xNVMe validation: read engines into one pipeline (batch {report.config.batch_size}, "
+        f"{'cold' if report.config.cold else 'warm'} page cache)",
+        [r["engine"] for r in ran],
+        {"img/s": [r["img_s"] for r in ran]},
+        "images/s",
+    )
+    if doc["queue_depth_sweep"]:
+        sweep_plot(sweep_plot_path(path), doc)
 
 
 def sweep_plot_path(plot_path: Path) -> Path:

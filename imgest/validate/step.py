@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
+from imgest.readback.pipelines import dali_missing
 from imgest.sinks.files.layout import data_root
 from imgest.validate.check import CheckConfig, ValidationError, load
 from imgest.validate.dataset import SplitView
@@ -33,6 +34,16 @@ def copy_checked(dataset_dir: Path, mount: LoopMount, splits: list[SplitView]) -
     return [split.moved_to(root, root / split.split) for split in splits]  # the copy's folders hold just these
 
 
+def dali_skips(cfg: CheckConfig) -> dict[str, str]:
+    """{"dali_file": why} where DALI cannot be imported (logged once): DALI's file reader is skipped, the other
+    engines feed a host pipeline (their bytes still hashed; their labels then compared with none of DALI's)."""
+    reason = dali_missing()
+    if reason is None:
+        return {}
+    log.warning("xNVMe validation without DALI: %s; dali_file skipped, the other engines read to host memory", reason)
+    return {"dali_file": reason} if "dali_file" in cfg.engines else {}
+
+
 def validate_xnvme_step(
     dataset_dir: Path,
     out_dir: Path,
@@ -49,9 +60,10 @@ def validate_xnvme_step(
     CONFIG.sample images of each split are read (a seeded, class-balanced sample; 0: every image). LOOP_FS (ext4
     or xfs) first copies those images onto a fresh loop-mounted filesystem of that type and checks the copy, so the
     block engine has a block device it may read; where that is not permitted the block engine is skipped with the
-    reason. SWEEP adds a queue-depth sweep of the xNVMe engines. CONFIG.cold times every pass with the images (and
-    the loop image) dropped from the page cache first. Returns the report's summary; raises
-    ValidationError (after writing the report) when any engine read a wrong byte or label.
+    reason, and so is DALI's file reader where DALI is not installed (dali_skips). SWEEP adds a queue-depth sweep
+    of the xNVMe engines. CONFIG.cold times every pass with the images (and the loop image) dropped from the page
+    cache first. Returns the report's summary (``plot`` None where none was drawn); raises ValidationError (after
+    writing the report) when any engine read a wrong byte or label.
     """
     cfg = config or CheckConfig()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,16 +76,16 @@ def validate_xnvme_step(
         root, skip = dataset_dir, {}
         if loop_fs:
             root, splits, cfg, skip = _on_loop_fs(stack, dataset_dir, out_dir, splits, loop_fs, cfg)
-        report = run_check(root, cfg, tick, skip, splits)
+        report = run_check(root, cfg, tick, {**skip, **dali_skips(cfg)}, splits)
         if sweep:
             run_sweep(report, sweep, tick)
-        doc = write_outputs(report, json_path, plot_path, out_dir / workdir.XNVME_BLOCK_MAP)
+        doc, plot = write_outputs(report, json_path, plot_path, out_dir / workdir.XNVME_BLOCK_MAP)
     summary = {
         "ok": doc["ok"],
         "loop_fs": loop_fs,
         "cache": "cold" if cfg.cold else "warm",
         "report": str(json_path),
-        "plot": str(plot_path),
+        "plot": str(plot) if plot else None,  # None: no matplotlib (imgest[plots]) here, or no engine ran
         "engines": {
             r["engine"]: {k: r[k] for k in ("status", "img_s", "relative_to_python_file")} for r in doc["engines"]
         },

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 from airflow.dag_processing.dagbag import DagBag
 
 
 def report(dag_folder: str) -> dict[str, object]:
-    bag = DagBag(dag_folder=dag_folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bag = DagBag(dag_folder=dag_folder)
     return {
+        "warnings": [
+            {"category": w.category.__name__, "message": str(w.message), "filename": w.filename} for w in caught
+        ],
         "import_errors": {str(k): str(v) for k, v in bag.import_errors.items()},
         "dags": {
             dag_id: {

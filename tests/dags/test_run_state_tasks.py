@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
-from imgest.operators.state import run_lease, task_deployment, use_run_state
 
 from imgest.core import locks
 from imgest.core.errors import ConfigError
+from imgest.operators.state import run_lease, task_deployment, use_run_state
 
 SHARDS = {"sample": True, "target": "shards", "dataset": "imnet", "s3_dest": "s3://datasets/imnet"}
 

@@ -70,9 +70,9 @@ def test_dag_prepare_steps_fail_without_retries_on_refused_credentials(
     cassandra_auth_server: CassandraServer, s3_server: S3Server, tmp_path: Path
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
-    from imgest.operators.failures import fail_without_retry
 
     from imgest.flow.steps import prepare_bucket, prepare_cassandra
+    from imgest.operators.failures import fail_without_retry
 
     bad_cassandra = CassandraSettings(
         hosts=(cassandra_auth_server.host,), port=cassandra_auth_server.native_port, username="cassandra", password="no"

@@ -66,7 +66,6 @@ def test_a_sample_run_finds_the_sample_on_every_host(tmp_path: Path, monkeypatch
     """ingest_imagenet's pre-execute hook on a host whose disk has never seen the run (a Celery worker, a pod):
     a run of the generated sample gets the same bytes the scan's host read, so the Spark job and verify find it."""
     from imgest.operators.workarea import work_hooks
-
     from imgest.sources.devdata.sample import DEMO_SAMPLE, ensure_sample
 
     class TaskInstance:

@@ -1,0 +1,254 @@
+"""imgest installed as a user installs it (issue #52): into a fresh environment that already holds the platform's
+Airflow, as a provider package, without changing that Airflow or its providers.
+
+Two platforms, each in its own virtual environment:
+- Airflow 3.1 (the oldest line supported) with the providers and libraries imgest needs at the lowest versions its
+  ranges allow (uv's lowest-direct resolution), and imgest without extras: no DALI, no matplotlib;
+- Airflow 3.3 at the pins of requirements/runtime.lock, and imgest[dali,plots].
+In each: Airflow's and the providers' versions are what the platform had, `airflow providers list` shows imgest, the
+wheel's compiled JPEG module loads, `imgest dags install` writes DAG files that import without an error or a
+deprecation warning from imgest, and `airflow dags test ingest_imagenet` on the generated sample writes shards to the
+embedded S3 server and reads them back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imgest.core.paths import repo_root, state_dir
+from imgest.services import CassandraServer, S3Server
+from imgest.sinks.shards.store import open_store
+from tests.packaging.conftest import _run
+
+pytestmark = [pytest.mark.slow, pytest.mark.services]
+ROOT = repo_root()
+UV = Path(sys.executable).parent / "uv"
+PLATFORM_PACKAGES = ("apache-airflow", "apache-airflow-core", "apache-airflow-task-sdk")
+LEGS = {
+    "3.1": {"airflow": "apache-airflow==3.1.*", "resolution": "lowest-direct", "extras": ""},
+    "3.3": {"airflow": "apache-airflow==3.3.*", "resolution": "lock", "extras": "[dali,plots]"},
+}
+
+
+def _freeze(py: Path) -> dict[str, str]:
+    out = _run(UV, "pip", "freeze", "--python", py).stdout
+    return {m[1].lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)$", out, re.M)}
+
+
+def _runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist without extras (the runtime ranges), as requirement strings."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    return [
+        line.split(": ", 1)[1]
+        for line in meta.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
+
+
+def _lock_pin(name: str) -> str:
+    lock = (ROOT / "requirements" / "runtime.lock").read_text()
+    return re.search(rf"^{re.escape(name)}==\S+$", lock, re.M)[0]
+
+
+class Platform:
+    """A fresh environment holding a platform's Airflow, then imgest's wheel."""
+
+    def __init__(self, leg: str, home: Path) -> None:
+        self.leg, self.home = leg, home
+        self.venv = home / "venv"
+        self.py = self.venv / "bin" / "python"
+        self.before: dict[str, str] = {}
+        self.after: dict[str, str] = {}
+
+    def install(self, wheel: Path) -> None:
+        spec = LEGS[self.leg]
+        wheelhouse = state_dir() / "wheelhouse"  # pyspark's wheel, built by scripts/install.sh from its sdist
+        links = ["--find-links", wheelhouse] if wheelhouse.is_dir() else []
+        pip = [UV, "pip", "install", "-q", "--python", self.py, *links]
+        _run(UV, "venv", "-q", "--python", sys.executable, self.venv)
+        # The platform: its Airflow, then (on 3.1) the oldest providers and libraries imgest's ranges allow.
+        if spec["resolution"] == "lock":
+            _run(*pip, "-c", ROOT / "requirements" / "runtime.lock", spec["airflow"])
+        else:
+            _run(*pip, spec["airflow"])
+            airflow = f"apache-airflow=={_freeze(self.py)['apache-airflow']}"
+            ranges = [r for r in _runtime_requirements(wheel) if not r.startswith(("apache-airflow ", "pyspark"))]
+            # pyspark is published as an sdist only: the lock's version, whose wheel the install built
+            _run(*pip, "--resolution", "lowest-direct", airflow, _lock_pin("pyspark"), *ranges)
+        self.before = _freeze(self.py)
+        # imgest as a user adds it: the wheel (with the leg's extras), resolved against what is there.
+        constraints = ["-c", ROOT / "requirements" / "runtime.lock"] if spec["resolution"] == "lock" else []
+        _run(*pip, *constraints, f"imgest{spec['extras']} @ {wheel.as_uri()}")
+        self.after = _freeze(self.py)
+
+    def env(self, s3: S3Server) -> dict[str, str]:
+        key, secret = s3.credentials()
+        connections = {
+            "cassandra_default": {"conn_type": "cassandra", "host": "127.0.0.1", "port": 9042},
+            "aws_default": {
+                "conn_type": "aws",
+                "login": key,
+                "password": secret,
+                "extra": {"endpoint_url": s3.endpoint, "region_name": "us-east-1"},
+            },
+            "spark_default": {
+                "conn_type": "spark",
+                "host": "local[2]",
+                "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
+            },
+        }
+        return {
+            "PATH": f"{self.venv / 'bin'}:/usr/bin:/bin",
+            "HOME": str(self.home),
+            **({"JAVA_HOME": os.environ["JAVA_HOME"]} if os.environ.get("JAVA_HOME") else {}),
+            "AIRFLOW_HOME": str(self.home / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "IMGEST_HOME": str(self.home / "imgest"),
+            **{f"AIRFLOW_CONN_{k.upper()}": json.dumps(v) for k, v in connections.items()},
+        }
+
+
+@pytest.fixture(scope="module", params=sorted(LEGS))
+def platform(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Platform:
+    if ROOT is None:
+        pytest.skip("needs a source checkout")
+    made = Platform(request.param, tmp_path_factory.mktemp(f"airflow-{request.param}"))
+    made.install(wheel)
+    return made
+
+
+def test_the_platform_keeps_its_airflow_and_providers(platform: Platform) -> None:
+    before, after = platform.before, platform.after
+    assert before["apache-airflow"].startswith(platform.leg + ".")
+    changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
+    assert changed == {}  # nothing the platform had was replaced or removed
+    added = set(after) - set(before)
+    if platform.leg == "3.1":  # the platform has the providers, at the lowest the ranges allow (so they are tested)
+        assert added == {"imgest"}
+        assert before["apache-airflow-providers-apache-spark"] == "5.3.0"
+        assert before["apache-airflow-providers-apache-cassandra"] == "3.8.0"
+        assert before["apache-airflow-providers-amazon"] == "9.14.0"
+        assert "nvidia-dali-cuda130" not in after
+        assert "matplotlib" not in after
+    else:  # Airflow alone: the wheel brings the providers and its extras, beside it
+        assert {"imgest", "apache-airflow-providers-amazon", "nvidia-dali-cuda130", "matplotlib"} <= added
+
+
+def test_airflow_lists_imgest_and_the_wheel_module_loads(platform: Platform, s3_server: S3Server) -> None:
+    env = platform.env(s3_server)
+    listed = _run(platform.venv / "bin" / "airflow", "providers", "get", "imgest", "--output", "json", env=env)
+    record = json.loads(listed.stdout[listed.stdout.index("[") :])
+    assert record[0]["Provider"] == "imgest"
+    assert record[0]["Version"] == platform.after["imgest"]
+    probe = "from imgest.transform import fastjpeg; import json; print(json.dumps(fastjpeg.machine_fields()))"
+    fields = json.loads(_run(platform.py, "-c", probe, env=env, cwd=platform.home).stdout.strip().splitlines()[-1])
+    assert fields["jpeg_decoder"] != "pillow"  # the compiled module from the wheel loaded
+    assert fields["libjpeg_turbo"]
+
+
+def test_dag_files_import_without_errors_or_deprecations(platform: Platform, s3_server: S3Server) -> None:
+    env = platform.env(s3_server)
+    out = _run(platform.venv / "bin" / "imgest", "dags", "install", platform.home / "dags", env=env).stdout
+    assert "cassandra_default" in out  # what the deployment sets is printed
+    report = platform.home / "dagbag.json"
+    script = Path(__file__).parents[1] / "dags" / "dagbag_report.py"
+    _run(platform.py, script, platform.home / "dags", report, env=env, cwd=platform.home)
+    bag = json.loads(report.read_text())
+    assert bag["import_errors"] == {}
+    assert set(bag["dags"]) == {"ingest_imagenet", "check_datasets", "smoke_services"}  # no datasets file: no refresh
+    assert bag["dags"]["ingest_imagenet"]["fileloc"] == str(platform.home / "dags" / "imgest_ingest_imagenet.py")
+    ours = [w for w in bag["warnings"] if "Deprecat" in w["category"] and "/imgest/" in w["filename"]]
+    assert ours == []
+
+
+def test_wheel_runs_cli_and_loads_schema_and_dags(platform: Platform, tmp_path: Path) -> None:
+    venv, py = platform.venv, platform.py
+    assert "ingest" in _run(venv / "bin" / "imgest", "--help", cwd=tmp_path).stdout
+    probe = (
+        "import json; from imgest.core.paths import dags_dir, jobs_dir, repo_root; "
+        "from imgest.sinks.cassandra.schema import TableLayout, schema_statements; "
+        "print(json.dumps({'root': repo_root() is None, 'dags': str(dags_dir()), 'jobs': str(jobs_dir()), "
+        "'cql': len(schema_statements(TableLayout(), ['train'], 'SimpleStrategy:1'))}))"
+    )
+    got = json.loads(_run(py, "-c", probe, cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert got["root"] is True  # not running from the checkout
+    assert str(venv) in got["dags"]
+    assert str(venv) in got["jobs"]
+    assert got["cql"] >= 4
+    report = tmp_path / "dagbag.json"
+    env = {"AIRFLOW_HOME": str(tmp_path / "af"), "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    script = Path(__file__).parents[1] / "dags" / "dagbag_report.py"
+    _run(py, script, got["dags"], report, cwd=tmp_path, env=env)
+    bag = json.loads(report.read_text())
+    assert bag["import_errors"] == {}
+    assert {"ingest_imagenet", "smoke_services"} <= set(bag["dags"])
+
+
+def test_wheel_ships_itself_to_spark_executors(platform: Platform, tmp_path: Path) -> None:
+    venv = platform.venv
+    probe = (
+        "import zipfile; from imgest.spark.submit import package_zip, submit_command; "
+        "cmd = submit_command('ingest_cassandra', ['--manifest-dir', 'x'], 'spark://127.0.0.1:7077'); "
+        "z = cmd[cmd.index('--py-files') + 1]; names = zipfile.ZipFile(z).namelist(); "
+        "print(len(names) == len(set(names)), 'imgest/sql/data_table.cql' in names, "
+        "'imgest/sinks/cassandra/client.py' in names, cmd[-3].endswith('imgest/jobs/ingest_cassandra.py'))"
+    )
+    env = {"IMGEST_HOME": str(tmp_path / "state"), "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = _run(venv / "bin" / "python", "-c", probe, cwd=tmp_path, env=env).stdout.split()
+    assert out[-4:] == ["True", "True", "True", "True"]
+
+
+def test_the_sample_dag_runs_against_the_stores(
+    platform: Platform, cassandra_server: CassandraServer, s3_server: S3Server
+) -> None:
+    env = platform.env(s3_server)
+    dataset = f"provider-{platform.leg.replace('.', '')}-{platform.home.name}"
+    dest = f"s3://imgest/tests/{dataset}"
+    conf = {"sample": True, "target": "shards", "dataset": dataset, "s3_dest": dest}
+    airflow = platform.venv / "bin" / "airflow"
+    (platform.home / "dags").mkdir(exist_ok=True)
+    _run(platform.venv / "bin" / "imgest", "dags", "install", "--force", platform.home / "dags", env=env)
+    _run(airflow, "db", "migrate", env=env, cwd=platform.home)
+    proc = _run_unchecked(airflow, "dags", "test", "ingest_imagenet", "--conf", json.dumps(conf), env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    manifest = open_store(dest, s3_server.settings()).read_manifest()
+    assert manifest is not None
+    assert manifest["samples"]["train"] > 0
+    read = _xcom(platform.home / "airflow" / "airflow.db", "read_throughput")
+    assert read["checked"] > 0
+    assert read["readers"]
+    if platform.leg == "3.1":  # no DALI: imgest's own readers checked the bytes, the DALI readers say why not
+        assert all("dali" not in name for name in read["readers"])
+        assert any("pip install 'imgest[dali]'" in line for line in read["skipped"])
+        assert read["plot"] is None
+    else:
+        assert any("dali" in name for name in read["readers"])
+        assert Path(read["plot"]).name.endswith(".png")
+
+
+def _run_unchecked(*cmd: Any, **kw: Any) -> Any:
+    import subprocess
+
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False, timeout=900, **kw)
+
+
+def _xcom(db: Path, task_id: str) -> dict[str, Any]:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        row = conn.execute(
+            "SELECT value FROM xcom WHERE dag_id = 'ingest_imagenet' AND task_id = ? AND key = 'return_value' "
+            "ORDER BY id DESC LIMIT 1",
+            (task_id,),
+        ).fetchone()
+    return json.loads(row[0])
