@@ -4,6 +4,8 @@
 install:
 	bash scripts/install.sh
 
+# The dev install also builds the JPEG region decoder's test module (IMGEST_BUILD_TEST_HOOKS=1: see setup.py), which
+# tests/unit/test_fastjpeg.py needs (its tests skip without it, and fail under CI).
 install-dev:
 	bash scripts/install.sh --dev
 
@@ -50,9 +52,9 @@ lint: install-dev
 
 # Re-pin every transitive dependency after changing pyproject.toml.
 lock:
-	.venv/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/runtime.lock
-	.venv/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/dev.lock
-	.venv/bin/uv pip compile pyproject.toml --extra dev --extra bench -c requirements/torch.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/bench.lock
+	.venv/bin/uv pip compile pyproject.toml --extra all --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/runtime.lock
+	.venv/bin/uv pip compile pyproject.toml --extra all --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/dev.lock
+	.venv/bin/uv pip compile pyproject.toml --extra all --extra dev --extra bench -c requirements/torch.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/bench.lock
 
 services-down:
 	.venv/bin/imgest services down

@@ -1,26 +1,67 @@
 """Packaging: the top-level dags/, operators/, jobs/ and sql/ folders ship inside the wheel as imgest.dags,
 imgest.operators, imgest.jobs and imgest.sql, so a wheel installs no generic top-level names.
 
-imgest.transform._fastjpeg (the JPEG region decode + resample) is compiled against the system's libjpeg-turbo
-(Debian: libjpeg-dev). It is optional: without the headers the build skips it and the Pillow path runs instead.
+imgest.transform._fastjpeg (the JPEG region decode + resample) is compiled from imgest/transform/fastjpeg/*.c
+against the system's libjpeg-turbo (Debian: libjpeg-dev). It is optional: without the headers the build skips it
+and the Pillow path runs instead.
+
+IMGEST_BUILD_TEST_HOOKS=1 in the build's environment also builds imgest.transform._fastjpeg_testing: the same sources
+compiled with -DFASTJPEG_TEST_HOOKS, which adds the entry points only the tests call (arithmetic, refine_counts;
+imgest/transform/fastjpeg/hooks.c). `make install-dev` sets it for its editable install; a wheel or a plain install
+(`make install`) has the production module alone, and the tests that need the hooks then skip (fail under CI).
 """
 
+import os
+from pathlib import Path
+
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 MAPPED = {"imgest.dags": "dags", "imgest.operators": "operators", "imgest.jobs": "jobs", "imgest.sql": "sql"}
+FASTJPEG_DIR = Path("imgest/transform/fastjpeg")
+FASTJPEG_SOURCES = sorted(p.as_posix() for p in FASTJPEG_DIR.glob("*.c"))
+FASTJPEG_HEADERS = sorted(p.as_posix() for p in FASTJPEG_DIR.glob("*.h"))
+TEST_HOOKS = os.environ.get("IMGEST_BUILD_TEST_HOOKS") == "1"
 
-FASTJPEG = Extension(
-    "imgest.transform._fastjpeg",
-    sources=["imgest/transform/_fastjpeg.c"],
-    libraries=["jpeg"],
-    # No FMA contraction: the AVX2 and baseline clones then round identically, so output bytes do not
-    # depend on the CPU.
-    extra_compile_args=["-O3", "-ffp-contract=off"],
-    optional=True,
-)
+
+def fastjpeg(name: str, macros: list[tuple[str, str | None]]) -> Extension:
+    return Extension(
+        name,
+        sources=FASTJPEG_SOURCES,
+        depends=FASTJPEG_HEADERS,  # a changed header rebuilds the module (and ships in the sdist)
+        define_macros=macros,
+        libraries=["jpeg"],
+        # No FMA contraction: the AVX2 and baseline clones then round identically, so output bytes do not
+        # depend on the CPU.
+        extra_compile_args=["-O3", "-ffp-contract=off"],
+        optional=True,
+    )
+
+
+class BuildExt(build_ext):
+    """Each extension compiles into a temporary folder of its own: both modules compile the same sources with other
+    macros, and would otherwise share (and overwrite) their object files."""
+
+    def build_extension(self, ext: Extension) -> None:
+        base = self.build_temp
+        self.build_temp = os.path.join(base, ext.name)
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp = base
+
+    def build_extensions(self) -> None:
+        self.parallel = False  # build_temp changes per extension: one at a time
+        super().build_extensions()
+
+
+EXTENSIONS = [fastjpeg("imgest.transform._fastjpeg", [])]
+if TEST_HOOKS:
+    EXTENSIONS.append(fastjpeg("imgest.transform._fastjpeg_testing", [("FASTJPEG_TEST_HOOKS", "1")]))
 
 setup(
     packages=[*find_packages(include=["imgest", "imgest.*"]), *MAPPED],
     package_dir=MAPPED,
-    ext_modules=[FASTJPEG],
+    ext_modules=EXTENSIONS,
+    cmdclass={"build_ext": BuildExt},
 )

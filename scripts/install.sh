@@ -61,7 +61,7 @@ if [ "${1:-}" = "--dev" ] && { ! command -v redis-server >/dev/null 2>&1 || ! ls
   fi
 fi
 
-# imgest's JPEG region decoder (imgest/transform/_fastjpeg.c) is compiled against libjpeg-turbo's headers. It is
+# imgest's JPEG region decoder (imgest/transform/fastjpeg/*.c) is compiled against libjpeg-turbo's headers. It is
 # optional: without them the build skips it and the transform runs on Pillow alone (slower, same quarantine).
 if ! printf '#include <stdio.h>\n#include <jpeglib.h>\n' | cc -E -x c - >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -88,7 +88,7 @@ done
 mode=runtime
 [ "${1:-}" = "--dev" ] && mode=dev
 stamp=".venv/.imgest-install-$mode"
-inputs=$(cat "$lock" requirements/torch.txt requirements/bench.txt pyproject.toml setup.py imgest/transform/_fastjpeg.c scripts/*.sh \
+inputs=$(cat "$lock" requirements/torch.txt requirements/bench.txt pyproject.toml setup.py imgest/transform/fastjpeg/* scripts/*.sh \
   | sha256sum | cut -c1-16)
 if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] && .venv/bin/python -c 'import imgest' 2>/dev/null; then
   echo "imgest install: .venv up to date with $lock (inputs $inputs)"
@@ -113,7 +113,14 @@ if [ -n "$missing" ]; then
     || echo "imgest install: could not build$missing into $wheelhouse; uv builds them instead" >&2
 fi
 .venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" -r "$lock"
-.venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+# The dev install also builds the region decoder's test module, imgest.transform._fastjpeg_testing (its test-only
+# entry points, FASTJPEG_TEST_HOOKS: see setup.py); the runtime install has the production module alone.
+if [ "$mode" = dev ]; then
+  IMGEST_BUILD_TEST_HOOKS=1 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+else
+  rm -f imgest/transform/_fastjpeg_testing.*.so  # a dev install's, of other sources perhaps
+  IMGEST_BUILD_TEST_HOOKS=0 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+fi
 # The imgest[torch] extra (PyTorch datasets over stored data) for its tests: PyPI's CUDA wheel, which runs on CPU.
 [ "${1:-}" = "--dev" ] && .venv/bin/uv pip install -q --python .venv/bin/python -r requirements/torch.txt
 # LitData (the bench extra) on that torch, for the benchmark-peer test that CI runs (tests/conftest.py).

@@ -15,7 +15,7 @@ resample, turn, and the encoding Pillow's JPEG encoder would do), and ``transfor
 the GIL.
 
 Sequential arithmetic-coded JPEGs are entropy-decoded by the module's own copy of libjpeg's arithmetic decoder
-(``fast_arith`` in _fastjpeg.c: the same algorithm and results with its registers kept local, about 1.3x faster;
+(``fast_arith`` in fastjpeg/arith.c: the same algorithm and results with its registers kept local, about 1.3x faster;
 issue 27 found those files, 7 % of the real ImageNet-size set, taking 35 % of imgest's time there). Every decoder
 revision benefits, with unchanged output bytes.
 

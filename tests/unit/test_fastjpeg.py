@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import subprocess
 import sys
@@ -410,15 +411,60 @@ def test_region3_leaves_the_last_ac_bits_of_large_progressive_files_unread() -> 
 
 
 def _compiled() -> ModuleType:
-    """The compiled module itself, for what fastjpeg does not wrap: arithmetic(), crop_resize's flag 8."""
+    """The compiled module itself, for what fastjpeg does not wrap: crop_resize's flag 8."""
     assert fastjpeg._module is not None
     return fastjpeg._module
+
+
+TESTING_MODULE = "imgest.transform._fastjpeg_testing"
+TEST_HOOKS = ("arithmetic", "refine_counts")
+
+
+def _testing() -> ModuleType:
+    """The compiled module with its test-only entry points (arithmetic(), refine_counts()): the same sources built with
+    FASTJPEG_TEST_HOOKS, which setup.py adds where IMGEST_BUILD_TEST_HOOKS=1 (make install-dev). Without it the test
+    skips, saying so; under CI that skip fails (tests/conftest.py)."""
+    try:
+        return importlib.import_module(TESTING_MODULE)
+    except ImportError as exc:
+        pytest.skip(
+            f"{TESTING_MODULE} is not built ({exc}): rebuild with IMGEST_BUILD_TEST_HOOKS=1 "
+            "(make install-dev, or IMGEST_BUILD_TEST_HOOKS=1 .venv/bin/python setup.py build_ext --inplace)"
+        )
+
+
+def test_the_production_module_has_no_test_hooks() -> None:
+    assert [name for name in TEST_HOOKS if hasattr(_compiled(), name)] == []
+    assert _compiled().__name__ == "imgest.transform._fastjpeg"
+
+
+def test_the_testing_module_has_the_hooks_and_writes_the_production_modules_bytes() -> None:
+    """_fastjpeg_testing is _fastjpeg plus the hooks: the same transform, byte for byte, on every kind of file."""
+    production, testing = _compiled(), _testing()
+    assert all(callable(getattr(testing, name)) for name in TEST_HOOKS)
+    batch = [
+        _jpeg(500, 375),
+        _jpeg(2592, 1944),
+        _jpeg(640, 480, progressive=True),
+        _jpeg(640, 480, mode="L"),
+        _oriented(6),
+        _cmyk_photo(),
+        testing.arithmetic(_jpeg(500, 375), 7),
+        b"not a jpeg",
+    ]
+    for settings in (REGION_SETTINGS["region2"], REGION_SETTINGS["region3"], REGION_SETTINGS["region4"]):
+        args = (256, 224, 90, 10**8, True, settings)
+        ours = [fastjpeg.transform(data, *args) for data in batch]
+        assert [r is None for r in ours] == [False] * 7 + [True]
+        spec = fastjpeg._spec_args(*args)
+        assert [testing.transform(data, *spec) for data in batch] == ours
+        assert testing.transform_many(batch, *spec) == production.transform_many(batch, *spec) == ours
 
 
 def _arithmetic_variants() -> list[tuple[str, bytes]]:
     """A photo's sequential arithmetic-coded copies (no restarts; a restart every 7 MCUs), ImageNet-size and large."""
     return [
-        (f"{w}x{h} restart {r}", _compiled().arithmetic(_jpeg(w, h, **save), r))
+        (f"{w}x{h} restart {r}", _testing().arithmetic(_jpeg(w, h, **save), r))
         for (w, h, save) in ((500, 375, {}), (2592, 1944, {}), (641, 479, {"subsampling": 0}))
         for r in (0, 7)
     ]
@@ -552,18 +598,10 @@ def test_the_refinement_scans_decode_to_libjpegs_coefficients() -> None:
     """fast_refine (the AC refinement scans with the block's nonzero coefficients as a bit mask) decodes the same
     coefficients as libjpeg's decode_mcu_AC_refine: every progressive file's pixels equal those of libjpeg's own
     decoders (crop_resize flag 8) at every DCT scale, whole image and region, and through the cut that stops before
-    the last-bit scans (flag 4)."""
-    _compiled().refine_counts()
+    the last-bit scans (flag 4). test_fast_refine_decodes_the_refinement_scans checks that it ran."""
     for name, data in _progressive_variants():
         assert b"\xff\xc2" in data, name  # SOF2: progressive, Huffman-coded
         w, h = Image.open(io.BytesIO(data)).size
-        _compiled().refine_counts()
-        _compiled().crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 8)
-        assert _compiled().refine_counts() == (0, 0, 0), name  # flag 8: libjpeg's own decoders, no hook
-        _compiled().crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 0)
-        fast, delegated, skipped = _compiled().refine_counts()
-        assert fast > (20 * delegated if w * h > 10_000 else 0), (name, fast, delegated)  # it ran: libjpeg the last few
-        assert skipped == 0  # the whole image: every row decoded
         for num in (8, 4, 2, 1):
             sw, sh = -(-w * num // 8), -(-h * num // 8)
             whole = (num, 0, 0, sw, sh, 0.0, 0.0, float(sw), float(sh), sw, sh)
@@ -574,10 +612,26 @@ def test_the_refinement_scans_decode_to_libjpegs_coefficients() -> None:
                 for cut in (0, 4):
                     ours, libjpegs = (_compiled().crop_resize(data, *box, cut | flag) for flag in (0, 8))
                     assert ours == libjpegs, (name, num, box, cut)
+
+
+def test_fast_refine_decodes_the_refinement_scans() -> None:
+    """fast_refine decodes the refinement scans (libjpeg the last few MCUs of each, and none with crop_resize flag 8),
+    and a region's decode leaves the MCUs below it undecoded (the counters of the testing module's refine_counts)."""
+    hooks = _testing()
+    hooks.refine_counts()
+    for name, data in _progressive_variants():
+        w, h = Image.open(io.BytesIO(data)).size
+        hooks.refine_counts()
+        hooks.crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 8)
+        assert hooks.refine_counts() == (0, 0, 0), name  # flag 8: libjpeg's own decoders, no hook
+        hooks.crop_resize(data, 8, 0, 0, w, h, 0.0, 0.0, float(w), float(h), 16, 16, 0)
+        fast, delegated, skipped = hooks.refine_counts()
+        assert fast > (20 * delegated if w * h > 10_000 else 0), (name, fast, delegated)  # it ran: libjpeg the last few
+        assert skipped == 0  # the whole image: every row decoded
         if h >= 256:  # tall enough for rows below the upper region's iMCU rows and their margin
-            _compiled().refine_counts()
-            _compiled().crop_resize(data, 8, 0, 0, w, h // 2, 0.0, 0.0, float(w), h / 2, 32, 32, 0)
-            assert _compiled().refine_counts()[2] > 0, name  # MCUs below the region left undecoded
+            hooks.refine_counts()
+            hooks.crop_resize(data, 8, 0, 0, w, h // 2, 0.0, 0.0, float(w), h / 2, 32, 32, 0)
+            assert hooks.refine_counts()[2] > 0, name  # MCUs below the region left undecoded
 
 
 def test_a_broken_progressive_file_fails_as_libjpegs_decoder_fails() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from imgest.jobs.pack_shards import shard_task
 from pyspark import cloudpickle
 
 from imgest.core.errors import ImgestError
 from imgest.core.quarantine import QuarantineLog
+from imgest.jobs.pack_shards import shard_task
 from imgest.sinks.shards import shard_table
 from imgest.sinks.shards.pack_publish import build_manifest, carry_published, plan_items, publish, published_entries
 from imgest.sinks.shards.pack_record import PUBLISHED_FIELDS, PackConfig, ShardRecord
