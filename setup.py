@@ -12,6 +12,7 @@ imgest/transform/fastjpeg/hooks.c). `make install-dev` sets it for its editable 
 """
 
 import os
+import sys
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -47,6 +48,14 @@ class BuildExt(build_ext):
         self.build_temp = os.path.join(base, ext.name)
         try:
             super().build_extension(ext)
+        except Exception as exc:  # optional: say what is missing, then let setuptools skip it
+            print(
+                f"imgest: {ext.name} not built ({exc}); the transform will run on Pillow alone. For the faster JPEG "
+                "decoder install libjpeg-turbo's headers and a C compiler (Debian: apt-get install gcc libjpeg-dev; "
+                "RHEL: dnf install gcc libjpeg-turbo-devel) and reinstall imgest.",
+                file=sys.stderr,
+            )
+            raise
         finally:
             self.build_temp = base
 

@@ -15,6 +15,7 @@ from imgest.core.errors import ConfigError
 from imgest.sinks.cassandra.schema import IDENTIFIER, TableLayout, replication
 from imgest.sinks.shards.plan import ShardSpec
 from imgest.transform.image import TransformSpec
+from imgest.transform.revisions import DECODER_FORM
 
 S3_URL_PATTERN = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"
 S3_URL = re.compile(f"^{S3_URL_PATTERN}$")
@@ -155,8 +156,11 @@ class IngestRequest:
         "auto",
         "JPEG decoder",
         "Transform",
-        "auto: region4 (imgest's, bicubic) where built, else pillow; region3: bilinear like torchvision.",
-        enum=["auto", "region4", "region3", "pillow"],
+        "auto: fast where built, else pillow. fast: imgest's compiled decoder, only the crop's region decoded, "
+        "Pillow's bicubic kernel. fast-bilinear: the same, bilinear like torchvision. pillow: Pillow's decode and "
+        "resize. The version records the revision (fast = region4, fast-bilinear = region3).",
+        enum=list(DECODER_FORM),
+        values_display=DECODER_FORM,
     )
     keyspace: str = _param(
         defaults.KEYSPACE,
@@ -351,9 +355,8 @@ class IngestRequest:
         ]
 
     def transform(self) -> TransformSpec:
-        decoder = {} if self.jpeg_decoder == "auto" else {"jpeg_decoder": self.jpeg_decoder}
-        check = {"unchanged_check": self.unchanged_check}
-        return TransformSpec(self.image_mode.lower(), self.resize, self.crop, self.quality, **check, **decoder)
+        check = {"unchanged_check": self.unchanged_check, "jpeg_decoder": self.jpeg_decoder}  # the spec resolves it
+        return TransformSpec(self.image_mode.lower(), self.resize, self.crop, self.quality, **check)
 
     def shards(self) -> ShardSpec:
         return ShardSpec(self.shard_max_count, self.shard_max_bytes, self.shuffle_seed)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import defaults
+from imgest.transform.revisions import DECODER_ALIASES, DECODER_CHOICES, decoder_help
 
 # (flag, argparse keyword arguments)
 TRANSFORM_OPTIONS: list[tuple[str, dict[str, Any]]] = [
@@ -36,10 +37,9 @@ TRANSFORM_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     (
         "--jpeg-decoder",
         {
-            "choices": ["region4", "region3", "region2", "region", "pillow"],
-            "help": "JPEG decode and resample: region4 (the default where it is built: imgest's region decoder, "
-            "Pillow's bicubic kernel), region3 (the same, bilinear like torchvision), region2 / region (earlier "
-            "revisions) or pillow; recorded with the transform",
+            "choices": [*DECODER_CHOICES, *DECODER_ALIASES],
+            "metavar": "{" + ",".join(DECODER_CHOICES) + "}",
+            "help": "JPEG decode and resample: " + decoder_help() + " Recorded with the transform as its revision",
         },
     ),
     (

@@ -46,7 +46,7 @@ from imgest.core import defaults
 from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage, Reason
 from imgest.transform import fastjpeg
-from imgest.transform.revisions import ONE_CALL_DECODERS, REGION_DECODERS, REGION_SETTINGS, Decoder
+from imgest.transform.revisions import ONE_CALL_DECODERS, REGION_DECODERS, REGION_SETTINGS, Decoder, resolve_decoder
 
 Mode = Literal["jpeg", "unchanged"]
 Check = Literal["decode", "header"]
@@ -97,10 +97,7 @@ class TransformSpec:
             raise ConfigError(f"JPEG quality {self.quality} must be between 1 and 100")
         if self.max_pixels < 1:
             raise ConfigError(f"max_pixels {self.max_pixels} must be positive")
-        if self.jpeg_decoder not in (*REGION_DECODERS, "pillow"):
-            raise ConfigError(
-                f"JPEG decoder {self.jpeg_decoder!r} is not one of 'region4', 'region3', 'region2', 'region', 'pillow'"
-            )
+        object.__setattr__(self, "jpeg_decoder", resolve_decoder(self.jpeg_decoder))  # "fast" -> the revision
         if self.jpeg_decoder in REGION_DECODERS and not fastjpeg.available():
             raise ConfigError(
                 f"the JPEG decoder {self.jpeg_decoder!r} is not built in this installation: {fastjpeg.BUILD_HINT}"
