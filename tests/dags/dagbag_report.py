@@ -6,7 +6,10 @@ import json
 import sys
 import warnings
 
-from airflow.dag_processing.dagbag import DagBag
+try:
+    from airflow.dag_processing.dagbag import DagBag
+except ImportError:  # Airflow 3.1
+    from airflow.models.dagbag import DagBag
 
 
 def report(dag_folder: str) -> dict[str, object]:

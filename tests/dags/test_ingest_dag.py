@@ -1,4 +1,7 @@
-"""`airflow dags test ingest_imagenet` for both targets against the real services, and bad conf."""
+"""`airflow dags test ingest_imagenet` for the Cassandra and files targets against the real services, and bad conf.
+
+The shards target runs in tests/packaging/test_provider.py, in the environments users install imgest into.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +16,9 @@ from imgest.core.errors import ConfigError
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
 from imgest.flow.steps import asset_uri, validate_conf
-from imgest.services import AirflowServer, CassandraServer, S3Server
+from imgest.services import AirflowServer, CassandraServer
 from imgest.services.demo import run_dag, task_durations, task_results
 from imgest.sinks.cassandra.client import cassandra_session
-from imgest.sinks.shards.store_names import manifest_objects
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.splits.split import load_split
 
@@ -88,37 +90,6 @@ def test_cassandra_target(airflow_home: AirflowServer, cassandra_server: Cassand
     assert split.source["metadata_table"] == "imgest_dag_test.metadata"
     with open(state_dir() / "work" / "dagtest-c" / "split-cassandra.pckl", "rb") as fh:
         assert pickle.load(fh)["num_classes"] == 3
-
-
-def test_shards_target(airflow_home: AirflowServer, s3_server: S3Server, source: Path) -> None:
-    dest = "s3://imgest/tests/dag-shards"
-    conf = {"target": "shards", "source": str(source), "dataset": "dagtest-s", "s3_dest": dest, "shard_max_count": 10}
-    ok, _, tail = run_dag(airflow_home, conf)
-    assert ok, tail
-    states = _states(airflow_home)
-    for task in ("prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput", "publish_asset"):
-        assert states[task] == "success", (task, states)
-    assert states["ingest_cassandra"] == "skipped"
-    client = s3_server.settings().client()
-    doc = json.loads(client.get_object(Bucket="imgest", Key="tests/dag-shards/manifest.json")["Body"].read())
-    assert sum(doc["samples"].values()) == 18 + 6 + 8
-    assert all(s["samples"] <= 10 for s in doc["shards"])
-    # gc after publish: the published version first among the kept (and at most keep_versions=1 before it); every
-    # object the manifest names is still there.
-    gc = task_results(airflow_home, "ingest_imagenet", ("gc",))["gc"]
-    assert states["gc"] == "success"
-    assert (gc["current"], gc["kept"][0], gc["keep_versions"]) == (doc["key"], doc["key"], 1)
-    assert len(gc["kept"]) <= 2
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket="imgest", Prefix="tests/dag-shards/")
-    listed = {o["Key"].removeprefix("tests/dag-shards/") for page in pages for o in page.get("Contents", [])}
-    assert manifest_objects(doc) <= listed
-    report = json.loads((state_dir() / "work" / "dagtest-s" / "read_throughput.json").read_text())
-    assert {r["reader"] for r in report["readers"]} >= {"shards-s3-stream", "shards-s3-webdataset"}
-    assert all(r["ok"] and r["images"] == 18 + 8 for r in report["readers"])  # every train sample, verified
-    assert doc["checks"]["read_throughput"].endswith("read_throughput.json")  # referenced from manifest.json
-    split = load_split(state_dir() / "work" / "dagtest-s" / "split-shards.npz")
-    assert [len(p) for p in split.parts] == [21, 5]  # every train sample, cut 8:2 per class
-    assert split.source["location"] == dest
 
 
 def test_files_target_with_read_back_and_xnvme(

@@ -23,5 +23,6 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("needs a source checkout")
     out = tmp_path_factory.mktemp("dist")
     uv = Path(sys.executable).parent / "uv"
-    _run(uv, "build", "--wheel", "--out-dir", out, ROOT, cwd=ROOT)
+    # sdist first, then the wheel from it (uv's default): what a release builds, and no stale ./build in the wheel
+    _run(uv, "build", "--out-dir", out, ROOT, cwd=ROOT)
     return next(out.glob("imgest-*.whl"))

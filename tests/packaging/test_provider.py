@@ -25,7 +25,8 @@ import pytest
 
 from imgest.core.paths import repo_root, state_dir
 from imgest.services import CassandraServer, S3Server
-from imgest.sinks.shards.store import open_store
+from imgest.sinks.shards.store_names import manifest_objects
+from imgest.splits.split import load_split
 from tests.packaging.conftest import _run
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
@@ -39,8 +40,9 @@ LEGS = {
 
 
 def _freeze(py: Path) -> dict[str, str]:
-    out = _run(UV, "pip", "freeze", "--python", py).stdout
-    return {m[1].lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)$", out, re.M)}
+    """Name -> version of every distribution in PY's environment."""
+    listed = json.loads(_run(UV, "pip", "list", "--format", "json", "--python", py).stdout)
+    return {d["name"].lower(): d["version"] for d in listed}
 
 
 def _runtime_requirements(wheel: Path) -> list[str]:
@@ -211,29 +213,72 @@ def test_wheel_ships_itself_to_spark_executors(platform: Platform, tmp_path: Pat
 def test_the_sample_dag_runs_against_the_stores(
     platform: Platform, cassandra_server: CassandraServer, s3_server: S3Server
 ) -> None:
+    """The generated sample into shards of at most 10 samples on S3: every task ran (the other targets skipped), the
+    manifest names objects that are there, gc kept the published version, the split holds every train sample and
+    the read-back compared every one of them (with DALI's readers on 3.3; without DALI, its own readers and the
+    reason on 3.1)."""
     env = platform.env(s3_server)
     dataset = f"provider-{platform.leg.replace('.', '')}-{platform.home.name}"
-    dest = f"s3://imgest/tests/{dataset}"
-    conf = {"sample": True, "target": "shards", "dataset": dataset, "s3_dest": dest}
+    prefix = f"tests/{dataset}"
+    conf = {"sample": True, "target": "shards", "dataset": dataset, "s3_dest": f"s3://imgest/{prefix}"}
     airflow = platform.venv / "bin" / "airflow"
-    (platform.home / "dags").mkdir(exist_ok=True)
     _run(platform.venv / "bin" / "imgest", "dags", "install", "--force", platform.home / "dags", env=env)
     _run(airflow, "db", "migrate", env=env, cwd=platform.home)
-    proc = _run_unchecked(airflow, "dags", "test", "ingest_imagenet", "--conf", json.dumps(conf), env=env)
+    proc = _run_unchecked(
+        airflow, "dags", "test", "ingest_imagenet", "--conf", json.dumps({**conf, "shard_max_count": 10}), env=env
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    manifest = open_store(dest, s3_server.settings()).read_manifest()
-    assert manifest is not None
-    assert manifest["samples"]["train"] > 0
-    read = _xcom(platform.home / "airflow" / "airflow.db", "read_throughput")
-    assert read["checked"] > 0
-    assert read["readers"]
+    db = platform.home / "airflow" / "airflow.db"
+    states = _states(db)
+    for task in ("validate", "scan", "prepare_bucket", "ingest_shards", "verify_shards", "build_split"):
+        assert states[task] == "success", (task, states)
+    for task in ("read_throughput", "publish_asset", "gc", "release_lock"):
+        assert states[task] == "success", (task, states)
+    assert states["ingest_cassandra"] == states["ingest_files"] == "skipped"
+
+    client = s3_server.settings().client()
+    doc = json.loads(client.get_object(Bucket="imgest", Key=f"{prefix}/manifest.json")["Body"].read())
+    train = doc["samples"]["train"]
+    assert train > 0
+    assert all(s["samples"] <= 10 for s in doc["shards"])
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket="imgest", Prefix=f"{prefix}/")
+    listed = {o["Key"].removeprefix(f"{prefix}/") for page in pages for o in page.get("Contents", [])}
+    assert manifest_objects(doc) <= listed
+    gc = _xcom(db, "gc")
+    assert (gc["current"], gc["kept"][0], gc["keep_versions"]) == (doc["key"], doc["key"], 1)
+    work = platform.home / "imgest" / "work" / dataset
+    split = load_split(work / "split-shards.npz")
+    assert sum(len(p) for p in split.parts) == train  # every train sample in a part
+    assert split.source["location"] == conf["s3_dest"]
+
+    read = _xcom(db, "read_throughput")
+    assert read["full_read"] is True
+    assert read["checked"] == train  # every train sample read back and compared
+    report = json.loads((work / "read_throughput.json").read_text())
+    assert all(r["ok"] and r["images"] == train for r in report["readers"])
+    assert doc["checks"]["read_throughput"].endswith("read_throughput.json")  # referenced from manifest.json
     if platform.leg == "3.1":  # no DALI: imgest's own readers checked the bytes, the DALI readers say why not
-        assert all("dali" not in name for name in read["readers"])
-        assert any("pip install 'imgest[dali]'" in line for line in read["skipped"])
-        assert read["plot"] is None
+        assert set(read["readers"]) == {"shards-s3-stream/raw", "shards-s3-webdataset/raw"}
+        why = "DALI is not installed (pip install 'imgest[dali]')"
+        assert sorted(read["skipped"]) == [
+            f"shards-s3-dali (raw): {why}",
+            f"shards-s3-dali (train): {why}",
+            f"shards-s3-stream (train): {why}",
+            f"shards-s3-webdataset (train): {why}",
+        ]
+        assert read["plot"] is None  # no matplotlib either
     else:
-        assert any("dali" in name for name in read["readers"])
-        assert Path(read["plot"]).name.endswith(".png")
+        assert {"shards-s3-dali/raw", "shards-s3-stream/raw", "shards-s3-webdataset/raw"} <= set(read["readers"])
+        assert read["skipped"] == []
+        assert Path(read["plot"]).suffix == ".png"
+
+
+def _states(db: Path) -> dict[str, str | None]:
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT task_id, state FROM task_instance WHERE dag_id = 'ingest_imagenet'").fetchall()
+    return dict(rows)
 
 
 def _run_unchecked(*cmd: Any, **kw: Any) -> Any:
@@ -248,7 +293,7 @@ def _xcom(db: Path, task_id: str) -> dict[str, Any]:
     with sqlite3.connect(db) as conn:
         row = conn.execute(
             "SELECT value FROM xcom WHERE dag_id = 'ingest_imagenet' AND task_id = ? AND key = 'return_value' "
-            "ORDER BY id DESC LIMIT 1",
+            "ORDER BY timestamp DESC LIMIT 1",
             (task_id,),
         ).fetchone()
     return json.loads(row[0])

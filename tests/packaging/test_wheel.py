@@ -1,4 +1,4 @@
-"""The built wheel holds only the imgest name, the CQL, the DAGs and the compiled JPEG module (its installs: test_provider.py)."""
+"""The built wheel holds only the imgest name, the CQL, the DAGs and the compiled JPEG module."""
 
 from __future__ import annotations
 
