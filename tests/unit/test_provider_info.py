@@ -3,13 +3,12 @@ connection type, and the DAGs and operators make no network call at import or co
 
 from __future__ import annotations
 
-import importlib
 import json
-import socket
+import os
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
-
-import pytest
 
 from imgest.operators.provider_info import DAGS, HOOKS, OPERATORS, get_provider_info
 
@@ -35,24 +34,30 @@ def test_hooks_keep_their_connection_types() -> None:
     assert ImgestS3Hook.hook_name
 
 
-def test_modules_import_and_dags_build_without_the_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """With every socket connection refused, each named module imports and each DAG file builds its DAG (operators
-    constructed): nothing reaches a store before a task runs."""
-    monkeypatch.setenv("IMGEST_DATASETS_FILE", str(tmp_path / "none.toml"))
+PROBE = """
+import importlib, json, socket, sys
 
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"network call at import or construction: {args}")
+def refuse(*args, **kwargs):
+    raise AssertionError(f"network call at import or construction: {args}")
 
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    for name in [*HOOKS, *OPERATORS, *DAGS]:
-        if name.endswith("refresh_datasets_errors"):
-            continue  # raises the datasets file's errors by design (none here: an empty file)
-        module = importlib.reload(importlib.import_module(name))
-        assert module is not None
-    from imgest.dags import ingest_imagenet
+socket.socket.connect = refuse
+socket.create_connection = refuse
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+from imgest.dags import ingest_imagenet
 
-    assert len(ingest_imagenet.dag.tasks) >= 15
-    templated = {t.task_id: t.template_fields for t in ingest_imagenet.dag.tasks}
+print(json.dumps({t.task_id: list(t.template_fields) for t in ingest_imagenet.dag.tasks}))
+"""
+
+
+def test_modules_import_and_dags_build_without_the_network(tmp_path: Path) -> None:
+    """In a fresh process whose every socket connection is refused, each named module imports and each DAG file
+    builds its DAG (operators constructed): nothing reaches a store before a task runs."""
+    names = [n for n in (*HOOKS, *OPERATORS, *DAGS) if not n.endswith("refresh_datasets_errors")]  # raises by design
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "IMGEST_DATASETS_FILE": str(tmp_path / "none.toml")}
+    proc = subprocess.run([sys.executable, "-c", PROBE, *names], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    templated = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(templated) >= 15
     assert "request" in templated["gc"]
     assert "dataset" in templated["lock"]
