@@ -18,7 +18,7 @@ OPERATORS = [
     "imgest.operators.splits",
     "imgest.operators.validate",
 ]
-# The DAG files the package ships (deploy them with `imgest airflow dags DIR` or a DAG bundle: docs/deploy.md).
+# The DAG files the package ships (deploy them with `imgest dags install DIR` or a DAG bundle: docs/deploy.md).
 DAGS = [
     "imgest.dags.ingest_imagenet",
     "imgest.dags.refresh_datasets",

@@ -81,8 +81,9 @@ class DaliMissingError(ImgestError):
 
 
 def dali_missing() -> str | None:
-    """Why DALI cannot be used here (``nvidia.dali`` not installed, or its import fails), or None when it can: the
-    one probe every reader and check asks."""
+    """Why DALI is not here ("not installed"), or None when it can be used: the one probe every reader and check
+    asks. An installed DALI whose import fails (a broken install, a missing CUDA library) raises DaliMissingError: a
+    deployment that installed imgest[dali] must not lose its DALI readers to a warning."""
     try:
         if importlib.util.find_spec("nvidia.dali") is None:
             return f"DALI is not installed ({DALI_EXTRA})"
@@ -90,7 +91,9 @@ def dali_missing() -> str | None:
     except ImportError as exc:  # no nvidia namespace at all, or DALI's own import failed
         if isinstance(exc, ModuleNotFoundError) and exc.name in ("nvidia", "nvidia.dali"):
             return f"DALI is not installed ({DALI_EXTRA})"
-        return f"DALI cannot be imported ({type(exc).__name__}: {exc}; reinstall it: {DALI_EXTRA})"
+        raise DaliMissingError(
+            f"DALI is installed but cannot be imported ({type(exc).__name__}: {exc}); reinstall it: {DALI_EXTRA}"
+        ) from exc
     return None
 
 

@@ -217,3 +217,29 @@ def test_xnvme_validation_without_dali_compares_the_other_engines(
         assert (engines["dali_file"]["status"], engines["dali_file"]["checked"]) == ("ok", 24)
         assert summary["plot"] == str(tmp_path / "validate_xnvme.png")
         assert (tmp_path / "validate_xnvme.png").read_bytes().startswith(b"\x89PNG")
+
+
+class _Broken:
+    """A meta-path finder for which nvidia.dali is there but fails to import (a broken install)."""
+
+    def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None) -> None:
+        if name == "nvidia.dali" or name.startswith("nvidia.dali."):
+            raise ImportError("libcudart.so.13: cannot open shared object file (for this test)")
+        return None
+
+
+def test_a_broken_dali_fails_loudly_instead_of_being_skipped() -> None:
+    from imgest.readback.pipelines import DaliMissingError, dali_missing
+
+    saved = {n: m for n, m in sys.modules.items() if n == "nvidia.dali" or n.startswith("nvidia.dali.")}
+    for name in saved:
+        del sys.modules[name]
+    finder = _Broken()
+    sys.meta_path.insert(0, finder)
+    try:
+        with pytest.raises(DaliMissingError, match=r"installed but cannot be imported .*libcudart"):
+            dali_missing()
+    finally:
+        sys.meta_path.remove(finder)
+        sys.modules.update(saved)
+    assert dali_missing() is None  # the real DALI of this environment again
