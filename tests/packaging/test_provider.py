@@ -32,14 +32,12 @@ from tests.packaging.conftest import _run
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 ROOT = repo_root()
 UV = Path(sys.executable).parent / "uv"
-PLATFORM_PACKAGES = ("apache-airflow", "apache-airflow-core", "apache-airflow-task-sdk")
 LEGS = {
     "3.1": {"airflow": "apache-airflow==3.1.*", "resolution": "lowest-direct", "extras": ""},
     "3.3": {"airflow": "apache-airflow==3.3.*", "resolution": "lock", "extras": "[dali,plots]"},
 }
 # Airflow 3.2 is in the range but not a leg: 3.2.2 installed without Airflow's constraints file fails its own
 # execution API (pydantic: TITerminalStatePayload needs a discriminator) on any DAG, imgest's or a one-task one.
-RUN_LEGS = sorted(LEGS)
 
 
 def _freeze(py: Path) -> dict[str, str]:
@@ -124,7 +122,7 @@ class Platform:
         }
 
 
-@pytest.fixture(scope="module", params=RUN_LEGS)
+@pytest.fixture(scope="module", params=sorted(LEGS))
 def platform(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Platform:
     if ROOT is None:
         pytest.skip("needs a source checkout")

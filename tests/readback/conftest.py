@@ -10,10 +10,21 @@ import pytest
 from imgest.cli import main as cli
 from imgest.core.settings import CassandraSettings
 from imgest.services import CassandraServer, S3Server
+from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 
 KEYSPACE = "imgest_readback_test"
 DATASET = "rbtest"
+
+
+def step_settings(stored: dict[str, Any]) -> dict[str, Any]:
+    """The settings read_throughput_step takes, for the dataset the `stored` fixture wrote."""
+    return {
+        "cassandra": stored["cassandra"],
+        "s3": stored["s3_settings"],
+        "tables": TableLayout(KEYSPACE),
+        "dataset": DATASET,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -13,21 +13,11 @@ import pytest
 
 from imgest.readback.check import ReadCheckOptions
 from imgest.readback.step import read_throughput_step
-from imgest.sinks.cassandra.schema import TableLayout
-from tests.readback.conftest import DATASET, KEYSPACE
+from tests.readback.conftest import step_settings
 from tests.unit.test_optional_extras import NO_DALI, not_installed
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 OPTS = ReadCheckOptions(sample=0, batch_size=8, num_threads=1)
-
-
-def _settings(stored: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "cassandra": stored["cassandra"],
-        "s3": stored["s3_settings"],
-        "tables": TableLayout(KEYSPACE),
-        "dataset": DATASET,
-    }
 
 
 def _read(out: dict[str, Any]) -> list[tuple[str, str, int, bool]]:
@@ -38,8 +28,8 @@ def _read(out: dict[str, Any]) -> list[tuple[str, str, int, bool]]:
 
 def test_s3_shards_and_cassandra_read_back_without_dali(stored: dict[str, Any], tmp_path: Path) -> None:
     with not_installed("nvidia.dali"):
-        shards = read_throughput_step("shards", stored["s3"], tmp_path / "s3", _settings(stored), OPTS)
-        rows = read_throughput_step("cassandra", "", tmp_path / "cassandra", _settings(stored), OPTS)
+        shards = read_throughput_step("shards", stored["s3"], tmp_path / "s3", step_settings(stored), OPTS)
+        rows = read_throughput_step("cassandra", "", tmp_path / "cassandra", step_settings(stored), OPTS)
     train = stored["train"]
     assert shards["checked"] == rows["checked"] == train  # every stored train image, its sha256 and label
     assert _read(shards) == [("shards-s3-stream", "raw", train, True), ("shards-s3-webdataset", "raw", train, True)]

@@ -13,21 +13,11 @@ import pytest
 from imgest.flow.checks import check_version
 from imgest.readback.check import ReadCheckOptions
 from imgest.readback.step import read_throughput_step
-from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.shards.store import open_store
-from tests.readback.conftest import DATASET, KEYSPACE
+from tests.readback.conftest import DATASET, KEYSPACE, step_settings
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 OPTS = ReadCheckOptions(batch_size=8)
-
-
-def _settings(stored: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "cassandra": stored["cassandra"],
-        "s3": stored["s3_settings"],
-        "tables": TableLayout(KEYSPACE),
-        "dataset": DATASET,
-    }
 
 
 def _report(out: Path) -> dict[str, Any]:
@@ -35,7 +25,7 @@ def _report(out: Path) -> dict[str, Any]:
 
 
 def test_cassandra_step_checks_the_sample_then_every_row(stored: dict[str, Any], tmp_path: Path) -> None:
-    out = read_throughput_step("cassandra", "", tmp_path, _settings(stored), replace(OPTS, sample=12))
+    out = read_throughput_step("cassandra", "", tmp_path, step_settings(stored), replace(OPTS, sample=12))
     report = _report(tmp_path)
     assert out["checked"] == report["checked"] == report["sample"] == 12  # 3 classes x 20 train images stored
     assert report["split_rows"] == stored["train"]
@@ -46,7 +36,7 @@ def test_cassandra_step_checks_the_sample_then_every_row(stored: dict[str, Any],
     }
     assert all(r["ok"] and r["images"] == 12 for r in report["readers"])
 
-    read_throughput_step("cassandra", "", tmp_path, _settings(stored), replace(OPTS, sample=0, modes=("raw",)))
+    read_throughput_step("cassandra", "", tmp_path, step_settings(stored), replace(OPTS, sample=0, modes=("raw",)))
     report = _report(tmp_path)
     assert report["sample"] == 0
     assert report["full_read"] is True
@@ -56,7 +46,7 @@ def test_cassandra_step_checks_the_sample_then_every_row(stored: dict[str, Any],
 
 def test_files_and_s3_shard_steps_check_their_samples(stored: dict[str, Any], copy_of: Any, tmp_path: Path) -> None:
     files = copy_of(stored["files"])
-    read_throughput_step("files", str(files), tmp_path, _settings(stored), replace(OPTS, sample=9))
+    read_throughput_step("files", str(files), tmp_path, step_settings(stored), replace(OPTS, sample=9))
     report = _report(tmp_path)
     assert report["checked"] == 9
     assert report["balance"]["per_class"] == {"0": 3, "1": 3, "2": 3}
@@ -65,7 +55,7 @@ def test_files_and_s3_shard_steps_check_their_samples(stored: dict[str, Any], co
     manifest = open_store(stored["s3"], stored["s3_settings"]).read_manifest()
     sizes = {s["name"]: s["samples"] for s in manifest["shards"] if s["split"] == "train"}
     opts = replace(OPTS, sample=20)
-    read_throughput_step("shards", stored["s3"], tmp_path, _settings(stored), opts)
+    read_throughput_step("shards", stored["s3"], tmp_path, step_settings(stored), opts)
     report = _report(tmp_path)
     shards, unit = int(report["sample_unit"].split("(")[1].split()[0]), report["sample_unit"]
     assert unit.startswith("whole shards")
