@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
@@ -25,6 +26,8 @@ from imgest.core.phases import PhaseClock
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.core.staging import Stager
+from imgest.sinks.cassandra import write_path
+from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
@@ -40,7 +43,7 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.manifest_rdd import candidate_rdd
+from imgest.spark.manifest_rdd import candidate_rdd, manifest_rows
 from imgest.spark.submit import emit_summary, progress_log
 from imgest.transform.image import TransformSpec
 
@@ -119,10 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             before = begin_version(session, cfg, splits, args.replication)
             cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
             record_scan_quarantine(session, cfg, scan_quarantine)
+            path = write_path.choose(session, args.write_path, manifest_rows(args.manifest_dir / workdir.MANIFEST))
+            log.info("write path: %s (%s)", path.path, path.reason)
+            if path.path == "bulk":
+                target = write_path.bulk_target(session, cfg.tables, splits, cfg.consistency, args.storage_port)
         phases.lap("schema_and_claim")
         from imgest.spark.submit import build_session
 
         spark = build_session("imgest-ingest-cassandra")
+        if path.path == "bulk":
+            cfg = replace(cfg, bulk=ship_helper(spark, target))
         phases.lap("spark_session")
         t0 = time.monotonic()
         with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
@@ -156,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "version": cfg.version,
             "keyspace": cfg.tables.keyspace,
             "tables": cfg.tables.tables(splits),
+            "write_path": {"path": path.path, "reason": path.reason},
             **summary(total, seconds, scan_quarantine),
             "phase_seconds": phases.laps,
         }
@@ -164,6 +174,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
         return report_failure(log, "ingest", exc)
+
+
+def ship_helper(spark: Any, target: BulkTarget) -> BulkTarget:
+    """TARGET with the helper where executors find it: the driver's folder on a local master, else shipped by
+    Spark to every executor (SparkFiles), which may run on hosts that share nothing with this one."""
+    if spark.sparkContext.master.startswith("local"):
+        return target
+    home = Path(target.helper)
+    spark.sparkContext.addFile(str(home), recursive=True)
+    return replace(target, helper=f"sparkfiles:{home.name}")
 
 
 def record_scan_quarantine(session: Any, cfg: CassandraIngestConfig, scan_quarantine: QuarantineLog) -> None:

@@ -23,6 +23,14 @@ CONSISTENCY: Final = "LOCAL_QUORUM"  # writes and verify reads; IMGEST_CASSANDRA
 CONSISTENCY_LEVELS: Final = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")
 MAX_IN_FLIGHT: Final = 64
 MAX_BLOB_BYTES: Final = 31 * 1024 * 1024  # the embedded node accepts up to 32 MiB per mutation
+# How rows reach Cassandra: cql (an UNLOGGED batch per image) or bulk (SSTables written by the executors and
+# streamed to every replica); auto picks bulk for BULK_MIN_ROWS rows and more where the cluster can take them.
+WRITE_PATHS: Final = ("auto", "bulk", "cql")
+WRITE_PATH: Final = "auto"
+BULK_MIN_ROWS: Final = 20_000
+BULK_ROUND_BYTES: Final = 256 * 1024 * 1024  # image bytes an executor writes to SSTables before streaming them
+BULK_BUFFER_MIB: Final = 64  # rows a helper sorts in memory before it writes an SSTable
+BULK_HEAP: Final = "768m"  # the helper JVM's heap: the sort buffer of each table plus the loader
 
 SHARD_MAX_COUNT: Final = 5000
 SHARD_MAX_BYTES: Final = 1 << 30

@@ -123,6 +123,24 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "--write-path",
+        {
+            "default": defaults.WRITE_PATH,
+            "choices": list(defaults.WRITE_PATHS),
+            "help": "cql: an UNLOGGED batch per image through the driver; bulk: executors write SSTables and stream "
+            "them to every replica (Cassandra 5, Java on the executors; the helper is built once with Maven); auto "
+            f"(default): bulk from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql",
+        },
+    ),
+    (
+        "--storage-port",
+        {
+            "type": int,
+            "help": "bulk path: the nodes' internode (storage) port the loader streams to (default: the contact "
+            "node's listen_port)",
+        },
+    ),
+    (
         "--max-in-flight",
         {"type": int, "default": defaults.MAX_IN_FLIGHT, "help": "images on the wire per Spark task (default 64)"},
     ),

@@ -24,6 +24,7 @@ from imgest.core import defaults
 from imgest.core.locks import check_fence
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.bulk_writer import BulkImageWriter, BulkTarget
 from imgest.sinks.cassandra.client import shared_session
 from imgest.sinks.cassandra.schema import TableLayout, apply_schema
 from imgest.sinks.cassandra.versions import advance_status, claim_version
@@ -80,6 +81,7 @@ class CassandraIngestConfig:
     # a version no earlier run claimed: none of its rows can be committed, so partitions skip the lookup of
     # committed rows before writing (a synchronous read per LOOKUP_CHUNK rows); a rerun or resume looks them up
     fresh: bool = False
+    bulk: BulkTarget | None = None  # set by the driver when rows go through the bulk-load helper
 
     def settings(self) -> CassandraSettings:
         """Connection settings: the driver's (shipped with the task), else the environment's; hosts, port and
@@ -170,6 +172,18 @@ def committed(
     return found
 
 
+def _writer(
+    session: Any, stmts: _Statements, cfg: CassandraIngestConfig, quarantine: QuarantineLog, written: Callable
+) -> ImageWriter | BulkImageWriter:
+    """The partition's writer: batches through the driver, or SSTables through the bulk-load helper."""
+    if cfg.bulk is not None:
+        names = lambda split: (cfg.tables.data_table(split), cfg.tables.metadata_table(split))  # noqa: E731
+        return BulkImageWriter(cfg.bulk, cfg.settings(), names, quarantine, cfg.max_blob_bytes, on_written=written)
+    return ImageWriter(
+        session, stmts.inserts, quarantine, cfg.max_in_flight, max_blob_bytes=cfg.max_blob_bytes, on_written=written
+    )
+
+
 def ingest_partition(
     candidates: Iterable[Candidate], cfg: CassandraIngestConfig, on_row: Callable[[int], None] | None = None
 ) -> PartitionResult:
@@ -186,9 +200,7 @@ def ingest_partition(
             if on_row:
                 on_row(len(row.data))
 
-        with ImageWriter(
-            session, stmts.inserts, quarantine, cfg.max_in_flight, max_blob_bytes=cfg.max_blob_bytes, on_written=written
-        ) as writer:
+        with _writer(session, stmts, cfg, quarantine, written) as writer:
             for chunk in chunked(candidates, LOOKUP_CHUNK):
                 done = {} if cfg.fresh else committed(session, stmts, chunk, cfg)
 

@@ -1,0 +1,294 @@
+package dev.imgest.bulk;
+
+import com.datastax.driver.core.AuthProvider;
+import com.datastax.driver.core.PlainTextAuthProvider;
+import com.datastax.driver.core.RemoteEndpointAwareJdkSSLOptions;
+import com.datastax.driver.core.SSLOptions;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.BufferedInputStream;
+import java.io.ByteArrayInputStream;
+import java.io.DataInputStream;
+import java.io.EOFException;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.lang.reflect.Constructor;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.KeyStore;
+import java.security.cert.Certificate;
+import java.security.cert.CertificateFactory;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.ExecutionException;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.TrustManagerFactory;
+import org.apache.cassandra.config.DatabaseDescriptor;
+import org.apache.cassandra.config.EncryptionOptions.ServerEncryptionOptions;
+import org.apache.cassandra.io.sstable.CQLSSTableWriter;
+import org.apache.cassandra.io.sstable.SSTableLoader;
+import org.apache.cassandra.io.util.File;
+import org.apache.cassandra.locator.InetAddressAndPort;
+import org.apache.cassandra.schema.TableMetadataRef;
+import org.apache.cassandra.streaming.StreamResultFuture;
+import org.apache.cassandra.streaming.StreamingChannel;
+import org.apache.cassandra.utils.FBUtilities;
+import org.apache.cassandra.utils.NativeSSTableLoaderClient;
+import org.apache.cassandra.utils.OutputHandler;
+
+/**
+ * imgest's bulk-load helper: rows in, SSTables out, streamed into the cluster.
+ *
+ * <p>Reads from stdin a JSON header (u32 length + UTF-8) naming the scratch folder, the partitioner, the
+ * tables (CREATE and INSERT statements, in load order: data tables before metadata tables) and the loader's
+ * settings; then commands, each one byte: 'R' a row (u8 table index, u16 column count, per column an i32
+ * length, -1 for null, and the value serialized as CQL does), 'L' close the SSTables written so far and stream
+ * them table by table to every replica of their ranges (sstableloader's SSTableLoader), 'Q' quit. Each 'L' is
+ * answered on stdout with one line "OK rows seconds" or "ERROR message"; logs go to stderr. Credentials and
+ * the CA travel in the header, never in argv.
+ */
+public final class BulkWriter {
+    private final JsonNode cfg;
+    private final Path scratch;
+    private final List<JsonNode> tables = new ArrayList<>();
+    private CQLSSTableWriter[] writers;
+    private long[] pending;
+    private int round;
+    private SSTableLoader.Client client;
+
+    private BulkWriter(JsonNode cfg) {
+        this.cfg = cfg;
+        this.scratch = Path.of(cfg.get("dir").asText());
+        cfg.get("tables").forEach(tables::add);
+        this.writers = new CQLSSTableWriter[tables.size()];
+        this.pending = new long[tables.size()];
+    }
+
+    public static void main(String[] args) throws Exception {
+        PrintStream replies = new PrintStream(new FileOutputStream(FileDescriptor.out), true, "UTF-8");
+        System.setOut(System.err); // Cassandra's tool code prints: stdout carries the replies only
+        DataInputStream in = new DataInputStream(new BufferedInputStream(System.in, 1 << 20));
+        try {
+            byte[] header = new byte[in.readInt()];
+            in.readFully(header);
+            BulkWriter w = new BulkWriter(new ObjectMapper().readTree(header));
+            DatabaseDescriptor.clientInitialization();
+            DatabaseDescriptor.setStreamThroughputOutboundBytesPerSec(0); // unthrottled; the tool's default is 24 MiB/s
+            DatabaseDescriptor.setEntireSSTableStreamThroughputOutboundMebibytesPerSec(0);
+            w.run(in, replies);
+        } catch (Throwable t) {
+            replies.println("ERROR " + describe(t));
+            t.printStackTrace(System.err);
+            System.exit(1);
+        }
+        System.exit(0); // the streaming threads are not daemons
+    }
+
+    private static String describe(Throwable t) {
+        StringBuilder sb = new StringBuilder();
+        for (Throwable c = t; c != null; c = c.getCause()) {
+            if (sb.length() > 0) sb.append(" <- ");
+            sb.append(c.getClass().getSimpleName()).append(": ").append(String.valueOf(c.getMessage()).replace('\n', ' '));
+            if (c.getCause() == c) break;
+        }
+        return sb.toString();
+    }
+
+    private void run(DataInputStream in, PrintStream replies) throws Exception {
+        while (true) {
+            int op;
+            try {
+                op = in.readUnsignedByte();
+            } catch (EOFException eof) {
+                return; // the caller went away: what was not loaded was never acknowledged
+            }
+            switch (op) {
+                case 'R' -> row(in);
+                case 'L' -> {
+                    long t0 = System.nanoTime();
+                    long rows = load();
+                    replies.printf("OK %d %.3f%n", rows, (System.nanoTime() - t0) / 1e9);
+                }
+                case 'Q' -> {
+                    return;
+                }
+                default -> throw new IOException("unknown command byte " + op);
+            }
+        }
+    }
+
+    private void row(DataInputStream in) throws Exception {
+        int t = in.readUnsignedByte();
+        int n = in.readUnsignedShort();
+        ByteBuffer[] values = new ByteBuffer[n];
+        for (int i = 0; i < n; i++) {
+            int len = in.readInt();
+            if (len < 0) continue;
+            byte[] b = new byte[len];
+            in.readFully(b);
+            values[i] = ByteBuffer.wrap(b);
+        }
+        writer(t).rawAddRow(values);
+        pending[t]++;
+    }
+
+    private CQLSSTableWriter writer(int t) throws IOException {
+        if (writers[t] == null) {
+            JsonNode table = tables.get(t);
+            Path dir = tableDir(t);
+            Files.createDirectories(dir);
+            writers[t] = CQLSSTableWriter.builder()
+                    .inDirectory(dir.toString())
+                    .forTable(table.get("create").asText())
+                    .using(table.get("insert").asText())
+                    .withPartitioner(FBUtilities.newPartitioner(cfg.get("partitioner").asText()))
+                    .withBufferSizeInMiB(cfg.get("buffer_mib").asInt())
+                    .build();
+        }
+        return writers[t];
+    }
+
+    private Path tableDir(int t) {
+        String table = tables.get(t).get("name").asText();
+        return scratch.resolve("r" + round).resolve(cfg.get("keyspace").asText()).resolve(table);
+    }
+
+    /** Close this round's writers, then stream their SSTables table by table in header order. */
+    private long load() throws Exception {
+        for (CQLSSTableWriter w : writers) {
+            if (w != null) w.close();
+        }
+        long rows = 0;
+        for (int t = 0; t < writers.length; t++) {
+            if (writers[t] == null) continue;
+            stream(tableDir(t));
+            rows += pending[t];
+        }
+        deleteTree(scratch.resolve("r" + round));
+        writers = new CQLSSTableWriter[tables.size()];
+        pending = new long[tables.size()];
+        round++;
+        return rows;
+    }
+
+    /** Stream the SSTables of DIR (one table) to every replica of their ranges with sstableloader's own loader
+     * (SSTableLoader), once more with a fresh view of the ring if the first try fails. */
+    private void stream(Path dir) throws Exception {
+        try {
+            streamOnce(dir);
+        } catch (IOException first) {
+            System.err.println("imgest bulk: " + describe(first) + "; retrying once with a fresh view of the ring");
+            client = null;
+            Thread.sleep(1000);
+            streamOnce(dir);
+        }
+    }
+
+    private void streamOnce(Path dir) throws Exception {
+        JsonNode l = cfg.get("loader");
+        Set<InetAddressAndPort> ignore = new HashSet<>();
+        for (JsonNode h : l.path("ignore")) {
+            ignore.add(InetAddressAndPort.getByName(h.asText()));
+        }
+        if (client == null) {
+            client = new RingOnce(externalClient(l));
+        }
+        SSTableLoader loader = new SSTableLoader(new File(dir.toString()), client, new OutputHandler.LogOutput(),
+                l.get("connections_per_host").asInt(), null, null);
+        StreamResultFuture future = loader.stream(ignore);
+        try {
+            future.get();
+        } catch (ExecutionException e) {
+            throw new IOException("streaming " + dir.getFileName() + " to " + loader.getFailedHosts() + " failed", e.getCause());
+        }
+        if (!loader.getFailedHosts().isEmpty()) {
+            throw new IOException("streaming " + dir.getFileName() + " to " + loader.getFailedHosts() + " failed");
+        }
+    }
+
+    /** sstableloader's client, reading the ring once per helper: its driver session takes seconds to close,
+     * which every load would pay. */
+    static final class RingOnce extends SSTableLoader.Client {
+        private final NativeSSTableLoaderClient inner;
+        private boolean ready;
+
+        RingOnce(NativeSSTableLoaderClient inner) {
+            this.inner = inner;
+        }
+
+        @Override
+        public void init(String keyspace) {
+            if (ready) return;
+            inner.init(keyspace);
+            inner.getEndpointToRangesMap().forEach((ep, ranges) -> ranges.forEach(r -> addRangeForEndpoint(r, ep)));
+            ready = true;
+        }
+
+        @Override
+        public TableMetadataRef getTableMetadata(String table) {
+            return inner.getTableMetadata(table);
+        }
+
+        @Override
+        public StreamingChannel.Factory getConnectionFactory() {
+            return inner.getConnectionFactory();
+        }
+    }
+
+    private static NativeSSTableLoaderClient externalClient(JsonNode l) throws Exception {
+        int nativePort = l.get("native_port").asInt();
+        Set<InetSocketAddress> contacts = new HashSet<>();
+        for (JsonNode h : l.get("hosts")) {
+            contacts.add(new InetSocketAddress(InetAddress.getByName(h.asText()), nativePort));
+        }
+        AuthProvider auth = l.hasNonNull("user")
+                ? new PlainTextAuthProvider(l.get("user").asText(), l.get("password").asText())
+                : AuthProvider.NONE;
+        SSLOptions ssl = l.hasNonNull("ca_pem") ? sslOptions(l.get("ca_pem").asText()) : null;
+        return loaderClient(contacts, l.get("storage_port").asInt(), auth, ssl);
+    }
+
+    /** sstableloader's client (BulkLoader.ExternalClient: its streaming connections skip the server-side
+     * preferred-IP lookup); the class is package-private, so it is built by reflection. */
+    private static NativeSSTableLoaderClient loaderClient(
+            Set<InetSocketAddress> contacts, int storagePort, AuthProvider auth, SSLOptions ssl) throws Exception {
+        Constructor<?> make = Class.forName("org.apache.cassandra.tools.BulkLoader$ExternalClient").getConstructor(
+                Set.class, int.class, AuthProvider.class, ServerEncryptionOptions.class, SSLOptions.class);
+        make.setAccessible(true);
+        return (NativeSSTableLoaderClient) make.newInstance(contacts, storagePort, auth, new ServerEncryptionOptions(), ssl);
+    }
+
+    /** TLS to the native port trusting the CA's PEM (the loader reads the ring through the driver). */
+    private static SSLOptions sslOptions(String pem) throws Exception {
+        CertificateFactory cf = CertificateFactory.getInstance("X.509");
+        KeyStore ks = KeyStore.getInstance(KeyStore.getDefaultType());
+        ks.load(null, null);
+        int i = 0;
+        for (Certificate c : cf.generateCertificates(new ByteArrayInputStream(pem.getBytes(StandardCharsets.US_ASCII)))) {
+            ks.setCertificateEntry("ca" + i++, c);
+        }
+        TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+        tmf.init(ks);
+        SSLContext ctx = SSLContext.getInstance("TLS");
+        ctx.init(null, tmf.getTrustManagers(), null);
+        return RemoteEndpointAwareJdkSSLOptions.builder().withSSLContext(ctx).build();
+    }
+
+    private static void deleteTree(Path root) throws IOException {
+        if (!Files.exists(root)) return;
+        try (var walk = Files.walk(root)) {
+            for (Path p : walk.sorted(Comparator.reverseOrder()).toList()) {
+                Files.delete(p);
+            }
+        }
+    }
+}

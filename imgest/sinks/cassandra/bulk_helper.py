@@ -1,0 +1,227 @@
+"""The bulk-load helper: a small JVM program (bulk/BulkWriter.java) that turns rows into SSTables with
+Cassandra's own ``CQLSSTableWriter`` and streams them to every replica with sstableloader's ``SSTableLoader``.
+
+Built once per source and Cassandra version into ``<state>/bulk-helper/<key>/`` (``lib/``: cassandra-all and its
+runtime dependencies, resolved by Maven from bulk/pom.xml; ``classes/``: BulkWriter compiled by javac). A Spark
+executor starts one helper per Python worker and keeps it across partitions (its first view of the ring costs
+seconds); rows go down its stdin in frames, and each ``load()`` is acknowledged once every row sent before it is
+on every replica. Nothing is acknowledged before that, so a killed helper loses only unacknowledged rows, which a
+re-run writes again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from imgest.core import defaults
+from imgest.core.errors import ImgestError
+from imgest.core.paths import state_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).with_name("bulk")
+MAIN_CLASS = "dev.imgest.bulk.BulkWriter"
+READY = ".built"
+# Java 17 keeps these packages closed; Cassandra's client code reaches into them (its own jvm17 options).
+JVM_OPENS = [
+    "--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-exports=jdk.unsupported/sun.misc=ALL-UNNAMED",
+    "--add-opens=java.base/java.io=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang.reflect=ALL-UNNAMED",
+    "--add-opens=java.base/java.util=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+]
+
+
+class BulkLoadError(ImgestError):
+    """The helper could not be built, started, or could not stream what it wrote; says which and why."""
+
+
+def helper_key() -> str:
+    """Digest of the helper's sources (the Java file, its pom, its logging)."""
+    digest = hashlib.sha256()
+    for name in ("BulkWriter.java", "pom.xml", "logback.xml"):
+        digest.update((SOURCE_DIR / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def helper_dir() -> Path:
+    return state_dir() / "bulk-helper" / helper_key()
+
+
+def _run(cmd: list[str], log_file: Path, what: str) -> None:
+    with open(log_file, "ab") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        tail = log_file.read_text(errors="replace")[-1500:]
+        raise BulkLoadError(f"bulk-load helper: {what} failed (exit {rc}); read {log_file}:\n{tail}")
+
+
+def tool(name: str, hint: str) -> str:
+    found = shutil.which(name, path=os.pathsep.join(filter(None, [_java_bin(), os.environ.get("PATH", "")])))
+    if not found:
+        raise BulkLoadError(f"bulk-load helper: no {name} on PATH; {hint}")
+    return found
+
+
+def _java_bin() -> str:
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home) / "bin") if home else ""
+
+
+def ensure_helper() -> Path:
+    """The built helper's folder, building it first if needed (Maven resolves the jars, javac compiles)."""
+    home = helper_dir()
+    if (home / READY).is_file():
+        return home
+    mvn = tool("mvn", "install Apache Maven (Debian: apt-get install maven), or use --write-path cql")
+    javac = tool("javac", "install a JDK 17 (Debian: apt-get install openjdk-17-jdk-headless), or use --write-path cql")
+    tmp = Path(tempfile.mkdtemp(prefix=home.name + ".", dir=home.parent if home.parent.exists() else None))
+    home.parent.mkdir(parents=True, exist_ok=True)
+    log_file = home.parent / f"build-{home.name}.log"
+    log.info("building the bulk-load helper in %s (Maven resolves cassandra-all once; log: %s)", home, log_file)
+    resolve = [mvn, "-B", "-q", "-f", str(SOURCE_DIR / "pom.xml"), "dependency:copy-dependencies"]
+    _run([*resolve, f"-DoutputDirectory={tmp / 'lib'}", "-DincludeScope=runtime"], log_file, "Maven")
+    compile_ = [javac, "-nowarn", "-d", str(tmp / "classes"), "-cp", str(tmp / "lib" / "*")]
+    _run([*compile_, str(SOURCE_DIR / "BulkWriter.java")], log_file, "javac")
+    shutil.copy(SOURCE_DIR / "logback.xml", tmp / "logback.xml")
+    (tmp / READY).write_text(helper_key() + "\n")
+    try:
+        tmp.rename(home)
+    except OSError:  # another process built it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return home
+
+
+def java_command(home: Path, heap: str = defaults.BULK_HEAP) -> list[str]:
+    java = tool("java", "install a Java 17 runtime on every Spark executor, or use --write-path cql")
+    classpath = os.pathsep.join([str(home / "classes"), str(home / "lib" / "*")])
+    logging_conf = f"-Dlogback.configurationFile={home / 'logback.xml'}"
+    return [java, f"-Xmx{heap}", "-XX:+UseParallelGC", *JVM_OPENS, logging_conf, "-cp", classpath, MAIN_CLASS]
+
+
+class BulkHelper:
+    """One helper process: ``add`` rows of the header's tables, ``load`` them, ``close``."""
+
+    def __init__(self, home: Path, header: dict[str, Any]) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="imgest-bulk-"))
+        self._stderr = open(self.scratch / "helper.log", "wb")  # noqa: SIM115 - lives as long as the process
+        self._proc = subprocess.Popen(
+            java_command(home), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr
+        )
+        body = json.dumps({**header, "dir": str(self.scratch / "sstables")}).encode()
+        self._send(struct.pack(">I", len(body)) + body)
+        self.sent = 0  # rows sent since the last load
+
+    def _stdin(self) -> IO[bytes]:
+        assert self._proc.stdin is not None
+        return self._proc.stdin
+
+    def _send(self, frame: bytes) -> None:
+        try:
+            self._stdin().write(frame)
+        except (BrokenPipeError, OSError):
+            raise self._died("took no more rows") from None
+
+    def add(self, table: int, values: Sequence[bytes | None]) -> None:
+        """Queue one row of table TABLE (index in the header's list); VALUES serialized as CQL does."""
+        parts = [b"R", struct.pack(">BH", table, len(values))]
+        for v in values:
+            parts.append(struct.pack(">i", -1) if v is None else struct.pack(">i", len(v)) + v)
+        self._send(b"".join(parts))
+        self.sent += 1
+
+    def load(self) -> int:
+        """Stream every row sent so far; returns how many the helper acknowledged (all of them, or it raises)."""
+        self._send(b"L")
+        self._stdin().flush()
+        assert self._proc.stdout is not None
+        reply = self._proc.stdout.readline().decode(errors="replace").strip()
+        if not reply.startswith("OK "):
+            raise self._died(reply.removeprefix("ERROR ") or "stopped without a reply")
+        rows = int(reply.split()[1])
+        if rows != self.sent:
+            raise BulkLoadError(f"bulk-load helper acknowledged {rows} rows of the {self.sent} sent")
+        self.sent = 0
+        return rows
+
+    def _died(self, what: str) -> BulkLoadError:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        reply = self._proc.stdout.read().decode(errors="replace").strip() if self._proc.stdout else ""
+        tail = (self.scratch / "helper.log").read_text(errors="replace").strip().splitlines()[-8:]
+        tail = [*(reply.removeprefix("ERROR ").splitlines()), *tail]
+        self._cleanup()
+        return BulkLoadError(f"bulk-load helper {what}; its log ends:\n" + "\n".join(tail))
+
+    def close(self) -> None:
+        """Quit after the last load (rows sent since then are dropped: they were never acknowledged)."""
+        if self._proc.poll() is None:
+            try:
+                self._stdin().write(b"Q")
+                self._stdin().close()
+                self._proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+        self._cleanup()
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._stderr.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+_HELPERS: dict[str, BulkHelper] = {}
+_LOCK = threading.Lock()
+
+
+def shared_helper(home: Path, header: dict[str, Any]) -> BulkHelper:
+    """One helper per executor process and header, kept across partitions (closed at exit)."""
+    key = hashlib.sha256(json.dumps([str(home), header], sort_keys=True).encode()).hexdigest()
+    with _LOCK:
+        helper = _HELPERS.get(key)
+        if helper is None or helper._proc.poll() is not None:
+            helper = _HELPERS[key] = BulkHelper(home, header)
+        return helper
+
+
+def drop_helper(helper: BulkHelper) -> None:
+    """Kill HELPER (a partition failed with rows unacknowledged) so the next partition starts clean."""
+    with _LOCK:
+        for key, h in list(_HELPERS.items()):
+            if h is helper:
+                del _HELPERS[key]
+    helper.kill()
+
+
+@atexit.register
+def _close_all() -> None:
+    for helper in list(_HELPERS.values()):
+        helper.close()
+    _HELPERS.clear()
+
+
+if __name__ == "__main__":  # the install builds it ahead of the first bulk ingest
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(ensure_helper())

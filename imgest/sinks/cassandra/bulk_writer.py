@@ -1,0 +1,148 @@
+"""Writing images through the bulk-load helper: rows become SSTables on the executor's own disk and are
+streamed to every replica in rounds of ``BulkTarget.round_bytes``.
+
+The same contract as ``ImageWriter``: ``write(row)``, ``flush()`` on leaving the block, ``stats``, and an
+``on_written`` callback per stored row. A row counts as written only when the round holding it has been
+streamed; the helper streams a round's data tables before its metadata tables, so a metadata row still means
+"committed" (a job killed between the two leaves data rows without metadata, which a re-run writes again).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from imgest.core import defaults
+from imgest.core.quarantine import QuarantineEntry, QuarantineLog, Reason
+from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.bulk_helper import BulkHelper, drop_helper, shared_helper
+from imgest.sinks.cassandra.writer import Row, WriteStats
+
+INT = struct.Struct(">i")
+
+
+@dataclass(frozen=True)
+class BulkTarget:
+    """What executors need to bulk-load, resolved once by the driver: the helper and the loader's view of the
+    cluster. TABLES: (name, CREATE statement, INSERT statement), data tables first, then metadata tables."""
+
+    helper: str  # the built helper's folder, or "sparkfiles:<name>" when Spark shipped it to the executors
+    keyspace: str
+    partitioner: str
+    tables: tuple[tuple[str, str, str], ...]
+    storage_port: int
+    ignore: tuple[str, ...] = ()  # nodes down when the job started (the consistency level allowed it)
+    round_bytes: int = defaults.BULK_ROUND_BYTES
+    buffer_mib: int = defaults.BULK_BUFFER_MIB
+    connections_per_host: int = 1
+
+    def header(self, settings: CassandraSettings) -> dict[str, Any]:
+        """The helper's header: tables, partitioner, and how to reach the cluster (credentials and CA inside)."""
+        loader: dict[str, Any] = {
+            "hosts": list(settings.hosts),
+            "native_port": settings.port,
+            "storage_port": self.storage_port,
+            "connections_per_host": self.connections_per_host,
+            "ignore": list(self.ignore),
+        }
+        if settings.username:
+            loader |= {"user": settings.username, "password": settings.password or ""}
+        ca = settings.shippable().ssl_ca_data  # the CA's text, shipped with the task
+        if ca:
+            loader["ca_pem"] = ca
+        tables = [{"name": n, "create": c, "insert": i} for n, c, i in self.tables]
+        return {
+            "keyspace": self.keyspace,
+            "partitioner": self.partitioner,
+            "buffer_mib": self.buffer_mib,
+            "tables": tables,
+            "loader": loader,
+        }
+
+    def helper_home(self) -> Any:
+        from pathlib import Path
+
+        if self.helper.startswith("sparkfiles:"):
+            from pyspark import SparkFiles
+
+            return Path(SparkFiles.get(self.helper.removeprefix("sparkfiles:")))
+        return Path(self.helper)
+
+
+def encode(value: Any) -> bytes | None:
+    """VALUE serialized as CQL stores it (uuid, int, text, blob)."""
+    if value is None:
+        return None
+    if isinstance(value, uuid.UUID):
+        return value.bytes
+    if isinstance(value, bool):
+        raise TypeError("no boolean column is bulk-written")
+    if isinstance(value, int):
+        return INT.pack(value)
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+class BulkImageWriter:
+    """Context manager with ImageWriter's interface over a shared helper of this executor."""
+
+    def __init__(
+        self,
+        target: BulkTarget,
+        settings: CassandraSettings,
+        table_names: Callable[[str], tuple[str, str]],
+        quarantine: QuarantineLog,
+        max_blob_bytes: int = defaults.MAX_BLOB_BYTES,
+        on_written: Callable[[Row], None] | None = None,
+    ) -> None:
+        self._helper: BulkHelper = shared_helper(target.helper_home(), target.header(settings))
+        self._index = {name: i for i, (name, _, _) in enumerate(target.tables)}
+        self._names = table_names  # split -> (data table, metadata table)
+        self._quarantine = quarantine
+        self._max_blob = max_blob_bytes
+        self._round = target.round_bytes
+        self._on_written = on_written
+        self._pending: list[Row] = []
+        self._pending_bytes = 0
+        self.stats = WriteStats()
+
+    def __enter__(self) -> BulkImageWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # rows of this partition sit unacknowledged in the helper: start the next clean
+            drop_helper(self._helper)
+            return
+        self.flush()
+
+    def write(self, row: Row) -> None:
+        if len(row.data) > self._max_blob:
+            detail = f"{len(row.data)} bytes > store limit {self._max_blob}"
+            self._quarantine.add(
+                QuarantineEntry(row.rel_path, row.split, Reason.TOO_LARGE_FOR_STORE, detail, str(row.id))
+            )
+            return
+        data, meta = self._names(row.split)
+        self._helper.add(self._index[data], (row.id.bytes, INT.pack(row.label), row.data))
+        self._helper.add(self._index[meta], [encode(v) for v in row.meta])
+        self._pending.append(row)
+        self._pending_bytes += len(row.data)
+        if self._pending_bytes >= self._round:
+            self.flush()
+
+    def flush(self) -> None:
+        """Stream every row written so far; each counts as written once the helper acknowledges it."""
+        if not self._pending:
+            return
+        self._helper.load()
+        for row in self._pending:
+            self.stats.written += 1
+            self.stats.bytes += len(row.data)
+            if self._on_written is not None:
+                self._on_written(row)
+        self._pending.clear()
+        self._pending_bytes = 0

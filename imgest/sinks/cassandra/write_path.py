@@ -1,0 +1,126 @@
+"""Which way rows reach Cassandra, decided once by the job's driver: ``cql`` (an UNLOGGED batch per image through
+the driver) or ``bulk`` (executors write SSTables, the helper streams them to every replica).
+
+``auto`` picks bulk when it pays and the cluster can take it: at least ``defaults.BULK_MIN_ROWS`` rows to write
+(below that, starting a helper JVM per executor costs more than it saves), a Cassandra 5 cluster (the helper
+writes Cassandra 5.0's SSTable format), and Java, javac and Maven where the driver runs (to build the helper
+once). ``bulk`` asked for explicitly fails with the reason where it cannot run. The decision and its reason go to
+the job's log and summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from imgest.core import defaults
+from imgest.core.errors import ConfigError
+from imgest.sinks.cassandra.bulk_helper import BulkLoadError, ensure_helper, tool
+from imgest.sinks.cassandra.bulk_writer import BulkTarget
+from imgest.sinks.cassandra.client import CassandraUnavailableError
+from imgest.sinks.cassandra.ingest import META_COLUMNS
+from imgest.sinks.cassandra.schema import TableLayout
+
+log = logging.getLogger(__name__)
+DATA_COLUMNS = ("id", "label", "data")  # the order BulkImageWriter sends a data row's values in
+HELPER_FORMAT_MAJOR = 5  # the helper's cassandra-all writes this major's SSTable format
+
+
+@dataclass(frozen=True)
+class WritePath:
+    path: str  # "bulk" or "cql"
+    reason: str
+
+
+def choose(session: Any, requested: str, rows: int) -> WritePath:
+    """REQUESTED (auto, bulk or cql) resolved for a job that writes ROWS rows; bulk asked for but impossible
+    raises ConfigError naming why."""
+    if requested == "cql":
+        return WritePath("cql", "asked for (--write-path cql)")
+    blocker = bulk_blocker(session)
+    if requested == "bulk":
+        if blocker:
+            raise ConfigError(f"--write-path bulk: {blocker}; use --write-path cql")
+        return WritePath("bulk", "asked for (--write-path bulk)")
+    if blocker:
+        return WritePath("cql", f"auto: {blocker}")
+    if rows < defaults.BULK_MIN_ROWS:
+        return WritePath("cql", f"auto: {rows} rows < {defaults.BULK_MIN_ROWS}, where starting the loaders costs more")
+    return WritePath("bulk", f"auto: {rows} rows >= {defaults.BULK_MIN_ROWS}, Cassandra {HELPER_FORMAT_MAJOR}")
+
+
+def bulk_blocker(session: Any) -> str | None:
+    """Why the bulk path cannot run here, or None."""
+    versions = {str(row.release_version) for row in session.execute("SELECT release_version FROM system.local")}
+    versions |= {str(row.release_version) for row in session.execute("SELECT release_version FROM system.peers")}
+    majors = {int(v.split(".")[0]) for v in versions if v and v[0].isdigit()}
+    if majors != {HELPER_FORMAT_MAJOR}:
+        found = ", ".join(sorted(versions)) or "unknown"
+        return f"the bulk helper writes Cassandra {HELPER_FORMAT_MAJOR}.0 SSTables and the cluster runs {found}"
+    try:
+        for name in ("java", "javac", "mvn"):
+            tool(name, "")
+    except BulkLoadError as exc:
+        return str(exc).split(";")[0].removeprefix("bulk-load helper: ")
+    return None
+
+
+def bulk_target(
+    session: Any, tables: TableLayout, splits: list[str], consistency: str, storage_port: int | None, helper: str = ""
+) -> BulkTarget:
+    """The loader's settings for TABLES of SPLITS: the built helper (HELPER overrides its location, e.g. shipped
+    by Spark), the cluster's partitioner and storage port, each table's own CREATE statement, and the nodes to
+    leave out because they are down (only where CONSISTENCY still holds without them)."""
+    local = session.execute("SELECT partitioner, listen_port FROM system.local").one()
+    data = sorted({tables.data_table(s) for s in splits})
+    meta = sorted({tables.metadata_table(s) for s in splits})
+    statements = tuple(
+        (name, *table_statements(session, tables.keyspace, name, columns))
+        for names, columns in ((data, DATA_COLUMNS), (meta, META_COLUMNS))
+        for name in names
+    )
+    return BulkTarget(
+        helper=helper or str(ensure_helper()),
+        keyspace=tables.keyspace,
+        partitioner=local.partitioner,
+        tables=statements,
+        storage_port=storage_port or int(local.listen_port or 7000),
+        ignore=down_nodes(session, tables.keyspace, consistency),
+    )
+
+
+def table_statements(session: Any, keyspace: str, table: str, columns: tuple[str, ...]) -> tuple[str, str]:
+    """(CREATE TABLE as the cluster has it, INSERT of COLUMNS in the order the writer sends their values)."""
+    cluster = session.cluster
+    cluster.refresh_table_metadata(keyspace, table)
+    meta = cluster.metadata.keyspaces[keyspace].tables[table]
+    insert = f"INSERT INTO {keyspace}.{table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    return meta.as_cql_query(), insert
+
+
+def required(consistency: str, replicas: int) -> int:
+    """Replicas of a range that must take the rows for CONSISTENCY to hold."""
+    fixed = {"ANY": 1, "ONE": 1, "LOCAL_ONE": 1, "TWO": 2, "THREE": 3, "ALL": replicas}
+    return fixed.get(consistency, replicas // 2 + 1)
+
+
+def down_nodes(session: Any, keyspace: str, consistency: str) -> tuple[str, ...]:
+    """Nodes the driver sees down, which the loader must skip; raises CassandraUnavailableError when a range
+    would be left with fewer live replicas than CONSISTENCY needs (streaming cannot hint them later)."""
+    metadata = session.cluster.metadata
+    down = sorted(str(h.address) for h in metadata.all_hosts() if h.is_up is False)
+    if not down:
+        return ()
+    token_map = metadata.token_map
+    for token in token_map.ring if token_map else ():
+        replicas = token_map.get_replicas(keyspace, token)
+        live = [h for h in replicas if h.is_up is not False]
+        need = required(consistency, len(replicas))
+        if len(live) < need:
+            raise CassandraUnavailableError(
+                f"bulk load at {consistency}: a token range has {len(live)} of {len(replicas)} replicas up and "
+                f"needs {need}; down: {', '.join(down)}"
+            )
+    log.warning("bulk load leaves out %s (down); they miss these rows until a repair", ", ".join(down))
+    return tuple(down)
