@@ -27,6 +27,7 @@ from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.core.staging import Stager
 from imgest.sinks.cassandra import write_path
+from imgest.sinks.cassandra.bulk_helper import helper_archive
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
@@ -89,6 +90,8 @@ def connection_settings(args: argparse.Namespace) -> CassandraSettings:
 
 def load(candidates: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
     """Run ingest_partition on every partition; log rows/s and MB/s while it runs."""
+    where = f"{cfg.tables.keyspace} ({cfg.tables.layout}) at {cfg.consistency}"
+    log.info("ingesting %d rows of %s version %s into %s", rows, cfg.dataset, cfg.version, where)
     sc = candidates.context
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
 
@@ -122,30 +125,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             before = begin_version(session, cfg, splits, args.replication)
             cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
             record_scan_quarantine(session, cfg, scan_quarantine)
-            path = write_path.choose(session, args.write_path, manifest_rows(args.manifest_dir / workdir.MANIFEST))
-            log.info("write path: %s (%s)", path.path, path.reason)
-            if path.path == "bulk":
-                target = write_path.bulk_target(session, cfg.tables, splits, cfg.consistency, args.storage_port)
+            path, target = choose_write_path(session, cfg, args, splits)
         phases.lap("schema_and_claim")
         from imgest.spark.submit import build_session
 
         spark = build_session("imgest-ingest-cassandra")
-        if path.path == "bulk":
-            cfg = replace(cfg, bulk=ship_helper(spark, target))
+        cfg = replace(cfg, bulk=ship_helper(spark, target) if target else None)
         phases.lap("spark_session")
         t0 = time.monotonic()
         with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
             candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
             phases.lap("manifest")
-            log.info(
-                "ingesting %d rows of %s version %s into %s (%s) at %s",
-                rows,
-                cfg.dataset,
-                cfg.version,
-                cfg.tables.keyspace,
-                cfg.tables.layout,
-                cfg.consistency,
-            )
             total = load(candidates, cfg, rows)
         seconds = time.monotonic() - t0
         phases.lap("write")
@@ -176,14 +166,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_failure(log, "ingest", exc)
 
 
+def choose_write_path(
+    session: Any, cfg: CassandraIngestConfig, args: argparse.Namespace, splits: list[str]
+) -> tuple[write_path.WritePath, BulkTarget | None]:
+    """--write-path resolved (logged with its reason) and, for bulk, the loader's settings."""
+    path = write_path.choose(session, args.write_path, manifest_rows(args.manifest_dir / workdir.MANIFEST))
+    log.info("write path: %s (%s)", path.path, path.reason)
+    if path.path != "bulk":
+        return path, None
+    return path, write_path.bulk_target(session, cfg.tables, splits, cfg.consistency, args.storage_port)
+
+
 def ship_helper(spark: Any, target: BulkTarget) -> BulkTarget:
     """TARGET with the helper where executors find it: the driver's folder on a local master, else shipped by
-    Spark to every executor (SparkFiles), which may run on hosts that share nothing with this one."""
+    Spark as an archive it unpacks on every executor (SparkFiles), which may share nothing with this host."""
     if spark.sparkContext.master.startswith("local"):
         return target
-    home = Path(target.helper)
-    spark.sparkContext.addFile(str(home), recursive=True)
-    return replace(target, helper=f"sparkfiles:{home.name}")
+    archive = helper_archive(Path(target.helper))
+    spark.sparkContext.addArchive(str(archive))
+    return replace(target, helper=f"sparkfiles:{archive.name}")
 
 
 def record_scan_quarantine(session: Any, cfg: CassandraIngestConfig, scan_quarantine: QuarantineLog) -> None:

@@ -149,6 +149,13 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         out["writer >= 2x extract_spark.py at the steady rate (fixed costs apart)"] = (
             w.get("steady_ratio_imgest", 0) >= 2 and quiet
         )
+        if "ratio_imgest-bulk" in w:
+            out["bulk writer >= 2x extract_spark.py (images/s, verification included)"] = (
+                w["ratio_imgest-bulk"] >= 2 and quiet
+            )
+            out["bulk writer >= 2x extract_spark.py at the steady rate"] = w["steady_ratio_imgest-bulk"] >= 2 and quiet
+            bulk, cql = w["imgest-bulk"]["server_cpu_ms_per_row"], w["imgest"]["server_cpu_ms_per_row"]
+            out["Cassandra CPU per row, bulk <= half of CQL's"] = bulk <= cql / 2 and quiet
     if "loop_read" in report:
         out["imgest reader >= the plugin's loop_read.py on its own benchmark"] = (
             report["loop_read"]["ratio"] >= 1 and quiet

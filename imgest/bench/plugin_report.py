@@ -115,7 +115,9 @@ def _sweep(ax: Any, sweep: list[dict[str, Any]]) -> None:
 
 def print_writers(w: dict[str, Any]) -> None:
     """Each writer at both sizes, its fixed cost and steady rate, the ratios and the CPU-bound ceiling."""
-    for side in ("plugin", "imgest", "imgest-header"):
+    from imgest.bench.plugin_writers import IMGEST_SIDES, SIDES
+
+    for side in SIDES:
         if side not in w:
             continue
         one = w[side]
@@ -128,7 +130,7 @@ def print_writers(w: dict[str, Any]) -> None:
         )
         if one.get("phase_seconds"):
             print(f"  job phases (s): {one['phase_seconds']}")
-    for side in ("imgest", "imgest-header"):
+    for side in IMGEST_SIDES:
         if f"ratio_{side}" in w:
             print(f"writer ratio {side} / plugin: {w[f'ratio_{side}']} as run, {w[f'steady_ratio_{side}']} steady")
     if "cpu_bound_ceiling" in w:
@@ -155,6 +157,11 @@ def _sides(ax: Any, report: dict[str, Any]) -> None:
             names.append("writer\nsteady")
             theirs.append(w["plugin"]["steady_images_per_s"])
             ours.append(w["imgest"]["steady_images_per_s"])
+        if "imgest-bulk" in w:
+            for key, label in (("images_per_s", "as run"), ("steady_images_per_s", "steady")):
+                names.append(f"bulk writer\n{label}")
+                theirs.append(w["plugin"].get(key) or 0)
+                ours.append(w["imgest-bulk"].get(key) or 0)
     if "loop_read" in report:
         names.append("its\nloop_read.py")
         theirs.append(report["loop_read"]["plugin_loop_read"]["images_per_s"])

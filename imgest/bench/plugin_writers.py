@@ -29,7 +29,8 @@ from typing import Any
 from imgest.core.settings import CassandraSettings
 
 WRITER_KEYSPACE = "bench_plugin_writer"
-SIDES = ("plugin", "imgest", "imgest-header")
+SIDES = ("plugin", "imgest", "imgest-header", "imgest-bulk", "imgest-bulk-header")
+IMGEST_SIDES = SIDES[1:]
 
 
 def count_rows(settings: CassandraSettings, table: str) -> int:
@@ -65,10 +66,10 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
 
 
 def imgest_writer(
-    src: Path, work: Path, settings: CassandraSettings, keyspace: str, check: str = "decode"
+    src: Path, work: Path, settings: CassandraSettings, keyspace: str, check: str = "decode", path: str = "cql"
 ) -> dict[str, Any]:
-    """`imgest ingest cassandra --mode unchanged --unchanged-check CHECK --verify` of SRC into fresh tables, run
-    as a command; wall time (scan, job and verification), rows and the job's phase seconds."""
+    """`imgest ingest cassandra --mode unchanged --unchanged-check CHECK --write-path PATH --verify` of SRC into
+    fresh tables, run as a command; wall time (scan, job and verification), rows and the job's phase seconds."""
     from imgest.sinks.cassandra.client import cassandra_session
 
     with cassandra_session(settings) as session:
@@ -76,6 +77,7 @@ def imgest_writer(
     shutil.rmtree(work, ignore_errors=True)
     argv = ["ingest", "cassandra", str(src), "--work-dir", str(work), "--dataset", "writer", "--keyspace", keyspace]
     argv += ["--master", "local[2]", "--mode", "unchanged", "--unchanged-check", check, "--verify"]
+    argv += ["--write-path", path]
     argv += ["--port", str(settings.port)]
     imgest = Path(sys.executable).with_name("imgest")
     t0 = time.perf_counter()
@@ -85,7 +87,7 @@ def imgest_writer(
         raise RuntimeError(f"imgest {' '.join(argv)} failed ({run.returncode}): {run.stderr[-2000:]}")
     rows = count_rows(settings, f"{keyspace}.data")
     summary = json.loads((work / "ingest_cassandra.json").read_text())
-    name = "imgest ingest cassandra --mode unchanged --verify"
+    name = f"imgest ingest cassandra --mode unchanged --verify --write-path {path}"
     name += "" if check == "decode" else f" --unchanged-check {check}"
     return {"writer": name, "seconds": round(wall, 2), "rows": rows, "phase_seconds": summary.get("phase_seconds")}
 
@@ -146,6 +148,8 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
         "plugin": lambda s: plugin_writer(examples, s, settings, WRITER_KEYSPACE + "_crs4"),
         "imgest": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest"),
         "imgest-header": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", "header"),
+        "imgest-bulk": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", path="bulk"),
+        "imgest-bulk-header": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", "header", "bulk"),
     }
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(rounds):
@@ -158,7 +162,7 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
         out[side] = {**full, **steady(small, full), "small": small}
         out["sizes"][side] = [small["rows"], full["rows"]]
     plugin = out["plugin"]
-    for side in ("imgest", "imgest-header"):
+    for side in IMGEST_SIDES:
         out[f"ratio_{side}"] = round(out[side]["images_per_s"] / plugin["images_per_s"], 2)
         steady_plugin = plugin["steady_images_per_s"] or 1
         out[f"steady_ratio_{side}"] = round(out[side]["steady_images_per_s"] / steady_plugin, 2)

@@ -53,11 +53,18 @@ def test_ca_text_protocol_and_local_dc_reach_the_driver(cassandra_tls_server: Ca
     assert row.data_center == "datacenter1"
 
 
+@pytest.mark.parametrize("path", ["cql", "bulk"])
 def test_ingest_over_tls_on_the_cluster(
-    tmp_path: Path, cassandra_tls_server: CassandraServer, spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    cassandra_tls_server: CassandraServer,
+    spark_cluster: SparkCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
 ) -> None:
+    """bulk: Spark ships the helper to the standalone cluster's executors (SparkFiles), which read the ring over
+    TLS with the CA text shipped in the task and stream to the node's storage port."""
     monkeypatch.setenv("IMGEST_STATE_URL", "local")  # the suite's cluster runs on this machine: one disk
-    ks = "imgest_test_tls"
+    ks = f"imgest_test_tls_{path}"
     with cassandra_session(_settings(cassandra_tls_server)) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
     write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=5, val_per_class=2, seed=3))
@@ -65,10 +72,11 @@ def test_ingest_over_tls_on_the_cluster(
     argv = ["ingest", "cassandra", str(tmp_path / "src"), "--work-dir", str(work), "--keyspace", ks]
     argv += ["--master", spark_cluster.master_url, "--port", str(cassandra_tls_server.native_port)]
     argv += ["--ssl-ca", str(cassandra_tls_server.ca_file), "--protocol-version", "5", "--local-dc", "datacenter1"]
-    argv += ["--consistency", "ONE", "--verify"]
+    argv += ["--consistency", "ONE", "--verify", "--write-path", path]
     assert main(argv) == 0
     summary = json.loads((work / "ingest_cassandra.json").read_text())
     assert summary["stored"] == 2 * 5 + 2 * 2
+    assert summary["write_path"]["path"] == path
     with cassandra_session(_settings(cassandra_tls_server)) as session:
         assert session.execute(f"SELECT count(*) FROM {ks}.data").one()[0] == 14
         status = session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status

@@ -52,15 +52,17 @@ def _count(session: Any, table: str) -> int:
     return session.execute(f"SELECT count(*) FROM {table}").one()[0]
 
 
-def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Path, session: Any) -> None:
-    ks = "imgest_test_job_roundtrip"
+@pytest.mark.parametrize("path", ["cql", "bulk"])
+def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Path, session: Any, path: str) -> None:
+    ks = f"imgest_test_job_roundtrip_{path}"
     _drop(session, ks)
     manifest = _dataset(tmp_path, SampleSpec("cls-loc", classes=3, per_class=8, val_per_class=3, seed=7, defects=True))
     out = tmp_path / "first.json"
-    args = ["--manifest-dir", str(manifest), "--keyspace", ks]
+    args = ["--manifest-dir", str(manifest), "--keyspace", ks, "--write-path", path]
     rc, log = run_job("ingest_cassandra", [*args, "--summary-json", str(out)])
     assert rc == 0, log[-3000:]
     first = read_summary(out)
+    assert first["write_path"]["path"] == path
     rows = list(iter_manifest(manifest / "manifest.parquet"))
     assert first["quarantined_by_reason"] == {
         "corrupt": 2,
@@ -133,12 +135,15 @@ def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Pat
     assert sorted(str(k) for k in crs4["row_keys"]) == sorted(train_ids)
 
 
-def test_resume_after_job_killed_midway(tmp_path: Path, session: Any) -> None:
-    ks = "imgest_test_job_resume"
+@pytest.mark.parametrize("path", ["cql", "bulk"])
+def test_resume_after_job_killed_midway(tmp_path: Path, session: Any, path: str) -> None:
+    """Killed mid-way (the bulk helper with it: same process group), then re-run: every row once, verified."""
+    ks = f"imgest_test_job_resume_{path}"
     _drop(session, ks)
     manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=4, per_class=50, val_per_class=0, seed=8))
     total = sum(1 for _ in iter_manifest(manifest / "manifest.parquet"))
     args = ["--manifest-dir", str(manifest), "--keyspace", ks, "--partitions", "25", "--max-in-flight", "1"]
+    args += ["--write-path", path]
     proc = subprocess.Popen(
         submit_command("ingest_cassandra", args, "local[1]"),
         env=submit_env(MASTER),
@@ -161,6 +166,7 @@ def test_resume_after_job_killed_midway(tmp_path: Path, session: Any) -> None:
     rc, log = run_job("ingest_cassandra", [*args, "--summary-json", str(out)])
     assert rc == 0, log[-3000:]
     resumed = read_summary(out)
+    assert resumed["write_path"]["path"] == path
     already = resumed["skipped_already_committed"]
     assert already >= written
     assert resumed["stored"] + already == total
@@ -214,3 +220,32 @@ def test_wrong_password_fails_fast_without_leaking_it(tmp_path: Path, cassandra_
     assert f"Cassandra at 127.0.0.1:{port} refused the credentials of user 'cassandra'" in log
     assert secret not in log
     assert "ingesting" not in log  # failed before any Spark work started
+
+
+def test_bulk_path_with_credentials_keeps_them_out_of_argv(
+    tmp_path: Path, cassandra_auth_server: CassandraServer
+) -> None:
+    """The bulk helper reads the ring through an authenticated session; the password travels on its stdin, never in
+    a command line or the log, and the rows land on the node (counted through an authenticated session)."""
+    manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=2, per_class=6, val_per_class=0, seed=9))
+    ks, port, secret = "imgest_test_auth_bulk", cassandra_auth_server.native_port, "cassandra"
+    settings = CassandraSettings(hosts=("127.0.0.1",), port=port, username="cassandra", password=secret)
+    with cassandra_session(settings) as s:
+        _drop(s, ks)
+    out = tmp_path / "bulk.json"
+    args = ["--manifest-dir", str(manifest), "--keyspace", ks, "--port", str(port), "--write-path", "bulk"]
+    rc, log = run_job(
+        "ingest_cassandra",
+        [*args, "--summary-json", str(out)],
+        env={"IMGEST_CASSANDRA_USER": "cassandra", "IMGEST_CASSANDRA_PASSWORD": secret},
+    )
+    assert rc == 0, log[-3000:]
+    summary = read_summary(out)
+    assert summary["write_path"]["path"] == "bulk"
+    assert summary["stored"] == 12
+    assert f"--password {secret}" not in log
+    with cassandra_session(settings) as s:
+        assert _count(s, f"{ks}.data") == 12
+        assert _count(s, f"{ks}.metadata") == 12
+        report = verify(s, manifest, TableLayout(ks), None, summary["version"], sample=12)
+    assert report.ok, report.to_dict()

@@ -31,7 +31,7 @@ from imgest.core.paths import state_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE_DIR = Path(__file__).with_name("bulk")
+SOURCES = ("BulkWriter.java", "pom.xml", "logback.xml")  # package data in imgest/sinks/cassandra/bulk/
 MAIN_CLASS = "dev.imgest.bulk.BulkWriter"
 READY = ".built"
 # Java 17 keeps these packages closed; Cassandra's client code reaches into them (its own jvm17 options).
@@ -52,11 +52,18 @@ class BulkLoadError(ImgestError):
     """The helper could not be built, started, or could not stream what it wrote; says which and why."""
 
 
+def source(name: str) -> bytes:
+    """A helper source file, read through the package's resources (so from a --py-files zip too)."""
+    from importlib.resources import files
+
+    return (files("imgest.sinks.cassandra") / "bulk" / name).read_bytes()
+
+
 def helper_key() -> str:
     """Digest of the helper's sources (the Java file, its pom, its logging)."""
     digest = hashlib.sha256()
-    for name in ("BulkWriter.java", "pom.xml", "logback.xml"):
-        digest.update((SOURCE_DIR / name).read_bytes())
+    for name in SOURCES:
+        digest.update(source(name))
     return digest.hexdigest()[:12]
 
 
@@ -91,21 +98,42 @@ def ensure_helper() -> Path:
         return home
     mvn = tool("mvn", "install Apache Maven (Debian: apt-get install maven), or use --write-path cql")
     javac = tool("javac", "install a JDK 17 (Debian: apt-get install openjdk-17-jdk-headless), or use --write-path cql")
-    tmp = Path(tempfile.mkdtemp(prefix=home.name + ".", dir=home.parent if home.parent.exists() else None))
     home.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=home.name + ".", dir=home.parent))
     log_file = home.parent / f"build-{home.name}.log"
     log.info("building the bulk-load helper in %s (Maven resolves cassandra-all once; log: %s)", home, log_file)
-    resolve = [mvn, "-B", "-q", "-f", str(SOURCE_DIR / "pom.xml"), "dependency:copy-dependencies"]
+    (tmp / "src").mkdir()
+    for name in SOURCES:
+        (tmp / "src" / name).write_bytes(source(name))
+    resolve = [mvn, "-B", "-q", "-f", str(tmp / "src" / "pom.xml"), "dependency:copy-dependencies"]
     _run([*resolve, f"-DoutputDirectory={tmp / 'lib'}", "-DincludeScope=runtime"], log_file, "Maven")
     compile_ = [javac, "-nowarn", "-d", str(tmp / "classes"), "-cp", str(tmp / "lib" / "*")]
-    _run([*compile_, str(SOURCE_DIR / "BulkWriter.java")], log_file, "javac")
-    shutil.copy(SOURCE_DIR / "logback.xml", tmp / "logback.xml")
+    _run([*compile_, str(tmp / "src" / "BulkWriter.java")], log_file, "javac")
+    shutil.copy(tmp / "src" / "logback.xml", tmp / "logback.xml")
     (tmp / READY).write_text(helper_key() + "\n")
     try:
         tmp.rename(home)
     except OSError:  # another process built it meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
+    if not (home / READY).is_file():
+        raise BulkLoadError(f"bulk-load helper: {home} was not built; read {log_file}")
     return home
+
+
+def helper_archive(home: Path) -> Path:
+    """HOME as one zip beside it (stored, made once), which Spark ships to executors and unpacks there."""
+    archive = home.with_name(home.name + ".zip")
+    if archive.is_file():
+        return archive
+    import zipfile
+
+    tmp = archive.with_name(f".{archive.name}.{os.getpid()}")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+        for path in sorted(home.rglob("*")):
+            if path.is_file():
+                zf.write(path, path.relative_to(home).as_posix())
+    tmp.replace(archive)
+    return archive
 
 
 def java_command(home: Path, heap: str = defaults.BULK_HEAP) -> list[str]:
@@ -197,9 +225,12 @@ _LOCK = threading.Lock()
 
 
 def shared_helper(home: Path, header: dict[str, Any]) -> BulkHelper:
-    """One helper per executor process and header, kept across partitions (closed at exit)."""
+    """The executor process's helper for HEADER, kept across partitions (closed at exit); one at a time: a job with
+    another header (a reused Python worker) closes the previous one."""
     key = hashlib.sha256(json.dumps([str(home), header], sort_keys=True).encode()).hexdigest()
     with _LOCK:
+        for other in [k for k in _HELPERS if k != key]:
+            _HELPERS.pop(other).close()
         helper = _HELPERS.get(key)
         if helper is None or helper._proc.poll() is not None:
             helper = _HELPERS[key] = BulkHelper(home, header)

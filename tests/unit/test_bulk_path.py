@@ -1,0 +1,64 @@
+"""The bulk path's pure pieces: CQL value encoding, the replicas a consistency level needs, what the helper's
+header carries (credentials and the CA on stdin, never in its command line)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from imgest.core.settings import CassandraSettings
+from imgest.sinks.cassandra.bulk_helper import JVM_OPENS, MAIN_CLASS, helper_key, java_command
+from imgest.sinks.cassandra.bulk_writer import BulkTarget, encode
+from imgest.sinks.cassandra.write_path import required
+
+
+def test_values_encode_as_cql_stores_them() -> None:
+    u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    assert encode(u) == u.bytes
+    assert encode(7) == b"\x00\x00\x00\x07"
+    assert encode(-1) == b"\xff\xff\xff\xff"
+    assert encode("n01440764/é") == "n01440764/é".encode()
+    assert encode(b"\xff\xd8") == b"\xff\xd8"
+    assert encode(None) is None
+    with pytest.raises(TypeError):
+        encode(True)
+
+
+@pytest.mark.parametrize(
+    ("level", "replicas", "need"),
+    [("ONE", 3, 1), ("LOCAL_ONE", 3, 1), ("TWO", 3, 2), ("QUORUM", 3, 2), ("LOCAL_QUORUM", 5, 3), ("ALL", 3, 3)],
+)
+def test_replicas_needed(level: str, replicas: int, need: int) -> None:
+    assert required(level, replicas) == need
+
+
+def test_header_carries_credentials_and_ca_and_the_command_line_does_not(tmp_path: Path) -> None:
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    settings = CassandraSettings(
+        hosts=("10.0.0.1", "10.0.0.2"), port=9142, username="loader", password="s3cret-zq", ssl_ca_data=ca
+    )
+    tables = (("data", "CREATE TABLE ks.data (id uuid PRIMARY KEY)", "INSERT INTO ks.data (id) VALUES (?)"),)
+    target = BulkTarget(helper=str(tmp_path), keyspace="ks", partitioner="M3", tables=tables, storage_port=7001)
+    header = target.header(settings)
+    assert header["loader"] == {
+        "hosts": ["10.0.0.1", "10.0.0.2"],
+        "native_port": 9142,
+        "storage_port": 7001,
+        "connections_per_host": 1,
+        "ignore": [],
+        "user": "loader",
+        "password": "s3cret-zq",
+        "ca_pem": ca,
+    }
+    assert header["tables"] == [{"name": "data", "create": tables[0][1], "insert": tables[0][2]}]
+    cmd = java_command(tmp_path)
+    assert cmd[-1] == MAIN_CLASS
+    assert set(JVM_OPENS) <= set(cmd)
+    assert not any("s3cret" in part or "BEGIN CERTIFICATE" in part for part in cmd)
+
+
+def test_helper_key_follows_its_sources() -> None:
+    assert len(helper_key()) == 12
+    assert helper_key() == helper_key()
