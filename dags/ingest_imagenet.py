@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from imgest.flow.request import param_specs
+from imgest.flow.request_form import param_specs
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
@@ -56,7 +56,8 @@ worker can read) or switch on **Use the generated sample**; every other field ha
 
 After the split file, `read_throughput` reads a seeded, class-balanced sample of the stored train rows (*Images
 checked*; 0: every row) back through DALI with every reader of the target (raw bytes and a CPU training
-pipeline), hashing every sample read against its ingest sha256; for the files
+pipeline), hashing every sample read against its ingest sha256, within *Read-back seconds* and at most 10 % of the
+run (the report names the readers the budget cut, with their rates and why); for the files
 target `validate_xnvme` then reads them with DALI's file reader, the Python file API and xNVMe's file and block
 APIs. Reports and plots land in the work folder and are referenced from the version record.
 

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from imgest.operators.base import RequestOperator
 
 
+def run_seconds(context: Any) -> float | None:
+    """Seconds since the task's DAG run started (None when the context has no run or no start): what the read-back
+    check's share of the run is measured against."""
+    started = getattr(context.get("dag_run"), "start_date", None)
+    if not isinstance(started, datetime):
+        return None
+    if started.tzinfo is None:  # Airflow keeps its times in UTC
+        started = started.replace(tzinfo=UTC)
+    return max(0.0, (datetime.now(UTC) - started).total_seconds())
+
+
 class ReadThroughputOperator(RequestOperator):
     """Read the stored version back with every reader of its target (without imgest[dali], those that need no
-    DALI, the others listed as skipped); fail on any byte or label mismatch."""
+    DALI, the others listed as skipped), within the request's check_seconds and a share of the run so far; fail on
+    any byte or label mismatch."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from imgest.flow.steps import read_throughput
@@ -18,4 +31,4 @@ class ReadThroughputOperator(RequestOperator):
 
         request, cassandra, s3 = self.resolved()
         with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records its report: fenced
-            return read_throughput(request, Path(self.out_dir), cassandra, s3)
+            return read_throughput(request, Path(self.out_dir), cassandra, s3, run_seconds(context))

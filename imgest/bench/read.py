@@ -41,13 +41,16 @@ def one_round(
     s3: S3Settings,
     opts: ReadCheckOptions,
 ) -> tuple[list[RunResult], list[str]]:
-    """Every reader, every mode, once."""
+    """Every reader, every mode, once; with OPTS.seconds, the DAG's check's budget over all but the PyTorch datasets
+    (each reader then reads its share of it: imgest.readback.budget)."""
     from imgest.readback.check import cassandra_runs, files_runs, folder_shard_runs, s3_shard_runs
 
+    clock = opts.clock() if opts.seconds > 0 else None
     bucket, _, prefix = where["s3"][5:].partition("/")
-    results = files_runs(sets["files"], opts) + folder_shard_runs(sets["shards"], str(where["shards"]), opts)
-    s3_results, skipped = s3_shard_runs(sets["s3"], s3, bucket, prefix, opts)
-    results += s3_results + cassandra_runs(cassandra, sets["cassandra"], opts)
+    results = files_runs(sets["files"], opts, clock=clock)
+    results += folder_shard_runs(sets["shards"], str(where["shards"]), opts, clock=clock)
+    s3_results, skipped = s3_shard_runs(sets["s3"], s3, bucket, prefix, opts, clock=clock)
+    results += s3_results + cassandra_runs(cassandra, sets["cassandra"], opts, clock=clock)
     try:  # the PyTorch datasets (imgest[torch]) beside webdataset's own loader
         from imgest.readback.torchcheck import torch_runs
 
@@ -79,6 +82,7 @@ def medians(rounds: list[list[RunResult]]) -> list[dict[str, Any]]:
                 "cores_per_1k": statistics.median(r.cores_per_1k for r in runs),
                 "first_batch_ms": statistics.median(r.first_batch_ms for r in runs),
                 "verified": all(r.ok for r in runs),
+                "budget_cut": any(r.budget_cut for r in runs),  # --check-seconds stopped it in some round
                 "problems": [p for r in runs for p in r.problems][:5],
                 "settings": first.settings,
             }
@@ -120,10 +124,12 @@ def measure_all(
     readers: tuple[str, ...] = SWEPT,
     *,
     ingest: Ingest,
+    check_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """Prepare (storing the datasets with INGEST), then every reader ROUNDS times (after a warm-up round; not with
-    SWEEP_ONLY) and the network sweep (ROUNDS repeats per point, the conditions in turn within each, EPOCHS epochs
-    per run of the adaptive readers, which read a dataset of SWEEP_IMAGES when larger than IMAGES), pinned."""
+    SWEEP_ONLY; within CHECK_SECONDS a round when above 0, as the DAG's check) and the network sweep (ROUNDS repeats
+    per point, the conditions in turn within each, EPOCHS epochs per run of the adaptive readers, which read a
+    dataset of SWEEP_IMAGES when larger than IMAGES), pinned."""
     from imgest.readback.pinning import pinned
     from imgest.services import CassandraServer, S3Server
     from imgest.services.latency import LatencyProxy
@@ -136,7 +142,7 @@ def measure_all(
     sets = read_sets(where, cassandra, s3, sample)
     window_where = prepare_sweep(sweep_images, where, ingest) if conds and sweep_images > images else where
     window_sets = sweep_sets(window_where, cassandra, s3) if window_where is not where else sets
-    opts = ReadCheckOptions(batch_size=batch_size)
+    opts = ReadCheckOptions(batch_size=batch_size, seconds=check_seconds)
     runs: list[tuple[list[RunResult], list[str]]] = []
     with QuietWatch(server_pids()) as watch, pinned(server_pids()) as pinning:
         if not sweep_only:
@@ -150,6 +156,7 @@ def measure_all(
     return {
         **report,
         "pinning": pinning,
+        "check_seconds": check_seconds,
         "images": {k: len(v) for k, v in sets.items()},
         "sweep_images": {k: len(v) for k, v in window_sets.items() if k in ("s3", "cassandra")},
     }
@@ -213,11 +220,23 @@ def main(
     readers: tuple[str, ...] = SWEPT,
     *,
     ingest: Ingest,
+    check_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """Measure (storing the datasets with INGEST), print the tables, the target ratios and the anchors, write JSON
     (and the plot)."""
     report = measure_all(
-        images, rounds, conds, depths, batch_size, sample, sweep_only, epochs, sweep_images, readers, ingest=ingest
+        images,
+        rounds,
+        conds,
+        depths,
+        batch_size,
+        sample,
+        sweep_only,
+        epochs,
+        sweep_images,
+        readers,
+        ingest=ingest,
+        check_seconds=check_seconds,
     )
     print_report(report)
     write_json(json_out, report)

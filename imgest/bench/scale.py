@@ -38,8 +38,11 @@ TARGET_RSS_BYTES = 2 << 30
 
 
 def run_size(kind: str, label: str, source: Path | str, images: int, target: str, out: Path) -> list[dict[str, Any]]:
-    """Every step of TARGET over SOURCE (IMAGES images), each measured; returns one row per step."""
+    """Every step of TARGET over SOURCE (IMAGES images), each measured; returns one row per step. TARGET
+    cassandra writes through CQL, cassandra-bulk through the bulk loader (--write-path), shards packs shards."""
     from imgest.core.settings import S3Settings
+
+    base, _, write_path = target.partition("-")
 
     dataset = f"scale-{kind}-{label}-{target}"
     keyspace = dataset.replace("-", "_")
@@ -49,9 +52,10 @@ def run_size(kind: str, label: str, source: Path | str, images: int, target: str
         "source": str(source),
         "layout": "tar" if kind == "count21k" else "cls-loc",
         "dataset": dataset,
-        "target": target,
+        "target": base,
         "keyspace": keyspace,
         "s3_dest": dest,
+        "write_path": write_path or "cql",  # cassandra: the CQL path, as every earlier figure of it
     }
     from imgest.flow.steps import validate_conf
 
@@ -61,10 +65,11 @@ def run_size(kind: str, label: str, source: Path | str, images: int, target: str
     run_dir.mkdir(parents=True)
     state_file, log_file = run_dir / "state.json", run_dir / "steps.log"
     rows = []
-    for step in STEPS[target]:
+    for step in STEPS[base]:
         state_file.write_text(json.dumps(state, indent=1))
         print(f"  {target} {label} ({images:,} images): {step} ...", end="", flush=True)
         row = run_step(step, state_file, log_file)
+        state["run_s"] = round(state.get("run_s", 0.0) + row["wall_s"], 2)  # the run so far: the read-back's share
         if step == "scan":
             state["work"] = row["result"]["manifest_dir"]
             state["scan"] = row["result"]

@@ -119,7 +119,7 @@ def _steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
             s["conf"], work(s), CassandraSettings.from_env(), S3Settings.from_env()
         ),
         "read_throughput": lambda s: steps.read_throughput(
-            s["conf"], work(s), CassandraSettings.from_env(), S3Settings.from_env()
+            s["conf"], work(s), CassandraSettings.from_env(), S3Settings.from_env(), s.get("run_s")
         ),
     }
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.cli.common import bench_done
+from imgest.core import defaults
 
 
 def bench_transform_cmd(args: argparse.Namespace) -> int:
@@ -53,10 +54,11 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.read import main as bench_main
     from imgest.cli.ingest import run_ingest
 
-    if args.sample < 0:
+    if args.sample < 0 or args.check_seconds < 0:
         from imgest.core.errors import ConfigError
 
-        raise ConfigError(f"--sample {args.sample}: give 0 (every row) or more images")
+        what = f"--sample {args.sample}" if args.sample < 0 else f"--check-seconds {args.check_seconds}"
+        raise ConfigError(f"{what}: give 0 (every row; no budget) or more")
     from imgest.bench.read_sweep import conditions
 
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()] if args.rtt else []
@@ -87,6 +89,7 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
         sweep_images=args.sweep_images,
         readers=tuple(r.strip() for r in args.sweep_readers.split(",") if r.strip()),
         ingest=run_ingest,
+        check_seconds=args.check_seconds,
     )
     unverified = [f"{r['reader']}/{r['mode']}" for r in report["readers"] if not r["verified"]]
     if unverified:
@@ -141,7 +144,12 @@ def register_scale(bench_parser: Any) -> None:
         "--dataset", choices=("count", "count21k", "bytes"), default="count", help="which dataset (default count)"
     )
     bs.add_argument("--fractions", default="0.01,0.1,1", help="sizes as fractions of it (default 0.01,0.1,1)")
-    bs.add_argument("--targets", default="cassandra,shards", help="targets, comma-separated (default both)")
+    bs.add_argument(
+        "--targets",
+        default="cassandra,shards",
+        help="targets, comma-separated: cassandra (the CQL write path), cassandra-bulk (the bulk loader), shards "
+        "(default cassandra,shards)",
+    )
     bs.add_argument(
         "--refresh",
         action="store_true",
@@ -338,6 +346,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="read a seeded, class-balanced sample of N train images (shards: whole shards holding about N); "
         "0 = every row (the default, so every reader reads the same images)",
+    )
+    br.add_argument(
+        "--check-seconds",
+        type=float,
+        default=0,
+        metavar="S",
+        help="read each round within S seconds, as the DAG's read_throughput check does (each reader its first "
+        f"{defaults.CHECK_MIN_BATCHES} batches, then what its share fits at their rate; the PyTorch datasets read "
+        f"everything); 0 = no budget (the default; the DAG's is {defaults.CHECK_SECONDS})",
     )
     br.set_defaults(func=bench_read_cmd)
 

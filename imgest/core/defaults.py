@@ -71,6 +71,13 @@ def files_dest(dataset: str) -> str:
 # 0 reads every row (an explicit choice: at ImageNet's count that is hours, not seconds).
 CHECK_SAMPLE: Final = 10_000
 CHECK_SAMPLE_SEED: Final = 0
+# The read-back check's time budget (docs/readback.md, "The time budget"): the whole check (choosing the sample, every
+# reader in each mode, the report) in CHECK_SECONDS, and inside a DAG run at most CHECK_RUN_SHARE of the run; each
+# reader reads CHECK_MIN_BATCHES batches whatever the budget (the first is start-up, the next give its rate), then as
+# many as its share of the budget fits at that rate. Every image read is verified; 0 seconds: no budget.
+CHECK_SECONDS: Final = 60
+CHECK_RUN_SHARE: Final = 0.1
+CHECK_MIN_BATCHES: Final = 2
 
 XNVME_LOOP_FS: Final = "ext4"  # the DAG's xNVMe check copies the files target onto a loop-mounted filesystem
 

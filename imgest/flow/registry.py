@@ -139,7 +139,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 def _type_problems(settings: dict[str, Any]) -> list[str]:
     """Fields whose value has the wrong type (the form's Params check this; a TOML file needs it here)."""
-    from imgest.flow.request import param_specs
+    from imgest.flow.request_form import param_specs
 
     specs = param_specs()
     problems = []

@@ -7,7 +7,7 @@ derived from this one definition (``param_specs``) and cannot drift from it.
 from __future__ import annotations
 
 import re
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from imgest.core import defaults
@@ -35,10 +35,6 @@ def _param(default: Any, title: str, section: str, description: str = "", **sche
     """A dataclass field whose metadata describes its trigger-form Param."""
     meta = {"title": title, "section": section, "description": description, **schema}
     return field(default=default, metadata={"param": meta})
-
-
-def _schema_type(value: Any) -> str:
-    return {bool: "boolean", int: "integer", str: "string"}[type(value)]
 
 
 @dataclass(frozen=True)
@@ -193,6 +189,15 @@ class IngestRequest:
         "Required: SimpleStrategy:N, or NetworkTopologyStrategy:dc1=N,dc2=M (used when the keyspace is created).",
         pattern=REPLICATION_PATTERN,
     )
+    write_path: str = _param(
+        defaults.WRITE_PATH,
+        "Write path",
+        "Cassandra",
+        "cql: an UNLOGGED batch per image through the driver. bulk: the Spark executors write SSTables and stream "
+        "them to every replica (Cassandra 5; Java on the executors, the helper built once with Maven). auto: bulk "
+        f"from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql; the summary says which and why.",
+        enum=list(defaults.WRITE_PATHS),
+    )
     s3_dest: str | None = _param(
         None,
         "Shard destination",
@@ -265,6 +270,16 @@ class IngestRequest:
         "images (the report gives its size); 0 reads every row, which at ImageNet's count takes hours.",
         minimum=0,
     )
+    check_seconds: int = _param(
+        defaults.CHECK_SECONDS,
+        "Read-back seconds",
+        "Checks",
+        "Required, 0 or more: the read-back check's time budget, shared by its readers, and never more than "
+        f"{defaults.CHECK_RUN_SHARE:.0%} of the run: each reader reads its first batches, then as many of the "
+        "sample as its share fits at their rate; every image read is verified and the report says which readers "
+        "the budget cut. 0: no budget (every reader reads the whole sample).",
+        minimum=0,
+    )
     xnvme_loop_fs: str | None = _param(
         defaults.XNVME_LOOP_FS,
         "xNVMe check filesystem",
@@ -317,6 +332,7 @@ class IngestRequest:
             ),
             (self.spark_partitions >= 0, "spark_partitions must be 0 (auto) or more"),
             (self.check_sample >= 0, "check_sample must be 0 (every row) or more"),
+            (self.check_seconds >= 0, "check_seconds must be 0 (no budget) or more"),
             (self.keep_versions >= 0, "keep_versions must be 0 (only the current version) or more"),
         ]
         errors += [message for ok, message in checks if not ok]
@@ -376,25 +392,3 @@ def _dest_problems(dest: str) -> list[str]:
         return [f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder"]
     problem = dest_problem(dest)
     return [f"s3_dest: {problem}"] if problem else []
-
-
-# Each Param names draft 7 as its dialect. Airflow validates a Param's schema (jsonschema.check_schema) every time
-# it resolves one, and it resolves them all whenever it serializes or compares a DAG's params: about 150 times in
-# one `airflow dags test`, and at every parse. Checking against draft 7's metaschema takes 0.3 ms, against the
-# default 2020-12 one 0.7 ms; nothing here needs a later draft (type, enum, minimum, maximum, pattern).
-PARAM_DIALECT = "http://json-schema.org/draft-07/schema#"
-
-
-def _param_spec(f: Field) -> dict[str, Any]:
-    meta = {"$schema": PARAM_DIALECT, **f.metadata["param"]}
-    default = f.default if f.default is not MISSING else None
-    if "type" not in meta:  # typed (enums too): the form then flags a cleared value instead of sending null
-        meta["type"] = _schema_type(default)
-    if not meta.get("description"):
-        meta.pop("description")
-    return {"default": default, **meta}
-
-
-def param_specs() -> dict[str, dict[str, Any]]:
-    """Keyword arguments of an Airflow ``Param`` for every request field, in form order."""
-    return {f.name: _param_spec(f) for f in fields(IngestRequest)}

@@ -135,6 +135,7 @@ def cassandra_job_args(request: IngestRequest, manifest_dir: Path) -> list[str]:
         *_common_args(request, manifest_dir, "cassandra"),
         *("--keyspace", tables.keyspace, "--replication", request.replication),
         *("--table-layout", tables.layout, "--table-suffix", tables.suffix),
+        *("--write-path", request.write_path),
     ]
 
 
@@ -264,10 +265,16 @@ def collect_garbage(conf: dict[str, Any], s3: S3Settings | None, manifest_dir: P
 
 
 def read_throughput(
-    conf: dict[str, Any], out_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
+    conf: dict[str, Any],
+    out_dir: Path,
+    cassandra: CassandraSettings | None,
+    s3: S3Settings | None,
+    run_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Read a seeded, class-balanced sample of the stored train rows (request.check_sample images; 0: every row)
-    back through DALI with every reader of the target; report, record, verify."""
+    back through DALI with every reader of the target, within request.check_seconds and, after RUN_SECONDS of a
+    run (None: not in one), CHECK_RUN_SHARE of the run; report, record, verify."""
+    from imgest.readback.budget import check_seconds
     from imgest.readback.check import ReadCheckOptions
     from imgest.readback.step import read_throughput_step
 
@@ -275,8 +282,13 @@ def read_throughput(
     if not request.read_check:
         return {"skipped": "read_check is off"}
     settings = {"cassandra": cassandra, "s3": s3, "tables": request.tables(), "dataset": request.dataset}
-    opts = ReadCheckOptions(sample=request.check_sample)
-    return read_throughput_step(request.target, request.location, out_dir, settings, opts)
+    seconds = check_seconds(request.check_seconds, run_seconds)
+    log.info(
+        "read-back budget %.1f s (check_seconds %d, the run so far %s s)", seconds, request.check_seconds, run_seconds
+    )
+    opts = ReadCheckOptions(sample=request.check_sample, seconds=seconds)
+    result = read_throughput_step(request.target, request.location, out_dir, settings, opts)
+    return {**result, "run_seconds": run_seconds}
 
 
 def build_split(

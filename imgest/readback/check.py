@@ -3,7 +3,9 @@
 The ``*_runs`` functions run the readers of one target (Cassandra tables, shards in a folder or on S3, files)
 over the same ReadSet (a sample of the split, or all of it) and return a report: per reader and mode images/s,
 MB/s, p50/p99 batch latency, CPU cores used, and whether every sample hashed to its recorded sha256 with its
-label, exactly once. The benchmark (``imgest bench read``) adds the latency sweep and the plots.
+label, exactly once. Given a CheckClock (the DAG's check) each reader reads within its share of the check's time
+budget (imgest.readback.budget), and says so when that cut it short. The benchmark (``imgest bench read``) adds the
+latency sweep and the plots.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.readback.budget import CheckClock, ReaderBudget, expect, next_budget
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
 from imgest.readback.cassandra_base import simple_batches
 from imgest.readback.datasets import ReadSet
@@ -27,15 +30,22 @@ from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None] | None
+DALI_S3_NOTE = (
+    "DALI's s3:// reader does one blocking ranged GET per sample component (.jpg, .cls, .json), one after another "
+    "from its loader thread, so it reads at the server's request rate / 3 (NVIDIA/DALI #5551; docs/readback.md)"
+)
 
 
 @dataclass(frozen=True)
 class ReadCheckOptions:
     """What every reader of one check shares, and how much of the split it reads: a seeded class-balanced sample
-    of ``sample`` train images (whole shards for shards), every row when ``sample`` is 0."""
+    of ``sample`` train images (whole shards for shards), every row when ``sample`` is 0; in the step, within
+    ``seconds`` in all (0: no budget), each reader at least ``min_batches`` batches (imgest.readback.budget)."""
 
     sample: int = defaults.CHECK_SAMPLE
     sample_seed: int = defaults.CHECK_SAMPLE_SEED
+    seconds: float = defaults.CHECK_SECONDS
+    min_batches: int = defaults.CHECK_MIN_BATCHES
     batch_size: int = 64
     modes: tuple[str, ...] = ("raw", "train")
     num_threads: int = 2
@@ -46,12 +56,21 @@ class ReadCheckOptions:
     def spec(self, mode: str) -> PipelineSpec:
         return PipelineSpec(self.batch_size, self.num_threads, mode, self.device_id)
 
+    def clock(self) -> CheckClock:
+        """The check's budget, from now, to hand to its readers."""
+        return CheckClock(self.seconds, self.min_batches)
+
 
 def cassandra_run(
-    settings: CassandraSettings, rs: ReadSet, spec: PipelineSpec, copts: CassandraReadOptions, progress: Progress = None
+    settings: CassandraSettings,
+    rs: ReadSet,
+    spec: PipelineSpec,
+    copts: CassandraReadOptions,
+    progress: Progress = None,
+    budget: ReaderBudget | None = None,
 ) -> RunResult:
     """imgest's Cassandra reader, in ReadSet order (seed None), feeding fn.external_source: one epoch."""
-    return cassandra_epochs(settings, rs, spec, copts, 1, progress)[0]
+    return cassandra_epochs(settings, rs, spec, copts, 1, progress, budget)[0]
 
 
 def cassandra_epochs(
@@ -61,9 +80,10 @@ def cassandra_epochs(
     copts: CassandraReadOptions,
     epochs: int,
     progress: Progress = None,
+    budget: ReaderBudget | None = None,
 ) -> list[RunResult]:
     """EPOCHS epochs of one Cassandra reader (its window carries over from one epoch to the next, as in training),
-    each through its own pipeline and verified; each result records the window the epoch used."""
+    each through its own pipeline and verified (within BUDGET each); each result records the window it used."""
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
     names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
     knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
@@ -73,7 +93,7 @@ def cassandra_epochs(
             # the last epoch by its order, so that nothing of an epoch no one reads is requested while it drains
             last = epoch_order(rs.ids, rs.labels, copts, k) if k == epochs - 1 else None
             batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=last))
-            result = run_external("cassandra", rs, spec, batches, dict(knobs), on_batch=progress)
+            result = run_external("cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget)
             if reader.window_stats is not None:
                 result.settings["window"] = reader.window_stats.to_dict()
             result.settings["connections"] = reader.connections
@@ -83,7 +103,11 @@ def cassandra_epochs(
 
 
 def cassandra_simple_run(
-    settings: CassandraSettings, rs: ReadSet, spec: PipelineSpec, progress: Progress = None
+    settings: CassandraSettings,
+    rs: ReadSet,
+    spec: PipelineSpec,
+    progress: Progress = None,
+    budget: ReaderBudget | None = None,
 ) -> RunResult:
     """The straightforward reader: one execute_concurrent_with_args per batch, nothing ahead."""
     from imgest.sinks.cassandra.client import cassandra_session
@@ -92,29 +116,46 @@ def cassandra_simple_run(
         plain = simple_batches(session, rs.table, rs.ids, spec.batch_size)
         batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in plain)
         knobs = {"reader": "execute_concurrent_with_args per batch, no prefetch"}
-        return run_external("cassandra-simple", rs, spec, batches, knobs, on_batch=progress)
+        return run_external("cassandra-simple", rs, spec, batches, knobs, on_batch=progress, budget=budget)
 
 
 def cassandra_runs(
-    settings: CassandraSettings, rs: ReadSet, opts: ReadCheckOptions, baseline: bool = True, progress: Progress = None
+    settings: CassandraSettings,
+    rs: ReadSet,
+    opts: ReadCheckOptions,
+    baseline: bool = True,
+    progress: Progress = None,
+    clock: CheckClock | None = None,
 ) -> list[RunResult]:
-    """imgest's Cassandra reader (and the straightforward one) in each mode."""
+    """imgest's Cassandra reader (and the straightforward one) in each mode, each within its share of CLOCK."""
     results = []
+    expect(clock, len(opts.modes) * (2 if baseline else 1))
     for mode in opts.modes:
-        results.append(cassandra_run(settings, rs, opts.spec(mode), opts.cassandra, progress))
+        spec = opts.spec(mode)
+        results.append(cassandra_run(settings, rs, spec, opts.cassandra, progress, next_budget(clock)))
         if baseline:
-            results.append(cassandra_simple_run(settings, rs, opts.spec(mode), progress))
+            results.append(cassandra_simple_run(settings, rs, spec, progress, next_budget(clock)))
     return results
 
 
-def files_runs(rs: ReadSet, opts: ReadCheckOptions, progress: Progress = None) -> list[RunResult]:
-    """fn.readers.file over the files target in each mode."""
-    return [run_files(rs, opts.spec(mode), on_batch=progress) for mode in opts.modes]
+def files_runs(
+    rs: ReadSet, opts: ReadCheckOptions, progress: Progress = None, clock: CheckClock | None = None
+) -> list[RunResult]:
+    """fn.readers.file over the files target in each mode, each within its share of CLOCK."""
+    expect(clock, len(opts.modes))
+    return [run_files(rs, opts.spec(m), on_batch=progress, budget=next_budget(clock)) for m in opts.modes]
 
 
-def folder_shard_runs(rs: ReadSet, root: str, opts: ReadCheckOptions, progress: Progress = None) -> list[RunResult]:
-    """fn.readers.webdataset over shards in a folder, in each mode."""
-    return [run_webdataset("shards-folder", rs, opts.spec(mode), root, on_batch=progress) for mode in opts.modes]
+def folder_shard_runs(
+    rs: ReadSet, root: str, opts: ReadCheckOptions, progress: Progress = None, clock: CheckClock | None = None
+) -> list[RunResult]:
+    """fn.readers.webdataset over shards in a folder (with their .idx), in each mode, each within its share of
+    CLOCK."""
+    expect(clock, len(opts.modes))
+    return [
+        run_webdataset("shards-folder", rs, opts.spec(m), root, on_batch=progress, budget=next_budget(clock))
+        for m in opts.modes
+    ]
 
 
 @contextmanager
@@ -158,9 +199,10 @@ def s3_stream_run(
     spec: PipelineSpec,
     sopts: S3StreamOptions,
     progress: Progress = None,
+    budget: ReaderBudget | None = None,
 ) -> RunResult:
     """imgest's streaming shard reader (whole-shard GETs in parallel) feeding fn.external_source: one epoch."""
-    return s3_stream_epochs(rs, settings, bucket, prefix, spec, sopts, 1, progress)[0]
+    return s3_stream_epochs(rs, settings, bucket, prefix, spec, sopts, 1, progress, budget)[0]
 
 
 def s3_stream_epochs(
@@ -172,9 +214,10 @@ def s3_stream_epochs(
     sopts: S3StreamOptions,
     epochs: int,
     progress: Progress = None,
+    budget: ReaderBudget | None = None,
 ) -> list[RunResult]:
     """EPOCHS epochs of one streaming shard reader (its read-ahead window carries over, as in training), each
-    through its own pipeline and verified; each result records the window the epoch used."""
+    through its own pipeline and verified (within BUDGET each); each result records the window the epoch used."""
     sopts = replace(sopts, batch_size=spec.batch_size)
     dead = {f"{prefix}/{s}" if prefix else s: keys for s, keys in rs.dead.items()}
     stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts, dead)
@@ -182,7 +225,8 @@ def s3_stream_epochs(
     knobs: dict[str, Any] = {k: getattr(sopts, k) for k in names}
     results = []
     for _ in range(epochs):
-        result = run_external("shards-s3-stream", rs, spec, s3_stream_batches(stream), dict(knobs), on_batch=progress)
+        batches = s3_stream_batches(stream)
+        result = run_external("shards-s3-stream", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget)
         if stream.window_stats is not None:
             result.settings["window"] = stream.window_stats.to_dict()
         results.append(result)
@@ -190,7 +234,13 @@ def s3_stream_epochs(
 
 
 def s3_webdataset_run(
-    rs: ReadSet, settings: S3Settings, bucket: str, prefix: str, spec: PipelineSpec, progress: Progress = None
+    rs: ReadSet,
+    settings: S3Settings,
+    bucket: str,
+    prefix: str,
+    spec: PipelineSpec,
+    progress: Progress = None,
+    budget: ReaderBudget | None = None,
 ) -> RunResult:
     """webdataset.WebDataset streaming the same objects (one GET per shard, boto3 streaming body)."""
     client = settings.client()
@@ -201,22 +251,54 @@ def s3_webdataset_run(
     urls = [f"s3://{bucket}/{k}" for k in s3_keys(rs, prefix)]
     dead = {f"s3://{bucket}/{prefix}/{s}" if prefix else f"s3://{bucket}/{s}": keys for s, keys in rs.dead.items()}
     peer = webdataset_batches(urls, spec.batch_size, opener, dead)
-    return run_external("shards-s3-webdataset", rs, spec, peer, {"reader": "webdataset.WebDataset"}, on_batch=progress)
+    knobs = {"reader": "webdataset.WebDataset"}
+    return run_external("shards-s3-webdataset", rs, spec, peer, knobs, on_batch=progress, budget=budget)
+
+
+def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: PipelineSpec, **kw: Any) -> RunResult:
+    """DALI's own s3:// reading of the shards at LOCATION (fn.readers.webdataset with the .idx beside each shard),
+    its rate and the reason it is slow in its result (``note``) and in the log."""
+    with dali_s3_env(settings):
+        result = run_webdataset("shards-s3-dali", rs, spec, location, **kw)
+    result.note = DALI_S3_NOTE
+    if result.budget_cut:
+        result.reason = f"{result.reason}; {DALI_S3_NOTE}"
+    log.warning(
+        "shards-s3-dali (%s): %.1f images/s, %d of %d images read and verified in %.1f s (budget %.1f s%s): %s",
+        spec.mode,
+        result.images_per_s,
+        result.images,
+        len(rs),
+        result.seconds,
+        result.budget_s,
+        ", cut" if result.budget_cut else "",
+        DALI_S3_NOTE,
+    )
+    return result
 
 
 def s3_shard_runs(
-    rs: ReadSet, settings: S3Settings, bucket: str, prefix: str, opts: ReadCheckOptions, progress: Progress = None
+    rs: ReadSet,
+    settings: S3Settings,
+    bucket: str,
+    prefix: str,
+    opts: ReadCheckOptions,
+    progress: Progress = None,
+    clock: CheckClock | None = None,
 ) -> tuple[list[RunResult], list[str]]:
-    """DALI's own s3:// reading, imgest's streaming reader and webdataset.WebDataset; with the results, DALI's
-    failures (one line each): a report records them and goes on, a test asserts there are none."""
+    """DALI's own s3:// reading, imgest's streaming reader and webdataset.WebDataset, each within its share of
+    CLOCK; with the results, DALI's failures (one line each): a report records them and goes on, a test asserts
+    there are none."""
     results, skipped = [], []
+    expect(clock, 3 * len(opts.modes))
     for mode in opts.modes:
         spec = opts.spec(mode)
         try:
-            with dali_s3_env(settings):
-                results.append(run_webdataset("shards-s3-dali", rs, spec, f"s3://{bucket}/{prefix}", on_batch=progress))
+            where = f"s3://{bucket}/{prefix}"
+            results.append(s3_dali_run(rs, settings, where, spec, on_batch=progress, budget=next_budget(clock)))
         except Exception as exc:  # DALI raises RuntimeError subclasses from its C++ readers: record why, go on
             skipped.append(f"shards-s3-dali ({mode}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-        results.append(s3_stream_run(rs, settings, bucket, prefix, spec, replace(opts.s3, shuffle_buffer=0), progress))
-        results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress))
+        sopts = replace(opts.s3, shuffle_buffer=0)
+        results.append(s3_stream_run(rs, settings, bucket, prefix, spec, sopts, progress, next_budget(clock)))
+        results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, next_budget(clock)))
     return results, skipped

@@ -2,7 +2,9 @@
 
 Every sample a pipeline returns is identified (by id), its label compared with the one recorded at ingest and
 its encoded bytes hashed against the recorded sha256; each id must come exactly once per epoch and every
-id of the ReadSet (the checked sample, or every row) must come; the bookkeeping is numpy columns. The figures:
+id of the ReadSet (the checked sample, or every row) must come, unless a time budget stopped the epoch
+(``imgest.readback.budget``: then the ids not read are counted as ``unread``); the bookkeeping is numpy columns. The
+figures:
 images/s, MB/s, p50/p99 batch latency and CPU cores used by the process; and the epoch rate the way the
 cassandra-dali-plugin's paper states it, the harmonic mean of the batch rates (each batch's images over the time
 its ``run()`` took), which leaves out the verification done between batches. With ``verify_after`` the loop
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from imgest.core.sampling import IdIndex
+from imgest.readback.budget import ReaderBudget, ReadPlan
 from imgest.readback.pipelines import READER
 
 if TYPE_CHECKING:
@@ -51,6 +54,14 @@ class RunResult:
     batch_ms_p99: float = 0.0
     cpu_cores: float = 0.0
     cores_per_1k: float = 0.0  # CPU cores of the process per 1,000 images/s of epoch rate
+    images_verified: int = 0  # distinct images of the ReadSet read and checked (equals images when ok)
+    budget_s: float = 0.0  # its share of the check's time budget (imgest.readback.budget); 0: no budget
+    budget_rate: float = 0.0  # images/s of its first batches, which sized what it read
+    budget_cut: bool = False  # the budget stopped it before the end of its sample
+    planned: int = 0  # images the budget allowed it (the sample's size when not cut)
+    unread: int = 0  # images of the sample it did not read because of the budget
+    reason: str = ""  # why it was cut ('' when not)
+    note: str = ""  # a known limit of this reader that its rate shows (the report and the log say it)
     ok: bool = True
     problems: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -69,6 +80,7 @@ class Verifier:
         self.seen = np.zeros(len(rs), bool)
         self.problems: list[str] = []
         self.more = 0
+        self.partial = False  # a budget stopped the epoch: the ids not read are counted, not missing
 
     def _problem(self, text: str) -> None:
         if len(self.problems) < self.MAX_PROBLEMS:
@@ -96,7 +108,7 @@ class Verifier:
 
     def finish(self) -> list[str]:
         missing = np.flatnonzero(~self.seen)
-        if len(missing):
+        if len(missing) and not self.partial:
             some = [self.rs.ids[j].decode() for j in missing[:5]]
             self._problem(f"{len(missing)} ids never read, e.g. {', '.join(some)}")
         if self.more:
@@ -132,20 +144,21 @@ def measure(
     on_batch: Callable[[int], None] | None = None,
     verify_after: bool = False,
     verifier: Verifier | None = None,
+    budget: ReaderBudget | None = None,
 ) -> RunResult:
     """Run one epoch of PIPE, verifying every sample against RS (with VERIFIER, by default a Verifier by id); the
     wall figures include the verification (equal for all), the epoch rate does not. VERIFY_AFTER: verify after the
-    epoch (the epoch's bytes held in memory)."""
+    epoch (the epoch's bytes held in memory). BUDGET: stop where its time runs out (imgest.readback.budget); every
+    sample read is still verified, and the result says how much of RS was read and why."""
     jpeg_at = 0 if mode == "raw" else 2
     verifier = verifier or Verifier(rs)
     result = RunResult(name, mode, "cpu" if pipe.device_id is None else "gpu", settings=settings or {})
-    latencies: list[float] = []
-    rates: list[float] = []
+    latencies: list[tuple[int, float]] = []  # (images, seconds in run()) per batch
     held: list[tuple[str, int, np.ndarray, str | None]] = []
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    plan = ReadPlan(budget, len(rs), t0)
     for out, n, dt in epoch_batches(pipe, total):
-        latencies.append(dt)
-        rates.append(n / max(dt, 1e-9))
+        latencies.append((n, dt))
         for i in range(n):
             key, label, sha = identify(out, i)
             data = out[jpeg_at].at(i)
@@ -157,13 +170,27 @@ def measure(
         result.images += n
         if on_batch:
             on_batch(n)
+        if not plan.more(n):
+            break
     result.seconds = time.perf_counter() - t0
     usage1 = resource.getrusage(resource.RUSAGE_SELF)
     for key, label, data, sha in held:
         verifier.check(key, label, data, sha)
-    cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    verifier.partial = plan.cut
+    result.images_verified = int(verifier.seen.sum())
     result.problems = verifier.finish()
     result.ok = not result.problems
+    for field_name, value in plan.fields().items():
+        setattr(result, field_name, value)
+    cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
+    _figures(result, latencies, cpu)
+    return result
+
+
+def _figures(result: RunResult, batches: list[tuple[int, float]], cpu: float) -> None:
+    """RESULT's rates, latencies and CPU figures from its BATCHES (images, seconds in run()) and CPU seconds."""
+    latencies = [dt for _, dt in batches]
+    rates = [n / max(dt, 1e-9) for n, dt in batches]
     result.images_per_s = round(result.images / result.seconds, 1) if result.seconds else 0.0
     result.mb_per_s = round(result.bytes / 1e6 / result.seconds, 2) if result.seconds else 0.0
     if latencies:
@@ -176,4 +203,3 @@ def measure(
         result.steady_rate = round(statistics.harmonic_mean(rates[len(rates) // 2 :]), 1)
         result.cores_per_1k = round(result.cpu_cores / (result.epoch_rate / 1000), 3) if result.epoch_rate else 0.0
     result.seconds = round(result.seconds, 3)
-    return result

@@ -45,15 +45,24 @@ class FeedQueue:
         key, sha = self.pending.popleft()
         return key, int(out[1].at(i)), sha
 
+    def close(self) -> None:
+        """Stop the batches' reader now (its read-ahead, its threads), also when the epoch was cut short."""
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
 
 def run_external(
     name: str, rs: ReadSet, spec: PipelineSpec, batches: Iterator[ExternalBatch], settings: dict[str, Any], **kw: Any
 ) -> RunResult:
-    """A reader that feeds fn.external_source."""
+    """A reader that feeds fn.external_source; its batches are closed when the epoch ends or is cut short."""
     feed = FeedQueue(batches)
-    pipe = external_pipeline(spec, feed)
     kw.setdefault("verify_after", spec.verify_after)
-    return measure(name, pipe, spec.mode, rs, feed.identify, total=len(rs), settings=settings, **kw)
+    try:
+        pipe = external_pipeline(spec, feed)
+        return measure(name, pipe, spec.mode, rs, feed.identify, total=len(rs), settings=settings, **kw)
+    finally:
+        feed.close()
 
 
 def run_files(rs: ReadSet, spec: PipelineSpec, **kw: Any) -> RunResult:
@@ -82,11 +91,13 @@ def _webdataset_identify(spec: PipelineSpec) -> Identify:
 
 
 def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: Any) -> RunResult:
-    """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix)."""
+    """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix), each with the DALI
+    index the packer wrote beside it (on S3 too: DALI then reads no tar to find its samples)."""
     paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
     indexes = rs.indexes or [s[:-4] + ".idx" for s in rs.shards]  # a refresh's kept tar: the index of its live samples
-    pipe = webdataset_pipeline(spec, paths, [f"{base.rstrip('/')}/{i}" for i in indexes])
-    settings = {"reader": "fn.readers.webdataset", "shards": len(paths)}
+    index_paths = [f"{base.rstrip('/')}/{i}" for i in indexes]
+    pipe = webdataset_pipeline(spec, paths, index_paths)
+    settings = {"reader": "fn.readers.webdataset", "shards": len(paths), "index_paths": len(index_paths)}
     kw.setdefault("verify_after", spec.verify_after)
     return measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)
 

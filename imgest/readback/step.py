@@ -2,8 +2,16 @@
 
 It reads a seeded, class-balanced sample of the train split (``ReadCheckOptions.sample`` images, by default
 ``defaults.CHECK_SAMPLE``; whole shards for the shard target), or every row when the sample is 0. The report
-says which: ``sample`` (requested), ``checked`` (images each reader read and verified), ``split_rows``,
+says which: ``sample`` (requested), ``checked`` (the images of the sample: what each reader read and verified
+unless the budget below cut it), ``split_rows``,
 ``full_read`` and ``balance`` (images per class: min, max and the counts).
+
+It runs within a time budget (``ReadCheckOptions.seconds``, by default ``defaults.CHECK_SECONDS``; the DAG's task
+also keeps it to ``defaults.CHECK_RUN_SHARE`` of the run): each reader reads its first batches, then as many as
+its share of the budget fits at their rate (imgest.readback.budget). Every image read is verified; the report says
+per reader what it read (``images``, ``images_verified``), its ``budget_s``, ``budget_rate`` and, where the budget
+cut it short, ``budget_cut`` with the ``reason``; at the top ``budget_s``, ``seconds`` (from the check's start to
+its report) and ``budget_cut`` (the readers cut).
 
 Where DALI is not installed the readers that need none run in raw mode and the others are listed under
 ``skipped`` with the reason (imgest.readback.without_dali); where matplotlib is not, no plot is drawn (``plot``
@@ -24,6 +32,7 @@ from imgest.core import workdir
 from imgest.core.errors import ImgestError
 from imgest.core.locks import check_fence
 from imgest.core.report import format_table, optional_plot, write_json
+from imgest.readback.budget import CheckClock
 from imgest.readback.check import (
     ReadCheckOptions,
     cassandra_runs,
@@ -47,6 +56,7 @@ COLUMNS = [
     ("batch_ms_p50", "p50 ms"),
     ("batch_ms_p99", "p99 ms"),
     ("ok", "verified"),
+    ("budget_cut", "cut"),
 ]
 
 
@@ -86,26 +96,31 @@ def read_set(target: str, location: str, settings: dict[str, Any], opts: ReadChe
 
 
 def run_target(
-    target: str, location: str, settings: dict[str, Any], opts: ReadCheckOptions, split: str = "train"
+    target: str,
+    location: str,
+    settings: dict[str, Any],
+    opts: ReadCheckOptions,
+    split: str = "train",
+    clock: CheckClock | None = None,
 ) -> tuple[list[RunResult], list[str], ReadSet]:
-    """Readers of TARGET at LOCATION over the sample OPTS asks for; returns (results, skipped, what was read).
-    Where DALI cannot be imported, the readers that need none run (raw mode) and the others are skipped
-    (imgest.readback.without_dali)."""
+    """Readers of TARGET at LOCATION over the sample OPTS asks for, each within its share of CLOCK (None: no
+    budget); returns (results, skipped, what was read). Where DALI cannot be imported, the readers that need none
+    run (raw mode) and the others are skipped (imgest.readback.without_dali)."""
     rs = read_set(target, location, settings, opts, split)
     reason = dali_missing()
     if reason is not None:
         from imgest.readback.without_dali import runs_without_dali
 
-        results, skipped = runs_without_dali(target, location, settings, rs, opts, reason)
+        results, skipped = runs_without_dali(target, location, settings, rs, opts, reason, clock)
         return results, skipped, rs
     if target == "cassandra":
-        return cassandra_runs(settings["cassandra"], rs, opts), [], rs
+        return cassandra_runs(settings["cassandra"], rs, opts, clock=clock), [], rs
     if target == "files":
-        return files_runs(rs, opts), [], rs
+        return files_runs(rs, opts, clock=clock), [], rs
     if not location.startswith("s3://"):
-        return folder_shard_runs(rs, location, opts), [], rs
+        return folder_shard_runs(rs, location, opts, clock=clock), [], rs
     bucket, _, prefix = location[5:].partition("/")
-    results, skipped = s3_shard_runs(rs, settings["s3"], bucket, prefix, opts)
+    results, skipped = s3_shard_runs(rs, settings["s3"], bucket, prefix, opts, clock=clock)
     return results, skipped, rs
 
 
@@ -143,19 +158,30 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
 def read_throughput_step(
     target: str, location: str, out_dir: Path, settings: dict[str, Any], opts: ReadCheckOptions | None = None
 ) -> dict[str, Any]:
-    """Read a sample of the stored version (every row when OPTS.sample is 0) back with every reader of TARGET;
-    write, record and summarise the report, which says how many images were checked and how balanced."""
+    """Read a sample of the stored version (every row when OPTS.sample is 0) back with every reader of TARGET, within
+    OPTS.seconds in all; write, record and summarise the report, which says how many images were checked, how
+    balanced, and what each reader read of them in its share of the budget."""
     opts = opts or ReadCheckOptions()
-    results, skipped, rs = run_target(target, location, settings, opts)
+    clock = opts.clock()
+    results, skipped, rs = run_target(target, location, settings, opts, clock=clock)
     version = rs.version
     rows = [r.to_dict() for r in results]
     sample = rs.sample.to_dict() if rs.sample else {"sample": 0, "checked": len(rs), "full_read": True}
+    cut = [f"{r['reader']}/{r['mode']}" for r in rows if r["budget_cut"]]
     report = {"target": target, "location": location, "version": version, **sample}
+    report |= {"budget_s": opts.seconds, "seconds": round(clock.elapsed(), 1), "budget_cut": cut}
     report |= {"readers": rows, "skipped": skipped}
     json_path = out_dir / workdir.READ_REPORT
     write_json(json_path, report)
     plot_path = optional_plot(out_dir / workdir.READ_PLOT, lambda path: _plot(path, rows))
-    log.info("read-back of %s:\n%s", location, format_table(rows, COLUMNS))
+    log.info(
+        "read-back of %s in %.1f s (budget %s s; cut by it: %s):\n%s",
+        location,
+        report["seconds"],
+        opts.seconds or "no",
+        ", ".join(cut) or "none",
+        format_table(rows, COLUMNS),
+    )
     record_check(target, location, settings, version, json_path)
     bad = [f"{r['reader']}/{r['mode']}: {'; '.join(r['problems'][:3])}" for r in rows if not r["ok"]]
     if bad:
@@ -170,6 +196,9 @@ def read_throughput_step(
         "full_read": sample["full_read"],
         "readers": {f"{r['reader']}/{r['mode']}": r["images_per_s"] for r in rows},
         "skipped": skipped,
+        "budget_s": opts.seconds,
+        "seconds": report["seconds"],
+        "budget_cut": cut,
     }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from imgest.readback.budget import CheckClock, ReaderBudget, expect, next_budget
 from imgest.readback.check import (
     ReadCheckOptions,
     cassandra_run,
@@ -74,11 +75,11 @@ def skipped_without_dali(kind: str, modes: tuple[str, ...], reason: str) -> list
     ]
 
 
-def files_stream_run(rs: ReadSet, spec: PipelineSpec) -> RunResult:
+def files_stream_run(rs: ReadSet, spec: PipelineSpec, budget: ReaderBudget | None = None) -> RunResult:
     """imgest's files reader (FilesResume: a batch's files read by threads) over the ReadSet's files."""
     reader = FilesResume(rs.paths, rs.labels, rs.ids, ReaderState(), 0, spec.batch_size)
     batches = ((b.images, b.labels, b.ids, b.sha256) for b in reader.batches(mark=False))
-    return run_external("files-stream", rs, spec, batches, {"reader": "imgest FilesResume"})
+    return run_external("files-stream", rs, spec, batches, {"reader": "imgest FilesResume"}, budget=budget)
 
 
 def sample_batches(samples: Iterator[Sample], batch_size: int) -> Iterator[ExternalBatch]:
@@ -92,20 +93,27 @@ def sample_batches(samples: Iterator[Sample], batch_size: int) -> Iterator[Exter
         )
 
 
-def folder_stream_run(rs: ReadSet, root: str, spec: PipelineSpec) -> RunResult:
+def folder_stream_run(rs: ReadSet, root: str, spec: PipelineSpec, budget: ReaderBudget | None = None) -> RunResult:
     """imgest's tar reader (whole shards read and parsed in memory, a refresh's dead samples left out) over the
     ReadSet's shards in the folder ROOT."""
     fetch = folder_fetch(root, rs.dead)
     samples = (s for shard in fetch([(name, 0) for name in rs.shards]) for s in shard)
     settings = {"reader": "imgest tar reader (folder_fetch)", "shards": len(rs.shards)}
-    return run_external("shards-folder-stream", rs, spec, sample_batches(samples, spec.batch_size), settings)
+    batches = sample_batches(samples, spec.batch_size)
+    return run_external("shards-folder-stream", rs, spec, batches, settings, budget=budget)
 
 
 def runs_without_dali(
-    target: str, location: str, settings: dict[str, Any], rs: ReadSet, opts: ReadCheckOptions, reason: str
+    target: str,
+    location: str,
+    settings: dict[str, Any],
+    rs: ReadSet,
+    opts: ReadCheckOptions,
+    reason: str,
+    clock: CheckClock | None = None,
 ) -> tuple[list[RunResult], list[str]]:
-    """The readers of TARGET that need no DALI, in raw mode, over RS; with them the readers and modes skipped for
-    REASON (why DALI cannot be used), one line each."""
+    """The readers of TARGET that need no DALI, in raw mode, over RS, each within its share of CLOCK; with them the
+    readers and modes skipped for REASON (why DALI cannot be used), one line each."""
     kind = reader_kind(target, location)
     spec = opts.spec("raw")
     skipped = skipped_without_dali(kind, opts.modes, reason)
@@ -116,17 +124,19 @@ def runs_without_dali(
         ", ".join(HOST_READERS[kind]),
         ", ".join(s.split(":", 1)[0] for s in skipped) or "none",
     )
+    expect(clock, len(HOST_READERS[kind]))
     if kind == "cassandra":
-        results = [cassandra_run(settings["cassandra"], rs, spec, opts.cassandra)]
-        results.append(cassandra_simple_run(settings["cassandra"], rs, spec))
+        results = [cassandra_run(settings["cassandra"], rs, spec, opts.cassandra, budget=next_budget(clock))]
+        results.append(cassandra_simple_run(settings["cassandra"], rs, spec, budget=next_budget(clock)))
     elif kind == "files":
-        results = [files_stream_run(rs, spec)]
+        results = [files_stream_run(rs, spec, next_budget(clock))]
     elif kind == "shards-folder":
-        results = [folder_stream_run(rs, location, spec)]
+        results = [folder_stream_run(rs, location, spec, next_budget(clock))]
     else:
         bucket, _, prefix = location[5:].partition("/")
-        results = [s3_stream_run(rs, settings["s3"], bucket, prefix, spec, replace(opts.s3, shuffle_buffer=0))]
-        results.append(s3_webdataset_run(rs, settings["s3"], bucket, prefix, spec))
+        sopts = replace(opts.s3, shuffle_buffer=0)
+        results = [s3_stream_run(rs, settings["s3"], bucket, prefix, spec, sopts, budget=next_budget(clock))]
+        results.append(s3_webdataset_run(rs, settings["s3"], bucket, prefix, spec, budget=next_budget(clock)))
     for result in results:
         result.settings["pipeline"] = HOST
     return results, skipped

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from imgest.core import defaults
 from imgest.core.errors import ConfigError
 from imgest.core.paths import state_dir
 from imgest.core.settings import CassandraSettings
 from imgest.flow.steps import asset_uri, validate_conf
+from imgest.readback.budget import check_seconds
 from imgest.services import AirflowServer, CassandraServer
 from imgest.services.demo import run_dag, task_durations, task_results
 from imgest.sinks.cassandra.client import cassandra_session
@@ -121,6 +123,12 @@ def test_files_target_with_read_back_and_xnvme(
     assert {e["engine"] for e in xnvme["engines"]} >= {"dali_file", "python_file"}
     assert manifest["checks"]["read_throughput"] == str(work / "read_throughput.json")
     assert [len(p) for p in load_split(work / "split-files.npz").parts] == [21, 5]
+    read = task_results(airflow_home, "ingest_imagenet", ("read_throughput",))["read_throughput"]
+    assert read["run_seconds"] > 0  # the task measured the run before it from the DAG run's start
+    assert read["budget_s"] == check_seconds(defaults.CHECK_SECONDS, read["run_seconds"])  # 10 % of the run, <= 60 s
+    assert read["budget_cut"] == []  # 26 images: one batch of 64, the minimum, for each reader
+    report = json.loads((work / "read_throughput.json").read_text())
+    assert all(r["ok"] and r["images"] == r["images_verified"] == 18 + 8 for r in report["readers"])
 
 
 def test_bad_conf_message_lists_every_problem() -> None:

@@ -8,7 +8,8 @@ from airflow.sdk.definitions.param import ParamsDict
 from airflow.sdk.exceptions import ParamValidationError
 
 from imgest.core.errors import ConfigError
-from imgest.flow.request import SECTIONS, param_specs
+from imgest.flow.request import SECTIONS
+from imgest.flow.request_form import param_specs
 from imgest.flow.steps import validate_conf
 
 

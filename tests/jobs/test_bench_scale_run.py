@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from imgest.bench import scale
+from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.readback.budget import check_seconds
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.shards.store import open_store
 from imgest.sources.devdata.countscale import CountScaleSpec, write_count_scale
@@ -81,6 +83,10 @@ def test_count21k_tar_of_class_tars_on_s3_runs_every_step(tmp_path: Path) -> Non
     assert packed["result"]["samples"] == {"train": 150}  # every image went in, none quarantined
     assert packed["result"]["quarantined"] == 0
     assert packed["bytes_written"] == packed["result"]["bytes"] == _shard_bytes(packed["result"]["dest"])
+    read = steps["read_throughput"]["result"]  # within its share of the run before it, as in the DAG
+    before = round(sum(r["wall_s"] for r in rows if r["step"] != "read_throughput"), 2)
+    assert read["run_seconds"] == pytest.approx(before, abs=0.05)
+    assert read["budget_s"] == check_seconds(defaults.CHECK_SECONDS, read["run_seconds"])
 
 
 def _shard_bytes(dest: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,20 @@ def step_settings(stored: dict[str, Any]) -> dict[str, Any]:
 def stored(
     tmp_path_factory: pytest.TempPathFactory, cassandra_server: CassandraServer, s3_server: S3Server
 ) -> dict[str, Any]:
-    """The same generated images as a Cassandra version, shards in a folder and on S3, and files."""
+    """The same generated images as a Cassandra version, shards in a folder and on S3, and files. The Cassandra
+    version goes through the bulk path (SSTables streamed in), so every reader here, the plugin's included, reads
+    what the bulk loader wrote; the CQL path's tables are read in tests/jobs and tests/dags."""
     root = tmp_path_factory.mktemp("readback")
     src = root / "src"
     write_sample(src, SampleSpec("imagefolder", classes=3, per_class=20, val_per_class=2, seed=11, large_every=0))
     base = [str(src), "--work-dir", str(root / "work"), "--dataset", DATASET, "--master", "local[2]"]
     s3_dest = "s3://imgest/tests/readback"
+    bulk = ["--verify", "--write-path", "bulk"]
     steps = [
         ["ingest", "files", *base, "--dest", str(root / "files")],
         ["ingest", "shards", *base, "--dest", str(root / "shards"), "--max-count", "16"],
         ["ingest", "shards", *base, "--dest", s3_dest, "--max-count", "16"],
-        ["ingest", "cassandra", *base, "--keyspace", KEYSPACE, "--port", str(cassandra_server.native_port), "--verify"],
+        ["ingest", "cassandra", *base, "--keyspace", KEYSPACE, "--port", str(cassandra_server.native_port), *bulk],
     ]
     from imgest.sinks.cassandra.client import cassandra_session
 
@@ -51,6 +55,8 @@ def stored(
         session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)  # a version left by an earlier run
     for argv in steps:
         assert cli(argv) == 0, argv
+    written = json.loads((root / "work" / "ingest_cassandra.json").read_text())["write_path"]
+    assert written["path"] == "bulk", written
     return {
         "root": root,
         "files": root / "files",

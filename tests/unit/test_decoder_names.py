@@ -7,7 +7,8 @@ import pytest
 
 from imgest.cli import build_parser
 from imgest.core.errors import ConfigError
-from imgest.flow.request import IngestRequest, param_specs
+from imgest.flow.request import IngestRequest
+from imgest.flow.request_form import param_specs
 from imgest.transform import fastjpeg
 from imgest.transform.image import TransformSpec
 from imgest.transform.revisions import DECODER_CHOICES, resolve_decoder

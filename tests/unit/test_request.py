@@ -54,7 +54,7 @@ def test_every_param_is_checked_as_draft_7_and_still_refuses_what_its_schema_ref
     from airflow.sdk import Param
     from airflow.sdk.exceptions import ParamValidationError
 
-    from imgest.flow.request import param_specs
+    from imgest.flow.request_form import param_specs
 
     for name, spec in param_specs().items():
         schema = {k: v for k, v in spec.items() if k != "default"}
