@@ -134,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases.lap("spark_session")
         t0 = time.monotonic()
         with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
-            candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
+            partitions = args.partitions or partitions_for(cfg, spark, args.manifest_dir)
+            candidates, rows = candidate_rdd(spark, args.manifest_dir, partitions, stager)
             phases.lap("manifest")
             total = load(candidates, cfg, rows)
         seconds = time.monotonic() - t0
@@ -175,6 +176,14 @@ def choose_write_path(
     if path.path != "bulk":
         return path, None
     return path, write_path.bulk_target(session, cfg.tables, splits, cfg.consistency, args.storage_port)
+
+
+def partitions_for(cfg: CassandraIngestConfig, spark: Any, manifest_dir: Path) -> int:
+    """Spark partitions when --partitions is 0: the bulk path's fewer, larger ones; 0 (the default) for CQL."""
+    if cfg.bulk is None:
+        return 0
+    rows = manifest_rows(manifest_dir / workdir.MANIFEST)
+    return write_path.bulk_partitions(rows, spark.sparkContext.defaultParallelism)
 
 
 def ship_helper(spark: Any, target: BulkTarget) -> BulkTarget:

@@ -28,6 +28,7 @@ MAX_BLOB_BYTES: Final = 31 * 1024 * 1024  # the embedded node accepts up to 32 M
 WRITE_PATHS: Final = ("auto", "bulk", "cql")
 WRITE_PATH: Final = "auto"
 BULK_MIN_ROWS: Final = 20_000
+BULK_ROWS_PER_PARTITION: Final = 20_000  # bulk: fewer, larger Spark partitions (each ends with a load: an SSTable)
 BULK_ROUND_BYTES: Final = 256 * 1024 * 1024  # image bytes an executor writes to SSTables before streaming them
 BULK_BUFFER_MIB: Final = 64  # rows a helper sorts in memory before it writes an SSTable
 BULK_HEAP: Final = "768m"  # the helper JVM's heap: the sort buffer of each table plus the loader

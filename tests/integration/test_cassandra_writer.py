@@ -31,9 +31,12 @@ def session(cassandra_server: CassandraServer) -> Iterator[Any]:
 
 
 def _prepared(session: Any) -> Any:
-    data = session.prepare(f"INSERT INTO {TABLES.keyspace}.data (id, label, data) VALUES (?, ?, ?)")
-    meta = session.prepare(f"INSERT INTO {TABLES.keyspace}.metadata (id, label, split, rel_path) VALUES (?, ?, ?, ?)")
-    return lambda split: (data, meta)
+    ks = TABLES.keyspace
+    batch = session.prepare(
+        f"BEGIN UNLOGGED BATCH INSERT INTO {ks}.data (id, label, data) VALUES (?, ?, ?); "
+        f"INSERT INTO {ks}.metadata (id, label, split, rel_path) VALUES (?, ?, ?, ?); APPLY BATCH"
+    )
+    return lambda split: batch
 
 
 def _row(n: int, size: int = 2048) -> Row:

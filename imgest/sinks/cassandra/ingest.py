@@ -116,16 +116,16 @@ class _Statements:
     def __init__(self, session: Any, tables: TableLayout) -> None:
         self._session, self._tables, self._cache = session, tables, {}
 
-    def inserts(self, split: str) -> tuple[Any, Any]:
+    def inserts(self, split: str) -> Any:
+        """SPLIT's data-row and metadata-row inserts as one prepared UNLOGGED batch (bind: data values, then
+        META_COLUMNS' values)."""
         key = ("insert", split)
         if key not in self._cache:
             ks, data, meta = self._tables.keyspace, self._tables.data_table(split), self._tables.metadata_table(split)
             cols = ", ".join(META_COLUMNS)
-            self._cache[key] = (
-                self._session.prepare(f"INSERT INTO {ks}.{data} (id, label, data) VALUES (?, ?, ?)"),
-                self._session.prepare(
-                    f"INSERT INTO {ks}.{meta} ({cols}) VALUES ({', '.join('?' * len(META_COLUMNS))})"
-                ),
+            self._cache[key] = self._session.prepare(
+                f"BEGIN UNLOGGED BATCH INSERT INTO {ks}.{data} (id, label, data) VALUES (?, ?, ?); "
+                f"INSERT INTO {ks}.{meta} ({cols}) VALUES ({', '.join('?' * len(META_COLUMNS))}); APPLY BATCH"
             )
         return self._cache[key]
 

@@ -11,6 +11,7 @@ the job's log and summary.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,12 @@ def choose(session: Any, requested: str, rows: int) -> WritePath:
     if rows < defaults.BULK_MIN_ROWS:
         return WritePath("cql", f"auto: {rows} rows < {defaults.BULK_MIN_ROWS}, where starting the loaders costs more")
     return WritePath("bulk", f"auto: {rows} rows >= {defaults.BULK_MIN_ROWS}, Cassandra {HELPER_FORMAT_MAJOR}")
+
+
+def bulk_partitions(rows: int, parallelism: int) -> int:
+    """Spark partitions of a bulk load of ROWS rows: every partition ends with a load, so each one streams at least
+    one SSTable per table, which the nodes later compact; max(2 x cores, one per BULK_ROWS_PER_PARTITION rows)."""
+    return max(2 * parallelism, math.ceil(rows / defaults.BULK_ROWS_PER_PARTITION))
 
 
 def bulk_blocker(session: Any) -> str | None:

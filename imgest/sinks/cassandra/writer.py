@@ -1,9 +1,11 @@
 """Writing images to Cassandra: bounded in-flight asynchronous inserts with retries.
 
-Each image is one request: an UNLOGGED batch of its data-row and metadata-row inserts. Both rows share
-the partition key (the image id) and the keyspace, so Cassandra applies them as a single mutation: on
-every replica both rows land or neither does, and a metadata row always means "this image is committed".
-One request per image instead of two halves the work on both sides of the wire. Up to ``max_in_flight``
+Each image is one request: an UNLOGGED batch of its data-row and metadata-row inserts, prepared once as one
+statement (``BEGIN UNLOGGED BATCH INSERT ...; INSERT ...; APPLY BATCH``), so a row is one bind of its values
+rather than a batch object of two bound statements built per image. Both rows share the partition key (the
+image id) and the keyspace, so Cassandra applies them as a single mutation: on every replica both rows land or
+neither does, and a metadata row always means "this image is committed". One request per image instead of two
+halves the work on both sides of the wire. Up to ``max_in_flight``
 images are in flight at once, as a sliding window rather than fixed batches, so nothing waits for the
 slowest request of a batch. Timeouts and unavailable errors are retried with exponential backoff; a value
 the server refuses as too large is quarantined, not lost.
@@ -67,7 +69,7 @@ class ImageWriter:
     def __init__(
         self,
         session: Any,
-        prepared: Callable[[str], tuple[Any, Any]],
+        prepared: Callable[[str], Any],
         quarantine: QuarantineLog,
         max_in_flight: int = defaults.MAX_IN_FLIGHT,
         retries: int = 6,
@@ -77,7 +79,7 @@ class ImageWriter:
         on_written: Callable[[Row], None] | None = None,
     ) -> None:
         self._session = session
-        self._prepared = prepared  # split -> (data insert, metadata insert)
+        self._prepared = prepared  # split -> the prepared batch of its data and metadata inserts
         self._quarantine = quarantine
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._max_in_flight = max_in_flight
@@ -123,14 +125,8 @@ class ImageWriter:
 
     # ---- callbacks (run on the driver's event loop thread: never block there) -----------------------------
     def _send(self, row: Row, attempt: int) -> None:
-        from cassandra.query import BatchStatement, BatchType
-
         try:
-            data_stmt, meta_stmt = self._prepared(row.split)
-            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            batch.add(data_stmt, (row.id, row.label, row.data))
-            batch.add(meta_stmt, row.meta)
-            future = self._session.execute_async(batch)
+            future = self._session.execute_async(self._prepared(row.split), (row.id, row.label, row.data, *row.meta))
         except Exception as exc:  # raised before the request left (no host, session closed): same path as a reply
             self._failed(exc, row, attempt)
             return

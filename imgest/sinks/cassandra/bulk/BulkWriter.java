@@ -84,6 +84,7 @@ public final class BulkWriter {
             DatabaseDescriptor.clientInitialization();
             DatabaseDescriptor.setStreamThroughputOutboundBytesPerSec(0); // unthrottled; the tool's default is 24 MiB/s
             DatabaseDescriptor.setEntireSSTableStreamThroughputOutboundMebibytesPerSec(0);
+            w.readRingAhead();
             w.run(in, replies);
         } catch (Throwable t) {
             replies.println("ERROR " + describe(t));
@@ -101,6 +102,22 @@ public final class BulkWriter {
             if (c.getCause() == c) break;
         }
         return sb.toString();
+    }
+
+    /** Read the ring while the first rows arrive: the loader's driver takes seconds to connect and to close. A
+     * failure here is not fatal: the first load reads the ring again and reports what went wrong. */
+    private void readRingAhead() throws Exception {
+        RingOnce ring = new RingOnce(externalClient(cfg.get("loader")));
+        client = ring;
+        Thread t = new Thread(() -> {
+            try {
+                ring.init(cfg.get("keyspace").asText());
+            } catch (RuntimeException e) {
+                System.err.println("imgest bulk: reading the ring ahead failed: " + describe(e));
+            }
+        }, "imgest-ring-ahead");
+        t.setDaemon(true);
+        t.start();
     }
 
     private void run(DataInputStream in, PrintStream replies) throws Exception {
@@ -226,7 +243,7 @@ public final class BulkWriter {
         }
 
         @Override
-        public void init(String keyspace) {
+        public synchronized void init(String keyspace) {
             if (ready) return;
             inner.init(keyspace);
             inner.getEndpointToRangesMap().forEach((ep, ranges) -> ranges.forEach(r -> addRangeForEndpoint(r, ep)));
