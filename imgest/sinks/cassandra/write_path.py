@@ -53,8 +53,9 @@ def choose(session: Any, requested: str, rows: int) -> WritePath:
 
 def bulk_partitions(rows: int, parallelism: int) -> int:
     """Spark partitions of a bulk load of ROWS rows: every partition ends with a load, so each one streams at least
-    one SSTable per table, which the nodes later compact; max(2 x cores, one per BULK_ROWS_PER_PARTITION rows)."""
-    return max(2 * parallelism, math.ceil(rows / defaults.BULK_ROWS_PER_PARTITION))
+    one SSTable per table, which the nodes compact once four of a size are there (size-tiered); max(cores, one per
+    BULK_ROWS_PER_PARTITION rows)."""
+    return max(parallelism, math.ceil(rows / defaults.BULK_ROWS_PER_PARTITION))
 
 
 def bulk_blocker(session: Any) -> str | None:
