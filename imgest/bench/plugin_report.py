@@ -126,7 +126,8 @@ def print_writers(w: dict[str, Any]) -> None:
             f"{one['writer']}: {one['rows']} rows in {one['seconds']} s = {one['images_per_s']} images/s"
             f" ({small.get('rows')} rows: {small.get('images_per_s')} images/s); fixed {one.get('fixed_s')} s,"
             f" steady {one.get('steady_images_per_s')} images/s; CPU per row: server {one['server_cpu_ms_per_row']}"
-            f" ms, writer {one['client_cpu_ms_per_row']} ms"
+            f" ms, writer {one['client_cpu_ms_per_row']} ms; per further row: server"
+            f" {one.get('server_cpu_ms_per_row_marginal')} ms, writer {one.get('client_cpu_ms_per_row_marginal')} ms"
         )
         if one.get("phase_seconds"):
             print(f"  job phases (s): {one['phase_seconds']}")

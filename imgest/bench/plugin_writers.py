@@ -132,10 +132,19 @@ def _median_record(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def steady(small: dict[str, Any], full: dict[str, Any]) -> dict[str, float]:
-    """Fixed seconds and steady images/s of the line through the two sizes."""
-    per_row = (full["seconds"] - small["seconds"]) / max(1, full["rows"] - small["rows"])
+    """Fixed seconds and steady images/s of the line through the two sizes, and the same fit of the server's and
+    the writer's CPU: milliseconds per further row (``*_marginal``) apart from the per-job seconds (schema, version
+    record, JVM and Spark start-up, verification)."""
+    extra_rows = max(1, full["rows"] - small["rows"])
+    per_row = (full["seconds"] - small["seconds"]) / extra_rows
     fixed = max(0.0, full["seconds"] - per_row * full["rows"])
-    return {"fixed_s": round(fixed, 2), "steady_images_per_s": round(1 / per_row, 1) if per_row > 0 else 0.0}
+    out = {"fixed_s": round(fixed, 2), "steady_images_per_s": round(1 / per_row, 1) if per_row > 0 else 0.0}
+    for key in ("server_cpu_ms_per_row", "client_cpu_ms_per_row"):
+        if key in full and key in small:
+            marginal = (full[key] * full["rows"] - small[key] * small["rows"]) / extra_rows
+            out[f"{key}_marginal"] = round(marginal, 3)
+            out[f"{key.split('_')[0]}_cpu_fixed_s"] = round((full[key] - marginal) * full["rows"] / 1000, 2)
+    return out
 
 
 def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int) -> dict[str, Any]:
