@@ -274,7 +274,7 @@ def read_throughput(
     """Read a seeded, class-balanced sample of the stored train rows (request.check_sample images; 0: every row)
     back through DALI with every reader of the target, within request.check_seconds and, after RUN_SECONDS of a
     run (None: not in one), CHECK_RUN_SHARE of the run; report, record, verify."""
-    from imgest.readback.budget import check_seconds
+    from imgest.readback.budget import check_seconds, process_age
     from imgest.readback.check import ReadCheckOptions
     from imgest.readback.step import read_throughput_step
 
@@ -282,7 +282,7 @@ def read_throughput(
     if not request.read_check:
         return {"skipped": "read_check is off"}
     settings = {"cassandra": cassandra, "s3": s3, "tables": request.tables(), "dataset": request.dataset}
-    seconds = check_seconds(request.check_seconds, run_seconds)
+    seconds = check_seconds(request.check_seconds, run_seconds, spent=process_age())
     log.info(
         "read-back budget %.1f s (check_seconds %d, the run so far %s s)", seconds, request.check_seconds, run_seconds
     )

@@ -13,6 +13,7 @@ start-up (a pipeline's first ``run()`` fills its prefetch queue), the ones after
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +33,27 @@ class ReaderBudget:
     min_batches: int = defaults.CHECK_MIN_BATCHES
 
 
-def check_seconds(cap: float, run_seconds: float | None, share: float = defaults.CHECK_RUN_SHARE) -> float:
+def check_seconds(
+    cap: float, run_seconds: float | None, share: float = defaults.CHECK_RUN_SHARE, spent: float = 0.0
+) -> float:
     """The whole check's budget: CAP seconds (0: no budget), and after a run's RUN_SECONDS (the time before the
-    check; None: not in a run) no more than SHARE of the run with the check in it, but at least FLOOR_SECONDS."""
+    check; None: not in a run) no more than SHARE of the run with the check in it, less the SPENT seconds the
+    check's task has already run (its process start, imports), but at least FLOOR_SECONDS."""
     if cap <= 0 or run_seconds is None:
         return max(0.0, float(cap))
-    return round(max(FLOOR_SECONDS, min(float(cap), share / (1 - share) * max(0.0, run_seconds))), 1)
+    whole = min(float(cap), share / (1 - share) * max(0.0, run_seconds))
+    return round(max(FLOOR_SECONDS, whole - max(0.0, spent)), 1)
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0 where it cannot tell): the task's own start-up, which
+    the run's share counts too."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])  # noqa: SIM115
+        uptime = float(open("/proc/uptime").read().split()[0])  # noqa: SIM115
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def planned_images(read: int, elapsed: float, rate: float, seconds: float, total: int, batch_size: int) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from imgest.core import defaults
-from imgest.readback.budget import CheckClock, ReaderBudget, ReadPlan, check_seconds, planned_images
+from imgest.readback.budget import CheckClock, ReaderBudget, ReadPlan, check_seconds, planned_images, process_age
 from imgest.readback.datasets import ReadSet
 from imgest.readback.pipelines import PipelineSpec
 from imgest.readback.readers import ExternalBatch, run_external
@@ -30,6 +30,9 @@ def test_the_check_is_bounded_by_its_cap_and_by_its_share_of_the_run() -> None:
     assert check_seconds(60, 81.0) == 9.0  # 133 k small images into shards: 9 s is 10 % of the 90 s run
     assert check_seconds(60, 0.0) == 1.0  # at least a second (0 would mean no budget): readers read their minimum
     assert check_seconds(0, 900.0) == 0.0  # 0: no budget at all
+    assert check_seconds(60, 81.0, spent=1.5) == 7.5  # the task's own start-up counts in the run's 10 %
+    assert check_seconds(60, None, spent=1.5) == 60.0  # not in a run: the cap, whatever the start-up took
+    assert check_seconds(60, 5.0, spent=3.0) == 1.0  # never under the floor
     assert check_seconds(60, 81.0, share=0.5) == 60.0
     assert defaults.CHECK_SECONDS == 60
     assert defaults.CHECK_RUN_SHARE == 0.1
@@ -171,3 +174,12 @@ def test_without_a_budget_every_id_must_come() -> None:
     result = run_external("cassandra", short, spec, _batches(rs, images, 8, closed), {})
     assert not result.ok
     assert result.problems == ["1 ids never read, e.g. id-0040"]
+
+
+def test_process_age_counts_from_the_process_s_own_start() -> None:
+    import subprocess
+    import sys
+
+    code = "import time; time.sleep(0.5); from imgest.readback.budget import process_age; print(process_age())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.4 < child < process_age()  # a fresh process: its half-second sleep, less than this test process's age
