@@ -9,15 +9,23 @@ from typing import Any
 from imgest.operators.base import RequestOperator
 
 
-def run_seconds(context: Any) -> float | None:
-    """Seconds since the task's DAG run started (None when the context has no run or no start): what the read-back
-    check's share of the run is measured against."""
-    started = getattr(context.get("dag_run"), "start_date", None)
+def _since(started: Any) -> float | None:
     if not isinstance(started, datetime):
         return None
     if started.tzinfo is None:  # Airflow keeps its times in UTC
         started = started.replace(tzinfo=UTC)
     return max(0.0, (datetime.now(UTC) - started).total_seconds())
+
+
+def run_seconds(context: Any) -> float | None:
+    """Seconds since the task's DAG run started (None when the context has no run or no start): what the read-back
+    check's share of the run is measured against."""
+    return _since(getattr(context.get("dag_run"), "start_date", None))
+
+
+def task_seconds(context: Any) -> float:
+    """Seconds this task instance has run so far (its start-up: the run's share counts the whole task); 0 unknown."""
+    return _since(getattr(context.get("ti"), "start_date", None)) or 0.0
 
 
 class ReadThroughputOperator(RequestOperator):
@@ -31,4 +39,5 @@ class ReadThroughputOperator(RequestOperator):
 
         request, cassandra, s3 = self.resolved()
         with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records its report: fenced
-            return read_throughput(request, Path(self.out_dir), cassandra, s3, run_seconds(context))
+            spent = task_seconds(context)
+            return read_throughput(request, Path(self.out_dir), cassandra, s3, run_seconds(context), spent)

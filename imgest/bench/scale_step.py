@@ -99,6 +99,13 @@ def _refresh_steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
     }
 
 
+def _started() -> float:
+    """Seconds this step's process has run (a process per step: the task's start-up, as the DAG's task counts it)."""
+    from imgest.readback.budget import process_age
+
+    return process_age()
+
+
 def _steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
     from imgest.flow import steps
 
@@ -119,7 +126,7 @@ def _steps() -> dict[str, Callable[[dict[str, Any]], Any]]:
             s["conf"], work(s), CassandraSettings.from_env(), S3Settings.from_env()
         ),
         "read_throughput": lambda s: steps.read_throughput(
-            s["conf"], work(s), CassandraSettings.from_env(), S3Settings.from_env(), s.get("run_s")
+            s["conf"], work(s), CassandraSettings.from_env(), S3Settings.from_env(), s.get("run_s"), _started()
         ),
     }
 

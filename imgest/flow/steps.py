@@ -270,11 +270,13 @@ def read_throughput(
     cassandra: CassandraSettings | None,
     s3: S3Settings | None,
     run_seconds: float | None = None,
+    spent: float = 0.0,
 ) -> dict[str, Any]:
     """Read a seeded, class-balanced sample of the stored train rows (request.check_sample images; 0: every row)
     back through DALI with every reader of the target, within request.check_seconds and, after RUN_SECONDS of a
-    run (None: not in one), CHECK_RUN_SHARE of the run; report, record, verify."""
-    from imgest.readback.budget import check_seconds, process_age
+    run (None: not in one), CHECK_RUN_SHARE of the run less the SPENT seconds the task has already run; report,
+    record, verify."""
+    from imgest.readback.budget import check_seconds
     from imgest.readback.check import ReadCheckOptions
     from imgest.readback.step import read_throughput_step
 
@@ -282,13 +284,13 @@ def read_throughput(
     if not request.read_check:
         return {"skipped": "read_check is off"}
     settings = {"cassandra": cassandra, "s3": s3, "tables": request.tables(), "dataset": request.dataset}
-    seconds = check_seconds(request.check_seconds, run_seconds, spent=process_age())
+    seconds = check_seconds(request.check_seconds, run_seconds, spent=spent)
     log.info(
         "read-back budget %.1f s (check_seconds %d, the run so far %s s)", seconds, request.check_seconds, run_seconds
     )
     opts = ReadCheckOptions(sample=request.check_sample, seconds=seconds)
     result = read_throughput_step(request.target, request.location, out_dir, settings, opts)
-    return {**result, "run_seconds": run_seconds}
+    return {**result, "run_seconds": run_seconds, "task_seconds_before": round(spent, 2)}
 
 
 def build_split(

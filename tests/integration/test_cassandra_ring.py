@@ -202,27 +202,6 @@ def test_quorum_ingest_survives_a_killed_node_then_repair_gives_all(ring: Cassan
     assert data == meta  # every row at ALL, every byte as its recorded sha256
 
 
-def test_two_nodes_down_fail_naming_level_and_live_replicas(ring: CassandraRing, tmp_path: Path) -> None:
-    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=5, val_per_class=1, seed=3))
-    scan_to_dir(tmp_path / "src", tmp_path / "manifest")
-    with cassandra_session(_settings(ring, "ONE")) as admin:  # the keyspace at replication 3 exists first
-        rf3 = "{'class': 'SimpleStrategy', 'replication_factor': 3}"
-        admin.execute(f"CREATE KEYSPACE IF NOT EXISTS {KS} WITH replication = {rf3}")
-    ring.kill(1)
-    ring.kill(2)
-    try:
-        for host in ring.hosts[1:]:  # the coordinator knows they are down: Unavailable, not a timeout
-            assert _wait_state(ring, host, "DN") == "DN"
-        rc, log = run_job("ingest_cassandra", _job_args(ring, tmp_path / "manifest", tmp_path / "s.json", "QUORUM"))
-    finally:
-        if not _killed_at_end():  # a ring the session found running is left as it was found
-            _restart(ring, 1, 2)
-    assert rc != 0
-    # the first statement to fail is the version's lightweight transaction (SERIAL) or a write (QUORUM)
-    assert re.search(r"consistency level (QUORUM|SERIAL) needs 2 live replicas but only 1 is alive", log), log[-3000:]
-    assert f"nodes up: {ring.hosts[0]}" in log
-
-
 def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: CassandraRing, tmp_path: Path) -> None:
     """The bulk path on the RF 3 ring: every row on all three replicas (read at ALL); with a node dead, QUORUM still
     holds on the other two and the loader leaves it out (said in the log), verified at QUORUM; ALL refuses before any
@@ -269,3 +248,24 @@ def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: Cas
     finally:
         if not _killed_at_end():
             _restart(ring, 2)
+
+
+def test_two_nodes_down_fail_naming_level_and_live_replicas(ring: CassandraRing, tmp_path: Path) -> None:
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=5, val_per_class=1, seed=3))
+    scan_to_dir(tmp_path / "src", tmp_path / "manifest")
+    with cassandra_session(_settings(ring, "ONE")) as admin:  # the keyspace at replication 3 exists first
+        rf3 = "{'class': 'SimpleStrategy', 'replication_factor': 3}"
+        admin.execute(f"CREATE KEYSPACE IF NOT EXISTS {KS} WITH replication = {rf3}")
+    ring.kill(1)
+    ring.kill(2)
+    try:
+        for host in ring.hosts[1:]:  # the coordinator knows they are down: Unavailable, not a timeout
+            assert _wait_state(ring, host, "DN") == "DN"
+        rc, log = run_job("ingest_cassandra", _job_args(ring, tmp_path / "manifest", tmp_path / "s.json", "QUORUM"))
+    finally:
+        if not _killed_at_end():  # a ring the session found running is left as it was found
+            _restart(ring, 1, 2)
+    assert rc != 0
+    # the first statement to fail is the version's lightweight transaction (SERIAL) or a write (QUORUM)
+    assert re.search(r"consistency level (QUORUM|SERIAL) needs 2 live replicas but only 1 is alive", log), log[-3000:]
+    assert f"nodes up: {ring.hosts[0]}" in log

@@ -48,6 +48,18 @@ def _drop(session: Any, keyspace: str) -> None:
     session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
 
 
+def cassandra_data(session: Any) -> Path:
+    """The node's data folder (the test node is local)."""
+    row = session.execute("SELECT value FROM system_views.settings WHERE name = 'data_file_directories'").one()
+    return Path(row.value.strip("[]").split(",")[0])
+
+
+def _sstable_formats(data: Path, keyspace: str) -> set[str]:
+    """The SSTable format versions (nb, oa, ...) of KEYSPACE's files: a node in CASSANDRA_4 compatibility mode (5.0's
+    default) refuses to start with another version than its own, so the bulk loader must write the node's."""
+    return {f.name.split("-")[0] for f in data.glob(f"{keyspace}/*/*-Data.db")}
+
+
 def _count(session: Any, table: str) -> int:
     return session.execute(f"SELECT count(*) FROM {table}").one()[0]
 
@@ -63,6 +75,9 @@ def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Pat
     assert rc == 0, log[-3000:]
     first = read_summary(out)
     assert first["write_path"]["path"] == path
+    formats, node = _sstable_formats(cassandra_data(session), ks), _sstable_formats(cassandra_data(session), "system")
+    assert formats <= node, (formats, node)  # the node's own format: it starts again with these files
+    assert formats or path == "cql"  # the loaded SSTables are on disk (CQL rows may still be in memtables)
     rows = list(iter_manifest(manifest / "manifest.parquet"))
     assert first["quarantined_by_reason"] == {
         "corrupt": 2,

@@ -258,7 +258,9 @@ def test_the_sample_dag_runs_against_the_stores(
     assert read["full_read"] is True
     assert read["checked"] == train  # every train sample read back and compared
     report = json.loads((work / "read_throughput.json").read_text())
-    assert all(r["ok"] and r["images"] == train for r in report["readers"])
+    for r in report["readers"]:  # within the run's share: a reader the budget cut read fewer, every one compared
+        assert r["ok"], r
+        assert r["images"] == train or (r["budget_cut"] and r["images"] + r["unread"] == train), r
     assert doc["checks"]["read_throughput"].endswith("read_throughput.json")  # referenced from manifest.json
     why = "DALI is not installed (pip install 'imgest[dali]')"
     if not platform.dali:  # imgest's own readers checked the bytes, the DALI readers say why not

@@ -38,6 +38,7 @@ class BulkTarget:
     round_bytes: int = defaults.BULK_ROUND_BYTES
     buffer_mib: int = defaults.BULK_BUFFER_MIB
     connections_per_host: int = 1
+    storage_compatibility_mode: str = "CASSANDRA_4"  # the nodes' (it picks the SSTable format they write and read)
 
     def header(self, settings: CassandraSettings) -> dict[str, Any]:
         """The helper's header: tables, partitioner, and how to reach the cluster (credentials and CA inside)."""
@@ -57,6 +58,7 @@ class BulkTarget:
         return {
             "keyspace": self.keyspace,
             "partitioner": self.partitioner,
+            "storage_compatibility_mode": self.storage_compatibility_mode,
             "buffer_mib": self.buffer_mib,
             "tables": tables,
             "loader": loader,

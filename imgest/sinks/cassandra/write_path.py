@@ -95,7 +95,15 @@ def bulk_target(
         tables=statements,
         storage_port=storage_port or int(local.listen_port or 7000),
         ignore=down_nodes(session, tables.keyspace, consistency),
+        storage_compatibility_mode=compatibility_mode(session),
     )
+
+
+def compatibility_mode(session: Any) -> str:
+    """The contact node's storage_compatibility_mode (Cassandra 5.0: CASSANDRA_4 by default, which writes and
+    accepts at start-up only the 4.x SSTable format): the helper writes the format the nodes write."""
+    row = session.execute("SELECT value FROM system_views.settings WHERE name = 'storage_compatibility_mode'").one()
+    return str(row.value) if row is not None and row.value else "CASSANDRA_4"
 
 
 def table_statements(session: Any, keyspace: str, table: str, columns: tuple[str, ...]) -> tuple[str, str]:

@@ -44,6 +44,7 @@ import org.apache.cassandra.streaming.StreamingChannel;
 import org.apache.cassandra.utils.FBUtilities;
 import org.apache.cassandra.utils.NativeSSTableLoaderClient;
 import org.apache.cassandra.utils.OutputHandler;
+import org.apache.cassandra.utils.StorageCompatibilityMode;
 
 /**
  * imgest's bulk-load helper: rows in, SSTables out, streamed into the cluster.
@@ -81,6 +82,7 @@ public final class BulkWriter {
             byte[] header = new byte[in.readInt()];
             in.readFully(header);
             BulkWriter w = new BulkWriter(new ObjectMapper().readTree(header));
+            sstableVersionOf(w.cfg.path("storage_compatibility_mode").asText("CASSANDRA_4"));
             DatabaseDescriptor.clientInitialization();
             DatabaseDescriptor.setStreamThroughputOutboundBytesPerSec(0); // unthrottled; the tool's default is 24 MiB/s
             DatabaseDescriptor.setEntireSSTableStreamThroughputOutboundMebibytesPerSec(0);
@@ -92,6 +94,18 @@ public final class BulkWriter {
             System.exit(1);
         }
         System.exit(0); // the streaming threads are not daemons
+    }
+
+    /** Write the SSTable version the nodes write. Client mode forces storage_compatibility_mode NONE, so
+     * CQLSSTableWriter would write 5.0's "oa" files, and a 5.0 node in CASSANDRA_4 mode (its default) streams them
+     * in but then refuses to start ("Detected unreadable sstables"). The big format's version is fixed when its
+     * class is initialized: initialize it first, under the nodes' mode. */
+    private static void sstableVersionOf(String mode) throws Exception {
+        java.lang.reflect.Field field = DatabaseDescriptor.class.getDeclaredField("storageCompatibilityMode");
+        field.setAccessible(true);
+        field.set(null, StorageCompatibilityMode.valueOf(mode));
+        Class.forName("org.apache.cassandra.io.sstable.format.big.BigFormat$BigVersion", true,
+                BulkWriter.class.getClassLoader());
     }
 
     private static String describe(Throwable t) {
