@@ -277,9 +277,9 @@ def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: Pipeline
     return result
 
 
-def import_ahead(module: str) -> None:
-    """Import MODULE in a background thread: a reader that needs it later waits on Python's import lock for what is
-    left instead of paying it all inside its own share of the budget."""
+def import_ahead(module: str) -> Any:
+    """Import MODULE in a background thread (returned, to join): a reader that needs it later waits on Python's
+    import lock for what is left instead of paying it all inside its own share of the budget."""
     import contextlib
     import importlib
     import threading
@@ -288,7 +288,9 @@ def import_ahead(module: str) -> None:
         with contextlib.suppress(ImportError):  # the reader that needs it says so when it runs
             importlib.import_module(module)
 
-    threading.Thread(target=load, name=f"import-{module}", daemon=True).start()
+    thread = threading.Thread(target=load, name=f"import-{module}", daemon=True)
+    thread.start()
+    return thread
 
 
 def s3_shard_runs(
@@ -305,7 +307,7 @@ def s3_shard_runs(
     there are none."""
     results, skipped = [], []
     expect(clock, 3 * len(opts.modes))
-    import_ahead("webdataset")  # 3 s of imports (torch): done while DALI's s3:// reader waits on the network
+    importing = import_ahead("webdataset")  # 3 s of imports (torch): done while DALI's s3:// reader waits
     for mode in opts.modes:
         spec = opts.spec(mode)
         try:
@@ -316,4 +318,5 @@ def s3_shard_runs(
         sopts = replace(opts.s3, shuffle_buffer=0)
         results.append(s3_stream_run(rs, settings, bucket, prefix, spec, sopts, progress, next_budget(clock)))
         results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, next_budget(clock)))
+    importing.join()  # nothing of the check goes on running after it (the webdataset reader waited for it anyway)
     return results, skipped
