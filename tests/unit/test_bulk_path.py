@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from imgest.core.settings import CassandraSettings
-from imgest.sinks.cassandra.bulk_helper import JVM_OPENS, MAIN_CLASS, helper_key, java_command
+from imgest.sinks.cassandra.bulk_helper import JVM_OPENS, MAIN_CLASS, java_command
 from imgest.sinks.cassandra.bulk_writer import BulkTarget, encode
 from imgest.sinks.cassandra.write_path import required
 
@@ -57,8 +57,3 @@ def test_header_carries_credentials_and_ca_and_the_command_line_does_not(tmp_pat
     assert cmd[-1] == MAIN_CLASS
     assert set(JVM_OPENS) <= set(cmd)
     assert not any("s3cret" in part or "BEGIN CERTIFICATE" in part for part in cmd)
-
-
-def test_helper_key_follows_its_sources() -> None:
-    assert len(helper_key()) == 12
-    assert helper_key() == helper_key()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from imgest.core import defaults
@@ -99,7 +99,7 @@ class BulkImageWriter:
         table_names: Callable[[str], tuple[str, str]],
         quarantine: QuarantineLog,
         max_blob_bytes: int = defaults.MAX_BLOB_BYTES,
-        on_written: Callable[[Row], None] | None = None,
+        on_written: Callable[[Row, int], None] | None = None,
     ) -> None:
         self._helper: BulkHelper = shared_helper(target.helper_home(), target.header(settings))
         self._index = {name: i for i, (name, _, _) in enumerate(target.tables)}
@@ -108,7 +108,7 @@ class BulkImageWriter:
         self._max_blob = max_blob_bytes
         self._round = target.round_bytes
         self._on_written = on_written
-        self._pending: list[Row] = []
+        self._pending: list[tuple[Row, int]] = []  # rows of this round, without their bytes (in the helper)
         self._pending_bytes = 0
         self.stats = WriteStats()
 
@@ -131,7 +131,7 @@ class BulkImageWriter:
         data, meta = self._names(row.split)
         self._helper.add(self._index[data], (row.id.bytes, INT.pack(row.label), row.data))
         self._helper.add(self._index[meta], [encode(v) for v in row.meta])
-        self._pending.append(row)
+        self._pending.append((replace(row, data=b""), len(row.data)))
         self._pending_bytes += len(row.data)
         if self._pending_bytes >= self._round:
             self.flush()
@@ -141,10 +141,10 @@ class BulkImageWriter:
         if not self._pending:
             return
         self._helper.load()
-        for row in self._pending:
+        for row, nbytes in self._pending:
             self.stats.written += 1
-            self.stats.bytes += len(row.data)
+            self.stats.bytes += nbytes
             if self._on_written is not None:
-                self._on_written(row)
+                self._on_written(row, nbytes)
         self._pending.clear()
         self._pending_bytes = 0

@@ -195,10 +195,10 @@ def ingest_partition(
     with nullcontext(shared_session(cfg.settings())) as session:  # one session per executor process
         stmts = _Statements(session, cfg.tables)
 
-        def written(row: Row) -> None:
+        def written(row: Row, nbytes: int) -> None:
             result.counts[f"{row.split}/{row.label}"] += 1
             if on_row:
-                on_row(len(row.data))
+                on_row(nbytes)
 
         with _writer(session, stmts, cfg, quarantine, written) as writer:
             for chunk in chunked(candidates, LOOKUP_CHUNK):

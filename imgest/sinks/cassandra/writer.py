@@ -76,7 +76,7 @@ class ImageWriter:
         backoff: float = 0.1,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
         max_in_flight_bytes: int = 256 * 1024 * 1024,
-        on_written: Callable[[Row], None] | None = None,
+        on_written: Callable[[Row, int], None] | None = None,  # (row, its image bytes) once stored
     ) -> None:
         self._session = session
         self._prepared = prepared  # split -> the prepared batch of its data and metadata inserts
@@ -137,7 +137,7 @@ class ImageWriter:
             self.stats.written += 1
             self.stats.bytes += len(row.data)
         if self._on_written is not None:
-            self._on_written(row)
+            self._on_written(row, len(row.data))
         self._release(row)
 
     def _failed(self, exc: BaseException, row: Row, attempt: int) -> None:
