@@ -147,6 +147,24 @@ def java_command(home: Path, heap: str = defaults.BULK_HEAP) -> list[str]:
     return [java, f"-Xmx{heap}", *JVM_FLAGS, *JVM_OPENS, logging_conf, "-cp", classpath, MAIN_CLASS]
 
 
+_ROW_HEAD = struct.Struct(">cBH")
+_LEN = struct.Struct(">i")
+_NULL = _LEN.pack(-1)
+
+
+def row_frame(table: int, values: Sequence[bytes | None]) -> bytes:
+    """The 'R' command of one row of table TABLE: u8 table, u16 column count, each value as i32 length (-1: null)
+    and its bytes."""
+    parts = [_ROW_HEAD.pack(b"R", table, len(values))]
+    for v in values:
+        if v is None:
+            parts.append(_NULL)
+        else:
+            parts.append(_LEN.pack(len(v)))
+            parts.append(v)
+    return b"".join(parts)
+
+
 class BulkHelper:
     """One helper process: ``add`` rows of the header's tables, ``load`` them, ``close``."""
 
@@ -172,10 +190,7 @@ class BulkHelper:
 
     def add(self, table: int, values: Sequence[bytes | None]) -> None:
         """Queue one row of table TABLE (index in the header's list); VALUES serialized as CQL does."""
-        parts = [b"R", struct.pack(">BH", table, len(values))]
-        for v in values:
-            parts.append(struct.pack(">i", -1) if v is None else struct.pack(">i", len(v)) + v)
-        self._send(b"".join(parts))
+        self._send(row_frame(table, values))
         self.sent += 1
 
     def load(self) -> int:

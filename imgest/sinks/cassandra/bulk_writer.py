@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from imgest.core import defaults
@@ -76,6 +76,13 @@ class BulkTarget:
 
 def encode(value: Any) -> bytes | None:
     """VALUE serialized as CQL stores it (uuid, int, text, blob)."""
+    kind = type(value)  # the common types first, without isinstance's walk (a metadata row has 13 values)
+    if kind is str:
+        return value.encode()
+    if kind is int:
+        return INT.pack(value)
+    if kind is uuid.UUID:
+        return value.bytes
     if value is None:
         return None
     if isinstance(value, uuid.UUID):
@@ -108,7 +115,9 @@ class BulkImageWriter:
         self._max_blob = max_blob_bytes
         self._round = target.round_bytes
         self._on_written = on_written
-        self._pending: list[tuple[Row, int]] = []  # rows of this round, without their bytes (in the helper)
+        self._by_split: dict[str, tuple[int, int]] = {}
+        # rows of this round, without their bytes (in the helper): id, label, split, rel_path, stored size
+        self._pending: list[tuple[uuid.UUID, int, str, str, int]] = []
         self._pending_bytes = 0
         self.stats = WriteStats()
 
@@ -128,23 +137,31 @@ class BulkImageWriter:
                 QuarantineEntry(row.rel_path, row.split, Reason.TOO_LARGE_FOR_STORE, detail, str(row.id))
             )
             return
-        data, meta = self._names(row.split)
-        self._helper.add(self._index[data], (row.id.bytes, INT.pack(row.label), row.data))
-        self._helper.add(self._index[meta], [encode(v) for v in row.meta])
-        self._pending.append((replace(row, data=b""), len(row.data)))
+        data, meta = self._tables(row.split)
+        self._helper.add(data, (row.id.bytes, INT.pack(row.label), row.data))
+        self._helper.add(meta, [encode(v) for v in row.meta])
+        self._pending.append((row.id, row.label, row.split, row.rel_path, len(row.data)))
         self._pending_bytes += len(row.data)
         if self._pending_bytes >= self._round:
             self.flush()
+
+    def _tables(self, split: str) -> tuple[int, int]:
+        """The helper's indexes of SPLIT's (data table, metadata table)."""
+        found = self._by_split.get(split)
+        if found is None:
+            data, meta = self._names(split)
+            found = self._by_split[split] = (self._index[data], self._index[meta])
+        return found
 
     def flush(self) -> None:
         """Stream every row written so far; each counts as written once the helper acknowledges it."""
         if not self._pending:
             return
         self._helper.load()
-        for row, nbytes in self._pending:
+        for row_id, label, split, rel_path, nbytes in self._pending:
             self.stats.written += 1
             self.stats.bytes += nbytes
             if self._on_written is not None:
-                self._on_written(row, nbytes)
+                self._on_written(Row(row_id, label, b"", split, (), rel_path), nbytes)
         self._pending.clear()
         self._pending_bytes = 0
