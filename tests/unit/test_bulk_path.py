@@ -3,13 +3,15 @@ header carries (credentials and the CA on stdin, never in its command line)."""
 
 from __future__ import annotations
 
+import io
+import struct
 import uuid
 from pathlib import Path
 
 import pytest
 
 from imgest.core.settings import CassandraSettings
-from imgest.sinks.cassandra.bulk_helper import JVM_OPENS, MAIN_CLASS, java_command
+from imgest.sinks.cassandra.bulk_helper import JVM_OPENS, MAIN_CLASS, BulkHelper, java_command, row_frame
 from imgest.sinks.cassandra.bulk_writer import BulkTarget, encode
 from imgest.sinks.cassandra.write_path import required
 
@@ -24,6 +26,22 @@ def test_values_encode_as_cql_stores_them() -> None:
     assert encode(None) is None
     with pytest.raises(TypeError):
         encode(True)
+
+
+def test_row_frame_is_what_the_helper_reads() -> None:
+    """'R', u8 table, u16 columns, then per column an i32 length (-1: null) and the bytes (BulkWriter.row)."""
+    frame = row_frame(3, [b"ab", None, b""])
+    assert frame == b"R" + struct.pack(">BH", 3, 3) + struct.pack(">i", 2) + b"ab" + struct.pack(">i", -1) + b"\0" * 4
+
+
+def test_a_reply_skips_what_else_the_jvm_printed_on_stdout() -> None:
+    """A JVM option's notice on stdout (JFR's start-up line, say) goes to the helper's log, not into the reply."""
+    helper = object.__new__(BulkHelper)  # the reply reader alone, no JVM
+    helper._stderr = io.BytesIO()  # type: ignore[assignment]
+    out = io.BytesIO(b"[0.9s][info][jfr,startup] Started recording 1.\nOK 12 0.250\n")
+    assert helper._reply(out) == "OK 12 0.250"
+    assert helper._stderr.getvalue() == b"stdout: [0.9s][info][jfr,startup] Started recording 1.\n"
+    assert helper._reply(io.BytesIO(b"noise\n")) == ""  # the helper exited without a reply
 
 
 @pytest.mark.parametrize(

@@ -198,7 +198,7 @@ class BulkHelper:
         self._send(b"L")
         self._stdin().flush()
         assert self._proc.stdout is not None
-        reply = self._proc.stdout.readline().decode(errors="replace").strip()
+        reply = self._reply(self._proc.stdout)
         if not reply.startswith("OK "):
             raise self._died(reply.removeprefix("ERROR ") or "stopped without a reply")
         rows = int(reply.split()[1])
@@ -206,6 +206,16 @@ class BulkHelper:
             raise BulkLoadError(f"bulk-load helper acknowledged {rows} rows of the {self.sent} sent")
         self.sent = 0
         return rows
+
+    def _reply(self, out: IO[bytes]) -> str:
+        """The helper's next reply line; anything else the JVM printed on stdout (a -XX option's notice from
+        JAVA_TOOL_OPTIONS, say) goes to its log. Empty when the helper exited."""
+        while line := out.readline():
+            text = line.decode(errors="replace").strip()
+            if text.startswith(("OK ", "ERROR ")):
+                return text
+            self._stderr.write(b"stdout: " + line)
+        return ""
 
     def _died(self, what: str) -> BulkLoadError:
         if self._proc.poll() is None:
