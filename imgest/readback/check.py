@@ -257,7 +257,9 @@ def s3_webdataset_run(
 
 def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: PipelineSpec, **kw: Any) -> RunResult:
     """DALI's own s3:// reading of the shards at LOCATION (fn.readers.webdataset with the .idx beside each shard),
-    its rate and the reason it is slow in its result (``note``) and in the log."""
+    its rate and the reason it is slow in its result (``note``) and in the log. Its batches hold at most
+    CHECK_DALI_S3_BATCH images: it reads one blocking request after another whatever the batch size."""
+    spec = replace(spec, batch_size=min(spec.batch_size, defaults.CHECK_DALI_S3_BATCH))
     with dali_s3_env(settings):
         result = run_webdataset("shards-s3-dali", rs, spec, location, **kw)
     result.note = DALI_S3_NOTE

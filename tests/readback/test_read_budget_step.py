@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from imgest.core import defaults
 from imgest.flow.steps import read_throughput
 from imgest.readback.check import DALI_S3_NOTE, ReadCheckOptions
 from imgest.readback.pipelines import dali_available
@@ -65,6 +66,7 @@ def test_s3_shard_check_within_a_tiny_budget(
     for row in report["readers"]:
         if row["reader"] == "shards-s3-dali":  # DALI's own s3:// reader, given the .idx beside each of the 4 shards
             assert row["settings"]["index_paths"] == row["settings"]["shards"] == 4
+            assert row["settings"]["batch_size"] == min(BATCH, defaults.CHECK_DALI_S3_BATCH)
             assert row["note"] == DALI_S3_NOTE
             assert row["reason"].endswith(DALI_S3_NOTE)
             assert "NVIDIA/DALI #5551" in row["reason"]
@@ -73,6 +75,22 @@ def test_s3_shard_check_within_a_tiny_budget(
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shards-s3-dali")]
     assert len(logged) == len(TINY.modes)
     assert all("images/s" in line and "16 of 60 images" in line and "cut" in line for line in logged), logged
+
+
+def test_dali_s3_reader_reads_small_batches(stored: dict[str, Any], tmp_path: Path) -> None:
+    """DALI's s3:// leg reads batches of at most CHECK_DALI_S3_BATCH (its blocking requests one after another
+    give the same rate at any batch size), so its minimum of two batches fits its share; the other readers keep
+    the check's batch size."""
+    if not dali_available():
+        pytest.skip("the DALI readers are what this test measures: pip install 'imgest[dali]'")
+    big = defaults.CHECK_DALI_S3_BATCH + 8  # two of them (48) still under the 60 train images
+    opts = replace(TINY, batch_size=big, modes=("raw",))
+    read_throughput_step("shards", stored["s3"], tmp_path, step_settings(stored), opts)
+    rows = {r["reader"]: r for r in _report(tmp_path)["readers"]}
+    dali = rows["shards-s3-dali"]
+    assert dali["settings"]["batch_size"] == defaults.CHECK_DALI_S3_BATCH
+    assert dali["images"] == dali["images_verified"] == 2 * defaults.CHECK_DALI_S3_BATCH
+    assert rows["shards-s3-stream"]["images"] == 2 * big
 
 
 def test_cassandra_check_within_a_tiny_budget(stored: dict[str, Any], tmp_path: Path) -> None:

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from imgest.core import defaults
-from imgest.readback.budget import CheckClock, ReaderBudget, ReadPlan, check_seconds, planned_images, process_age
+from imgest.readback.budget import (
+    CheckClock,
+    ReaderBudget,
+    ReadPlan,
+    check_seconds,
+    planned_images,
+    process_age,
+    tail_seconds,
+)
 from imgest.readback.datasets import ReadSet
 from imgest.readback.pipelines import PipelineSpec
 from imgest.readback.readers import ExternalBatch, run_external
@@ -110,15 +118,24 @@ def test_no_budget_reads_the_whole_sample() -> None:
 
 
 def test_clock_shares_what_is_left_between_the_readers_still_to_run() -> None:
-    clock = CheckClock(10.0, min_batches=2, start=0.0)  # 9 s for readers, 1 s kept for the report
-    clock.expect(3)
+    clock = CheckClock(10.0, min_batches=2, start=0.0)  # 8 s for readers, 2 s kept for the report and the exit
+    clock.expect(4)
     first = clock.next(now=0.0)
-    assert first == ReaderBudget(3.0, 2)
-    assert clock.next(now=5.0) == ReaderBudget(2.0, 2)  # the first ran long: the others share the rest
-    assert clock.next(now=8.0) == ReaderBudget(1.0, 2)
+    assert first == ReaderBudget(2.0, 2)
+    assert clock.next(now=5.0) == ReaderBudget(1.0, 2)  # the first ran long: the others share the rest
+    assert clock.next(now=6.0) == ReaderBudget(1.0, 2)
+    assert clock.next(now=7.5) == ReaderBudget(0.5, 2)
     clock.expect(1)
     assert clock.next(now=12.0) == ReaderBudget(0.0, 2)  # past the deadline: the minimum batches only
     assert CheckClock(0.0).next() is None  # no budget
+
+
+def test_tail_kept_for_the_report_and_the_exit() -> None:
+    """10 % of a long budget, at least 2 s of a short one, never more than 30 % of it."""
+    assert tail_seconds(60.0) == pytest.approx(6.0)
+    assert tail_seconds(8.2) == pytest.approx(2.0)
+    assert tail_seconds(1.0) == pytest.approx(0.3)
+    assert CheckClock(60.0, start=0.0).deadline == pytest.approx(54.0)
 
 
 def _read_set(n: int) -> tuple[ReadSet, list[np.ndarray]]:
