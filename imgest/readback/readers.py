@@ -97,8 +97,12 @@ def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: 
     indexes = rs.indexes or [s[:-4] + ".idx" for s in rs.shards]  # a refresh's kept tar: the index of its live samples
     index_paths = [f"{base.rstrip('/')}/{i}" for i in indexes]
     pipe = webdataset_pipeline(spec, paths, index_paths)
-    settings = {"reader": "fn.readers.webdataset", "shards": len(paths), "index_paths": len(index_paths)}
-    settings["batch_size"] = spec.batch_size
+    settings = {
+        "reader": "fn.readers.webdataset",
+        "shards": len(paths),
+        "index_paths": len(index_paths),
+        "batch_size": spec.batch_size,
+    }
     kw.setdefault("verify_after", spec.verify_after)
     return measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)
 
