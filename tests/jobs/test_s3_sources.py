@@ -237,12 +237,14 @@ def test_hostile_keys_are_refused_with_their_reason(source: S3Settings, tmp_path
     client.put_object(Bucket=BUCKET, Key=f"tests/hostile/train/{wnid}/ctl\x01name.JPEG", Body=body)
     client.put_object(Bucket=BUCKET, Key=f"tests/hostile/train/{wnid}/.../hidden.JPEG", Body=body)
     before = snapshot(source, "tests/hostile/")
+    assert len(before) == 8, f"the server lists {sorted(before)} right after the upload"  # 6 images, 2 hostile
     scan_to_dir(url, tmp_path / "m", "auto", "ds")
     doc = json.loads((tmp_path / "m" / "scan_report.json").read_text())
     assert doc["skipped"]["counts"] == {UNSAFE_KEY: 1}
     assert "holds a control character" in doc["skipped"]["samples"][UNSAFE_KEY][0]
     assert doc["junk_skipped"] == {"hidden-folder": 1}
-    assert doc["kept"] == 6
+    listed = sorted(snapshot(source, "tests/hostile/"))
+    assert doc["kept"] == 6, f"scan report {doc}; the server lists {listed}"  # what was missed, if ever
     assert all("\x01" not in c.rel_path for c in iter_manifest(tmp_path / "m" / "manifest.parquet"))
     assert snapshot(source, "tests/hostile/") == before
 
