@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import re
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +198,7 @@ def measure_all(
     *,
     ingest: Ingest,
     ring_rtts: list[float] | None = None,
+    writer_copies: int = 1,
 ) -> dict[str, Any]:
     """Prepare the datasets (cached; stored with INGEST), then each of PARTS (readers, sweep, loop-read, writers,
     ring), the machine's quietness recorded over each."""
@@ -237,7 +237,7 @@ def measure_all(
         report["sweep_images"] = len(big_sets["cassandra"])
         report["conditions"] = [c.__dict__ for c in conds]
         report["latency_sweep"], report["sweep_compare"] = sweep, sweep_compare(sweep)
-    _loop_and_writers(report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds)
+    _loop_and_writers(report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds, writer_copies)
     if "ring" in parts:
         _ring(report, Path(prepare_sweep(sweep_images, where, ingest)["src"]), root, ring_rtts, rounds, epochs)
     report["targets"] = targets(report)
@@ -269,6 +269,7 @@ def _loop_and_writers(
     readers_src: Path,
     images: int,
     rounds: int,
+    writer_copies: int,
 ) -> None:
     """measure_all's loop-read and writers parts (when in PARTS), into REPORT."""
     from imgest.bench.measure import QuietWatch, server_pids
@@ -280,10 +281,10 @@ def _loop_and_writers(
             report["loop_read"] = loop_read(examples, cassandra, rs)
         report["quiet"]["loop_read"] = watch.result.to_dict()
     if "writers" in parts:
-        src = root / f"writer-src-{images}"  # the train folder of the readers' dataset, hard-linked
-        if not (src / "train").is_dir():
-            src.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["cp", "-al", str(readers_src / "train"), str(src / "train")], check=True)
+        from imgest.bench.plugin_writers import linked_copies
+
+        # the train folder of the readers' dataset, each image under WRITER_COPIES names (hard links)
+        src = linked_copies(readers_src / "train", root / f"writer-src-{images}x{writer_copies}", writer_copies)
         with QuietWatch(server_pids()) as watch:
             report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds))
         report["quiet"]["writers"] = watch.result.to_dict()

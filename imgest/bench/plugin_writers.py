@@ -2,7 +2,9 @@
 ``imgest ingest cassandra --mode unchanged --verify`` on the same source tree, same Spark ``local[2]``.
 
 Each writer runs as the user runs it (a subprocess: spark-submit for the plugin, the ``imgest`` command for us),
-into fresh tables, at two sizes of the tree (all of it and an eighth), ROUNDS times alternating. Reported per
+into fresh tables, at two sizes of the tree (all of it and an eighth), ROUNDS times alternating. The tree is the
+readers' train images, each under ``--writer-copies`` names (hard links; 32,000 images by default), so that the
+start-up costs of both sides (Spark, the JVMs, the schema) weigh as they would in a run of real length. Reported per
 writer: images/s at each size, the fixed cost and the steady rate from a line through the two sizes, CPU per
 row of the Cassandra server and of the writer's process tree, and for imgest the job's phase seconds.
 
@@ -117,6 +119,21 @@ def subset(src: Path, out: Path, fraction: int) -> Path:
             (tmp / "train" / cls.name).mkdir(parents=True)
             for f in sorted(cls.iterdir())[::fraction]:
                 os.link(f, tmp / "train" / cls.name / f.name)
+        tmp.rename(out)
+    return out
+
+
+def linked_copies(train: Path, out: Path, copies: int) -> Path:
+    """OUT/train holding each file of TRAIN's class folders under COPIES names (hard links: ``a.JPEG``,
+    ``a-c1.JPEG``, ...), made once. The same bytes read again by name, as the page cache serves both writers."""
+    if not (out / "train").is_dir():
+        tmp = out.with_name(out.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for cls in sorted(p for p in train.iterdir() if p.is_dir()):
+            (tmp / "train" / cls.name).mkdir(parents=True)
+            for f in sorted(cls.iterdir()):
+                for k in range(copies):
+                    os.link(f, tmp / "train" / cls.name / (f.name if k == 0 else f"{f.stem}-c{k}{f.suffix}"))
         tmp.rename(out)
     return out
 

@@ -32,6 +32,7 @@ def bench_plugin_cmd(args: argparse.Namespace) -> int:
         conds=conds,
         batch_size=args.batch_size,
         ring_rtts=[float(x) for x in args.ring_rtt.split(",") if x.strip()],
+        writer_copies=args.writer_copies,
         ingest=run_ingest,
     )
     return bench_done(args, [name for name, met in report["targets"].items() if not met])
@@ -57,6 +58,13 @@ def register_plugin(bench_parser: Any) -> None:
         help="what to run (default all five); a run of some parts into an existing --json updates only those parts",
     )
     bp.add_argument("--images", type=int, default=8000, help="train images of the readers and writers (default 8000)")
+    bp.add_argument(
+        "--writer-copies",
+        type=int,
+        default=4,
+        help="the writers' tree holds each train image under this many names (hard links), so that start-up "
+        "costs weigh as in a long run: 4 x 8000 = 32,000 images by default (1 for the readers' images alone)",
+    )
     bp.add_argument("--sweep-images", type=int, default=72000, help="images per epoch of the sweep (default 72000)")
     bp.add_argument("--rounds", type=int, default=3, help="rounds; medians reported (default 3)")
     bp.add_argument("--epochs", type=int, default=2, help="epochs in a row per sweep round (default 2)")

@@ -122,3 +122,23 @@ def test_targets_are_judged_at_the_largest_size_and_per_image() -> None:
     assert unchanged["in_job_at_largest"] == round(2500 / 22.0, 1)  # 2,500 MB in 22 s of job
     assert unchanged["per_image"] == 125.0  # 0.125 MB per image every 1 ms
     assert (unchanged["met_at_largest"], unchanged["met_per_image"]) == (False, True)
+
+
+def test_writers_tree_links_each_image_under_its_copies_names(tmp_path: Path) -> None:
+    from imgest.bench.plugin_writers import linked_copies, subset
+
+    for cls, names in {"n1": ["a.JPEG", "b.JPEG"], "n2": ["c.JPEG"]}.items():
+        (tmp_path / "src" / cls).mkdir(parents=True)
+        for name in names:
+            (tmp_path / "src" / cls / name).write_bytes(name.encode())
+    out = linked_copies(tmp_path / "src", tmp_path / "x3", 3)
+    made = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.JPEG"))
+    assert made == [
+        "train/n1/a-c1.JPEG", "train/n1/a-c2.JPEG", "train/n1/a.JPEG",
+        "train/n1/b-c1.JPEG", "train/n1/b-c2.JPEG", "train/n1/b.JPEG",
+        "train/n2/c-c1.JPEG", "train/n2/c-c2.JPEG", "train/n2/c.JPEG",
+    ]  # fmt: skip
+    assert (out / "train/n1/b-c2.JPEG").stat().st_ino == (tmp_path / "src/n1/b.JPEG").stat().st_ino
+    assert linked_copies(tmp_path / "src", tmp_path / "x3", 3) == out  # made once
+    eighth = subset(out, tmp_path / "x3-eighth", 8)
+    assert sorted(p.name for p in eighth.rglob("*.JPEG")) == ["a-c1.JPEG", "c-c1.JPEG"]

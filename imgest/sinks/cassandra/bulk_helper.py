@@ -191,6 +191,7 @@ class BulkHelper:
         widen_pipe(self._stdin())
         body = json.dumps({**header, "dir": str(self.scratch / "sstables")}).encode()
         self._send(struct.pack(">I", len(body)) + body)
+        self._stdin().flush()  # now: the helper reads the ring while the first rows are made (seconds)
         self.sent = 0  # rows sent since the last load
 
     def _stdin(self) -> IO[bytes]:

@@ -1,9 +1,16 @@
 package dev.imgest.bulk;
 
 import com.datastax.driver.core.AuthProvider;
+import com.datastax.driver.core.Cluster;
+import com.datastax.driver.core.Host;
+import com.datastax.driver.core.Metadata;
+import com.datastax.driver.core.NettyOptions;
 import com.datastax.driver.core.PlainTextAuthProvider;
 import com.datastax.driver.core.RemoteEndpointAwareJdkSSLOptions;
 import com.datastax.driver.core.SSLOptions;
+import com.datastax.driver.core.Session;
+import com.datastax.driver.core.TokenRange;
+import com.datastax.shaded.netty.channel.EventLoopGroup;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.BufferedInputStream;
@@ -15,6 +22,9 @@ import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.lang.reflect.Constructor;
+import java.lang.reflect.Field;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Method;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.nio.ByteBuffer;
@@ -25,20 +35,27 @@ import java.security.KeyStore;
 import java.security.cert.Certificate;
 import java.security.cert.CertificateFactory;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.Comparator;
 import java.util.HashSet;
 import java.util.List;
+import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
 import javax.net.ssl.SSLContext;
 import javax.net.ssl.TrustManagerFactory;
 import org.apache.cassandra.config.DatabaseDescriptor;
 import org.apache.cassandra.config.EncryptionOptions.ServerEncryptionOptions;
+import org.apache.cassandra.dht.IPartitioner;
+import org.apache.cassandra.dht.Range;
+import org.apache.cassandra.dht.Token;
 import org.apache.cassandra.io.sstable.CQLSSTableWriter;
 import org.apache.cassandra.io.sstable.SSTableLoader;
 import org.apache.cassandra.io.util.File;
 import org.apache.cassandra.locator.InetAddressAndPort;
 import org.apache.cassandra.schema.TableMetadataRef;
+import org.apache.cassandra.schema.Types;
 import org.apache.cassandra.streaming.StreamResultFuture;
 import org.apache.cassandra.streaming.StreamingChannel;
 import org.apache.cassandra.utils.FBUtilities;
@@ -248,6 +265,14 @@ public final class BulkWriter {
 
     /** sstableloader's client, reading the ring once per helper: its driver session takes seconds to close,
      * which every load would pay. */
+    /** The driver's Netty threads stop without the default 2 s quiet period (nothing is in flight at close). */
+    static final NettyOptions QUICK_CLOSE = new NettyOptions() {
+        @Override
+        public void onClusterClose(EventLoopGroup group) {
+            group.shutdownGracefully(0, 5, TimeUnit.SECONDS).syncUninterruptibly();
+        }
+    };
+
     static final class RingOnce extends SSTableLoader.Client {
         private final NativeSSTableLoaderClient inner;
         private boolean ready;
@@ -256,12 +281,63 @@ public final class BulkWriter {
             this.inner = inner;
         }
 
+        /** NativeSSTableLoaderClient.init's reading, through a driver that closes at once: its default Netty
+         * shutdown waits a 2 s quiet period, which the first load of every helper paid. */
         @Override
         public synchronized void init(String keyspace) {
             if (ready) return;
-            inner.init(keyspace);
-            inner.getEndpointToRangesMap().forEach((ep, ranges) -> ranges.forEach(r -> addRangeForEndpoint(r, ep)));
+            try {
+                Cluster.Builder builder = Cluster.builder()
+                        .addContactPointsWithPorts(this.<Collection<InetSocketAddress>>field("hosts"))
+                        .allowBetaProtocolVersion()
+                        .withNettyOptions(QUICK_CLOSE);
+                SSLOptions ssl = field("sslOptions");
+                AuthProvider auth = field("authProvider");
+                if (ssl != null) builder.withSSL(ssl);
+                if (auth != null) builder.withAuthProvider(auth);
+                int storagePort = this.<Integer>field("storagePort");
+                try (Cluster cluster = builder.build(); Session session = cluster.connect()) {
+                    Metadata metadata = cluster.getMetadata();
+                    IPartitioner partitioner = FBUtilities.newPartitioner(metadata.getPartitioner());
+                    Token.TokenFactory tokens = partitioner.getTokenFactory();
+                    for (TokenRange tr : metadata.getTokenRanges()) {
+                        Range<Token> range = new Range<>(tokens.fromString(tr.getStart().getValue().toString()),
+                                tokens.fromString(tr.getEnd().getValue().toString()));
+                        for (Host host : metadata.getReplicas(Metadata.quote(keyspace), tr)) {
+                            int port = host.getBroadcastSocketAddress().getPort();
+                            addRangeForEndpoint(range, InetAddressAndPort.getByNameOverrideDefaults(
+                                    host.getAddress().getHostAddress(), port != 0 ? port : storagePort));
+                        }
+                    }
+                    Object types = fetch("fetchTypes", new Class<?>[] {String.class, Session.class}, keyspace, session);
+                    Class<?>[] sig = {String.class, Session.class, IPartitioner.class, Types.class};
+                    for (String what : new String[] {"fetchTables", "fetchViews"}) {
+                        Map<?, ?> found = (Map<?, ?>) fetch(what, sig, keyspace, session, partitioner, types);
+                        found.values().forEach(ref -> inner.setTableMetadata((TableMetadataRef) ref));
+                    }
+                }
+            } catch (ReflectiveOperationException | IOException | RuntimeException e) {
+                throw new RuntimeException("Unable to read the ring and the tables of " + keyspace, e);
+            }
             ready = true;
+        }
+
+        @SuppressWarnings("unchecked")
+        private <T> T field(String name) throws ReflectiveOperationException {
+            Field f = NativeSSTableLoaderClient.class.getDeclaredField(name);
+            f.setAccessible(true);
+            return (T) f.get(inner);
+        }
+
+        private static Object fetch(String name, Class<?>[] sig, Object... args) throws ReflectiveOperationException {
+            Method m = NativeSSTableLoaderClient.class.getDeclaredMethod(name, sig);
+            m.setAccessible(true);
+            try {
+                return m.invoke(null, args);
+            } catch (InvocationTargetException e) {
+                if (e.getCause() instanceof RuntimeException r) throw r;
+                throw e;
+            }
         }
 
         @Override
