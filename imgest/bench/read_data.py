@@ -44,13 +44,33 @@ def prepare(images: int, ingest: Ingest) -> dict[str, Any]:
         (None, ["ingest", "cassandra", *base, "--keyspace", where["keyspace"], "--verify"]),
     ]
     marker = root / "prepared.json"
-    for done, argv in [] if marker.is_file() else steps:
+    for done, argv in [] if marker.is_file() and stores_hold(where) else steps:
         if done is not None and done.is_file():
             continue
         if ingest([*argv[:2], *argv[2:], "--max-count", "500"] if argv[1] == "shards" else argv) != 0:
             raise RuntimeError(f"preparing the benchmark dataset failed: imgest {' '.join(argv)}")
     marker.write_text(json.dumps({k: str(v) for k, v in where.items()}))
     return where
+
+
+def stores_hold(where: dict[str, Any]) -> bool:
+    """Whether the servers still hold WHERE's copies (a complete version in its keyspace, a manifest under its S3
+    prefix): a state folder outlives a server's data (a reset node, a wiped bucket), and its marker alone would
+    send the readers to tables that are gone."""
+    from imgest.sinks.cassandra.client import cassandra_session
+    from imgest.sinks.cassandra.versions import records
+    from imgest.sinks.shards.store import open_store
+
+    try:
+        with cassandra_session(CassandraSettings.from_env()) as session:
+            known = session.execute(
+                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (where["keyspace"],)
+            ).one()
+            if known is None or not any(r.status == "complete" for r in records(session, where["keyspace"])):
+                return False
+        return open_store(where["s3"], S3Settings.from_env()).read_manifest() is not None
+    except Exception:  # any doubt: the ingest commands run again (they skip what is stored)
+        return False
 
 
 def prepare_sweep(images: int, base: dict[str, Any], ingest: Ingest) -> dict[str, Any]:
@@ -66,7 +86,7 @@ def prepare_sweep(images: int, base: dict[str, Any], ingest: Ingest) -> dict[str
         "keyspace": f"{KEYSPACE}_sweep_{images}",
     }
     marker = root / "prepared.json"
-    if marker.is_file():
+    if marker.is_file() and stores_hold(where):
         return where
     link_copies(Path(base["src"]), root / "src", images)  # every copy its own path and id, the same bytes
     common = [str(where["src"]), "--work-dir", str(where["work"]), "--dataset", where["dataset"]]
