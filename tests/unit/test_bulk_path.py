@@ -4,6 +4,7 @@ header carries (credentials and the CA on stdin, never in its command line)."""
 from __future__ import annotations
 
 import io
+import os
 import struct
 import uuid
 from pathlib import Path
@@ -75,3 +76,22 @@ def test_header_carries_credentials_and_ca_and_the_command_line_does_not(tmp_pat
     assert cmd[-1] == MAIN_CLASS
     assert set(JVM_OPENS) <= set(cmd)
     assert not any("s3cret" in part or "BEGIN CERTIFICATE" in part for part in cmd)
+
+
+def test_scratch_of_a_gone_worker_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    import subprocess
+
+    from imgest.sinks.cassandra.bulk_helper import SCRATCH_PREFIX, remove_stale_scratch
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"{SCRATCH_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{SCRATCH_PREFIX}xyz"  # not a pid-named folder: left alone
+    for folder in (stale, live, other):
+        (folder / "sstables").mkdir(parents=True)
+        (folder / "helper.log").write_text("log")
+    assert remove_stale_scratch(tmp_path) == 1
+    assert not stale.exists()
+    assert live.is_dir()
+    assert other.is_dir()

@@ -179,11 +179,33 @@ def row_frame(table: int, values: Sequence[bytes | None]) -> bytes:
     return b"".join(parts)
 
 
+SCRATCH_PREFIX = "imgest-bulk-"  # + the Python worker's pid: its helper's log and its round's SSTables
+
+
+def remove_stale_scratch(base: Path) -> int:
+    """Remove the scratch folders under BASE whose Python worker is gone (Spark ends its workers without their
+    exit handlers, so a helper's folder outlives it); returns how many."""
+    removed = 0
+    for folder in base.glob(SCRATCH_PREFIX + "*"):
+        pid = folder.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        except OSError:  # alive, another user's
+            continue
+    return removed
+
+
 class BulkHelper:
     """One helper process: ``add`` rows of the header's tables, ``load`` them, ``close``."""
 
     def __init__(self, home: Path, header: dict[str, Any]) -> None:
-        self.scratch = Path(tempfile.mkdtemp(prefix="imgest-bulk-"))
+        remove_stale_scratch(Path(tempfile.gettempdir()))
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
         self._stderr = open(self.scratch / "helper.log", "wb")  # noqa: SIM115 - lives as long as the process
         self._proc = subprocess.Popen(
             java_command(home), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, bufsize=PIPE_BYTES
