@@ -124,16 +124,15 @@ def subset(src: Path, out: Path, fraction: int) -> Path:
 
 
 def linked_copies(train: Path, out: Path, copies: int) -> Path:
-    """OUT/train holding each file of TRAIN's class folders under COPIES names (hard links: ``a.JPEG``,
-    ``a-c1.JPEG``, ...), made once. The same bytes read again by name, as the page cache serves both writers."""
+    """OUT/train holding each file of TRAIN's class folders under COPIES names (hard links, pack_data.link_copies:
+    ``a.JPEG``, ``a_r1.JPEG``, ...), made once. The same bytes read again by name, as the page cache serves both
+    writers."""
+    from imgest.bench.pack_data import link_copies
+
     if not (out / "train").is_dir():
         tmp = out.with_name(out.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        for cls in sorted(p for p in train.iterdir() if p.is_dir()):
-            (tmp / "train" / cls.name).mkdir(parents=True)
-            for f in sorted(cls.iterdir()):
-                for k in range(copies):
-                    os.link(f, tmp / "train" / cls.name / (f.name if k == 0 else f"{f.stem}-c{k}{f.suffix}"))
+        link_copies(train, tmp / "train", copies * sum(1 for p in train.rglob("*") if p.is_file()))
         tmp.rename(out)
     return out
 

@@ -263,8 +263,6 @@ public final class BulkWriter {
         }
     }
 
-    /** sstableloader's client, reading the ring once per helper: its driver session takes seconds to close,
-     * which every load would pay. */
     /** The driver's Netty threads stop without the default 2 s quiet period (nothing is in flight at close). */
     static final NettyOptions QUICK_CLOSE = new NettyOptions() {
         @Override
@@ -273,6 +271,8 @@ public final class BulkWriter {
         }
     };
 
+    /** sstableloader's client, reading the ring once per helper: its driver session takes seconds to close,
+     * which every load would pay. */
     static final class RingOnce extends SSTableLoader.Client {
         private final NativeSSTableLoaderClient inner;
         private boolean ready;
