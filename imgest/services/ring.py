@@ -136,6 +136,7 @@ class CassandraRing:
                     node.wait_up(max(1.0, timeout - (time.monotonic() - t_rest)))
                 self.wait_joined(node, max(1.0, timeout - (time.monotonic() - t_rest)))
                 self.join_seconds[node.host] = round(time.monotonic() - t_rest, 1)
+            self.wait_agreed(max(1.0, timeout - (time.monotonic() - t0)))
         except BaseException:
             if started or any(n.process.pid() is not None for n in self.nodes):
                 self.down()  # leave nothing half-started behind
@@ -160,6 +161,19 @@ class CassandraRing:
                 return
             time.sleep(2)
         raise ServiceError(f"{node.name} on {node.host} did not join the ring in {timeout:.0f}s; read {node.home}/logs")
+
+    def wait_agreed(self, timeout: float) -> None:
+        """Wait until every node sees every node Up/Normal. Nodes that join together learn of each other by gossip,
+        seconds apart: until then a node that has not seen a peer's tokens stores the peer's rows itself, and a read
+        that asks the owner misses them (seen in CI with replication 1)."""
+        deadline = time.monotonic() + timeout
+        views: dict[str, dict[str, str]] = {}
+        while time.monotonic() < deadline:
+            views = {n.host: self.ring_state(node=i) for i, n in enumerate(self.nodes)}
+            if all(all(view.get(h) == "UN" for h in self.hosts) for view in views.values()):
+                return
+            time.sleep(2)
+        raise ServiceError(f"the nodes do not agree on the ring after {timeout:.0f}s: {views}")
 
     def down(self) -> bool:
         """Stop every node imgest started, all at once (each drains while the others do)."""
@@ -199,10 +213,11 @@ class CassandraRing:
             errors.append(f"{target.name}: {(err or out).strip().splitlines()[-1:]}")
         raise ServiceError(f"nodetool {' '.join(args)} failed: {'; '.join(errors) or 'no node running'}")
 
-    def ring_state(self) -> dict[str, str]:
-        """address -> state (UN, DN, UJ, ...) as `nodetool status` on a live node reports it; {} if none."""
+    def ring_state(self, node: int | None = None) -> dict[str, str]:
+        """address -> state (UN, DN, UJ, ...) as `nodetool status` on NODE (default: a live node) reports it; {} if
+        none answers."""
         try:
-            out = self.nodetool("status", timeout=60)
+            out = self.nodetool("status", node=node, timeout=60)
         except (ServiceError, subprocess.TimeoutExpired):
             return {}
         states = {}
