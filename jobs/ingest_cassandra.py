@@ -26,7 +26,7 @@ from imgest.core.phases import PhaseClock
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.core.staging import Stager
-from imgest.sinks.cassandra import write_path
+from imgest.sinks.cassandra import compaction_hold, write_path
 from imgest.sinks.cassandra.bulk_helper import helper_archive
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
@@ -126,28 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
             record_scan_quarantine(session, cfg, scan_quarantine)
             path, target = choose_write_path(session, cfg, args, splits)
+            held = hold_compaction(session, cfg, splits, bulk=target is not None)
         phases.lap("schema_and_claim")
-        from imgest.spark.submit import build_session
-
-        spark = build_session("imgest-ingest-cassandra")
-        cfg = replace(cfg, bulk=ship_helper(spark, target) if target else None)
-        phases.lap("spark_session")
-        t0 = time.monotonic()
-        with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
-            partitions = args.partitions or partitions_for(cfg, spark, args.manifest_dir)
-            candidates, rows = candidate_rdd(spark, args.manifest_dir, partitions, stager)
-            phases.lap("manifest")
-            total = load(candidates, cfg, rows)
-        seconds = time.monotonic() - t0
-        phases.lap("write")
-        accounted = total.stored + total.skipped + len(total.quarantine)
-        if accounted != rows:
-            raise ImgestError(
-                f"counts do not reconcile: {rows} manifest rows but {accounted} stored, skipped or "
-                "quarantined; the version stays 'writing' and a re-run resumes"
-            )
-        if rows and total.stored + total.skipped == 0:
-            raise nothing_ingestible(args.manifest_dir, "cassandra", rows, total.quarantine)
+        try:
+            total, seconds, spark = write_rows(cfg, args, target, phases)
+        finally:
+            give_compaction_back(cfg, held)
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             finish_version(session, cfg, total, classes)
         phases.lap("finish_version")
@@ -157,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "keyspace": cfg.tables.keyspace,
             "tables": cfg.tables.tables(splits),
             "write_path": {"path": path.path, "reason": path.reason},
+            "compaction_held": held,
             **summary(total, seconds, scan_quarantine),
             "phase_seconds": phases.laps,
         }
@@ -165,6 +150,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
         return report_failure(log, "ingest", exc)
+
+
+def write_rows(
+    cfg: CassandraIngestConfig, args: argparse.Namespace, target: BulkTarget | None, phases: PhaseClock
+) -> tuple[PartitionResult, float, Any]:
+    """The Spark part: every manifest row stored, skipped or quarantined; checks that the counts reconcile.
+    Returns the totals, the seconds it took and the Spark session (stopped once the summary is out)."""
+    from imgest.spark.submit import build_session
+
+    spark = build_session("imgest-ingest-cassandra")
+    cfg = replace(cfg, bulk=ship_helper(spark, target) if target else None)
+    phases.lap("spark_session")
+    t0 = time.monotonic()
+    with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
+        partitions = args.partitions or partitions_for(cfg, spark, args.manifest_dir)
+        candidates, rows = candidate_rdd(spark, args.manifest_dir, partitions, stager)
+        phases.lap("manifest")
+        total = load(candidates, cfg, rows)
+    seconds = time.monotonic() - t0
+    phases.lap("write")
+    accounted = total.stored + total.skipped + len(total.quarantine)
+    if accounted != rows:
+        raise ImgestError(
+            f"counts do not reconcile: {rows} manifest rows but {accounted} stored, skipped or "
+            "quarantined; the version stays 'writing' and a re-run resumes"
+        )
+    if rows and total.stored + total.skipped == 0:
+        raise nothing_ingestible(args.manifest_dir, "cassandra", rows, total.quarantine)
+    return total, seconds, spark
+
+
+def hold_compaction(session: Any, cfg: CassandraIngestConfig, splits: list[str], bulk: bool) -> list[str]:
+    """Compaction given back on tables a killed bulk load left held; held on this load's tables if it is bulk."""
+    tables = [t for kinds in cfg.tables.tables(splits).values() for t in kinds.values()]
+    compaction_hold.release(session, tables)
+    return compaction_hold.hold(session, tables, f"{cfg.dataset}/{cfg.version}") if bulk else []
+
+
+def give_compaction_back(cfg: CassandraIngestConfig, held: list[str]) -> None:
+    """Compaction back on HELD, the load done or failed; a failure to do so is logged, not raised over the load's
+    own outcome (the next ingest into the keyspace gives it back)."""
+    if not held:
+        return
+    try:
+        with cassandra_session(cfg.settings()) as session:
+            compaction_hold.release(session, held)
+    except Exception as exc:  # the store went away: the mark stays on the tables for the next ingest
+        log.warning(
+            "could not give compaction back on %s (%s); the next ingest into %s does", held, exc, cfg.tables.keyspace
+        )
 
 
 def choose_write_path(

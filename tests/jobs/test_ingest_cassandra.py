@@ -17,6 +17,7 @@ from PIL import Image
 from imgest.cli import main
 from imgest.core.settings import CassandraSettings
 from imgest.services.cassandra import CassandraServer
+from imgest.sinks.cassandra import compaction_hold
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.verify import verify
@@ -60,6 +61,16 @@ def _sstable_formats(data: Path, keyspace: str) -> set[str]:
     return {f.name.split("-")[0] for f in data.glob(f"{keyspace}/*/*-Data.db")}
 
 
+def _held(session: Any, keyspace: str) -> list[str]:
+    """Tables of KEYSPACE whose compaction a bulk load holds (off, with imgest's mark)."""
+    rows = session.execute(
+        "SELECT table_name, compaction, comment FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
+    )
+    held = [r for r in rows if (r.comment or "").startswith(compaction_hold.MARK)]
+    assert all(dict(r.compaction).get("enabled") == "false" for r in held)
+    return sorted(f"{keyspace}.{r.table_name}" for r in held)
+
+
 def _count(session: Any, table: str) -> int:
     return session.execute(f"SELECT count(*) FROM {table}").one()[0]
 
@@ -75,6 +86,9 @@ def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Pat
     assert rc == 0, log[-3000:]
     first = read_summary(out)
     assert first["write_path"]["path"] == path
+    loaded = sorted({f"{ks}.data", f"{ks}.metadata"})
+    assert first["compaction_held"] == (loaded if path == "bulk" else [])
+    assert _held(session, ks) == []  # given back once the load ended
     formats, node = _sstable_formats(cassandra_data(session), ks), _sstable_formats(cassandra_data(session), "system")
     assert formats <= node, (formats, node)  # the node's own format: it starts again with these files
     assert formats or path == "cql"  # the loaded SSTables are on disk (CQL rows may still be in memtables)
@@ -176,12 +190,16 @@ def test_resume_after_job_killed_midway(tmp_path: Path, session: Any, path: str)
     written = kill_when(proc, committed, lambda n: n >= 20)
     assert 0 < written < total, f"kill did not land mid-way ({written}/{total})"
     assert session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status == "writing"
+    loaded = sorted({f"{ks}.data", f"{ks}.metadata"})
+    assert _held(session, ks) == (loaded if path == "bulk" else [])  # killed: nobody gave compaction back
 
     out = tmp_path / "resumed.json"
     rc, log = run_job("ingest_cassandra", [*args, "--summary-json", str(out)])
     assert rc == 0, log[-3000:]
     resumed = read_summary(out)
     assert resumed["write_path"]["path"] == path
+    assert resumed["compaction_held"] == (loaded if path == "bulk" else [])
+    assert _held(session, ks) == []
     already = resumed["skipped_already_committed"]
     assert already >= written
     assert resumed["stored"] + already == total
