@@ -6,7 +6,8 @@ into fresh tables, at two sizes of the tree (all of it and an eighth), ROUNDS ti
 readers' train images, each under ``--writer-copies`` names (hard links; 32,000 images by default), so that the
 start-up costs of both sides (Spark, the JVMs, the schema) weigh as they would in a run of real length. Reported per
 writer: images/s at each size, the fixed cost and the steady rate from a line through the two sizes, CPU per
-row of the Cassandra server and of the writer's process tree, and for imgest the job's phase seconds.
+row of the Cassandra server (counted until the node has compacted what the writer left it, so that it does not fall
+into the next writer's run) and of the writer's process tree, and for imgest the job's phase seconds.
 
 imgest runs twice: with its default check (every JPEG's entropy data decoded, so a truncated or corrupt file is
 quarantined instead of stored) and with ``--unchanged-check header`` (the closest to the plugin, which checks
@@ -94,17 +95,38 @@ def imgest_writer(
     return {"writer": name, "seconds": round(wall, 2), "rows": rows, "phase_seconds": summary.get("phase_seconds")}
 
 
-def with_cpu(run: Callable[[], dict[str, Any]], server_pid: int | None) -> dict[str, Any]:
-    """RUN() (a writer returning its record) with the CPU per row of the server and of this process's tree."""
+def settle(settings: CassandraSettings, quiet_s: float = 3.0, limit_s: float = 600.0) -> float:
+    """Seconds until the node runs no compaction for QUIET_S in a row (``system_views.sstable_tasks``), so that the
+    merges a writer leaves behind (the CQL path's flushed memtables, the bulk path's streamed SSTables once it
+    gives compaction back) count as that writer's and do not fall into the next one's window."""
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    t0 = last_busy = time.monotonic()
+    with cassandra_session(settings) as session:
+        while time.monotonic() - last_busy < quiet_s and time.monotonic() - t0 < limit_s:
+            if list(session.execute("SELECT kind FROM system_views.sstable_tasks")):
+                last_busy = time.monotonic()
+            time.sleep(0.25)
+    return round(time.monotonic() - t0, 1)
+
+
+def with_cpu(
+    run: Callable[[], dict[str, Any]], server_pid: int | None, wait: Callable[[], float] | None = None
+) -> dict[str, Any]:
+    """RUN() (a writer returning its record) with the CPU per row of the server and of this process's tree; the
+    server's counted until WAIT() returns (the node done with what the writer left it), the seconds it took
+    recorded apart from the writer's own."""
     from imgest.bench.measure import TreeSampler, tree_seconds
 
     server0 = tree_seconds([server_pid]) if server_pid else 0.0
     with TreeSampler([os.getpid()]) as tree:
         out = run()
+    settled = wait() if wait else 0.0
     server = (tree_seconds([server_pid]) - server0) if server_pid else 0.0
     rows = max(1, out["rows"])
     return {
         **out,
+        "server_settle_s": settled,
         "server_cpu_ms_per_row": round(server / rows * 1000, 3),
         "client_cpu_ms_per_row": round(tree.seconds() / rows * 1000, 3),
     }
@@ -180,7 +202,8 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
     for _ in range(rounds):
         for size, tree in (("small", small_src), ("full", src)):
             for side in SIDES:
-                runs.setdefault((side, size), []).append(with_cpu(partial(run_one[side], tree), server))
+                record = with_cpu(partial(run_one[side], tree), server, partial(settle, settings))
+                runs.setdefault((side, size), []).append(record)
     out: dict[str, Any] = {"sizes": {}}
     for side in SIDES:
         small, full = _median_record(runs[(side, "small")]), _median_record(runs[(side, "full")])

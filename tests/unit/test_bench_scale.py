@@ -135,7 +135,10 @@ def test_count21k_has_21k_classes_and_fractions_share_their_first_images(tmp_pat
 
     spec = count21k.Count21kSpec(classes=12, images=90)
     small, whole = count21k.write_count21k(tmp_path, [0.25, 1.0], spec)
+    stamp = whole.stat().st_mtime_ns
     assert count21k.write_count21k(tmp_path, [0.25, 1.0], spec) == [small, whole]  # cached: same spec, no rewrite
+    assert count21k.write_count21k(tmp_path, [1.0], spec) == [whole]  # some of the fractions made: no rewrite
+    assert whole.stat().st_mtime_ns == stamp
 
     def members(path: Path) -> dict[str, dict[str, bytes]]:
         out = {}

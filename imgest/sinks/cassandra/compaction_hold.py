@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from cassandra import Unauthorized
+
 log = logging.getLogger(__name__)
 MARK = "imgest: compaction held during a bulk load"
 WAS = " | comment before: "
@@ -51,7 +53,8 @@ def _alter(session: Any, table: str, options: dict[str, str], comment: str) -> N
 
 def hold(session: Any, tables: Iterable[str], holder: str) -> list[str]:
     """Turn background compaction off on TABLES ('ks.table'), marking each with HOLDER; returns the tables held.
-    A table whose compaction was already off without our mark (the operator's choice) is left alone."""
+    A table whose compaction was already off without our mark (the operator's choice) is left alone, and so is one
+    this role may not alter (the load then runs with compaction on, as before)."""
     held = []
     for table in sorted(set(tables)):
         options, comment = _options(session, table)
@@ -61,7 +64,11 @@ def hold(session: Any, tables: Iterable[str], holder: str) -> list[str]:
             continue
         before = comment.split(WAS, 1)[1] if marked and WAS in comment else ("" if marked else comment)
         note = f"{MARK} by {holder} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
-        _alter(session, table, {**options, "enabled": "false"}, note + (WAS + before if before else ""))
+        try:
+            _alter(session, table, {**options, "enabled": "false"}, note + (WAS + before if before else ""))
+        except Unauthorized as exc:  # a role with MODIFY but not ALTER on tables an operator created
+            log.warning("%s: compaction stays on during the load: this role may not alter the table (%s)", table, exc)
+            continue
         held.append(table)
     if held:
         log.info("compaction held on %s while the load streams", ", ".join(held))

@@ -98,8 +98,9 @@ def write_count21k(root: Path, fractions: list[float], spec: Count21kSpec = Coun
     if fracs[-1] != max(fractions) or any(f <= 0 or f > 1 for f in fracs):
         raise ValueError(f"fractions must lie in (0, 1]: {fractions}")
     marker = root / SPEC_FILE
-    if marker.is_file() and json.loads(marker.read_text()) == {**asdict(spec), "fractions": list(fracs)}:
-        return [tar_path(root, f) for f in fractions]
+    made = json.loads(marker.read_text()) if marker.is_file() else {}
+    if {**made, "fractions": None} == {**asdict(spec), "fractions": None} and set(fracs) <= set(made["fractions"]):
+        return [tar_path(root, f) for f in fractions]  # made before, with these among its fractions
     marker.unlink(missing_ok=True)
     wnids = [w for w, _ in synsets(spec.classes)]
     log.info("generating %s images in %s class tars under %s", spec.images, spec.classes, root)
