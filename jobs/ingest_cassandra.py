@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             total, seconds, spark = write_rows(cfg, args, target, phases)
         finally:
             give_compaction_back(cfg, held)
+        phases.lap("compaction_back")
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
             finish_version(session, cfg, total, classes)
         phases.lap("finish_version")
@@ -182,24 +183,23 @@ def write_rows(
 
 
 def hold_compaction(session: Any, cfg: CassandraIngestConfig, splits: list[str], bulk: bool) -> list[str]:
-    """Compaction given back on tables a killed bulk load left held; held on this load's tables if it is bulk."""
+    """Compaction given back on tables a killed bulk load of this dataset left held (this job holds the dataset's
+    lock, so that load is gone); held on this load's tables if it is bulk."""
     tables = [t for kinds in cfg.tables.tables(splits).values() for t in kinds.values()]
-    compaction_hold.release(session, tables)
+    compaction_hold.release(session, tables, cfg.dataset)  # a killed load of this dataset held them
     return compaction_hold.hold(session, tables, f"{cfg.dataset}/{cfg.version}") if bulk else []
 
 
 def give_compaction_back(cfg: CassandraIngestConfig, held: list[str]) -> None:
     """Compaction back on HELD, the load done or failed; a failure to do so is logged, not raised over the load's
-    own outcome (the next ingest into the keyspace gives it back)."""
+    own outcome (the next ingest of the dataset gives it back)."""
     if not held:
         return
     try:
         with cassandra_session(cfg.settings()) as session:
-            compaction_hold.release(session, held)
+            compaction_hold.release(session, held, cfg.dataset)
     except Exception as exc:  # the store went away: the mark stays on the tables for the next ingest
-        log.warning(
-            "could not give compaction back on %s (%s); the next ingest into %s does", held, exc, cfg.tables.keyspace
-        )
+        log.warning("could not give compaction back on %s (%s); the next ingest of %s does", held, exc, cfg.dataset)
 
 
 def choose_write_path(

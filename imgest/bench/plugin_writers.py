@@ -6,8 +6,9 @@ into fresh tables, at two sizes of the tree (all of it and an eighth), ROUNDS ti
 readers' train images, each under ``--writer-copies`` names (hard links; 32,000 images by default), so that the
 start-up costs of both sides (Spark, the JVMs, the schema) weigh as they would in a run of real length. Reported per
 writer: images/s at each size, the fixed cost and the steady rate from a line through the two sizes, CPU per
-row of the Cassandra server (counted until the node has compacted what the writer left it, so that it does not fall
-into the next writer's run) and of the writer's process tree, and for imgest the job's phase seconds.
+row of the Cassandra server (while the writer runs and until the merges running when it ends are done; every
+writer's keyspace is dropped before the next writer runs, so that nothing one leaves behind falls into the next
+one's run) and of the writer's process tree, and for imgest the job's phase seconds.
 
 imgest runs twice: with its default check (every JPEG's entropy data decoded, so a truncated or corrupt file is
 quarantined instead of stored) and with ``--unchanged-check header`` (the closest to the plugin, which checks
@@ -96,9 +97,11 @@ def imgest_writer(
 
 
 def settle(settings: CassandraSettings, quiet_s: float = 3.0, limit_s: float = 600.0) -> float:
-    """Seconds until the node runs no compaction for QUIET_S in a row (``system_views.sstable_tasks``), so that the
-    merges a writer leaves behind (the CQL path's flushed memtables, the bulk path's streamed SSTables once it
-    gives compaction back) count as that writer's and do not fall into the next one's window."""
+    """Seconds until the node has run no compaction for QUIET_S in a row (``system_views.sstable_tasks``): the
+    merges already running when a writer ends (the CQL path's, started by its flushes) count as that writer's.
+    Merges the node starts later are not waited for: compaction given back by a schema change (the bulk path's)
+    starts at the node's next background check, up to a minute on, and the next writer's run drops the keyspace
+    first (``clear_keyspaces``), so they are counted for no writer."""
     from imgest.sinks.cassandra.client import cassandra_session
 
     t0 = last_busy = time.monotonic()
@@ -108,6 +111,16 @@ def settle(settings: CassandraSettings, quiet_s: float = 3.0, limit_s: float = 6
                 last_busy = time.monotonic()
             time.sleep(0.25)
     return round(time.monotonic() - t0, 1)
+
+
+def clear_keyspaces(settings: CassandraSettings) -> None:
+    """Drop every writer's keyspace before the next writer runs, outside its measured window: a keyspace left
+    behind would compact during the next writer's run."""
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    with cassandra_session(settings) as session:
+        for suffix in ("_crs4", "_imgest"):
+            session.execute(f"DROP KEYSPACE IF EXISTS {WRITER_KEYSPACE}{suffix}", timeout=120)
 
 
 def with_cpu(
@@ -164,8 +177,9 @@ def _median_record(results: list[dict[str, Any]]) -> dict[str, Any]:
     best = min(results, key=lambda r: abs(r["seconds"] - seconds))
     out = {**best, "seconds": seconds, "all_seconds": [r["seconds"] for r in results]}
     out["images_per_s"] = round(out["rows"] / seconds, 1)
-    for key in ("server_cpu_ms_per_row", "client_cpu_ms_per_row"):
-        out[key] = statistics.median(r[key] for r in results)
+    for key in ("server_cpu_ms_per_row", "client_cpu_ms_per_row", "server_settle_s"):
+        if all(key in r for r in results):
+            out[key] = statistics.median(r[key] for r in results)
     return out
 
 
@@ -202,6 +216,7 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
     for _ in range(rounds):
         for size, tree in (("small", small_src), ("full", src)):
             for side in SIDES:
+                clear_keyspaces(settings)
                 record = with_cpu(partial(run_one[side], tree), server, partial(settle, settings))
                 runs.setdefault((side, size), []).append(record)
     out: dict[str, Any] = {"sizes": {}}

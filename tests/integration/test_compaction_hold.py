@@ -48,9 +48,13 @@ def test_held_then_given_back_with_the_options_and_comment_it_had(session: Any) 
     # held twice (a resumed load): the first comment is kept, not nested
     compaction_hold.hold(session, [f"{KS}.a"], "ds/v1")
     assert _state(session, "a")[1].count(compaction_hold.WAS) == 1
-    assert compaction_hold.release(session, [f"{KS}.a", f"{KS}.missing"]) == [f"{KS}.a"]
+    # another dataset's load took the hold over (it loads the same tables): only that dataset gives it back
+    compaction_hold.hold(session, [f"{KS}.a"], "other/v7")
+    assert compaction_hold.holder_of(_state(session, "a")[1]) == "other/v7"
+    assert compaction_hold.release(session, [f"{KS}.a"], "ds") == []
+    assert compaction_hold.release(session, [f"{KS}.a", f"{KS}.missing"], "other") == [f"{KS}.a"]
     assert _state(session, "a") == before
-    assert compaction_hold.release(session, [f"{KS}.a"]) == []  # nothing held: nothing changes
+    assert compaction_hold.release(session, [f"{KS}.a"], "other") == []  # nothing held: nothing changes
 
 
 def test_compaction_the_operator_turned_off_stays_off(session: Any) -> None:
@@ -60,7 +64,7 @@ def test_compaction_the_operator_turned_off_stays_off(session: Any) -> None:
     )
     before = _state(session, "b")
     assert compaction_hold.hold(session, [f"{KS}.b"], "ds/v1") == []
-    assert compaction_hold.release(session, [f"{KS}.b"]) == []
+    assert compaction_hold.release(session, [f"{KS}.b"], "ds") == []
     assert _state(session, "b") == before
 
 
@@ -81,7 +85,7 @@ def test_a_role_that_may_not_alter_loads_with_compaction_on(cassandra_auth_serve
     writer = CassandraSettings(hosts=node[0], port=node[1], username=role, password=password)
     with cassandra_session(writer) as s:
         assert compaction_hold.hold(s, [f"{KS}.c"], "ds/v1") == []
-        assert compaction_hold.release(s, [f"{KS}.c"]) == []
+        assert compaction_hold.release(s, [f"{KS}.c"], "ds") == []
         assert _state(s, "c") == before
 
 

@@ -139,6 +139,9 @@ def test_count21k_has_21k_classes_and_fractions_share_their_first_images(tmp_pat
     assert count21k.write_count21k(tmp_path, [0.25, 1.0], spec) == [small, whole]  # cached: same spec, no rewrite
     assert count21k.write_count21k(tmp_path, [1.0], spec) == [whole]  # some of the fractions made: no rewrite
     assert whole.stat().st_mtime_ns == stamp
+    half = count21k.write_count21k(tmp_path, [0.5], spec)[0]  # a new fraction: all made again, in one pass
+    assert count21k.write_count21k(tmp_path, [0.25, 0.5, 1.0], spec) == [small, half, whole]
+    assert half.stat().st_mtime_ns == count21k.write_count21k(tmp_path, [0.5], spec)[0].stat().st_mtime_ns
 
     def members(path: Path) -> dict[str, dict[str, bytes]]:
         out = {}

@@ -99,8 +99,11 @@ def write_count21k(root: Path, fractions: list[float], spec: Count21kSpec = Coun
         raise ValueError(f"fractions must lie in (0, 1]: {fractions}")
     marker = root / SPEC_FILE
     made = json.loads(marker.read_text()) if marker.is_file() else {}
-    if {**made, "fractions": None} == {**asdict(spec), "fractions": None} and set(fracs) <= set(made["fractions"]):
+    same_spec = {**made, "fractions": None} == {**asdict(spec), "fractions": None}
+    before = set(made.get("fractions", [])) if same_spec else set()
+    if set(fracs) <= before:
         return [tar_path(root, f) for f in fractions]  # made before, with these among its fractions
+    fracs = tuple(sorted(set(fracs) | before))  # the ones made before are made again with the new ones (one pass)
     marker.unlink(missing_ok=True)
     wnids = [w for w, _ in synsets(spec.classes)]
     log.info("generating %s images in %s class tars under %s", spec.images, spec.classes, root)
