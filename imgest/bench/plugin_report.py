@@ -128,7 +128,7 @@ def print_writers(w: dict[str, Any]) -> None:
             f" steady {one.get('steady_images_per_s')} images/s; CPU per row: server {one['server_cpu_ms_per_row']}"
             f" ms, writer {one['client_cpu_ms_per_row']} ms; per further row: server"
             f" {one.get('server_cpu_ms_per_row_marginal')} ms, writer {one.get('client_cpu_ms_per_row_marginal')} ms"
-            + (f"; the node compacted {one['server_settle_s']} s after it" if "server_settle_s" in one else "")
+            + (f"; node quiet 3 s at {one['server_settle_s']} s after it" if "server_settle_s" in one else "")
         )
         if one.get("phase_seconds"):
             print(f"  job phases (s): {one['phase_seconds']}")

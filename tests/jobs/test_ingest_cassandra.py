@@ -66,7 +66,7 @@ def _held(session: Any, keyspace: str) -> list[str]:
     rows = session.execute(
         "SELECT table_name, compaction, comment FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
     )
-    held = [r for r in rows if (r.comment or "").startswith(compaction_hold.MARK)]
+    held = [r for r in rows if compaction_hold.holder_of(r.comment or "") is not None]
     assert all(dict(r.compaction).get("enabled") == "false" for r in held)
     return sorted(f"{keyspace}.{r.table_name}" for r in held)
 
