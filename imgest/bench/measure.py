@@ -226,6 +226,8 @@ class Peaks:
 
     def add(self, samples: dict[str, list[int]]) -> None:
         for role, values in samples.items():
+            if not values:
+                continue
             self.single[role] = max(self.single.get(role, 0), max(values))
             self.total[role] = max(self.total.get(role, 0), sum(values))
 
@@ -260,7 +262,8 @@ class RssSampler:
             try:
                 role = self.role(proc.cmdline(), self.pid, proc.pid)
                 if role:
-                    samples.setdefault(role, []).append(proc.memory_info().rss)
+                    rss = proc.memory_info().rss  # read before the role's list exists: a process gone here adds none
+                    samples.setdefault(role, []).append(rss)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
         if samples:

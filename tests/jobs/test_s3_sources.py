@@ -44,15 +44,22 @@ TRAIN, VAL, CSV = "ILSVRC2012_img_train.tar", "ILSVRC2012_img_val.tar", "LOC_val
 ROW_FIELDS = ("id", "split", "rel_path", "wnid", "label", "size", "container", "offset")
 
 
+# The prefixes this process filled (upload): a module's teardown removes those only. Another xdist worker's
+# tests fill prefixes of their own in the same bucket (tests/no-shared-disk/, tests/cluster-dag-source/) while
+# this one runs; clearing all of tests/ emptied a prefix under another worker's running scan.
+_FILLED: set[str] = set()
+
+
 @pytest.fixture(scope="module")
 def source(s3_server: S3Server) -> Iterator[S3Settings]:
-    """The source bucket's connection; every prefix a test fills is removed afterwards."""
+    """The source bucket's connection; every prefix a test of this process filled is removed afterwards."""
     settings = S3Settings(**{**s3_server.settings().__dict__, "bucket": BUCKET})
     client = settings.client()
     if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=BUCKET)
     yield settings
-    clear(settings, "tests/")
+    while _FILLED:
+        clear(settings, _FILLED.pop())
 
 
 def clear(settings: S3Settings, prefix: str) -> None:
@@ -64,6 +71,7 @@ def clear(settings: S3Settings, prefix: str) -> None:
 def upload(settings: S3Settings, root: Path, prefix: str) -> str:
     """Every file under ROOT put under PREFIX (cleared first); returns the source URL."""
     clear(settings, prefix)
+    _FILLED.add(prefix)
     client = settings.client()
     for path in sorted(root.rglob("*")):
         if path.is_file():

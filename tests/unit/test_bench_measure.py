@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from imgest.bench.measure import RssSampler, meets, spread
+from imgest.bench.measure import Peaks, RssSampler, meets, spread
 
 # a child that holds 200 MiB of touched memory for a moment
 HOLD = "import time\nb = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(1.5)\n"
@@ -27,3 +27,12 @@ def test_rss_sampler_sees_a_childs_peak_under_its_role() -> None:
     assert proc.returncode == 0
     assert 200 << 20 <= sampler.peaks.single["child"] < 400 << 20
     assert sampler.peaks.total["child"] == sampler.peaks.single["child"]  # one process of the role
+
+
+def test_peaks_ignore_a_role_whose_only_process_went_away() -> None:
+    """A process that exits between its role and its RSS adds nothing (the sampler's thread once died on it)."""
+    peaks = Peaks()
+    peaks.add({"python": [], "jvm": [5, 7]})
+    peaks.add({"jvm": [3]})
+    assert peaks.single == {"jvm": 7}
+    assert peaks.total == {"jvm": 12}
