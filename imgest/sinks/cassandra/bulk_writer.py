@@ -5,6 +5,9 @@ The same contract as ``ImageWriter``: ``write(row)``, ``flush()`` on leaving the
 ``on_written`` callback per stored row. A row counts as written only when the round holding it has been
 streamed; the helper streams a round's data tables before its metadata tables, so a metadata row still means
 "committed" (a job killed between the two leaves data rows without metadata, which a re-run writes again).
+
+A round streams while the next one is written (one round in flight): the transform does not wait for the
+network and the node except at the partition's end, and the executor's scratch disk holds two rounds at most.
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ class BulkImageWriter:
         # rows of this round, without their bytes (in the helper): id, label, split, rel_path, stored size
         self._pending: list[tuple[uuid.UUID, int, str, str, int]] = []
         self._pending_bytes = 0
+        self._streaming: list[tuple[uuid.UUID, int, str, str, int]] = []  # the round the helper streams now
         self.stats = WriteStats()
 
     def __enter__(self) -> BulkImageWriter:
@@ -143,7 +147,7 @@ class BulkImageWriter:
         self._pending.append((row.id, row.label, row.split, row.rel_path, len(row.data)))
         self._pending_bytes += len(row.data)
         if self._pending_bytes >= self._round:
-            self.flush()
+            self._next_round()
 
     def _tables(self, split: str) -> tuple[int, int]:
         """The helper's indexes of SPLIT's (data table, metadata table)."""
@@ -153,15 +157,27 @@ class BulkImageWriter:
             found = self._by_split[split] = (self._index[data], self._index[meta])
         return found
 
-    def flush(self) -> None:
-        """Stream every row written so far; each counts as written once the helper acknowledges it."""
-        if not self._pending:
-            return
-        self._helper.load()
-        for row_id, label, split, rel_path, nbytes in self._pending:
+    def _next_round(self) -> None:
+        """Wait for the round streaming now (if any), then hand the helper this one to stream."""
+        if self._streaming:
+            self._acknowledged()
+        self._helper.start_load()
+        self._streaming, self._pending = self._pending, []
+        self._pending_bytes = 0
+
+    def _acknowledged(self) -> None:
+        """Wait until the streaming round is on every replica; its rows count as written from here."""
+        self._helper.wait_load()
+        for row_id, label, split, rel_path, nbytes in self._streaming:
             self.stats.written += 1
             self.stats.bytes += nbytes
             if self._on_written is not None:
                 self._on_written(Row(row_id, label, b"", split, (), rel_path), nbytes)
-        self._pending.clear()
-        self._pending_bytes = 0
+        self._streaming = []
+
+    def flush(self) -> None:
+        """Stream every row written so far and wait: each counts as written once the helper acknowledges it."""
+        if self._pending:
+            self._next_round()
+        if self._streaming:
+            self._acknowledged()

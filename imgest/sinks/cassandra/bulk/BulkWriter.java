@@ -13,11 +13,10 @@ import com.datastax.driver.core.TokenRange;
 import com.datastax.shaded.netty.channel.EventLoopGroup;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
-import java.io.BufferedInputStream;
 import java.io.ByteArrayInputStream;
-import java.io.DataInputStream;
 import java.io.EOFException;
 import java.io.FileDescriptor;
+import java.io.FileInputStream;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.PrintStream;
@@ -28,6 +27,7 @@ import java.lang.reflect.Method;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.ReadableByteChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -41,7 +41,10 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import javax.net.ssl.SSLContext;
 import javax.net.ssl.TrustManagerFactory;
@@ -70,9 +73,12 @@ import org.apache.cassandra.utils.StorageCompatibilityMode;
  * tables (CREATE and INSERT statements, in load order: data tables before metadata tables) and the loader's
  * settings; then commands, each one byte: 'R' a row (u8 table index, u16 column count, per column an i32
  * length, -1 for null, and the value serialized as CQL does), 'L' close the SSTables written so far and stream
- * them table by table to every replica of their ranges (sstableloader's SSTableLoader), 'Q' quit. Each 'L' is
- * answered on stdout with one line "OK rows seconds" or "ERROR message"; logs go to stderr. Credentials and
- * the CA travel in the header, never in argv.
+ * them table by table to every replica of their ranges (sstableloader's SSTableLoader), 'Q' quit once every
+ * round is streamed; 'T' (the build's training run, see bulk_archive.py) writes the round's SSTables and drops them,
+ * answered "OK rows 0". A round streams on one background thread while the rows of the next one arrive, rounds in
+ * the order of their 'L'. Each 'L' is answered on stdout, when its round is on every replica, with one line
+ * "OK rows seconds" (the seconds its streaming took), or "ERROR message", after which the helper exits; logs go
+ * to stderr. Credentials and the CA travel in the header, never in argv.
  */
 public final class BulkWriter {
     private final JsonNode cfg;
@@ -81,7 +87,14 @@ public final class BulkWriter {
     private CQLSSTableWriter[] writers;
     private long[] pending;
     private int round;
-    private SSTableLoader.Client client;
+    private SSTableLoader.Client client; // the streaming thread's, after readRingAhead hands it over
+    private final Slabs slabs = new Slabs();
+    /** Streams the closed rounds, one at a time, in order, while the main thread writes the next round. */
+    private final ExecutorService streamer = Executors.newSingleThreadExecutor(r -> {
+        Thread t = new Thread(r, "imgest-stream");
+        t.setDaemon(true);
+        return t;
+    });
 
     private BulkWriter(JsonNode cfg) {
         this.cfg = cfg;
@@ -94,10 +107,10 @@ public final class BulkWriter {
     public static void main(String[] args) throws Exception {
         PrintStream replies = new PrintStream(new FileOutputStream(FileDescriptor.out), true, "UTF-8");
         System.setOut(System.err); // Cassandra's tool code prints: stdout carries the replies only
-        DataInputStream in = new DataInputStream(new BufferedInputStream(System.in, 1 << 20));
+        Frames in = new Frames(new FileInputStream(FileDescriptor.in).getChannel());
         try {
-            byte[] header = new byte[in.readInt()];
-            in.readFully(header);
+            byte[] header = new byte[in.i32()];
+            in.fill(ByteBuffer.wrap(header));
             BulkWriter w = new BulkWriter(new ObjectMapper().readTree(header));
             sstableVersionOf(w.cfg.path("storage_compatibility_mode").asText("CASSANDRA_4"));
             DatabaseDescriptor.clientInitialization();
@@ -151,22 +164,34 @@ public final class BulkWriter {
         t.start();
     }
 
-    private void run(DataInputStream in, PrintStream replies) throws Exception {
+    private void run(Frames in, PrintStream replies) throws Exception {
         while (true) {
             int op;
             try {
-                op = in.readUnsignedByte();
+                op = in.u8();
             } catch (EOFException eof) {
                 return; // the caller went away: what was not loaded was never acknowledged
             }
             switch (op) {
                 case 'R' -> row(in);
                 case 'L' -> {
-                    long t0 = System.nanoTime();
-                    long rows = load();
-                    replies.printf("OK %d %.3f%n", rows, (System.nanoTime() - t0) / 1e9);
+                    Round handed = nextRound();
+                    streamer.execute(() -> streamAndReply(handed, replies));
+                }
+                case 'T' -> {
+                    Round handed = nextRound();
+                    long rows = 0;
+                    for (int t = 0; t < handed.writers().length; t++) {
+                        if (handed.writers()[t] == null) continue;
+                        handed.writers()[t].close();
+                        rows += handed.rows()[t];
+                    }
+                    deleteTree(handed.dir());
+                    replies.printf("OK %d 0%n", rows);
                 }
                 case 'Q' -> {
+                    streamer.shutdown(); // the rounds already asked for are streamed and answered first
+                    streamer.awaitTermination(1, TimeUnit.DAYS);
                     return;
                 }
                 default -> throw new IOException("unknown command byte " + op);
@@ -174,19 +199,104 @@ public final class BulkWriter {
         }
     }
 
-    private void row(DataInputStream in) throws Exception {
-        int t = in.readUnsignedByte();
-        int n = in.readUnsignedShort();
+    private void row(Frames in) throws Exception {
+        int t = in.u8();
+        int n = in.u16();
         ByteBuffer[] values = new ByteBuffer[n];
         for (int i = 0; i < n; i++) {
-            int len = in.readInt();
+            int len = in.i32();
             if (len < 0) continue;
-            byte[] b = new byte[len];
-            in.readFully(b);
-            values[i] = ByteBuffer.wrap(b);
+            ByteBuffer value = len >= Slabs.FROM_BYTES ? slabs.take(len) : ByteBuffer.allocate(len);
+            in.fill(value);
+            values[i] = value;
         }
         writer(t).rawAddRow(values);
         pending[t]++;
+    }
+
+    /** The command stream on stdin, read through one direct buffer; a value is read straight into its own buffer
+     * (for an image, its place in the round's slab), so its bytes are copied once, from the pipe. */
+    static final class Frames {
+        private final ReadableByteChannel channel;
+        private final ByteBuffer buf = ByteBuffer.allocateDirect(1 << 20);
+
+        Frames(ReadableByteChannel channel) {
+            this.channel = channel;
+            buf.flip(); // empty
+        }
+
+        private void need(int n) throws IOException {
+            if (buf.remaining() >= n) return;
+            buf.compact();
+            while (buf.position() < n) {
+                if (channel.read(buf) < 0) throw new EOFException();
+            }
+            buf.flip();
+        }
+
+        int u8() throws IOException {
+            need(1);
+            return buf.get() & 0xff;
+        }
+
+        int u16() throws IOException {
+            need(2);
+            return buf.getShort() & 0xffff;
+        }
+
+        int i32() throws IOException {
+            need(4);
+            return buf.getInt();
+        }
+
+        /** Fill DST from its position to its limit, then rewind it. */
+        void fill(ByteBuffer dst) throws IOException {
+            if (buf.hasRemaining()) {
+                int take = Math.min(buf.remaining(), dst.remaining());
+                dst.put(buf.slice(buf.position(), take));
+                buf.position(buf.position() + take);
+            }
+            while (dst.hasRemaining()) {
+                if (channel.read(dst) < 0) throw new EOFException();
+            }
+            dst.flip();
+        }
+    }
+
+    /** Direct memory the values of a round live in until its SSTables are written. Off the heap, the collector
+     * never copies an image's bytes (on the heap it copied each round's bytes between generations: a fifth of the
+     * helper's CPU). A round's chunks go back to the pool once its writers are closed. */
+    static final class Slabs {
+        static final int FROM_BYTES = 1024; // smaller values (the metadata's) stay on the heap
+        static final int CHUNK = 16 << 20;
+        private final ConcurrentLinkedQueue<ByteBuffer> free = new ConcurrentLinkedQueue<>();
+        private List<ByteBuffer> round = new ArrayList<>();
+        private ByteBuffer chunk;
+
+        ByteBuffer take(int len) {
+            if (len > CHUNK) return ByteBuffer.allocateDirect(len); // its own; freed by the collector
+            if (chunk == null || chunk.remaining() < len) {
+                chunk = free.poll();
+                if (chunk == null) chunk = ByteBuffer.allocateDirect(CHUNK);
+                chunk.clear();
+                round.add(chunk);
+            }
+            ByteBuffer value = chunk.slice(chunk.position(), len);
+            chunk.position(chunk.position() + len);
+            return value;
+        }
+
+        /** This round's chunks (handed to the streaming thread with its writers); the next round starts new ones. */
+        List<ByteBuffer> endRound() {
+            List<ByteBuffer> chunks = round;
+            round = new ArrayList<>();
+            chunk = null;
+            return chunks;
+        }
+
+        void giveBack(List<ByteBuffer> chunks) {
+            free.addAll(chunks);
+        }
     }
 
     private CQLSSTableWriter writer(int t) throws IOException {
@@ -210,22 +320,47 @@ public final class BulkWriter {
         return scratch.resolve("r" + round).resolve(cfg.get("keyspace").asText()).resolve(table);
     }
 
-    /** Close this round's writers, then stream their SSTables table by table in header order. */
-    private long load() throws Exception {
-        for (CQLSSTableWriter w : writers) {
-            if (w != null) w.close();
-        }
-        long rows = 0;
+    /** A round handed to the streaming thread: its writers (header order; null: no row of that table), their rows
+     * and its folder. */
+    private record Round(CQLSSTableWriter[] writers, long[] rows, Path dir, List<Path> tables, List<ByteBuffer> slab) {}
+
+    /** Hand this round's writers over and start the next round: the streaming thread closes them (they sort and
+     * write their SSTables) and streams them while the main thread takes the next rows. */
+    private Round nextRound() {
+        List<Path> written = new ArrayList<>();
         for (int t = 0; t < writers.length; t++) {
-            if (writers[t] == null) continue;
-            stream(tableDir(t));
-            rows += pending[t];
+            if (writers[t] != null) written.add(tableDir(t));
         }
-        deleteTree(scratch.resolve("r" + round));
+        Round handed = new Round(writers, pending, scratch.resolve("r" + round), written, slabs.endRound());
         writers = new CQLSSTableWriter[tables.size()];
         pending = new long[tables.size()];
         round++;
-        return rows;
+        return handed;
+    }
+
+    /** On the streaming thread: close ROUND's writers, stream its tables in header order (data tables before
+     * metadata tables), remove its files, answer "OK rows seconds"; on a failure answer "ERROR" and exit, so that
+     * no later round is acknowledged after one that was not. */
+    private void streamAndReply(Round handed, PrintStream replies) {
+        long t0 = System.nanoTime();
+        try {
+            long rows = 0;
+            for (int t = 0; t < handed.writers().length; t++) {
+                if (handed.writers()[t] == null) continue;
+                handed.writers()[t].close();
+                rows += handed.rows()[t];
+            }
+            slabs.giveBack(handed.slab()); // the SSTables are on disk: no row of the round is held any more
+            for (Path dir : handed.tables()) {
+                stream(dir);
+            }
+            deleteTree(handed.dir());
+            replies.printf("OK %d %.3f%n", rows, (System.nanoTime() - t0) / 1e9);
+        } catch (Throwable t) {
+            replies.println("ERROR " + describe(t));
+            t.printStackTrace(System.err);
+            System.exit(1);
+        }
     }
 
     /** Stream the SSTables of DIR (one table) to every replica of their ranges with sstableloader's own loader

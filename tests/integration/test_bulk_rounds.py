@@ -1,0 +1,114 @@
+"""The bulk writer's rounds against the real node: a round streams while the next is written, and a row counts as
+written only once the helper acknowledged the round that holds it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imgest.core.quarantine import QuarantineLog
+from imgest.core.settings import CassandraSettings
+from imgest.services.cassandra import CassandraServer
+from imgest.sinks.cassandra import bulk_helper
+from imgest.sinks.cassandra.bulk_writer import BulkImageWriter
+from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.schema import TableLayout, apply_schema
+from imgest.sinks.cassandra.write_path import bulk_target
+from imgest.sinks.cassandra.writer import Row
+
+pytestmark = pytest.mark.services
+KS = "imgest_test_bulk_rounds"
+ROW_BYTES, ROUND_BYTES = 30_000, 100_000  # four rows a round
+
+
+@pytest.fixture(scope="module")
+def target(cassandra_server: CassandraServer) -> Iterator[tuple[Any, CassandraSettings, Any]]:
+    settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    layout = TableLayout(keyspace=KS)
+    with cassandra_session(settings) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {KS}", timeout=120)
+        apply_schema(session, layout, ["train"], "SimpleStrategy:1")
+        bulk = bulk_target(session, layout, ["train"], "ONE", None)
+        yield dataclasses.replace(bulk, round_bytes=ROUND_BYTES), settings, session
+        session.execute(f"DROP KEYSPACE IF EXISTS {KS}", timeout=120)
+    bulk_helper._close_all()
+
+
+def _row(i: int) -> Row:
+    data = hashlib.sha256(str(i).encode()).digest() * (ROW_BYTES // 32)
+    rid = uuid.uuid5(uuid.NAMESPACE_URL, f"bulk-rounds/{i}")
+    meta = (rid, i % 3, "n0", "train", f"n0/{i}.JPEG", 1, 1, len(data), "s", "s", "k", "rounds", "v1")
+    return Row(rid, i % 3, data, "train", meta, f"n0/{i}.JPEG")
+
+
+def _writer(target: tuple[Any, Any, Any], written: list[str]) -> BulkImageWriter:
+    bulk, settings, _session = target
+    names = lambda split: ("data", "metadata")  # noqa: E731
+    return BulkImageWriter(bulk, settings, names, QuarantineLog(), on_written=lambda r, n: written.append(r.rel_path))
+
+
+def test_rounds_stream_behind_the_writer_and_count_once_acknowledged(target: tuple[Any, Any, Any]) -> None:
+    session = target[2]
+    written: list[str] = []
+    in_flight: list[int] = []
+    with _writer(target, written) as w:
+        for i in range(30):
+            w.write(_row(i))
+            in_flight.append(w._helper.loading)
+            # never more than one round streams, and none of its rows (nor the round being written) counts yet
+            assert w._helper.loading <= 1
+            assert len(written) == w.stats.written <= i + 1 - len(w._pending) - len(w._streaming)
+    assert 1 in in_flight  # rows were written while a round streamed
+    assert sorted(written) == sorted(f"n0/{i}.JPEG" for i in range(30))  # each once, after its round's ack
+    assert w.stats.bytes == 30 * len(_row(0).data)
+    stored = {r.id: bytes(r.data) for r in session.execute(f"SELECT id, data FROM {KS}.data")}
+    assert stored == {_row(i).id: _row(i).data for i in range(30)}
+    paths = {r.rel_path for r in session.execute(f"SELECT rel_path FROM {KS}.metadata")}
+    assert paths == set(written)
+
+
+def test_a_round_the_helper_fails_is_never_counted(target: tuple[Any, Any, Any]) -> None:
+    """The helper dies while a round streams (killed, as an executor's OOM killer would): the writer raises on the
+    next acknowledgement, the rows of the round that was not acknowledged never count, and a new writer starts a
+    fresh helper."""
+    written: list[str] = []
+    acknowledged = -1
+    with pytest.raises(bulk_helper.BulkLoadError, match="bulk-load helper"), _writer(target, written) as w:  # noqa: PT012
+        for i in range(100, 108):  # two rounds: the first starts streaming after the fourth row
+            w.write(_row(i))
+            if w._helper.loading and acknowledged < 0:
+                acknowledged = len(written)
+                w._helper._proc.kill()
+                w._helper._proc.wait()
+    assert acknowledged == 0
+    assert written == []
+    with _writer(target, written) as w:
+        w.write(_row(200))
+    assert written[-1] == "n0/200.JPEG"
+
+
+def test_the_built_helper_maps_its_class_data_archive_and_a_shipped_copy_runs_without(
+    target: tuple[Any, Any, Any], tmp_path: Path
+) -> None:
+    """The build's training run left an archive; a helper JVM of the built folder maps it (-Xshare:on fails to start
+    otherwise), and a copy elsewhere (Spark unpacks the shipped helper in its own folder) gets no archive flags."""
+    home = Path(target[0].helper)
+    flags, dump = bulk_helper.cds_options(home)
+    assert dump is None
+    assert flags[0].startswith("-XX:SharedArchiveFile=")
+    assert Path(flags[0].split("=", 1)[1]).is_file()
+    cmd = bulk_helper.java_command(home)
+    cmd[1:1] = [*flags, "-Xshare:on"]
+    run = subprocess.run(cmd, input=b"", capture_output=True, check=False)  # no header: it answers ERROR, exit 1
+    assert run.stdout.startswith(b"ERROR EOFException"), run.stderr[-2000:]
+    copy = tmp_path / home.name
+    shutil.copytree(home, copy)
+    assert bulk_helper.cds_options(copy) == ([], None)
