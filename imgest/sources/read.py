@@ -6,6 +6,7 @@ come by GET, or by coalesced ranged GETs for a tar member (see ``imgest.sources.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,11 +38,27 @@ def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FIL
             if len(data) != cand.size:
                 raise BadImage(Reason.CORRUPT, f"tar {cand.container} ends {cand.size - len(data)} bytes early")
             return data
-        return (root / cand.rel_path).read_bytes()
+        return read_whole(f"{root}/{cand.rel_path}", cand.size)
     except (FileNotFoundError, NotADirectoryError):
         if not Path(root).is_dir():
             raise SourceNotVisibleError(root) from None
         raise BadImage(Reason.MISSING, f"{root / (cand.container or cand.rel_path)} vanished since the scan") from None
+
+
+def read_whole(path: str, size: int) -> bytes:
+    """The bytes of the file PATH, expected to hold SIZE: one read() when it does (a file that grew is read to its
+    end). Half the CPU of Path.read_bytes, whose buffered reader and path objects cost as much as the read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        data = os.read(fd, size + 1)  # a regular file's read is short only at its end
+        if len(data) <= size:
+            return data
+        rest = [data]
+        while chunk := os.read(fd, 1 << 20):
+            rest.append(chunk)
+        return b"".join(rest)
+    finally:
+        os.close(fd)
 
 
 class SourceNotVisibleError(ImgestError):

@@ -199,3 +199,15 @@ def test_manifest_streams_1_3_million_rows_in_flat_memory(tmp_path: Path) -> Non
     # 10x the rows: growth stays within a constant of the small run (a list of 1.28M rows would add >500 MiB)
     assert full[2] < small[2] + 48
     assert full[3] < small[3] + 48
+
+
+def test_read_whole_reads_a_file_whatever_its_size_became_since_the_scan(tmp_path: Path) -> None:
+    from imgest.sources.read import read_whole
+
+    path = tmp_path / "f.bin"
+    body = bytes(range(256)) * 5000  # 1.28 MB: more than one read of the grown case
+    path.write_bytes(body)
+    assert read_whole(str(path), len(body)) == body  # as scanned
+    assert read_whole(str(path), 10) == body  # grew since the scan: read to its end
+    assert read_whole(str(path), len(body) + 99) == body  # shrank: what is there
+    assert read_whole(str(path), 0) == body
