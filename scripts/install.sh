@@ -144,7 +144,7 @@ bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing wi
 .venv/bin/python -m imgest.spark.cds || { complete=0; echo "imgest install: continuing without the Spark class-data archive" >&2; }
 # The Cassandra bulk-load helper (Maven resolves cassandra-all once, javac compiles one class): optional, `auto`
 # falls back to the CQL path without it, and the first bulk ingest builds it otherwise.
-.venv/bin/python -m imgest.sinks.cassandra.bulk_helper >/dev/null \
+.venv/bin/python -m imgest.sinks.cassandra.bulk_archive >/dev/null \
   || { complete=0; echo "imgest install: continuing without the Cassandra bulk-load helper (--write-path cql)" >&2; }
 decoder=$(.venv/bin/python -c 'from imgest.transform import fastjpeg; print(fastjpeg.default_decoder())')
 [ "$decoder" = pillow ] && complete=0  # the region decoder was not built: the next install tries again

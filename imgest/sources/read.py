@@ -46,17 +46,15 @@ def read_candidate(root: Path, cand: Candidate, max_bytes: int = DEFAULT_MAX_FIL
 
 
 def read_whole(path: str, size: int) -> bytes:
-    """The bytes of the file PATH, expected to hold SIZE: one read() when it does (a file that grew is read to its
-    end). Half the CPU of Path.read_bytes, whose buffered reader and path objects cost as much as the read."""
+    """The bytes of the file PATH (SIZE, as scanned, sizes the first read), read to its end: a file that grew or
+    shrank since, or a filesystem that returns short reads (FUSE, network mounts), is read whole. Half the CPU of
+    Path.read_bytes, whose buffered reader and path objects cost as much as the read."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        data = os.read(fd, size + 1)  # a regular file's read is short only at its end
-        if len(data) <= size:
-            return data
-        rest = [data]
-        while chunk := os.read(fd, 1 << 20):
-            rest.append(chunk)
-        return b"".join(rest)
+        parts = [os.read(fd, max(size, 0) + 1)]
+        while parts[-1]:
+            parts.append(os.read(fd, 1 << 20))
+        return parts[0] if len(parts) == 2 else b"".join(parts)
     finally:
         os.close(fd)
 

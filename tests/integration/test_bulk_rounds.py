@@ -1,5 +1,6 @@
-"""The bulk writer's rounds against the real node: a round streams while the next is written, and a row counts as
-written only once the helper acknowledged the round that holds it."""
+"""The bulk writer's rounds against the real node: a row counts as written only once the helper acknowledged the
+round that holds it (one round in flight while the next is written), image bytes survive the reuse of the helper's
+off-heap slabs across rounds, and a helper that fails or dies never gets a round counted."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _writer(target: tuple[Any, Any, Any], written: list[str]) -> BulkImageWriter
     return BulkImageWriter(bulk, settings, names, QuarantineLog(), on_written=lambda r, n: written.append(r.rel_path))
 
 
-def test_rounds_stream_behind_the_writer_and_count_once_acknowledged(target: tuple[Any, Any, Any]) -> None:
+def test_rows_count_once_their_round_is_acknowledged_and_survive_slab_reuse(target: tuple[Any, Any, Any]) -> None:
     session = target[2]
     written: list[str] = []
     in_flight: list[int] = []
@@ -75,7 +76,7 @@ def test_rounds_stream_behind_the_writer_and_count_once_acknowledged(target: tup
     assert paths == set(written)
 
 
-def test_a_round_the_helper_fails_is_never_counted(target: tuple[Any, Any, Any]) -> None:
+def test_rows_of_a_killed_helpers_round_never_count(target: tuple[Any, Any, Any]) -> None:
     """The helper dies while a round streams (killed, as an executor's OOM killer would): the writer raises on the
     next acknowledgement, the rows of the round that was not acknowledged never count, and a new writer starts a
     fresh helper."""
@@ -112,3 +113,23 @@ def test_the_built_helper_maps_its_class_data_archive_and_a_shipped_copy_runs_wi
     copy = tmp_path / home.name
     shutil.copytree(home, copy)
     assert bulk_helper.cds_options(copy) == ([], None)
+    run = subprocess.run(bulk_helper.java_command(copy), input=b"", capture_output=True, check=False)
+    assert run.stdout.startswith(b"ERROR EOFException"), run.stderr[-2000:]  # it starts, without an archive
+
+
+def test_a_round_that_fails_to_stream_is_answered_error_and_no_later_round_counts(
+    target: tuple[Any, Any, Any],
+) -> None:
+    """Streaming fails (no node listens on the storage port given): the helper answers ERROR naming the stream and
+    exits, the writer raises with that text, and neither that round nor the one written behind it counts."""
+    written: list[str] = []
+    bulk, settings, _session = target
+    names = lambda split: ("data", "metadata")  # noqa: E731
+    unreachable = dataclasses.replace(bulk, storage_port=9)  # the discard port: nothing listens there
+    on_written = lambda r, n: written.append(r.rel_path)  # noqa: E731
+    writer = BulkImageWriter(unreachable, settings, names, QuarantineLog(), on_written=on_written)
+    with pytest.raises(bulk_helper.BulkLoadError, match="streaming") as failed, writer as w:  # noqa: PT012
+        for i in range(300, 308):  # the second round's 'L' waits for the first round's answer
+            w.write(_row(i))
+    assert written == []
+    assert "bulk-load helper" in str(failed.value)

@@ -4,7 +4,7 @@
 Built once per source and Cassandra version into ``<state>/bulk-helper/<key>/`` (``lib/``: cassandra-all and its
 runtime dependencies, resolved by Maven from bulk/pom.xml; ``helper.jar``: BulkWriter compiled by javac). The build
 ends with a training run that writes a class-data-sharing archive of the classes a helper loads
-(imgest.core.jvmcds): each helper then starts in about 1.3 CPU seconds instead of 2.5. A Spark executor starts one
+(imgest.core.jvmcds): each helper then starts in about 1.7 CPU seconds instead of 2.5. A Spark executor starts one
 helper per Python worker and keeps it across partitions (its first view of the ring costs seconds); rows go down its
 stdin in frames, and each ``load()`` is acknowledged once every row sent before it is on every replica. Nothing is
 acknowledged before that, so a killed helper loses only unacknowledged rows, which a re-run writes again.
@@ -23,7 +23,6 @@ import struct
 import subprocess
 import tempfile
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,7 +127,6 @@ def ensure_helper() -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     if not (home / READY).is_file():
         raise BulkLoadError(f"bulk-load helper: {home} was not built; read {log_file}")
-    train_archive(home)
     return home
 
 
@@ -145,66 +143,21 @@ def cds_options(home: Path) -> tuple[list[str], Path | None]:
     """The class-data archive flags for a helper started from HOME (jvmcds.options: map the archive, or dump one at
     exit when there is none yet) and the dump file. Only for the helper built here: one Spark unpacked elsewhere
     has another class path, which no archive matches."""
-    if home.resolve() != helper_dir().resolve() or not (home / JAR).is_file():
-        return [], None
-    return jvmcds.options(_archive_name(home), home / "lib")
-
-
-def _archive_name(home: Path) -> str:
-    return f"bulk-helper-{home.name}"
-
-
-def train_archive(home: Path) -> Path | None:
-    """Write HOME's class-data archive with a training run that needs no cluster: a few rows of the data and
-    metadata tables become SSTables on local disk ('T'), then the helper quits and the JVM dumps the classes it
-    loaded. Best effort: without the archive helpers start as before. Returns the archive, or None."""
-    from imgest.sinks.cassandra.ingest import META_COLUMNS
-    from imgest.sinks.cassandra.schema import TableLayout, render
-
-    archive = jvmcds.archive_path(_archive_name(home), home / "lib")
-    flags, dump = cds_options(home)
-    if dump is None:  # there is one already, or another process writes it now (or archives are off)
-        return archive if flags else None
-    layout, ks = TableLayout(keyspace="imgest_train"), "imgest_train"
-    tables = []
-    for kind, columns in (("data_table", ("id", "label", "data")), ("metadata_table", META_COLUMNS)):
-        name = layout.data_table("train") if kind == "data_table" else layout.metadata_table("train")
-        insert = f"INSERT INTO {ks}.{name} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-        tables.append({"name": name, "create": render(kind, keyspace=ks, table=name)[0], "insert": insert})
-    loader = {"hosts": ["127.0.0.1"], "native_port": 9, "storage_port": 7000, "connections_per_host": 1, "ignore": []}
-    scratch = Path(tempfile.mkdtemp(prefix="imgest-bulk-train-"))
-    header = {"keyspace": ks, "partitioner": "org.apache.cassandra.dht.Murmur3Partitioner", "buffer_mib": 8}
-    header |= {"storage_compatibility_mode": "CASSANDRA_4", "tables": tables, "loader": loader}
-    body = json.dumps({**header, "dir": str(scratch / "sstables")}).encode()
-    frames = [struct.pack(">I", len(body)) + body]
-    for i in range(64):
-        row_id = hashlib.md5(str(i).encode()).digest()
-        frames.append(row_frame(0, [row_id, struct.pack(">i", i), os.urandom(40_000)]))
-        meta: list[bytes | None] = [row_id, struct.pack(">i", i), *(b"x" for _ in META_COLUMNS[2:])]
-        for at in (META_COLUMNS.index(c) for c in ("width", "height", "nbytes")):
-            meta[at] = struct.pack(">i", 1)
-        frames.append(row_frame(1, meta))
-    cmd = java_command(home)
-    cmd[1:1] = flags
-    t0 = time.monotonic()
     try:
-        with open(scratch / "helper.log", "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-            jvmcds.writer(dump, proc.pid)
-            out, _ = proc.communicate(b"".join(frames) + b"TQ", timeout=300)
-        if proc.returncode != 0 or not out.decode(errors="replace").startswith("OK 128"):
-            tail = (scratch / "helper.log").read_text(errors="replace")[-1500:]
-            log.warning("bulk-load helper: no class-data archive (training exit %s): %s", proc.returncode, tail)
-            return None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("bulk-load helper: no class-data archive (%s); helpers start without it", exc)
-        return None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if jvmcds.adopt(archive):
-        log.info("bulk-load helper: class-data archive %s written in %.1f s", archive, time.monotonic() - t0)
-        return archive
-    return None
+        if home.resolve() != helper_dir().resolve() or not (home / JAR).is_file():
+            return [], None
+        return jvmcds.options(archive_name(home), home / "lib")
+    except (OSError, ImgestError) as exc:  # an executor without a usable state folder: start without one
+        log.debug("bulk-load helper: no class-data archive (%s)", exc)
+        return [], None
+
+
+def archive_name(home: Path) -> str:
+    """The archive's name: the helper's key and where its jar is (an archive only maps the class path it was
+    written for; a rebuilt or moved helper gets a new one)."""
+    jar = (home / JAR).stat()
+    where = hashlib.sha256(f"{home.resolve()}:{jar.st_size}:{jar.st_mtime_ns}".encode()).hexdigest()[:8]
+    return f"bulk-helper-{home.name}-{where}"
 
 
 def helper_archive(home: Path) -> Path:
@@ -326,7 +279,10 @@ class BulkHelper:
     def start_load(self) -> None:
         """Close the round of the rows sent so far; the helper streams it while the next round's rows arrive."""
         self._send(b"L")
-        self._stdin().flush()
+        try:
+            self._stdin().flush()
+        except (BrokenPipeError, OSError):
+            raise self._died("took no more rows") from None
         self._loading.append(self.sent)
         self.sent = 0
 
@@ -431,6 +387,7 @@ def _close_all() -> None:
     _HELPERS.clear()
 
 
-if __name__ == "__main__":  # the install builds it ahead of the first bulk ingest
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(ensure_helper())
+if __name__ == "__main__":  # an older install's command: builds and trains (imgest.sinks.cassandra.bulk_archive)
+    import runpy
+
+    runpy.run_module("imgest.sinks.cassandra.bulk_archive", run_name="__main__")

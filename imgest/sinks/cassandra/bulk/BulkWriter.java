@@ -74,7 +74,7 @@ import org.apache.cassandra.utils.StorageCompatibilityMode;
  * settings; then commands, each one byte: 'R' a row (u8 table index, u16 column count, per column an i32
  * length, -1 for null, and the value serialized as CQL does), 'L' close the SSTables written so far and stream
  * them table by table to every replica of their ranges (sstableloader's SSTableLoader), 'Q' quit once every
- * round is streamed; 'T' (the build's training run, see bulk_archive.py) writes the round's SSTables and drops them,
+ * round is streamed; 'T' (the build's training run, bulk_archive.py) writes the round's SSTables and drops them,
  * answered "OK rows 0". A round streams on one background thread while the rows of the next one arrive, rounds in
  * the order of their 'L'. Each 'L' is answered on stdout, when its round is on every replica, with one line
  * "OK rows seconds" (the seconds its streaming took), or "ERROR message", after which the helper exits; logs go
