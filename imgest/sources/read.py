@@ -51,7 +51,7 @@ def read_whole(path: str, size: int) -> bytes:
     Path.read_bytes, whose buffered reader and path objects cost as much as the read."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        parts = [os.read(fd, max(size, 0) + 1)]
+        parts = [os.read(fd, size + 1)]
         while parts[-1]:
             parts.append(os.read(fd, 1 << 20))
         return parts[0] if len(parts) == 2 else b"".join(parts)

@@ -1,7 +1,8 @@
 """The bulk-load helper built and trained: ``ensure_trained_helper`` builds it (bulk_helper.ensure_helper) and then
 writes its class-data-sharing archive with a training run that needs no cluster, so that every helper starts from
 the archive (about 1.7 CPU seconds instead of 2.5). ``python -m imgest.sinks.cassandra.bulk_archive`` is what the
-install runs.
+install runs. A job never trains: where the install did not, the first helper on the host dumps the archive when it
+exits (imgest.core.jvmcds), and later ones map it.
 """
 
 from __future__ import annotations

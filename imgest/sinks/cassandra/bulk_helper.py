@@ -6,8 +6,9 @@ runtime dependencies, resolved by Maven from bulk/pom.xml; ``helper.jar``: BulkW
 ends with a training run that writes a class-data-sharing archive of the classes a helper loads
 (imgest.core.jvmcds): each helper then starts in about 1.7 CPU seconds instead of 2.5. A Spark executor starts one
 helper per Python worker and keeps it across partitions (its first view of the ring costs seconds); rows go down its
-stdin in frames, and each ``load()`` is acknowledged once every row sent before it is on every replica. Nothing is
-acknowledged before that, so a killed helper loses only unacknowledged rows, which a re-run writes again.
+stdin in frames, and each round (``start_load``) is acknowledged (``wait_load``) once its rows are on every
+replica. Nothing is acknowledged before that, so a killed helper loses only unacknowledged rows, which a re-run
+writes again.
 """
 
 from __future__ import annotations
@@ -182,8 +183,7 @@ JVM_LOG = ["-Xlog:disable", "-Xlog:all=warning:stderr"]
 
 def java_command(home: Path, heap: str = defaults.BULK_HEAP) -> list[str]:
     java = tool("java", "install a Java 17 runtime on every Spark executor, or use --write-path cql")
-    compiled = home / JAR if (home / JAR).is_file() else home / "classes"  # a helper built before the jar
-    classpath = os.pathsep.join([str(compiled), str(home / "lib" / "*")])
+    classpath = os.pathsep.join([str(home / JAR), str(home / "lib" / "*")])
     logging_conf = f"-Dlogback.configurationFile={home / 'logback.xml'}"
     return [java, f"-Xmx{heap}", *JVM_FLAGS, *JVM_LOG, *JVM_OPENS, logging_conf, "-cp", classpath, MAIN_CLASS]
 
@@ -286,31 +286,22 @@ class BulkHelper:
         self._loading.append(self.sent)
         self.sent = 0
 
-    def wait_load(self) -> tuple[int, float]:
-        """Wait until the oldest round started is on every replica; (its rows, the seconds its streaming took).
-        Raises BulkLoadError when the helper failed it or acknowledged another count than was sent."""
+    def wait_load(self) -> int:
+        """Wait until the oldest round started is on every replica; returns its rows. Raises BulkLoadError when the
+        helper failed it or acknowledged another count than was sent."""
         assert self._proc.stdout is not None
         reply = self._reply(self._proc.stdout)
         if not reply.startswith("OK "):
             raise self._died(reply.removeprefix("ERROR ") or "stopped without a reply")
-        _, rows, seconds = reply.split()
-        expected = self._loading.popleft()
-        if int(rows) != expected:
+        rows, expected = int(reply.split()[1]), self._loading.popleft()
+        if rows != expected:
             raise BulkLoadError(f"bulk-load helper acknowledged {rows} rows of the {expected} sent")
-        return expected, float(seconds)
+        return rows
 
     @property
     def loading(self) -> int:
         """Rounds started and not yet acknowledged."""
         return len(self._loading)
-
-    def load(self) -> int:
-        """Stream every row sent so far and wait for it (and any round still streaming); returns the rows."""
-        self.start_load()
-        rows = 0
-        while self._loading:
-            rows = self.wait_load()[0]
-        return rows
 
     def _reply(self, out: IO[bytes]) -> str:
         """The helper's next reply line; anything else the JVM printed on stdout (a -XX option's notice from

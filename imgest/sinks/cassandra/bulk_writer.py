@@ -7,7 +7,8 @@ streamed; the helper streams a round's data tables before its metadata tables, s
 "committed" (a job killed between the two leaves data rows without metadata, which a re-run writes again).
 
 A round streams while the next one is written (one round in flight): the transform does not wait for the
-network and the node except at the partition's end, and the executor's scratch disk holds two rounds at most.
+network and the node except at the partition's end. The helper holds the image bytes of those two rounds in memory
+and the SSTables of one round at a time on the executor's scratch disk.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.errors import ConfigError
-from imgest.sinks.cassandra.bulk_archive import ensure_trained_helper
-from imgest.sinks.cassandra.bulk_helper import BulkLoadError, tool
+from imgest.sinks.cassandra.bulk_helper import BulkLoadError, ensure_helper, tool
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import CassandraUnavailableError
 from imgest.sinks.cassandra.ingest import META_COLUMNS
@@ -90,7 +89,7 @@ def bulk_target(
         for name in names
     )
     return BulkTarget(
-        helper=helper or str(ensure_trained_helper()),
+        helper=helper or str(ensure_helper()),
         keyspace=tables.keyspace,
         partitioner=local.partitioner,
         tables=statements,

@@ -180,12 +180,7 @@ public final class BulkWriter {
                 }
                 case 'T' -> {
                     Round handed = nextRound();
-                    long rows = 0;
-                    for (int t = 0; t < handed.writers().length; t++) {
-                        if (handed.writers()[t] == null) continue;
-                        handed.writers()[t].close();
-                        rows += handed.rows()[t];
-                    }
+                    long rows = closeWriters(handed);
                     deleteTree(handed.dir());
                     replies.printf("OK %d 0%n", rows);
                 }
@@ -338,19 +333,26 @@ public final class BulkWriter {
         return handed;
     }
 
+    /** Close ROUND's writers (each sorts and writes its SSTables) and give its slab back: no row of the round is
+     * held any more. Returns the round's rows. */
+    private long closeWriters(Round handed) throws IOException {
+        long rows = 0;
+        for (int t = 0; t < handed.writers().length; t++) {
+            if (handed.writers()[t] == null) continue;
+            handed.writers()[t].close();
+            rows += handed.rows()[t];
+        }
+        slabs.giveBack(handed.slab());
+        return rows;
+    }
+
     /** On the streaming thread: close ROUND's writers, stream its tables in header order (data tables before
      * metadata tables), remove its files, answer "OK rows seconds"; on a failure answer "ERROR" and exit, so that
      * no later round is acknowledged after one that was not. */
     private void streamAndReply(Round handed, PrintStream replies) {
         long t0 = System.nanoTime();
         try {
-            long rows = 0;
-            for (int t = 0; t < handed.writers().length; t++) {
-                if (handed.writers()[t] == null) continue;
-                handed.writers()[t].close();
-                rows += handed.rows()[t];
-            }
-            slabs.giveBack(handed.slab()); // the SSTables are on disk: no row of the round is held any more
+            long rows = closeWriters(handed);
             for (Path dir : handed.tables()) {
                 stream(dir);
             }
