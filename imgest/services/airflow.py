@@ -8,11 +8,13 @@ import json
 import logging
 import os
 import secrets
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from imgest.core.defaults import LOCAL_MASTER
@@ -28,6 +30,8 @@ from imgest.services.s3 import S3Server
 log = logging.getLogger(__name__)
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # written by `airflow standalone`
 PREPARED = "prepared.json"  # the Airflow version, a digest of the connections and the pools the DB was prepared with
+SCHEDULER_START_S = 120.0  # how long `up` waits for the scheduler's first beat once the API answers
+SCHEDULER_STALE_S = 60  # a running standalone whose scheduler has not beaten for this long is restarted
 SPARK_POOL = "spark"  # every Spark submitting task runs in it: one slot per Spark job the connection's master can run
 
 
@@ -49,6 +53,8 @@ max_active_tasks_per_dag = 2
 
 [database]
 sql_alchemy_conn = sqlite:///{home}/airflow.db
+# SQLite's busy wait: 60 s, not pysqlite's 5 (four processes write the DB at start on a loaded machine)
+sql_alchemy_connect_args = imgest.services.airflow_sqlite.CONNECT_ARGS
 
 [logging]
 base_log_folder = {home}/logs
@@ -243,17 +249,38 @@ class AirflowServer:
         return ", ".join(f"{user} / {pw}" for user, pw in users.items())
 
     def up(self, timeout: float = 240.0) -> UpResult:
-        """Prepare the home (DB, connections) and run `airflow standalone` until its API answers."""
+        """Prepare the home (DB, connections) and run `airflow standalone` until its API answers and its scheduler
+        beats. A standalone whose scheduler died (it keeps serving the UI; CI once saw the scheduler's first write
+        fail on a locked SQLite DB) is restarted once, then named in the error."""
         if self.process.pid() is not None and self.answers():
-            return UpResult(self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})")
-        if self.process.pid() is None:
-            require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_PORT")
-            prep = self.prepare(CassandraServer.default(), S3Server.default())
-            log.info("airflow home prepared in %.1fs", prep)
-            self.process.start(
-                [str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(), cwd=self.home
-            )
-        waited = self.process.wait_ready(self.answers, timeout, f"HTTP on {self.url}")
+            if self.scheduler_beats(SCHEDULER_STALE_S):
+                return UpResult(self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})")
+            log.warning("airflow's scheduler has not beaten for %d s: restarting airflow standalone", SCHEDULER_STALE_S)
+            self.down()
+        waited = 0.0
+        for attempt in (1, 2):
+            started = time.time()
+            if self.process.pid() is None:
+                require_free_port(self.name, self.host, self.port, "IMGEST_AIRFLOW_PORT")
+                prep = self.prepare(CassandraServer.default(), S3Server.default())
+                log.info("airflow home prepared in %.1fs", prep)
+                self.process.start(
+                    [str(Path(sys.executable).parent / "airflow"), "standalone"], env=self.env(), cwd=self.home
+                )
+            waited += self.process.wait_ready(self.answers, timeout, f"HTTP on {self.url}")
+            try:
+                waited += self.process.wait_ready(
+                    lambda t=started: self.scheduler_beats(time.time() - t + 1), SCHEDULER_START_S, "a scheduler beat"
+                )
+                break
+            except ServiceError:
+                if attempt == 2:
+                    raise
+                log.warning(
+                    "airflow's scheduler did not start (log %s): restarting airflow standalone once",
+                    self.process.log_file,
+                )
+                self.down()
         self.warm_execution_api()
         self.tighten()
         return UpResult(
@@ -262,6 +289,24 @@ class AirflowServer:
             waited,
             f"airflow UI at {self.url} after {waited:.1f}s; login {self.login()}; AIRFLOW_HOME={self.home}",
         )
+
+    def scheduler_beats(self, within: float) -> bool:
+        """Whether a running SchedulerJob in the metadata DB has beaten within the last WITHIN seconds."""
+        try:
+            db = sqlite3.connect(f"file:{self.home / 'airflow.db'}?mode=ro", uri=True, timeout=5)
+            try:
+                row = db.execute(
+                    "SELECT max(latest_heartbeat) FROM job WHERE job_type = 'SchedulerJob' AND state = 'running'"
+                ).fetchone()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return False
+        if not row or not row[0]:
+            return False
+        beat = datetime.fromisoformat(str(row[0]))
+        beat = beat if beat.tzinfo else beat.replace(tzinfo=UTC)
+        return (datetime.now(UTC) - beat).total_seconds() <= within
 
     def down(self) -> bool:
         return self.process.stop(timeout=60)

@@ -70,3 +70,37 @@ def test_no_deprecation_warning_from_our_config_or_dags(airflow_home: AirflowSer
     assert json.loads((tmp_path / "r.json").read_text())["import_errors"] == {}
     warnings = [line for line in out.splitlines() if "Deprecat" in line or "has been moved" in line]
     assert warnings == []
+
+
+def test_scheduler_beats_reads_the_running_scheduler_job(airflow_home: AirflowServer, tmp_path: Path) -> None:
+    """`up` waits for the scheduler's beat: `airflow standalone` keeps serving the UI when its scheduler died at
+    start (CI: "database is locked" on its first write), and a run's Asset events then trigger nothing."""
+    import shutil
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(airflow_home.home / "airflow.db", home / "airflow.db")  # the migrated schema, not the fixture's DB
+    server = AirflowServer(home=home)
+    assert not server.scheduler_beats(60)
+
+    def beat(age_s: float, state: str = "running") -> None:
+        when = (datetime.now(UTC) - timedelta(seconds=age_s)).replace(tzinfo=None).isoformat(" ")
+        with sqlite3.connect(home / "airflow.db") as db:
+            db.execute("DELETE FROM job")
+            db.execute(
+                "INSERT INTO job (job_type, state, start_date, latest_heartbeat, hostname, unixname) "
+                "VALUES ('SchedulerJob', ?, ?, ?, 'h', 'u')",
+                (state, when, when),
+            )
+
+    beat(120)
+    assert not server.scheduler_beats(60)  # a scheduler that died two minutes ago
+    beat(2)
+    assert server.scheduler_beats(60)
+    beat(2, "failed")
+    assert not server.scheduler_beats(60)
+    # The busy wait the DB's writers use (pysqlite's 5 s once killed the scheduler at start).
+    got = airflow_home.airflow("config", "get-value", "database", "sql_alchemy_connect_args")
+    assert got.stdout.strip() == "imgest.services.airflow_sqlite.CONNECT_ARGS"
