@@ -108,6 +108,18 @@ def adopt(path: Path) -> bool:
     return path.exists()
 
 
+def prune_family(path: Path, family: str) -> list[Path]:
+    """Remove the archives beside PATH whose names start with FAMILY but are not PATH (those of a helper built
+    before, or from a jar since moved: nothing maps them again; about 40 MB each). A JVM that maps one keeps its
+    mapping. Returns what was removed."""
+    gone = []
+    for old in path.parent.glob(f"{family}*.jsa"):
+        if old != path:
+            old.unlink(missing_ok=True)
+            gone.append(old)
+    return gone
+
+
 def live_writer(path: Path) -> bool:
     """True while a running JVM is named as the writer of a dump of PATH."""
     for marker in path.parent.glob(f".{path.name}.*.pid"):

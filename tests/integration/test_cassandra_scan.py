@@ -24,6 +24,7 @@ from imgest.sinks.cassandra.scan import (
     MIN_TOKEN,
     ScanError,
     count_by,
+    count_partitions,
     scan_columns,
     token_ranges,
     uuid_column,
@@ -121,6 +122,22 @@ def test_counts_and_named_rows_match_the_rows_written(session: Any) -> None:
     rows = list(version_rows(session, META, "big", "v0", "id, label, split"))
     assert {(r.id, r.label, r.split) for r in rows} == {r[:3] for r in _rows() if (r[3], r[4]) == ("big", "v0")}
     assert all(isinstance(r.id, uuid.UUID) for r in rows)
+
+
+def test_count_partitions_counts_each_row_of_a_blob_table_once(session: Any) -> None:
+    """count_partitions (SELECT DISTINCT of the partition key) over a data table of blobs and the metadata table,
+    at several range counts and page sizes."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    data = f"{TABLES.keyspace}.{TABLES.data_table('train')}"
+    session.execute(f"TRUNCATE {data}", timeout=60)
+    insert = session.prepare(f"INSERT INTO {data} (id, label, data) VALUES (?, ?, ?)")
+    rows = [(uuid.uuid5(uuid.NAMESPACE_OID, f"blob-{n}"), n % CLASSES, bytes([n % 251]) * 30_000) for n in range(700)]
+    for ok, result in execute_concurrent_with_args(session, insert, rows, concurrency=32):
+        assert ok, result
+    for ranges, page_size in ((1, 100), (7, 64), (256, 5000)):
+        assert count_partitions(session, data, ranges=ranges, page_size=page_size) == 700
+    assert count_partitions(session, META, ranges=3) == len(_rows())
 
 
 def test_unknown_table_or_column_is_named(session: Any) -> None:

@@ -142,3 +142,24 @@ def test_writers_tree_links_each_image_under_its_copies_names(tmp_path: Path) ->
     assert linked_copies(tmp_path / "src", tmp_path / "x3", 3) == out  # made once
     eighth = subset(out, tmp_path / "x3-eighth", 8)
     assert sorted(p.name for p in eighth.rglob("*.JPEG")) == ["a.JPEG", "c.JPEG"]
+
+
+def test_the_writers_rows_are_counted_after_the_cpu_window() -> None:
+    """The bench's count of a writer's stored rows reads the node (a distinct-id scan); it runs once the writer's
+    CPU window closed, so the node CPU per row is the writer's alone."""
+    from imgest.bench.plugin_writers import with_cpu
+
+    calls: list[str] = []
+
+    def count() -> int:
+        calls.append("count")
+        return 500
+
+    def wait() -> float:
+        calls.append("settle")
+        return 0.5
+
+    out = with_cpu(lambda: calls.append("run") or {"writer": "w", "seconds": 1.0, "count": count}, None, wait)
+    assert calls == ["run", "settle", "count"]
+    assert out["rows"] == 500 and "count" not in out
+    assert out["server_settle_s"] == 0.5 and out["server_cpu_ms_per_row"] == 0.0

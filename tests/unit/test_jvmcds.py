@@ -80,6 +80,20 @@ def test_markers_of_killed_writers_and_archives_of_old_jars_are_dropped(archives
     assert sorted(p.name for p in new.parent.iterdir()) == [new.name]
 
 
+def test_archives_of_earlier_builds_of_a_family_are_pruned(archives: Path) -> None:
+    """A rebuilt helper has another name (its key, its jar's place and stamp): the archives of the builds before
+    it are removed once its own exists, the other JVMs' archives stay."""
+    folder = jvmcds.archive_dir()
+    current = jvmcds.archive_path("bulk-helper-new-1", archives)
+    for name in ("bulk-helper-old-1", "bulk-helper-old-2", "cassandra", "spark-driver"):
+        jvmcds.archive_path(name, archives).write_bytes(b"x")
+    current.write_bytes(b"new")
+    gone = jvmcds.prune_family(current, "bulk-helper-")
+    assert sorted(p.name.rsplit("-", 1)[0] for p in gone) == ["bulk-helper-old-1", "bulk-helper-old-2"]
+    left = sorted(p.name.rsplit("-", 1)[0] for p in folder.iterdir())
+    assert left == ["bulk-helper-new-1", "cassandra", "spark-driver"]
+
+
 def test_agents_may_be_archived_and_the_switch_turns_it_all_off(
     archives: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

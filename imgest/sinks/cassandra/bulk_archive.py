@@ -24,6 +24,7 @@ from imgest.sinks.cassandra.ingest import META_COLUMNS
 from imgest.sinks.cassandra.schema import TableLayout, render
 
 log = logging.getLogger(__name__)
+ARCHIVE_FAMILY = "bulk-helper-"  # bulk_helper.archive_name's prefix: every helper build's archive starts with it
 
 
 def ensure_trained_helper() -> Path:
@@ -40,6 +41,8 @@ def train_archive(home: Path) -> Path | None:
     archive = jvmcds.archive_path(archive_name(home), home / "lib")
     flags, dump = cds_options(home)
     if dump is None:  # there is one already, or another process writes it now (or archives are off)
+        if flags:
+            jvmcds.prune_family(archive, ARCHIVE_FAMILY)
         return archive if flags else None
     layout, ks = TableLayout(keyspace="imgest_train"), "imgest_train"
     tables = []
@@ -82,6 +85,8 @@ def train_archive(home: Path) -> Path | None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if jvmcds.adopt(archive):
+        for gone in jvmcds.prune_family(archive, ARCHIVE_FAMILY):
+            log.info("bulk-load helper: removed the class-data archive of an earlier helper build, %s", gone.name)
         log.info("bulk-load helper: class-data archive %s written in %.1f s", archive, time.monotonic() - t0)
         return archive
     return None

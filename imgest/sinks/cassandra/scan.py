@@ -147,6 +147,30 @@ def _matches(batch: pa.RecordBatch, filters: dict[str, str | list[str]]) -> pa.A
     return keep
 
 
+def count_partitions(
+    session: Any, table: str, ranges: int = DEFAULT_RANGES, page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 4
+) -> int:
+    """Partitions of TABLE ('ks.table') by a token-range scan of ``SELECT DISTINCT`` its partition key. A plain
+    ``SELECT id`` makes the node read every row whole (a CQL select fetches all regular columns to tell a row's
+    liveness): on a data table of 128,000 80 KB images, 16 such pages at once took a 1 GiB node down. DISTINCT
+    reads only the partition keys. Each partition comes exactly once, as in scan_columns."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    meta = _table_meta(session, table)
+    pk = ", ".join(c.name for c in meta.partition_key)
+    stmt = session.prepare(f"SELECT DISTINCT {pk} FROM {table} WHERE token({pk}) >= ? AND token({pk}) <= ?")
+    stmt.fetch_size = page_size
+    bounds, total = token_ranges(ranges), 0
+    for start in range(0, len(bounds), concurrency):
+        window = bounds[start : start + concurrency]
+        results = execute_concurrent_with_args(session, stmt, window, concurrency=concurrency)
+        for (ok, result), (low, high) in zip(results, window, strict=True):
+            if not ok:
+                raise ScanError(f"count of {table} failed in token range [{low}, {high}]: {result}") from result
+            total += sum(len(page) for page in _pages(result))
+    return total
+
+
 def scan_columns(
     session: Any,
     table: str,
