@@ -221,6 +221,7 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
         for size, tree in (("small", small_src), ("full", src)):
             for side in SIDES:
                 clear_keyspaces(settings)
+                os.sync()  # the writer before's bytes on disk, outside the window: its writeback is not this one's
                 record = with_cpu(partial(run_one[side], tree), server, partial(settle, settings))
                 runs.setdefault((side, size), []).append(record)
     out: dict[str, Any] = {"sizes": {}}

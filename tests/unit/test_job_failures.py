@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from imgest.core.errors import ConfigError
 from imgest.spark.failures import failure_sentence, last_error_sentence
 
@@ -50,3 +52,39 @@ def test_last_error_line_of_a_job_log(tmp_path: Path) -> None:
     )
     assert last_error_sentence(log) == "packing failed: nothing was ingestible: all 6"
     assert last_error_sentence(tmp_path / "missing.log") is None
+
+
+def test_a_session_that_fails_to_start_gives_back_the_held_compaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Cassandra job claims its version while the Spark session starts (claim_while_spark_starts). A session
+    that cannot start (a fault injected here: a broken Spark install) leaves no table with compaction held; a claim
+    that fails is raised as the claim's error."""
+    import imgest.spark.submit as submit
+    from imgest.core.phases import PhaseClock
+    from jobs import ingest_cassandra as job
+
+    given_back: list[list[str]] = []
+    monkeypatch.setattr(job, "claim", lambda cfg, *_: (cfg, "path", "target", ["ks.data", "ks.metadata"]))
+    monkeypatch.setattr(job, "give_compaction_back", lambda cfg, held: given_back.append(held))
+
+    def broken(name: str) -> None:
+        raise RuntimeError("Java gateway process exited before sending its port number")
+
+    monkeypatch.setattr(submit, "build_session", broken)
+    with pytest.raises(RuntimeError, match="Java gateway"):
+        job.claim_while_spark_starts("cfg", None, ["train"], None, PhaseClock())  # type: ignore[arg-type]
+    assert given_back == [["ks.data", "ks.metadata"]]
+
+    def refused(*_: object) -> None:
+        raise ConfigError("Cassandra refused the login")
+
+    monkeypatch.setattr(job, "claim", refused)
+    monkeypatch.setattr(submit, "build_session", lambda name: "spark")
+    with pytest.raises(ConfigError, match="refused the login"):
+        job.claim_while_spark_starts("cfg", None, ["train"], None, PhaseClock())  # type: ignore[arg-type]
+    assert given_back == [["ks.data", "ks.metadata"]]  # nothing held, nothing given back
+
+    monkeypatch.setattr(job, "claim", lambda cfg, *_: (cfg, "path", None, []))
+    phases = PhaseClock()
+    spark, claimed = job.claim_while_spark_starts("cfg", None, ["train"], None, phases)  # type: ignore[arg-type]
+    assert (spark, claimed) == ("spark", ("cfg", "path", None, []))
+    assert set(phases.laps) == {"spark_session", "schema_and_claim"}
