@@ -154,21 +154,28 @@ def count_partitions(
     ``SELECT id`` makes the node read every row whole (a CQL select fetches all regular columns to tell a row's
     liveness): on a data table of 128,000 80 KB images, 16 such pages at once took a 1 GiB node down. DISTINCT
     reads only the partition keys. Each partition comes exactly once, as in scan_columns."""
+    pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
+    select = f"SELECT DISTINCT {pk} FROM {table}"
+    return sum(len(page) for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency))
+
+
+def _range_pages(
+    session: Any, table: str, select: str, pk: str, ranges: int, page_size: int, concurrency: int
+) -> Iterator[list[Any]]:
+    """The pages of SELECT (a query of TABLE without its WHERE) over RANGES token sub-ranges of the partition key PK,
+    CONCURRENCY sub-ranges in flight, PAGE_SIZE rows a page."""
     from cassandra.concurrent import execute_concurrent_with_args
 
-    meta = _table_meta(session, table)
-    pk = ", ".join(c.name for c in meta.partition_key)
-    stmt = session.prepare(f"SELECT DISTINCT {pk} FROM {table} WHERE token({pk}) >= ? AND token({pk}) <= ?")
+    stmt = session.prepare(f"{select} WHERE token({pk}) >= ? AND token({pk}) <= ?")
     stmt.fetch_size = page_size
-    bounds, total = token_ranges(ranges), 0
+    bounds = token_ranges(ranges)
     for start in range(0, len(bounds), concurrency):
         window = bounds[start : start + concurrency]
         results = execute_concurrent_with_args(session, stmt, window, concurrency=concurrency)
         for (ok, result), (low, high) in zip(results, window, strict=True):
             if not ok:
-                raise ScanError(f"count of {table} failed in token range [{low}, {high}]: {result}") from result
-            total += sum(len(page) for page in _pages(result))
-    return total
+                raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {result}") from result
+            yield from _pages(result)
 
 
 def scan_columns(
@@ -185,31 +192,21 @@ def scan_columns(
     rows whose ``dataset`` / ``version`` columns equal DATASET / VERSION when given (VERSION a sequence: any of
     them, a refreshed version's lineage). Each row comes exactly once;
     the order is the token order of the sub-ranges, not a stable row order. uuid columns are fixed_size_binary(16)."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
     columns = list(columns)
     versions = version if version is None or isinstance(version, str) else sorted(set(version))
     filters = {k: v for k, v in (("dataset", dataset), ("version", versions)) if v is not None}
     selected = columns + [k for k in filters if k not in columns]
     schema = arrow_schema(session, table, selected)
     pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
-    stmt = session.prepare(f"SELECT {', '.join(selected)} FROM {table} WHERE token({pk}) >= ? AND token({pk}) <= ?")
-    stmt.fetch_size = page_size
-    bounds = token_ranges(ranges)
-    for start in range(0, len(bounds), concurrency):
-        window = bounds[start : start + concurrency]
-        results = execute_concurrent_with_args(session, stmt, window, concurrency=concurrency)
-        for (ok, result), (low, high) in zip(results, window, strict=True):
-            if not ok:
-                raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {result}") from result
-            for page in _pages(result):
-                if not page:
-                    continue
-                batch = _to_arrow(page, schema)
-                if filters:
-                    batch = batch.filter(_matches(batch, filters)).select(columns)
-                if batch.num_rows:
-                    yield batch
+    select = f"SELECT {', '.join(selected)} FROM {table}"
+    for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency):
+        if not page:
+            continue
+        batch = _to_arrow(page, schema)
+        if filters:
+            batch = batch.filter(_matches(batch, filters)).select(columns)
+        if batch.num_rows:
+            yield batch
 
 
 def count_by(
