@@ -185,8 +185,11 @@ def claim_while_spark_starts(
         try:
             spark = build_session("imgest-ingest-cassandra")
         except BaseException:
-            if claimed.exception() is None:
+            failed = claimed.exception()
+            if failed is None:
                 give_compaction_back(cfg, claimed.result()[3])
+            else:  # both failed: the session's error is raised, the claim's logged
+                log.error("the claim of %s failed too: %s", cfg.version, failed)
             raise
         phases.lap("spark_session")
         result = claimed.result()

@@ -15,6 +15,7 @@ one of them is kept).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -108,13 +109,21 @@ def adopt(path: Path) -> bool:
     return path.exists()
 
 
-def prune_family(path: Path, family: str) -> list[Path]:
-    """Remove the archives beside PATH whose names start with FAMILY but are not PATH (those of a helper built
-    before, or from a jar since moved: nothing maps them again; about 40 MB each). A JVM that maps one keeps its
-    mapping. Returns what was removed."""
-    gone = []
+def prune_family(path: Path, family: str, keep: int = 3, min_age_s: float = 24 * 3600) -> list[Path]:
+    """Remove the archives beside PATH whose names start with FAMILY, other than PATH and the KEEP newest others,
+    once unchanged for MIN_AGE_S (those of a helper built before, or from a jar since moved: nothing maps them
+    again; about 40 MB each). The newest are kept for other state folders that share this folder (each names its
+    own helper's archive), so that they do not remove each other's. A JVM that maps one keeps its mapping. Returns
+    what was removed."""
+    others = []
     for old in path.parent.glob(f"{family}*.jsa"):
-        if old != path:
+        with contextlib.suppress(FileNotFoundError):
+            if old != path:
+                others.append((old.stat().st_mtime, old))
+    others.sort(reverse=True)
+    gone = []
+    for mtime, old in others[keep:]:
+        if time.time() - mtime >= min_age_s:
             old.unlink(missing_ok=True)
             gone.append(old)
     return gone

@@ -30,6 +30,12 @@ from imgest.services.s3 import S3Server
 log = logging.getLogger(__name__)
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # written by `airflow standalone`
 PREPARED = "prepared.json"  # the Airflow version, a digest of the connections and the pools the DB was prepared with
+# SQLite's busy wait: 60 s, not pysqlite's 5 (four processes write the DB at `airflow standalone`'s start). Only for the
+# SQLite home: the PostgreSQL deployment (airflow_celery) reuses AIRFLOW_CFG, and psycopg2 has no "timeout".
+SQLITE_WAIT = (
+    "sql_alchemy_connect_args = imgest.services.airflow_sqlite.CONNECT_ARGS\n"
+    "sql_alchemy_connect_args_async = imgest.services.airflow_sqlite.ASYNC_CONNECT_ARGS\n"
+)
 SCHEDULER_START_S = 120.0  # how long `up` waits for the scheduler's first beat once the API answers
 SCHEDULER_STALE_S = 60  # a running standalone whose scheduler has not beaten for this long is restarted
 SPARK_POOL = "spark"  # every Spark submitting task runs in it: one slot per Spark job the connection's master can run
@@ -53,8 +59,6 @@ max_active_tasks_per_dag = 2
 
 [database]
 sql_alchemy_conn = sqlite:///{home}/airflow.db
-# SQLite's busy wait: 60 s, not pysqlite's 5 (four processes write the DB at start on a loaded machine)
-sql_alchemy_connect_args = imgest.services.airflow_sqlite.CONNECT_ARGS
 
 [logging]
 base_log_folder = {home}/logs
@@ -129,6 +133,8 @@ class AirflowServer:
         self.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.home / "airflow.cfg"
         text = AIRFLOW_CFG.format(home=self.home, dags=dags_dir(), host=self.host, port=self.port, **self.secrets())
+        conn = f"sql_alchemy_conn = sqlite:///{self.home}/airflow.db\n"
+        text = text.replace(conn, conn + SQLITE_WAIT)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -256,7 +262,7 @@ class AirflowServer:
             if self.scheduler_beats(SCHEDULER_STALE_S):
                 return UpResult(self.name, False, 0.0, f"airflow already running at {self.url} (login {self.login()})")
             log.warning("airflow's scheduler has not beaten for %d s: restarting airflow standalone", SCHEDULER_STALE_S)
-            self.down()
+            self.restart_down()
         waited = 0.0
         for attempt in (1, 2):
             started = time.time()
@@ -280,7 +286,7 @@ class AirflowServer:
                     "airflow's scheduler did not start (log %s): restarting airflow standalone once",
                     self.process.log_file,
                 )
-                self.down()
+                self.restart_down()
         self.warm_execution_api()
         self.tighten()
         return UpResult(
@@ -293,7 +299,7 @@ class AirflowServer:
     def scheduler_beats(self, within: float) -> bool:
         """Whether a running SchedulerJob in the metadata DB has beaten within the last WITHIN seconds."""
         try:
-            db = sqlite3.connect(f"file:{self.home / 'airflow.db'}?mode=ro", uri=True, timeout=5)
+            db = sqlite3.connect((self.home / "airflow.db").as_uri() + "?mode=ro", uri=True, timeout=5)
             try:
                 row = db.execute(
                     "SELECT max(latest_heartbeat) FROM job WHERE job_type = 'SchedulerJob' AND state = 'running'"
@@ -310,6 +316,14 @@ class AirflowServer:
 
     def down(self) -> bool:
         return self.process.stop(timeout=60)
+
+    def restart_down(self, timeout: float = 60.0) -> None:
+        """Stop standalone for a restart and wait for its port: standalone's leader exits on SIGTERM before its
+        children, and the API server may still hold the port for a moment."""
+        self.down()
+        deadline = time.monotonic() + timeout
+        while port_open(self.host, self.port) and time.monotonic() < deadline:
+            time.sleep(0.25)
 
     def status(self) -> ServiceStatus:
         return ServiceStatus(self.name, self.url, self.process.pid(), self.answers(), f"AIRFLOW_HOME={self.home}")

@@ -75,13 +75,13 @@ def test_no_deprecation_warning_from_our_config_or_dags(airflow_home: AirflowSer
 def test_scheduler_beats_reads_the_running_scheduler_job(airflow_home: AirflowServer, tmp_path: Path) -> None:
     """`up` waits for the scheduler's beat: `airflow standalone` keeps serving the UI when its scheduler died at
     start (CI: "database is locked" on its first write), and a run's Asset events then trigger nothing."""
-    import shutil
     import sqlite3
     from datetime import UTC, datetime, timedelta
 
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(airflow_home.home / "airflow.db", home / "airflow.db")  # the migrated schema, not the fixture's DB
+    with sqlite3.connect(airflow_home.home / "airflow.db") as src, sqlite3.connect(home / "airflow.db") as copy:
+        src.backup(copy)  # the migrated schema, not the fixture's DB (which other tests write meanwhile)
     server = AirflowServer(home=home)
     assert not server.scheduler_beats(60)
 

@@ -81,17 +81,28 @@ def test_markers_of_killed_writers_and_archives_of_old_jars_are_dropped(archives
 
 
 def test_archives_of_earlier_builds_of_a_family_are_pruned(archives: Path) -> None:
-    """A rebuilt helper has another name (its key, its jar's place and stamp): the archives of the builds before
-    it are removed once its own exists, the other JVMs' archives stay."""
+    """A rebuilt helper has another name (its key, its jar's place and stamp): beyond the three newest others, the
+    archives of builds before it are removed once a day old; the other JVMs' archives stay. The newest stay for
+    other state folders sharing the folder, which name their own helpers' archives."""
+    import time
+
     folder = jvmcds.archive_dir()
-    current = jvmcds.archive_path("bulk-helper-new-1", archives)
-    for name in ("bulk-helper-old-1", "bulk-helper-old-2", "cassandra", "spark-driver"):
+    current = jvmcds.archive_path("bulk-helper-new", archives)
+    now = time.time()
+    for n, age_h in enumerate((1, 2, 3, 30, 40)):  # five earlier builds, the last two over a day old
+        old = jvmcds.archive_path(f"bulk-helper-old{n}", archives)
+        old.write_bytes(b"x")
+        os.utime(old, (now - age_h * 3600, now - age_h * 3600))
+    for name in ("cassandra", "spark-driver"):
         jvmcds.archive_path(name, archives).write_bytes(b"x")
     current.write_bytes(b"new")
     gone = jvmcds.prune_family(current, "bulk-helper-")
-    assert sorted(p.name.rsplit("-", 1)[0] for p in gone) == ["bulk-helper-old-1", "bulk-helper-old-2"]
+    assert sorted(p.name.rsplit("-", 1)[0] for p in gone) == ["bulk-helper-old3", "bulk-helper-old4"]
     left = sorted(p.name.rsplit("-", 1)[0] for p in folder.iterdir())
-    assert left == ["bulk-helper-new-1", "cassandra", "spark-driver"]
+    assert left == ["bulk-helper-new", *(f"bulk-helper-old{n}" for n in range(3)), "cassandra", "spark-driver"]
+    assert jvmcds.prune_family(current, "bulk-helper-", keep=0, min_age_s=9000) == [
+        jvmcds.archive_path("bulk-helper-old2", archives)
+    ]
 
 
 def test_agents_may_be_archived_and_the_switch_turns_it_all_off(
