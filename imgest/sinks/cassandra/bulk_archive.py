@@ -19,12 +19,18 @@ import time
 from pathlib import Path
 
 from imgest.core import jvmcds
-from imgest.sinks.cassandra.bulk_helper import archive_name, cds_options, ensure_helper, java_command, row_frame
+from imgest.sinks.cassandra.bulk_helper import (
+    ARCHIVE_FAMILY,
+    archive_name,
+    cds_options,
+    ensure_helper,
+    java_command,
+    row_frame,
+)
 from imgest.sinks.cassandra.ingest import META_COLUMNS
 from imgest.sinks.cassandra.schema import TableLayout, render
 
 log = logging.getLogger(__name__)
-ARCHIVE_FAMILY = "bulk-helper-"  # bulk_helper.archive_name's prefix: every helper build's archive starts with it
 
 
 def ensure_trained_helper() -> Path:

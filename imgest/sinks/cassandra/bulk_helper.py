@@ -153,12 +153,15 @@ def cds_options(home: Path) -> tuple[list[str], Path | None]:
         return [], None
 
 
+ARCHIVE_FAMILY = "bulk-helper-"  # the start of every helper build's archive name (jvmcds.prune_family)
+
+
 def archive_name(home: Path) -> str:
     """The archive's name: the helper's key and where its jar is (an archive only maps the class path it was
     written for; a rebuilt or moved helper gets a new one)."""
     jar = (home / JAR).stat()
     where = hashlib.sha256(f"{home.resolve()}:{jar.st_size}:{jar.st_mtime_ns}".encode()).hexdigest()[:8]
-    return f"bulk-helper-{home.name}-{where}"
+    return f"{ARCHIVE_FAMILY}{home.name}-{where}"
 
 
 def helper_archive(home: Path) -> Path:
