@@ -121,6 +121,18 @@ def check(data: bytes, max_pixels: int = 0) -> tuple[int, int] | None:
     return size
 
 
+def header(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the JPEG DATA's header, read up to its first scan with nothing decoded; None: unknown
+    (no compiled module, or a header libjpeg refuses), ask Pillow."""
+    if _module is None:
+        return None
+    try:
+        size: tuple[int, int] = _module.header(data)
+    except ValueError:
+        return None
+    return size
+
+
 NO_FANCY_UPSAMPLING = 1  # crop_resize flag: libjpeg's box chroma upsampling (merged with the colour conversion)
 NO_LAST_AC_BITS = 4  # crop_resize flag: progressive files stop before the scans refining the AC coefficients' last bit
 

@@ -123,6 +123,43 @@ def test_the_check_reads_every_entropy_coded_byte() -> None:
     assert fastjpeg.check(data, max_pixels=500 * 375 - 1) is None  # over the limit: nothing decoded
 
 
+HEADER_CHECK = TransformSpec(mode="unchanged", unchanged_check="header")
+
+
+def test_the_header_check_reads_the_header_with_libjpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--unchanged-check header reads a JPEG's header with libjpeg, not Pillow, and records what Pillow reads."""
+    data = _jpeg(500, 375, seed=6)
+    assert fastjpeg.header(data) == (500, 375)
+    assert fastjpeg.header(data[:300]) is None  # the header itself cut short: Pillow decides and words it
+
+    def no_pillow(*args: object) -> None:
+        raise AssertionError("Pillow opened a JPEG the compiled header read accepts")
+
+    monkeypatch.setattr("imgest.transform.image.open_checked", no_pillow)
+    for w, h in ((500, 375), (641, 479), (17, 2000)):
+        jpeg = _jpeg(w, h, seed=w)
+        out = transform_image(jpeg, HEADER_CHECK)
+        assert out.data is jpeg
+        assert (out.width, out.height, out.src_width, out.src_height, out.src_format) == (w, h, w, h, "JPEG")
+        assert (out.width, out.height) == Image.open(io.BytesIO(jpeg)).size
+
+
+def test_the_header_check_leaves_every_doubt_to_pillow() -> None:
+    """Truncated, over the pixel limit, or a header libjpeg refuses: the Pillow path decides, with its reasons."""
+    data = _jpeg(500, 375, seed=7)
+    assert _refusal(data[:-2], HEADER_CHECK).reason == "corrupt"  # no end marker
+    assert _refusal(data, replace(HEADER_CHECK, max_pixels=500 * 375 - 1)).reason == "too-large"
+    sof = data.index(b"\xff\xc0")
+    no_components = data[: sof + 9] + b"\x00" + data[sof + 10 :]  # a frame of zero components: libjpeg refuses it
+    assert fastjpeg.header(no_components) is None
+    assert _refusal(no_components, HEADER_CHECK).reason == "corrupt"
+    cut_header = data[:200] + b"\xff\xd9"  # the end marker right after a header cut short
+    assert fastjpeg.header(cut_header) is None
+    assert _refusal(cut_header, HEADER_CHECK).reason == "corrupt"
+    for name, (bad, reason) in broken_images().items():
+        assert _refusal(bad, HEADER_CHECK).reason == reason, name
+
+
 def test_unchanged_decode_check_keeps_the_bytes_and_refuses_what_pillow_refuses() -> None:
     data = _jpeg(640, 480, seed=7)
     ours, theirs = (

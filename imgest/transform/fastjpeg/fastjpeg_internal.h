@@ -139,6 +139,7 @@ void fj_orient(const unsigned char *in, unsigned char *out, int n, int orientati
 /* ---- The module's functions (module.c's method table) ---- */
 
 PyObject *fj_py_check(PyObject *self, PyObject *args);
+PyObject *fj_py_header(PyObject *self, PyObject *args);
 PyObject *fj_py_crop_resize(PyObject *self, PyObject *args);
 PyObject *fj_py_transform(PyObject *self, PyObject *args);
 PyObject *fj_py_transform_many(PyObject *self, PyObject *args);

@@ -2,6 +2,7 @@
  * M/8, and resample it to the output size with an antialiased triangle (bilinear) filter.
  *
  *   check(data, max_pixels=0) -> (width, height) | None: see fj_py_check (region.c).
+ *   header(data) -> (width, height): the header up to the first scan, nothing decoded (fj_py_header, region.c).
  *   crop_resize(data, scale_num, x0, y0, x1, y1, bx0, by0, bx1, by1, out_w, out_h, flags=0, narrow=0.0)
  *       -> bytes (RGB, out_w*out_h*3). flags: 1 = libjpeg's box chroma upsampling (no "fancy" triangle), 2 = the
  *       fast integer inverse DCT, 4 = a progressive file stops before the scans refining the AC coefficients' last
@@ -54,6 +55,7 @@ static PyMethodDef methods[] = {
      "Re-encode a JPEG's coefficients losslessly with arithmetic coding."},
 #endif
     {"check", fj_py_check, METH_VARARGS, "Entropy-decode a whole JPEG without rebuilding pixels: (width, height)."},
+    {"header", fj_py_header, METH_VARARGS, "Read a JPEG's header up to its first scan: (width, height)."},
     {"crop_resize", fj_py_crop_resize, METH_VARARGS,
      "Decode a region of a JPEG at scale M/8 and resample it (RGB bytes)."},
     {"transform", fj_py_transform, METH_VARARGS,

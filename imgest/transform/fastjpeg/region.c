@@ -183,6 +183,33 @@ PyObject *fj_py_crop_resize(PyObject *self, PyObject *args) {
   return out;
 }
 
+/* header(data) -> (width, height): libjpeg reads the markers up to the first scan (jpeg_read_header: quantisation
+ * and Huffman tables, frame, scan header), decoding nothing; ValueError with libjpeg's message for a header it
+ * refuses. What --unchanged-check header asks of a JPEG, without Pillow's marker walk in Python. */
+PyObject *fj_py_header(PyObject *self, PyObject *args) {
+  Py_buffer buf;
+  if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+  struct jpeg_decompress_struct cinfo;
+  struct err_mgr err;
+  int failed = 0;
+  JDIMENSION width = 0, height = 0;
+  cinfo.err = fj_errors(&err);
+  if (setjmp(err.jb)) {
+    failed = 1;
+  } else {
+    fj_open_jpeg(&cinfo, &buf);
+    width = cinfo.image_width;
+    height = cinfo.image_height;
+  }
+  jpeg_destroy_decompress(&cinfo);
+  PyBuffer_Release(&buf);
+  if (failed || err.truncated) {
+    PyErr_SetString(PyExc_ValueError, err.msg);
+    return NULL;
+  }
+  return Py_BuildValue("(II)", (unsigned int)width, (unsigned int)height);
+}
+
 /* check(data, max_pixels) -> (width, height) | None: entropy-decode every scanline without inverse DCT or colour
  * conversion (jpeg_skip_scanlines at scale 1/8), so a broken or truncated file raises ValueError; the cheapest
  * check that reads all the data. None, decoding nothing, when the header says more than MAX_PIXELS (> 0). */
