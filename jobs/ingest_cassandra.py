@@ -161,7 +161,7 @@ def claim(
         cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
         record_scan_quarantine(session, cfg, scan_quarantine)
         path, target = choose_write_path(session, cfg, args, splits)
-        held = hold_compaction(session, cfg, splits, bulk=target is not None)
+        held = hold_compaction(session, cfg, splits, bulk=path.path == "bulk")
     return cfg, path, target, held
 
 
@@ -246,9 +246,12 @@ def give_compaction_back(cfg: CassandraIngestConfig, held: list[str]) -> None:
 def choose_write_path(
     session: Any, cfg: CassandraIngestConfig, args: argparse.Namespace, splits: list[str]
 ) -> tuple[write_path.WritePath, BulkTarget | None]:
-    """--write-path resolved (logged with its reason) and, for bulk, the loader's settings."""
+    """--write-path resolved (logged with its reason) and, for bulk and cql-helper, the helper's settings."""
     path = write_path.choose(session, args.write_path, manifest_rows(args.manifest_dir / workdir.MANIFEST))
     log.info("write path: %s (%s)", path.path, path.reason)
+    if path.path == "cql-helper":
+        target = write_path.cql_helper_target(session, cfg.tables, splits, cfg.consistency, cfg.max_in_flight)
+        return path, target
     if path.path != "bulk":
         return path, None
     return path, write_path.bulk_target(session, cfg.tables, splits, cfg.consistency, args.storage_port)
@@ -256,7 +259,7 @@ def choose_write_path(
 
 def partitions_for(cfg: CassandraIngestConfig, spark: Any, manifest_dir: Path) -> int:
     """Spark partitions when --partitions is 0: the bulk path's fewer, larger ones; 0 (the default) for CQL."""
-    if cfg.bulk is None:
+    if cfg.bulk is None or cfg.bulk.mode != "bulk":
         return 0
     rows = manifest_rows(manifest_dir / workdir.MANIFEST)
     return write_path.bulk_partitions(rows, spark.sparkContext.defaultParallelism)

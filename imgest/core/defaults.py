@@ -25,7 +25,7 @@ MAX_IN_FLIGHT: Final = 64
 MAX_BLOB_BYTES: Final = 31 * 1024 * 1024  # the embedded node accepts up to 32 MiB per mutation
 # How rows reach Cassandra: cql (an UNLOGGED batch per image) or bulk (SSTables written by the executors and
 # streamed to every replica); auto picks bulk for BULK_MIN_ROWS rows and more where the cluster can take them.
-WRITE_PATHS: Final = ("auto", "bulk", "cql")
+WRITE_PATHS: Final = ("auto", "bulk", "cql", "cql-helper")
 WRITE_PATH: Final = "auto"
 BULK_MIN_ROWS: Final = 20_000
 BULK_ROWS_PER_PARTITION: Final = 20_000  # bulk: fewer, larger Spark partitions (each ends with a load: an SSTable)

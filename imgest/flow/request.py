@@ -193,9 +193,11 @@ class IngestRequest:
         defaults.WRITE_PATH,
         "Write path",
         "Cassandra",
-        "cql: an UNLOGGED batch per image through the driver. bulk: the Spark executors write SSTables and stream "
-        "them to every replica (Cassandra 5; Java on the executors, the helper built once with Maven). auto: bulk "
-        f"from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql; the summary says which and why.",
+        "cql: an UNLOGGED batch per image through the Python driver. cql-helper: the same batch sent by the helper's "
+        "Java driver (less client CPU per row; Java on the executors). bulk: the Spark executors write SSTables and "
+        "stream them to every replica (Cassandra 5; Java on the executors, the helper built once with Maven). auto: "
+        f"bulk from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql; the summary says "
+        "which and why.",
         enum=list(defaults.WRITE_PATHS),
     )
     s3_dest: str | None = _param(

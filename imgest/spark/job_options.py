@@ -127,8 +127,10 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
         {
             "default": defaults.WRITE_PATH,
             "choices": list(defaults.WRITE_PATHS),
-            "help": "cql: an UNLOGGED batch per image through the driver; bulk: executors write SSTables and stream "
-            "them to every replica (Cassandra 5, Java on the executors; the helper is built once with Maven); auto "
+            "help": "cql: an UNLOGGED batch per image through the Python driver; cql-helper: the same batch per image "
+            "sent by the helper's Java driver (less client CPU per row; Java on the executors); bulk: executors write "
+            "SSTables and stream them to every replica (Cassandra 5, Java on the executors; the helper is built once "
+            "with Maven); auto "
             f"(default): bulk from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql",
         },
     ),

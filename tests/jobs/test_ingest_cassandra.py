@@ -75,9 +75,9 @@ def _count(session: Any, table: str) -> int:
     return session.execute(f"SELECT count(*) FROM {table}").one()[0]
 
 
-@pytest.mark.parametrize("path", ["cql", "bulk"])
+@pytest.mark.parametrize("path", ["cql", "bulk", "cql-helper"])
 def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Path, session: Any, path: str) -> None:
-    ks = f"imgest_test_job_roundtrip_{path}"
+    ks = f"imgest_test_job_roundtrip_{path.replace('-', '_')}"
     _drop(session, ks)
     manifest = _dataset(tmp_path, SampleSpec("cls-loc", classes=3, per_class=8, val_per_class=3, seed=7, defects=True))
     out = tmp_path / "first.json"
@@ -91,7 +91,7 @@ def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Pat
     assert _held(session, ks) == []  # given back once the load ended
     formats, node = _sstable_formats(cassandra_data(session), ks), _sstable_formats(cassandra_data(session), "system")
     assert formats <= node, (formats, node)  # the node's own format: it starts again with these files
-    assert formats or path == "cql"  # the loaded SSTables are on disk (CQL rows may still be in memtables)
+    assert formats or path != "bulk"  # the loaded SSTables are on disk (CQL rows may still be in memtables)
     rows = list(iter_manifest(manifest / "manifest.parquet"))
     assert first["quarantined_by_reason"] == {
         "corrupt": 2,
@@ -255,18 +255,20 @@ def test_wrong_password_fails_fast_without_leaking_it(tmp_path: Path, cassandra_
     assert "ingesting" not in log  # failed before any Spark work started
 
 
-def test_bulk_path_with_credentials_keeps_them_out_of_argv(
-    tmp_path: Path, cassandra_auth_server: CassandraServer
+@pytest.mark.parametrize("path", ["bulk", "cql-helper"])
+def test_helper_paths_with_credentials_keep_them_out_of_argv(
+    tmp_path: Path, cassandra_auth_server: CassandraServer, path: str
 ) -> None:
-    """The bulk helper reads the ring through an authenticated session; the password travels on its stdin, never in
-    a command line or the log, and the rows land on the node (counted through an authenticated session)."""
+    """The helper reads the ring (bulk) or sends its rows (cql-helper) through an authenticated session; the password
+    travels on its stdin, never in a command line or the log, and the rows land on the node (counted through an
+    authenticated session)."""
     manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=2, per_class=6, val_per_class=0, seed=9))
-    ks, port, secret = "imgest_test_auth_bulk", cassandra_auth_server.native_port, "cassandra"
+    ks, port, secret = f"imgest_test_auth_{path.replace('-', '_')}", cassandra_auth_server.native_port, "cassandra"
     settings = CassandraSettings(hosts=("127.0.0.1",), port=port, username="cassandra", password=secret)
     with cassandra_session(settings) as s:
         _drop(s, ks)
     out = tmp_path / "bulk.json"
-    args = ["--manifest-dir", str(manifest), "--keyspace", ks, "--port", str(port), "--write-path", "bulk"]
+    args = ["--manifest-dir", str(manifest), "--keyspace", ks, "--port", str(port), "--write-path", path]
     rc, log = run_job(
         "ingest_cassandra",
         [*args, "--summary-json", str(out)],
@@ -274,7 +276,7 @@ def test_bulk_path_with_credentials_keeps_them_out_of_argv(
     )
     assert rc == 0, log[-3000:]
     summary = read_summary(out)
-    assert summary["write_path"]["path"] == "bulk"
+    assert summary["write_path"]["path"] == path
     assert summary["stored"] == 12
     assert f"--password {secret}" not in log
     with cassandra_session(settings) as s:

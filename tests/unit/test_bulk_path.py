@@ -3,6 +3,7 @@ header carries (credentials and the CA on stdin, never in its command line)."""
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import struct
@@ -78,6 +79,44 @@ def test_header_carries_credentials_and_ca_and_the_command_line_does_not(tmp_pat
     assert not any("s3cret" in part or "BEGIN CERTIFICATE" in part for part in cmd)
 
 
+def test_cql_mode_header_carries_the_batches_the_level_and_the_retries(tmp_path: Path) -> None:
+    settings = CassandraSettings(hosts=("10.0.0.1",), port=9042, username="w", password="pw-9", local_dc="dc2")
+    batch = "BEGIN UNLOGGED BATCH INSERT INTO ks.data (id) VALUES (?); APPLY BATCH"
+    target = BulkTarget(
+        helper=str(tmp_path), keyspace="ks", partitioner="M3", tables=(("train", "", batch),), storage_port=0,
+        mode="cql", consistency="QUORUM", max_in_flight=32, retries=4, backoff_s=0.5,
+    )  # fmt: skip
+    header = target.header(settings)
+    assert {k: header[k] for k in ("mode", "consistency", "max_in_flight", "retries", "backoff_s")} == {
+        "mode": "cql",
+        "consistency": "QUORUM",
+        "max_in_flight": 32,
+        "retries": 4,
+        "backoff_s": 0.5,
+    }
+    assert header["tables"] == [{"name": "train", "create": "", "insert": batch}]
+    assert (header["loader"]["user"], header["loader"]["password"], header["loader"]["local_dc"]) == (
+        "w",
+        "pw-9",
+        "dc2",
+    )
+
+
+def test_a_cql_round_reply_names_the_refused_rows_and_the_resends() -> None:
+    """CqlRows answers a round with a BAD line per row refused for good, then OK rows 0 resends."""
+    helper = object.__new__(BulkHelper)  # the reply reader alone, no JVM
+    helper._stderr = io.BytesIO()  # type: ignore[assignment]
+    reply = b"BAD 3 too_large InvalidQueryException: Mutation of 40 MiB is too large\nBAD 7 error X: y z\nOK 9 0 2\n"
+    helper._proc = type("P", (), {"stdout": io.BytesIO(reply)})()  # type: ignore[assignment]
+    helper._loading = collections.deque([9])
+    assert helper.wait_load() == 9
+    assert helper.refused == [
+        (3, "too_large", "InvalidQueryException: Mutation of 40 MiB is too large"),
+        (7, "error", "X: y z"),
+    ]
+    assert helper.resent == 2
+
+
 def test_scratch_of_a_gone_worker_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
     import subprocess
 
@@ -95,3 +134,20 @@ def test_scratch_of_a_gone_worker_is_removed_and_a_live_ones_kept(tmp_path: Path
     assert not stale.exists()
     assert live.is_dir()
     assert other.is_dir()
+
+
+def test_cql_helper_asked_for_without_a_jdk_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imgest.core.errors import ConfigError
+    from imgest.sinks.cassandra import write_path
+    from imgest.sinks.cassandra.bulk_helper import BulkLoadError
+
+    assert write_path.choose(None, "cql-helper", 10).path == "cql-helper"  # this machine has java, javac and mvn
+
+    def no_javac(name: str, hint: str) -> str:
+        if name == "javac":
+            raise BulkLoadError("bulk-load helper: no javac on PATH; install a JDK")
+        return name
+
+    monkeypatch.setattr(write_path, "tool", no_javac)
+    with pytest.raises(ConfigError, match="--write-path cql-helper: no javac on PATH; use --write-path cql"):
+        write_path.choose(None, "cql-helper", 10)

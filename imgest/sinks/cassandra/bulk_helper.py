@@ -262,6 +262,8 @@ class BulkHelper:
         self._send(struct.pack(">I", len(body)) + body)
         self._stdin().flush()  # now: the helper reads the ring while the first rows are made (seconds)
         self.sent = 0  # rows sent since the last load
+        self.refused: list[tuple[int, str, str]] = []  # CQL mode: the last round's rows refused for good
+        self.resent = 0  # CQL mode: requests sent again before the last reply
         self._loading: deque[int] = deque()  # rows of each round started and not yet acknowledged, oldest first
 
     def _stdin(self) -> IO[bytes]:
@@ -291,12 +293,19 @@ class BulkHelper:
 
     def wait_load(self) -> int:
         """Wait until the oldest round started is on every replica; returns its rows. Raises BulkLoadError when the
-        helper failed it or acknowledged another count than was sent."""
+        helper failed it or acknowledged another count than was sent. In CQL mode the rows the cluster refused for
+        good are in ``refused`` afterwards (index in the round, "too_large" or "error", the driver's message) and
+        the requests sent again since the last reply in ``resent``."""
         assert self._proc.stdout is not None
-        reply = self._reply(self._proc.stdout)
+        self.refused = []
+        while (reply := self._reply(self._proc.stdout)).startswith("BAD "):
+            index, kind, message = reply.removeprefix("BAD ").split(" ", 2)
+            self.refused.append((int(index), kind, message))
         if not reply.startswith("OK "):
             raise self._died(reply.removeprefix("ERROR ") or "stopped without a reply")
-        rows, expected = int(reply.split()[1]), self._loading.popleft()
+        fields = reply.split()
+        rows, expected = int(fields[1]), self._loading.popleft()
+        self.resent = int(fields[3]) if len(fields) > 3 else 0
         if rows != expected:
             raise BulkLoadError(f"bulk-load helper acknowledged {rows} rows of the {expected} sent")
         return rows
@@ -311,7 +320,7 @@ class BulkHelper:
         JAVA_TOOL_OPTIONS, say) goes to its log. Empty when the helper exited."""
         while line := out.readline():
             text = line.decode(errors="replace").strip()
-            if text.startswith(("OK ", "ERROR ")):
+            if text.startswith(("OK ", "ERROR ", "BAD ")):
                 return text
             self._stderr.write(b"stdout: " + line)
         return ""

@@ -23,9 +23,13 @@ from imgest.core import defaults
 from imgest.core.quarantine import QuarantineEntry, QuarantineLog, Reason
 from imgest.core.settings import CassandraSettings
 from imgest.sinks.cassandra.bulk_helper import BulkHelper, drop_helper, shared_helper
-from imgest.sinks.cassandra.writer import Row, WriteStats
+from imgest.sinks.cassandra.writer import CassandraWriteError, Row, WriteStats
 
 INT = struct.Struct(">i")
+# CQL mode: a round is acknowledged once all its requests are answered, so rounds stay small (progress and
+# on_written stay timely); the helper bounds what is in flight, not the round
+CQL_ROUND_ROWS = 256
+CQL_ROUND_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,13 @@ class BulkTarget:
     buffer_mib: int = defaults.BULK_BUFFER_MIB
     connections_per_host: int = 1
     storage_compatibility_mode: str = "CASSANDRA_4"  # the nodes' (it picks the SSTable format they write and read)
+    # "cql": the helper sends each image's rows as one CQL request (TABLES: (split, "", its prepared batch)) through
+    # the Java driver instead of writing SSTables (HelperCqlWriter)
+    mode: str = "bulk"
+    consistency: str = defaults.CONSISTENCY
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
+    retries: int = 6  # CQL mode: resends of a request that timed out or found too few replicas (ImageWriter's)
+    backoff_s: float = 0.1  # CQL mode: the first resend's wait, doubled for each next one
 
     def header(self, settings: CassandraSettings) -> dict[str, Any]:
         """The helper's header: tables, partitioner, and how to reach the cluster (credentials and CA inside)."""
@@ -59,6 +70,20 @@ class BulkTarget:
         if ca:
             loader["ca_pem"] = ca
         tables = [{"name": n, "create": c, "insert": i} for n, c, i in self.tables]
+        if self.mode == "cql":
+            if settings.local_dc:
+                loader["local_dc"] = settings.local_dc
+            return {
+                "mode": "cql",
+                "keyspace": self.keyspace,
+                "tables": tables,
+                "consistency": self.consistency,
+                "max_in_flight": self.max_in_flight,
+                "retries": self.retries,
+                "backoff_s": self.backoff_s,
+                "connect_timeout_s": settings.connect_timeout,
+                "loader": loader,
+            }
         return {
             "keyspace": self.keyspace,
             "partitioner": self.partitioner,
@@ -182,3 +207,64 @@ class BulkImageWriter:
             self._next_round()
         if self._streaming:
             self._acknowledged()
+
+
+class HelperCqlWriter(BulkImageWriter):
+    """ImageWriter's contract with the CQL requests sent by the helper's Java driver (a BulkTarget of mode "cql"):
+    each image's data and metadata rows go down the pipe as one frame and leave as one prepared UNLOGGED batch, with
+    retries and the bounded window in the helper. Rows count as written once their round's reply says the cluster
+    took them; a row the cluster refused as too large is quarantined, any other refusal is an error of the flush,
+    as with ImageWriter."""
+
+    def __init__(
+        self,
+        target: BulkTarget,
+        settings: CassandraSettings,
+        quarantine: QuarantineLog,
+        max_blob_bytes: int = defaults.MAX_BLOB_BYTES,
+        on_written: Callable[[Row, int], None] | None = None,
+    ) -> None:
+        super().__init__(target, settings, lambda split: (split, split), quarantine, max_blob_bytes, on_written)
+        self._round = CQL_ROUND_BYTES
+
+    def write(self, row: Row) -> None:
+        if len(row.data) > self._max_blob:
+            detail = f"{len(row.data)} bytes > store limit {self._max_blob}"
+            self._quarantine.add(
+                QuarantineEntry(row.rel_path, row.split, Reason.TOO_LARGE_FOR_STORE, detail, str(row.id))
+            )
+            return
+        statement = self._tables(row.split)[0]
+        self._helper.add(statement, [row.id.bytes, INT.pack(row.label), row.data, *[encode(v) for v in row.meta]])
+        self._pending.append((row.id, row.label, row.split, row.rel_path, len(row.data)))
+        self._pending_bytes += len(row.data)
+        if self._pending_bytes >= self._round or len(self._pending) >= CQL_ROUND_ROWS:
+            self._next_round()
+
+    def _acknowledged(self) -> None:
+        self._helper.wait_load()
+        refused = {index: (kind, message) for index, kind, message in self._helper.refused}
+        self.stats.retries += self._helper.resent
+        for index, (row_id, label, split, rel_path, nbytes) in enumerate(self._streaming):
+            if index in refused:
+                kind, message = refused[index]
+                if kind == "too_large":
+                    detail = f"server refused {nbytes} bytes: {message}"
+                    self._quarantine.add(
+                        QuarantineEntry(rel_path, split, Reason.TOO_LARGE_FOR_STORE, detail, str(row_id))
+                    )
+                else:
+                    self.stats.errors.append(f"row {row_id} ({rel_path}): {message}")
+                continue
+            self.stats.written += 1
+            self.stats.bytes += nbytes
+            if self._on_written is not None:
+                self._on_written(Row(row_id, label, b"", split, (), rel_path), nbytes)
+        self._streaming = []
+
+    def flush(self) -> None:
+        super().flush()
+        if self.stats.errors:
+            raise CassandraWriteError(
+                f"{len(self.stats.errors)} rows failed after the helper's retries; first: {self.stats.errors[0]}"
+            )

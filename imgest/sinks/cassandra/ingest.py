@@ -24,7 +24,7 @@ from imgest.core import defaults
 from imgest.core.locks import check_fence
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
-from imgest.sinks.cassandra.bulk_writer import BulkImageWriter, BulkTarget
+from imgest.sinks.cassandra.bulk_writer import BulkImageWriter, BulkTarget, HelperCqlWriter
 from imgest.sinks.cassandra.client import shared_session
 from imgest.sinks.cassandra.schema import TableLayout, apply_schema
 from imgest.sinks.cassandra.versions import advance_status, claim_version
@@ -110,6 +110,16 @@ class PartitionResult:
         self.quarantine.extend(other.quarantine)
 
 
+def batch_insert(tables: TableLayout, split: str) -> str:
+    """SPLIT's data-row and metadata-row inserts as one UNLOGGED batch (bind: id, label, data, then META_COLUMNS)."""
+    ks, data, meta = tables.keyspace, tables.data_table(split), tables.metadata_table(split)
+    cols = ", ".join(META_COLUMNS)
+    return (
+        f"BEGIN UNLOGGED BATCH INSERT INTO {ks}.{data} (id, label, data) VALUES (?, ?, ?); "
+        f"INSERT INTO {ks}.{meta} ({cols}) VALUES ({', '.join('?' * len(META_COLUMNS))}); APPLY BATCH"
+    )
+
+
 class _Statements:
     """Prepared statements per split, prepared once per session."""
 
@@ -121,12 +131,7 @@ class _Statements:
         META_COLUMNS' values)."""
         key = ("insert", split)
         if key not in self._cache:
-            ks, data, meta = self._tables.keyspace, self._tables.data_table(split), self._tables.metadata_table(split)
-            cols = ", ".join(META_COLUMNS)
-            self._cache[key] = self._session.prepare(
-                f"BEGIN UNLOGGED BATCH INSERT INTO {ks}.{data} (id, label, data) VALUES (?, ?, ?); "
-                f"INSERT INTO {ks}.{meta} ({cols}) VALUES ({', '.join('?' * len(META_COLUMNS))}); APPLY BATCH"
-            )
+            self._cache[key] = self._session.prepare(batch_insert(self._tables, split))
         return self._cache[key]
 
     def lookup(self, split: str) -> Any:
@@ -174,8 +179,11 @@ def committed(
 
 def _writer(
     session: Any, stmts: _Statements, cfg: CassandraIngestConfig, quarantine: QuarantineLog, written: Callable
-) -> ImageWriter | BulkImageWriter:
-    """The partition's writer: batches through the driver, or SSTables through the bulk-load helper."""
+) -> ImageWriter | BulkImageWriter | HelperCqlWriter:
+    """The partition's writer: batches through the driver or through the helper's Java driver, or SSTables through
+    the bulk-load helper."""
+    if cfg.bulk is not None and cfg.bulk.mode == "cql":
+        return HelperCqlWriter(cfg.bulk, cfg.settings(), quarantine, cfg.max_blob_bytes, on_written=written)
     if cfg.bulk is not None:
         names = lambda split: (cfg.tables.data_table(split), cfg.tables.metadata_table(split))  # noqa: E731
         return BulkImageWriter(cfg.bulk, cfg.settings(), names, quarantine, cfg.max_blob_bytes, on_written=written)

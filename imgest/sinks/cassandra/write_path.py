@@ -1,5 +1,7 @@
 """Which way rows reach Cassandra, decided once by the job's driver: ``cql`` (an UNLOGGED batch per image through
-the driver) or ``bulk`` (executors write SSTables, the helper streams them to every replica).
+the Python driver), ``cql-helper`` (the same batch per image, sent by the bulk helper's JVM through the Java driver:
+the same requests for less client CPU per row) or ``bulk`` (executors write SSTables, the helper streams them to every
+replica).
 
 ``auto`` picks bulk when it pays and the cluster can take it: at least ``defaults.BULK_MIN_ROWS`` rows to write
 (below that, starting a helper JVM per executor costs more than it saves), a Cassandra 5 cluster (the helper
@@ -20,7 +22,7 @@ from imgest.core.errors import ConfigError
 from imgest.sinks.cassandra.bulk_helper import BulkLoadError, ensure_helper, tool
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import CassandraUnavailableError
-from imgest.sinks.cassandra.ingest import META_COLUMNS
+from imgest.sinks.cassandra.ingest import META_COLUMNS, batch_insert
 from imgest.sinks.cassandra.schema import TableLayout
 
 log = logging.getLogger(__name__)
@@ -35,10 +37,15 @@ class WritePath:
 
 
 def choose(session: Any, requested: str, rows: int) -> WritePath:
-    """REQUESTED (auto, bulk or cql) resolved for a job that writes ROWS rows; bulk asked for but impossible
-    raises ConfigError naming why."""
+    """REQUESTED (auto, bulk, cql or cql-helper) resolved for a job that writes ROWS rows; bulk or cql-helper asked
+    for but impossible raises ConfigError naming why."""
     if requested == "cql":
         return WritePath("cql", "asked for (--write-path cql)")
+    if requested == "cql-helper":
+        missing = helper_tools_missing()
+        if missing:
+            raise ConfigError(f"--write-path cql-helper: {missing}; use --write-path cql")
+        return WritePath("cql-helper", "asked for (--write-path cql-helper)")
     blocker = bulk_blocker(session)
     if requested == "bulk":
         if blocker:
@@ -66,12 +73,35 @@ def bulk_blocker(session: Any) -> str | None:
     if majors != {HELPER_FORMAT_MAJOR}:
         found = ", ".join(sorted(versions)) or "unknown"
         return f"the bulk helper writes Cassandra {HELPER_FORMAT_MAJOR}.0 SSTables and the cluster runs {found}"
+    return helper_tools_missing()
+
+
+def helper_tools_missing() -> str | None:
+    """Why the helper cannot be built and started here (no java, javac or mvn), or None."""
     try:
         for name in ("java", "javac", "mvn"):
             tool(name, "")
     except BulkLoadError as exc:
         return str(exc).split(";")[0].removeprefix("bulk-load helper: ")
     return None
+
+
+def cql_helper_target(
+    session: Any, tables: TableLayout, splits: list[str], consistency: str, max_in_flight: int, helper: str = ""
+) -> BulkTarget:
+    """The helper's settings for CQL mode: each split's prepared batch of its data and metadata rows (the statement
+    the driver path prepares), the consistency level and the requests in flight per helper."""
+    local = session.execute("SELECT partitioner FROM system.local").one()
+    return BulkTarget(
+        helper=helper or str(ensure_helper()),
+        keyspace=tables.keyspace,
+        partitioner=local.partitioner,
+        tables=tuple((split, "", batch_insert(tables, split)) for split in sorted(set(splits))),
+        storage_port=0,
+        mode="cql",
+        consistency=consistency,
+        max_in_flight=max_in_flight,
+    )
 
 
 def bulk_target(

@@ -1,15 +1,29 @@
 package dev.imgest.bulk;
 
 import com.datastax.driver.core.AuthProvider;
+import com.datastax.driver.core.BoundStatement;
 import com.datastax.driver.core.Cluster;
+import com.datastax.driver.core.ConsistencyLevel;
 import com.datastax.driver.core.Host;
 import com.datastax.driver.core.Metadata;
 import com.datastax.driver.core.NettyOptions;
 import com.datastax.driver.core.PlainTextAuthProvider;
+import com.datastax.driver.core.PreparedStatement;
+import com.datastax.driver.core.ProtocolVersion;
 import com.datastax.driver.core.RemoteEndpointAwareJdkSSLOptions;
 import com.datastax.driver.core.SSLOptions;
+import com.datastax.driver.core.ResultSetFuture;
 import com.datastax.driver.core.Session;
+import com.datastax.driver.core.SocketOptions;
 import com.datastax.driver.core.TokenRange;
+import com.datastax.driver.core.exceptions.InvalidQueryException;
+import com.datastax.driver.core.exceptions.NoHostAvailableException;
+import com.datastax.driver.core.exceptions.OperationTimedOutException;
+import com.datastax.driver.core.exceptions.OverloadedException;
+import com.datastax.driver.core.exceptions.UnavailableException;
+import com.datastax.driver.core.exceptions.WriteTimeoutException;
+import com.datastax.driver.core.policies.DCAwareRoundRobinPolicy;
+import com.datastax.driver.core.policies.TokenAwarePolicy;
 import com.datastax.shaded.netty.channel.EventLoopGroup;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -41,11 +55,17 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.regex.Pattern;
 import javax.net.ssl.SSLContext;
 import javax.net.ssl.TrustManagerFactory;
 import org.apache.cassandra.config.DatabaseDescriptor;
@@ -79,6 +99,10 @@ import org.apache.cassandra.utils.StorageCompatibilityMode;
  * the order of their 'L'. Each 'L' is answered on stdout, when its round is on every replica, with one line
  * "OK rows seconds" (the seconds its streaming took), or "ERROR message", after which the helper exits; logs go
  * to stderr. Credentials and the CA travel in the header, never in argv.
+ *
+ * <p>With "mode": "cql" in the header the helper writes through CQL instead (CqlRows): each 'R' row is bound to the
+ * prepared statement of its index (the header's "tables", each {"insert": ...}) and sent by the DataStax Java driver,
+ * and 'L' is answered once every row before it has been answered by the cluster.
  */
 public final class BulkWriter {
     private final JsonNode cfg;
@@ -111,7 +135,12 @@ public final class BulkWriter {
         try {
             byte[] header = new byte[in.i32()];
             in.fill(ByteBuffer.wrap(header));
-            BulkWriter w = new BulkWriter(new ObjectMapper().readTree(header));
+            JsonNode parsed = new ObjectMapper().readTree(header);
+            if (parsed.path("mode").asText("bulk").equals("cql")) {
+                new CqlRows(parsed).run(in, replies);
+                System.exit(0);
+            }
+            BulkWriter w = new BulkWriter(parsed);
             sstableVersionOf(w.cfg.path("storage_compatibility_mode").asText("CASSANDRA_4"));
             DatabaseDescriptor.clientInitialization();
             DatabaseDescriptor.setStreamThroughputOutboundBytesPerSec(0); // unthrottled; the tool's default is 24 MiB/s
@@ -207,6 +236,186 @@ public final class BulkWriter {
         }
         writer(t).rawAddRow(values);
         pending[t]++;
+    }
+
+    /**
+     * CQL mode: rows go to the cluster as requests of the DataStax Java driver (token-aware, the header's consistency
+     * level), at most "max_in_flight" at once: reading the next row waits for a free slot, so the pipe holds the
+     * caller back. A request that times out, finds too few replicas or an overloaded node is sent again after
+     * "backoff_s" x 2^attempt, up to "retries" times. Each 'L' closes a round: once every row of it is answered, the
+     * reply is one line "BAD index too_large|error message" per row that failed for good (index: its place in the
+     * round), then "OK rows 0 retries" (the round's rows, failed ones included; the resends since the last reply).
+     */
+    static final class CqlRows {
+        private static final Pattern TOO_LARGE =
+                Pattern.compile("oversized mutation|exceeds allowed maximum|too large|larger than", Pattern.CASE_INSENSITIVE);
+        private final Cluster cluster;
+        private final Session session;
+        private final PreparedStatement[] statements;
+        private final Semaphore window;
+        private final int retries;
+        private final double backoff;
+        private final AtomicLong resent = new AtomicLong();
+        private final ScheduledExecutorService timers = Executors.newSingleThreadScheduledExecutor(r -> {
+            Thread t = new Thread(r, "imgest-cql-retry");
+            t.setDaemon(true);
+            return t;
+        });
+        /** Answers the rounds in the order of their 'L', each once all its rows are answered. */
+        private final ExecutorService replier = Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r, "imgest-cql-reply");
+            t.setDaemon(true);
+            return t;
+        });
+        private CqlRound current = new CqlRound();
+
+        /** One round's rows: outstanding counts the unanswered ones, plus one until the round's 'L'. */
+        static final class CqlRound {
+            final AtomicInteger outstanding = new AtomicInteger(1);
+            final CompletableFuture<Void> done = new CompletableFuture<>();
+            final ConcurrentLinkedQueue<String> bad = new ConcurrentLinkedQueue<>();
+            int rows;
+
+            void answered() {
+                if (outstanding.decrementAndGet() == 0) done.complete(null);
+            }
+        }
+
+        CqlRows(JsonNode cfg) throws Exception {
+            JsonNode l = cfg.get("loader");
+            List<InetSocketAddress> contacts = new ArrayList<>();
+            for (JsonNode h : l.get("hosts")) {
+                contacts.add(new InetSocketAddress(InetAddress.getByName(h.asText()), l.get("native_port").asInt()));
+            }
+            DCAwareRoundRobinPolicy.Builder local = DCAwareRoundRobinPolicy.builder();
+            if (l.hasNonNull("local_dc")) local.withLocalDc(l.get("local_dc").asText());
+            Cluster.Builder builder = Cluster.builder()
+                    .addContactPointsWithPorts(contacts)
+                    .withProtocolVersion(ProtocolVersion.V4)
+                    .withLoadBalancingPolicy(new TokenAwarePolicy(local.build()))
+                    .withSocketOptions(new SocketOptions()
+                            .setReadTimeoutMillis((int) (cfg.path("timeout_s").asDouble(30) * 1000))
+                            .setConnectTimeoutMillis((int) (cfg.path("connect_timeout_s").asDouble(10) * 1000)))
+                    .withNettyOptions(QUICK_CLOSE);
+            if (l.hasNonNull("user")) {
+                builder.withAuthProvider(new PlainTextAuthProvider(l.get("user").asText(), l.get("password").asText()));
+            }
+            if (l.hasNonNull("ca_pem")) builder.withSSL(sslOptions(l.get("ca_pem").asText()));
+            cluster = builder.build();
+            session = cluster.connect();
+            ConsistencyLevel level = ConsistencyLevel.valueOf(cfg.path("consistency").asText("LOCAL_QUORUM"));
+            List<PreparedStatement> prepared = new ArrayList<>();
+            for (JsonNode table : cfg.get("tables")) {
+                PreparedStatement ps = session.prepare(table.get("insert").asText());
+                ps.setConsistencyLevel(level);
+                prepared.add(ps);
+            }
+            statements = prepared.toArray(new PreparedStatement[0]);
+            window = new Semaphore(cfg.path("max_in_flight").asInt(64));
+            retries = cfg.path("retries").asInt(6);
+            backoff = cfg.path("backoff_s").asDouble(0.1);
+        }
+
+        void run(Frames in, PrintStream replies) throws Exception {
+            try {
+                while (true) {
+                    int op;
+                    try {
+                        op = in.u8();
+                    } catch (EOFException eof) {
+                        return; // the caller went away: nothing after its last answered round was acknowledged
+                    }
+                    switch (op) {
+                        case 'R' -> row(in);
+                        case 'L' -> {
+                            CqlRound round = current;
+                            current = new CqlRound();
+                            round.answered(); // its 'L'
+                            replier.execute(() -> reply(round, replies));
+                        }
+                        case 'Q' -> {
+                            replier.shutdown();
+                            replier.awaitTermination(1, TimeUnit.DAYS);
+                            return;
+                        }
+                        default -> throw new IOException("unknown command byte " + op);
+                    }
+                }
+            } finally {
+                cluster.close();
+            }
+        }
+
+        private void reply(CqlRound round, PrintStream replies) {
+            round.done.join();
+            StringBuilder out = new StringBuilder();
+            for (String b : round.bad) out.append(b).append('\n');
+            out.append("OK ").append(round.rows).append(" 0 ").append(resent.getAndSet(0)).append('\n');
+            replies.print(out);
+            replies.flush();
+        }
+
+        private void row(Frames in) throws IOException {
+            int t = in.u8();
+            int n = in.u16();
+            BoundStatement bound = statements[t].bind();
+            ByteBuffer key = null;
+            for (int i = 0; i < n; i++) {
+                int len = in.i32();
+                if (len < 0) {
+                    bound.setBytesUnsafe(i, null);
+                    continue;
+                }
+                ByteBuffer value = ByteBuffer.allocate(len);
+                in.fill(value);
+                bound.setBytesUnsafe(i, value);
+                if (i == 0) key = value.duplicate();
+            }
+            bound.setRoutingKey(key); // the image id, both rows' partition key: the request goes to a replica
+            window.acquireUninterruptibly();
+            CqlRound round = current;
+            int index = round.rows++;
+            round.outstanding.incrementAndGet();
+            send(bound, round, index, 0);
+        }
+
+        private void send(BoundStatement bound, CqlRound round, int index, int attempt) {
+            ResultSetFuture future;
+            try {
+                future = session.executeAsync(bound);
+            } catch (RuntimeException e) {
+                failed(e, bound, round, index, attempt);
+                return;
+            }
+            future.addListener(() -> {
+                try {
+                    future.getUninterruptibly();
+                    answered(round);
+                } catch (RuntimeException e) {
+                    failed(e, bound, round, index, attempt);
+                }
+            }, Runnable::run);
+        }
+
+        private void failed(RuntimeException e, BoundStatement bound, CqlRound round, int index, int attempt) {
+            boolean retryable = e instanceof WriteTimeoutException || e instanceof UnavailableException
+                    || e instanceof OperationTimedOutException || e instanceof NoHostAvailableException
+                    || e instanceof OverloadedException;
+            if (retryable && attempt < retries) {
+                resent.incrementAndGet();
+                long delay = (long) (backoff * 1000 * (1L << attempt));
+                timers.schedule(() -> send(bound, round, index, attempt + 1), delay, TimeUnit.MILLISECONDS);
+                return;
+            }
+            boolean tooLarge = e instanceof InvalidQueryException && TOO_LARGE.matcher(String.valueOf(e.getMessage())).find();
+            round.bad.add("BAD " + index + (tooLarge ? " too_large " : " error ") + describe(e));
+            answered(round);
+        }
+
+        private void answered(CqlRound round) {
+            window.release();
+            round.answered();
+        }
     }
 
     /** The command stream on stdin, read through one direct buffer; a value is read straight into its own buffer
