@@ -144,7 +144,7 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             out[key] = bool(row["ratio"] and row["ratio"] >= 1) and quiet
     if "writers" in report:
         w = report["writers"]
-        out["writer >= 2x extract_spark.py (images/s, verification included)"] = w["ratio"] >= 2 and quiet
+        out["writer >= 2x extract_spark.py (images/s, verification included)"] = w.get("ratio", 0) >= 2 and quiet
         out["writer >= 2x extract_spark.py at the steady rate (fixed costs apart)"] = (
             w.get("steady_ratio_imgest", 0) >= 2 and quiet
         )
@@ -153,17 +153,19 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
                 w["ratio_imgest-bulk"] >= 2 and quiet
             )
             out["bulk writer >= 2x extract_spark.py at the steady rate"] = w["steady_ratio_imgest-bulk"] >= 2 and quiet
+        if "imgest-bulk" in w and "imgest" in w:
             bulk, cql = w["imgest-bulk"], w["imgest"]
             out["Cassandra CPU per row, bulk <= half of CQL's (per further row, per-job costs apart)"] = (
                 bulk.get("server_cpu_ms_per_row_marginal", 1) <= cql.get("server_cpu_ms_per_row_marginal", 0) / 2
                 and quiet
             )
-        if "imgest-header" in w:
-            out["CQL writer CPU per further row <= the plugin's (same check: header)"] = (
-                w["imgest-header"].get("client_cpu_ms_per_row_marginal", 1)
-                <= w["plugin"].get("client_cpu_ms_per_row_marginal", 0)
-                and quiet
-            )
+        for side, client in (("imgest-header", "Python driver"), ("imgest-helper-header", "cql-helper, Java driver")):
+            if side in w:
+                out[f"CQL writer CPU per further row <= the plugin's (same check: header; {client})"] = (
+                    w[side].get("client_cpu_ms_per_row_marginal", 1)
+                    <= w["plugin"].get("client_cpu_ms_per_row_marginal", 0)
+                    and quiet
+                )
     if "loop_read" in report:
         out["imgest reader >= the plugin's loop_read.py on its own benchmark"] = (
             report["loop_read"]["ratio"] >= 1 and quiet
@@ -199,6 +201,7 @@ def measure_all(
     ingest: Ingest,
     ring_rtts: list[float] | None = None,
     writer_copies: int = 1,
+    writer_sides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Prepare the datasets (cached; stored with INGEST), then each of PARTS (readers, sweep, loop-read, writers,
     ring), the machine's quietness recorded over each."""
@@ -237,7 +240,9 @@ def measure_all(
         report["sweep_images"] = len(big_sets["cassandra"])
         report["conditions"] = [c.__dict__ for c in conds]
         report["latency_sweep"], report["sweep_compare"] = sweep, sweep_compare(sweep)
-    _loop_and_writers(report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds, writer_copies)
+    _loop_and_writers(
+        report, parts, examples, cassandra, rs, root, Path(where["src"]), images, rounds, writer_copies, writer_sides
+    )
     if "ring" in parts:
         _ring(report, Path(prepare_sweep(sweep_images, where, ingest)["src"]), root, ring_rtts, rounds, epochs)
     report["targets"] = targets(report)
@@ -270,10 +275,11 @@ def _loop_and_writers(
     images: int,
     rounds: int,
     writer_copies: int,
+    writer_sides: tuple[str, ...] = (),
 ) -> None:
-    """measure_all's loop-read and writers parts (when in PARTS), into REPORT."""
+    """measure_all's loop-read and writers parts (when in PARTS), into REPORT; WRITER_SIDES: the writers (() all)."""
     from imgest.bench.measure import QuietWatch, server_pids
-    from imgest.bench.plugin_writers import writers
+    from imgest.bench.plugin_writers import SIDES, writers
     from imgest.readback.pinning import pinned
 
     if "loop-read" in parts:
@@ -286,7 +292,8 @@ def _loop_and_writers(
         # the train folder of the readers' dataset, each image under WRITER_COPIES names (hard links)
         src = linked_copies(readers_src / "train", root / f"writer-src-{images}x{writer_copies}", writer_copies)
         with QuietWatch(server_pids()) as watch:
-            report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds))
+            sides = writer_sides or SIDES
+            report["writers"] = writers(examples, src, root / "writer-work", cassandra, max(1, rounds), sides)
         report["quiet"]["writers"] = watch.result.to_dict()
 
 

@@ -33,7 +33,15 @@ from typing import Any
 from imgest.core.settings import CassandraSettings
 
 WRITER_KEYSPACE = "bench_plugin_writer"
-SIDES = ("plugin", "imgest", "imgest-header", "imgest-bulk", "imgest-bulk-header")
+SIDES = (
+    "plugin",
+    "imgest",
+    "imgest-header",
+    "imgest-helper",
+    "imgest-helper-header",
+    "imgest-bulk",
+    "imgest-bulk-header",
+)
 IMGEST_SIDES = SIDES[1:]
 
 
@@ -203,8 +211,15 @@ def steady(small: dict[str, Any], full: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int) -> dict[str, Any]:
-    """Every writer of SIDES at two sizes of SRC, ROUNDS times alternating; medians, fits, ratios, ceiling."""
+def writers(
+    examples: Path, src: Path, work: Path, settings: CassandraSettings, rounds: int, sides: tuple[str, ...] = SIDES
+) -> dict[str, Any]:
+    """Every writer of SIDES (the plugin's always) at two sizes of SRC, ROUNDS times alternating; medians, fits,
+    ratios, ceiling."""
+    unknown = set(sides) - set(SIDES)
+    if unknown:
+        raise ValueError(f"unknown writers {sorted(unknown)}; known: {', '.join(SIDES)}")
+    sides = tuple(s for s in SIDES if s in sides or s == "plugin")
     from imgest.services import CassandraServer
 
     server = CassandraServer.default().process.pid()
@@ -213,27 +228,33 @@ def writers(examples: Path, src: Path, work: Path, settings: CassandraSettings, 
         "plugin": lambda s: plugin_writer(examples, s, settings, WRITER_KEYSPACE + "_crs4"),
         "imgest": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest"),
         "imgest-header": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", "header"),
+        "imgest-helper": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", path="cql-helper"),
+        "imgest-helper-header": lambda s: imgest_writer(
+            s, work, settings, WRITER_KEYSPACE + "_imgest", "header", "cql-helper"
+        ),
         "imgest-bulk": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", path="bulk"),
         "imgest-bulk-header": lambda s: imgest_writer(s, work, settings, WRITER_KEYSPACE + "_imgest", "header", "bulk"),
     }
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for size, tree in (("small", small_src), ("full", src)):
-            for side in SIDES:
+            for side in sides:
                 clear_keyspaces(settings)
                 os.sync()  # the writer before's bytes on disk, outside the window: its writeback is not this one's
                 record = with_cpu(partial(run_one[side], tree), server, partial(settle, settings))
                 runs.setdefault((side, size), []).append(record)
     out: dict[str, Any] = {"sizes": {}}
-    for side in SIDES:
+    for side in sides:
         small, full = _median_record(runs[(side, "small")]), _median_record(runs[(side, "full")])
         out[side] = {**full, **steady(small, full), "small": small}
         out["sizes"][side] = [small["rows"], full["rows"]]
     plugin = out["plugin"]
-    for side in IMGEST_SIDES:
+    for side in sides[1:]:
         out[f"ratio_{side}"] = round(out[side]["images_per_s"] / plugin["images_per_s"], 2)
         steady_plugin = plugin["steady_images_per_s"] or 1
         out[f"steady_ratio_{side}"] = round(out[side]["steady_images_per_s"] / steady_plugin, 2)
+    if "imgest" not in out:
+        return out
     out["ratio"] = out["ratio_imgest"]
     cores = os.cpu_count() or 1
     ceiling = cores / (out["imgest"]["server_cpu_ms_per_row"] / 1000) if out["imgest"]["server_cpu_ms_per_row"] else 0

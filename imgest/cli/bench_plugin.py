@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from imgest.bench.plugin_writers import SIDES  # light: the module imports its heavy parts where it uses them
+
 
 def bench_plugin_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.plugin import PARTS, main
@@ -19,6 +21,9 @@ def bench_plugin_cmd(args: argparse.Namespace) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if parts - set(PARTS) or not parts:
         raise ConfigError(f"--parts {args.parts!r}: choose among {', '.join(PARTS)}")
+    sides = tuple(x.strip() for x in args.writers.split(",") if x.strip())
+    if set(sides) - set(SIDES):
+        raise ConfigError(f"--writers {args.writers!r}: choose among {', '.join(SIDES)}")
     rtts = [float(x) for x in args.rtt.split(",") if x.strip()]
     conds = conditions(rtts, 0, args.jitter, args.limited_rtt) if rtts else []
     report = main(
@@ -33,6 +38,7 @@ def bench_plugin_cmd(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         ring_rtts=[float(x) for x in args.ring_rtt.split(",") if x.strip()],
         writer_copies=args.writer_copies,
+        writer_sides=sides,
         ingest=run_ingest,
     )
     return bench_done(args, [name for name, met in report["targets"].items() if not met])
@@ -64,6 +70,13 @@ def register_plugin(bench_parser: Any) -> None:
         default=4,
         help="the writers' tree holds each train image under this many names (hard links), so that start-up "
         "costs weigh as in a long run: 4 x 8000 = 32,000 images by default (1 for the readers' images alone)",
+    )
+    bp.add_argument(
+        "--writers",
+        default=",".join(SIDES),
+        help="the writers part's writers (the plugin's always runs): imgest = CQL through the Python driver, "
+        "imgest-helper = cql-helper (the Java driver in the helper JVM), imgest-bulk = bulk; -header: with "
+        f"--unchanged-check header (default all: {','.join(SIDES)})",
     )
     bp.add_argument("--sweep-images", type=int, default=72000, help="images per epoch of the sweep (default 72000)")
     bp.add_argument("--rounds", type=int, default=3, help="rounds; medians reported (default 3)")
