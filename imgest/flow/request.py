@@ -196,8 +196,8 @@ class IngestRequest:
         "cql: an UNLOGGED batch per image through the Python driver. cql-helper: the same batch sent by the helper's "
         "Java driver (less client CPU per row; Java on the executors). bulk: the Spark executors write SSTables and "
         "stream them to every replica (Cassandra 5; Java on the executors, the helper built once with Maven). auto: "
-        f"bulk from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql; the summary says "
-        "which and why.",
+        f"from {defaults.BULK_MIN_ROWS} rows bulk where the cluster can take it (Cassandra 5), else cql-helper where "
+        "Java is found; cql below that. The summary says which and why.",
         enum=list(defaults.WRITE_PATHS),
     )
     s3_dest: str | None = _param(

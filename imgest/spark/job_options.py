@@ -131,7 +131,8 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
             "sent by the helper's Java driver (less client CPU per row; Java on the executors); bulk: executors write "
             "SSTables and stream them to every replica (Cassandra 5, Java on the executors; the helper is built once "
             "with Maven); auto "
-            f"(default): bulk from {defaults.BULK_MIN_ROWS} rows where the cluster can take it, else cql",
+            f"(default): from {defaults.BULK_MIN_ROWS} rows bulk where the cluster can take it (Cassandra 5), else "
+            "cql-helper where Java is found; cql below that",
         },
     ),
     (

@@ -53,7 +53,7 @@ def test_ca_text_protocol_and_local_dc_reach_the_driver(cassandra_tls_server: Ca
     assert row.data_center == "datacenter1"
 
 
-@pytest.mark.parametrize("path", ["cql", "bulk"])
+@pytest.mark.parametrize("path", ["cql", "bulk", "cql-helper"])
 def test_ingest_over_tls_on_the_cluster(
     tmp_path: Path,
     cassandra_tls_server: CassandraServer,
@@ -62,9 +62,10 @@ def test_ingest_over_tls_on_the_cluster(
     path: str,
 ) -> None:
     """bulk: Spark ships the helper to the standalone cluster's executors (SparkFiles), which read the ring over
-    TLS with the CA text shipped in the task and stream to the node's storage port."""
+    TLS with the CA text shipped in the task and stream to the node's storage port. cql-helper: the shipped helper's
+    Java driver sends the rows over TLS, trusting the same CA text, to the named local data centre."""
     monkeypatch.setenv("IMGEST_STATE_URL", "local")  # the suite's cluster runs on this machine: one disk
-    ks = f"imgest_test_tls_{path}"
+    ks = f"imgest_test_tls_{path.replace('-', '_')}"
     with cassandra_session(_settings(cassandra_tls_server)) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
     write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=2, per_class=5, val_per_class=2, seed=3))

@@ -9,6 +9,7 @@ import os
 import struct
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,3 +152,26 @@ def test_cql_helper_asked_for_without_a_jdk_names_what_is_missing(monkeypatch: p
     monkeypatch.setattr(write_path, "tool", no_javac)
     with pytest.raises(ConfigError, match="--write-path cql-helper: no javac on PATH; use --write-path cql"):
         write_path.choose(None, "cql-helper", 10)
+
+
+class _Cluster:
+    """system.local and system.peers of a cluster whose nodes run RELEASE."""
+
+    def __init__(self, release: str) -> None:
+        self.release = release
+
+    def execute(self, query: str) -> list[Any]:
+        row = type("Row", (), {"release_version": self.release})()
+        return [row] if "system.local" in query else []
+
+
+@pytest.mark.parametrize(
+    ("release", "rows", "path"),
+    [("5.0.9", 20_000, "bulk"), ("5.0.9", 19_999, "cql"), ("4.1.7", 20_000, "cql-helper"), ("4.1.7", 500, "cql")],
+)
+def test_auto_picks_bulk_on_cassandra_5_and_the_helpers_cql_elsewhere(release: str, rows: int, path: str) -> None:
+    from imgest.sinks.cassandra import write_path
+
+    chosen = write_path.choose(_Cluster(release), "auto", rows)
+    assert chosen.path == path, chosen.reason
+    assert chosen.reason.startswith("auto: ")

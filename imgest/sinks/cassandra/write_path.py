@@ -6,8 +6,9 @@ replica).
 ``auto`` picks bulk when it pays and the cluster can take it: at least ``defaults.BULK_MIN_ROWS`` rows to write
 (below that, starting a helper JVM per executor costs more than it saves), a Cassandra 5 cluster (the helper
 writes Cassandra 5.0's SSTable format), and Java, javac and Maven where the driver runs (to build the helper
-once). ``bulk`` asked for explicitly fails with the reason where it cannot run. The decision and its reason go to
-the job's log and summary.
+once). On another Cassandra version it picks cql-helper for as many rows where the helper can be built, else cql.
+``bulk`` or ``cql-helper`` asked for explicitly fails with the reason where it cannot run. The decision and its
+reason go to the job's log and summary.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def choose(session: Any, requested: str, rows: int) -> WritePath:
         if blocker:
             raise ConfigError(f"--write-path bulk: {blocker}; use --write-path cql")
         return WritePath("bulk", "asked for (--write-path bulk)")
+    if blocker and rows >= defaults.BULK_MIN_ROWS and helper_tools_missing() is None:
+        return WritePath("cql-helper", f"auto: {blocker}; {rows} rows >= {defaults.BULK_MIN_ROWS}: CQL from the helper")
     if blocker:
         return WritePath("cql", f"auto: {blocker}")
     if rows < defaults.BULK_MIN_ROWS:
