@@ -71,7 +71,7 @@ def plot(path: Path, report: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(24, 5.5))
+    fig, axes = plt.subplots(1, 4, figsize=(28, 5.5), gridspec_kw={"width_ratios": [1, 1, 1, 1.8]})
     for ax, mode in zip(axes[:2], ("raw", "train"), strict=True):
         if report.get("readers"):
             _readers(ax, report["readers"], mode)
@@ -152,18 +152,20 @@ def _sides(ax: Any, report: dict[str, Any]) -> None:
             ours.append(row["imgest_images_per_s"])
     if "writers" in report:
         w = report["writers"]
-        names.append("writer\nas run")
-        theirs.append(w["plugin"]["images_per_s"])
-        ours.append(w["imgest"]["images_per_s"])
-        if w["plugin"].get("steady_images_per_s"):
-            names.append("writer\nsteady")
-            theirs.append(w["plugin"]["steady_images_per_s"])
-            ours.append(w["imgest"]["steady_images_per_s"])
-        if "imgest-bulk" in w:
+        shown = (
+            ("imgest", "CQL"),
+            ("imgest-helper-header", "cql-helper,\nheader"),
+            ("imgest-bulk", "bulk"),
+            ("imgest-bulk-header", "bulk,\nheader"),
+        )
+        for side, writer in shown:
+            if side not in w:
+                continue
             for key, label in (("images_per_s", "as run"), ("steady_images_per_s", "steady")):
-                names.append(f"bulk writer\n{label}")
-                theirs.append(w["plugin"].get(key) or 0)
-                ours.append(w["imgest-bulk"].get(key) or 0)
+                if w[side].get(key) and w["plugin"].get(key):
+                    names.append(f"{writer}\n{label}")
+                    theirs.append(w["plugin"][key])
+                    ours.append(w[side][key])
     if "loop_read" in report:
         names.append("its\nloop_read.py")
         theirs.append(report["loop_read"]["plugin_loop_read"]["images_per_s"])
@@ -175,5 +177,5 @@ def _sides(ax: Any, report: dict[str, Any]) -> None:
     ax.set_xticks([i + 0.2 for i in x], names, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("images/s (log scale)")
-    ax.set_title("The three-node ring, the plugin's own scripts")
+    ax.set_title("The three-node ring, the writers (as run, steady), the plugin's own loop_read.py")
     ax.legend()
