@@ -167,13 +167,20 @@ class BulkImageWriter:
                 QuarantineEntry(row.rel_path, row.split, Reason.TOO_LARGE_FOR_STORE, detail, str(row.id))
             )
             return
+        self._send(row)
+        self._pending.append((row.id, row.label, row.split, row.rel_path, len(row.data)))
+        self._pending_bytes += len(row.data)
+        if self._round_full():
+            self._next_round()
+
+    def _send(self, row: Row) -> None:
+        """ROW's data row and metadata row down the helper's pipe."""
         data, meta = self._tables(row.split)
         self._helper.add(data, (row.id.bytes, INT.pack(row.label), row.data))
         self._helper.add(meta, [encode(v) for v in row.meta])
-        self._pending.append((row.id, row.label, row.split, row.rel_path, len(row.data)))
-        self._pending_bytes += len(row.data)
-        if self._pending_bytes >= self._round:
-            self._next_round()
+
+    def _round_full(self) -> bool:
+        return self._pending_bytes >= self._round
 
     def _tables(self, split: str) -> tuple[int, int]:
         """The helper's indexes of SPLIT's (data table, metadata table)."""
@@ -192,9 +199,22 @@ class BulkImageWriter:
         self._pending_bytes = 0
 
     def _acknowledged(self) -> None:
-        """Wait until the streaming round is on every replica; its rows count as written from here."""
+        """Wait until the streaming round is on every replica; its rows count as written from here, except those the
+        cluster refused for good (CQL mode only): too large is quarantined, anything else an error of the flush."""
         self._helper.wait_load()
-        for row_id, label, split, rel_path, nbytes in self._streaming:
+        refused = {index: (kind, message) for index, kind, message in self._helper.refused}
+        self.stats.retries += self._helper.resent
+        for index, (row_id, label, split, rel_path, nbytes) in enumerate(self._streaming):
+            if index in refused:
+                kind, message = refused[index]
+                if kind == "too_large":
+                    detail = f"server refused {nbytes} bytes: {message}"
+                    self._quarantine.add(
+                        QuarantineEntry(rel_path, split, Reason.TOO_LARGE_FOR_STORE, detail, str(row_id))
+                    )
+                else:
+                    self.stats.errors.append(f"row {row_id} ({rel_path}): {message}")
+                continue
             self.stats.written += 1
             self.stats.bytes += nbytes
             if self._on_written is not None:
@@ -227,40 +247,13 @@ class HelperCqlWriter(BulkImageWriter):
         super().__init__(target, settings, lambda split: (split, split), quarantine, max_blob_bytes, on_written)
         self._round = CQL_ROUND_BYTES
 
-    def write(self, row: Row) -> None:
-        if len(row.data) > self._max_blob:
-            detail = f"{len(row.data)} bytes > store limit {self._max_blob}"
-            self._quarantine.add(
-                QuarantineEntry(row.rel_path, row.split, Reason.TOO_LARGE_FOR_STORE, detail, str(row.id))
-            )
-            return
+    def _send(self, row: Row) -> None:
+        """ROW's 16 values in one frame, bound by the helper to its split's prepared batch."""
         statement = self._tables(row.split)[0]
         self._helper.add(statement, [row.id.bytes, INT.pack(row.label), row.data, *[encode(v) for v in row.meta]])
-        self._pending.append((row.id, row.label, row.split, row.rel_path, len(row.data)))
-        self._pending_bytes += len(row.data)
-        if self._pending_bytes >= self._round or len(self._pending) >= CQL_ROUND_ROWS:
-            self._next_round()
 
-    def _acknowledged(self) -> None:
-        self._helper.wait_load()
-        refused = {index: (kind, message) for index, kind, message in self._helper.refused}
-        self.stats.retries += self._helper.resent
-        for index, (row_id, label, split, rel_path, nbytes) in enumerate(self._streaming):
-            if index in refused:
-                kind, message = refused[index]
-                if kind == "too_large":
-                    detail = f"server refused {nbytes} bytes: {message}"
-                    self._quarantine.add(
-                        QuarantineEntry(rel_path, split, Reason.TOO_LARGE_FOR_STORE, detail, str(row_id))
-                    )
-                else:
-                    self.stats.errors.append(f"row {row_id} ({rel_path}): {message}")
-                continue
-            self.stats.written += 1
-            self.stats.bytes += nbytes
-            if self._on_written is not None:
-                self._on_written(Row(row_id, label, b"", split, (), rel_path), nbytes)
-        self._streaming = []
+    def _round_full(self) -> bool:
+        return self._pending_bytes >= self._round or len(self._pending) >= CQL_ROUND_ROWS
 
     def flush(self) -> None:
         super().flush()
