@@ -27,7 +27,7 @@ from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.core.staging import Stager
 from imgest.sinks.cassandra import compaction_hold, write_path
-from imgest.sinks.cassandra.bulk_helper import helper_archive
+from imgest.sinks.cassandra.bulk_helper import BulkLoadError, helper_archive
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
@@ -250,8 +250,14 @@ def choose_write_path(
     path = write_path.choose(session, args.write_path, manifest_rows(args.manifest_dir / workdir.MANIFEST))
     log.info("write path: %s (%s)", path.path, path.reason)
     if path.path == "cql-helper":
-        target = write_path.cql_helper_target(session, cfg.tables, splits, cfg.consistency, cfg.max_in_flight)
-        return path, target
+        try:
+            return path, write_path.cql_helper_target(session, cfg.tables, splits, cfg.consistency, cfg.max_in_flight)
+        except BulkLoadError as exc:  # auto's choice falls back; asked for, the job stops with the reason
+            if args.write_path != "auto":
+                raise
+            path = write_path.WritePath("cql", f"auto: the helper could not be built ({exc}); cql")
+            log.warning("write path: %s", path.reason)
+            return path, None
     if path.path != "bulk":
         return path, None
     return path, write_path.bulk_target(session, cfg.tables, splits, cfg.consistency, args.storage_port)

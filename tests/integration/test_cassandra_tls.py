@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,43 @@ def test_ingest_over_tls_on_the_cluster(
         assert session.execute(f"SELECT count(*) FROM {ks}.data").one()[0] == 14
         status = session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status
     assert status == "complete"  # verify read every row back over TLS and marked the version
+
+
+def _one_row(helper: Any, row: Any) -> int:
+    helper.add(0, [row.bytes])
+    helper.start_load()
+    return int(helper.wait_load())
+
+
+def test_the_helpers_driver_checks_that_the_certificate_names_the_node(cassandra_tls_server: CassandraServer) -> None:
+    """cql-helper's Java driver trusts the shipped CA and, as the Python driver does, checks that the node's
+    certificate names the address it was reached at: 127.0.0.1 (in the certificate) writes, localhost does not."""
+    import uuid
+
+    from imgest.sinks.cassandra.bulk_helper import BulkHelper, BulkLoadError, ensure_helper
+    from imgest.sinks.cassandra.bulk_writer import BulkTarget
+
+    ks = "imgest_test_tls_helper"
+    settings = replace(_settings(cassandra_tls_server), consistency="ONE").shippable()
+    with cassandra_session(settings) as session:
+        session.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
+        session.execute(
+            f"CREATE KEYSPACE {ks} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+        )
+        session.execute(f"CREATE TABLE {ks}.t (id uuid PRIMARY KEY)")
+    insert = (("t", "", f"INSERT INTO {ks}.t (id) VALUES (?)"),)
+    target = BulkTarget(helper="", keyspace=ks, partitioner="", tables=insert, storage_port=0, mode="cql")
+    row = uuid.uuid4()
+    for host, ok in (("127.0.0.1", True), ("localhost", False)):
+        helper = BulkHelper(ensure_helper(), target.header(replace(settings, hosts=(host,))))
+        try:
+            if ok:
+                assert _one_row(helper, row) == 1
+                assert helper.refused == []
+            else:  # the same node at the same address (localhost/127.0.0.1), by a name its certificate lacks
+                with pytest.raises(BulkLoadError, match=r"All host\(s\) tried .*localhost/127\.0\.0\.1"):
+                    _one_row(helper, row)
+        finally:
+            helper.close()
+    with cassandra_session(settings) as session:
+        assert [r.id for r in session.execute(f"SELECT id FROM {ks}.t")] == [row]

@@ -142,7 +142,8 @@ def test_cql_helper_asked_for_without_a_jdk_names_what_is_missing(monkeypatch: p
     from imgest.sinks.cassandra import write_path
     from imgest.sinks.cassandra.bulk_helper import BulkLoadError
 
-    assert write_path.choose(None, "cql-helper", 10).path == "cql-helper"  # this machine has java, javac and mvn
+    monkeypatch.setattr(write_path, "tool", lambda name, hint: f"/usr/bin/{name}")
+    assert write_path.choose(None, "cql-helper", 10).path == "cql-helper"
 
     def no_javac(name: str, hint: str) -> str:
         if name == "javac":
@@ -169,8 +170,12 @@ class _Cluster:
     ("release", "rows", "path"),
     [("5.0.9", 20_000, "bulk"), ("5.0.9", 19_999, "cql"), ("4.1.7", 20_000, "cql-helper"), ("4.1.7", 500, "cql")],
 )
-def test_auto_picks_bulk_on_cassandra_5_and_the_helpers_cql_elsewhere(release: str, rows: int, path: str) -> None:
+def test_auto_picks_bulk_on_cassandra_5_and_the_helpers_cql_elsewhere(
+    release: str, rows: int, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from imgest.sinks.cassandra import write_path
+
+    monkeypatch.setattr(write_path, "tool", lambda name, hint: f"/usr/bin/{name}")  # a machine with a JDK and Maven
 
     chosen = write_path.choose(_Cluster(release), "auto", rows)
     assert chosen.path == path, chosen.reason

@@ -160,6 +160,42 @@ def test_the_header_check_leaves_every_doubt_to_pillow() -> None:
         assert _refusal(bad, HEADER_CHECK).reason == reason, name
 
 
+def _with_segment(jpeg: bytes, marker: bytes, payload: bytes) -> bytes:
+    """JPEG with an APPn segment MARKER (2 bytes) of PAYLOAD right after its SOI."""
+    return jpeg[:2] + marker + (len(payload) + 2).to_bytes(2, "big") + payload + jpeg[2:]
+
+
+def test_headers_libjpeg_reads_but_pillow_may_not_go_to_pillow() -> None:
+    """libjpeg accepts more than Pillow opens: a 2-component frame, a JFIF APP0 or Adobe APP14 too short for the
+    fields Pillow reads; and Pillow opens a file with MPF in an APP2 as MPO. The compiled header read leaves all
+    of them (and any APP2: ICC profiles) to the Pillow path, so what is stored or refused is what Pillow decides."""
+    data = _jpeg(64, 48, seed=8)
+    sof = data.index(b"\xff\xc0")
+    length = int.from_bytes(data[sof + 2 : sof + 4], "big")
+    frame = bytearray(data[sof + 4 : sof + 2 + length])
+    frame[5] = 2  # two components, the third one's spec dropped
+    two = data[: sof + 2] + (12 + 2).to_bytes(2, "big") + bytes(frame[:12]) + data[sof + 2 + length :]
+    jfif = data.index(b"\xff\xe0")
+    short_jfif = (
+        data[:jfif] + b"\xff\xe0\x00\x07JFIF\x00" + data[jfif + 2 + int.from_bytes(data[jfif + 2 : jfif + 4], "big") :]
+    )
+    short_adobe = _with_segment(data, b"\xff\xee", b"Adobe")
+    for name, doubtful in (("2 components", two), ("short JFIF", short_jfif), ("short Adobe", short_adobe)):
+        assert fastjpeg.header(doubtful) is None, name
+        assert (
+            _refusal(doubtful, HEADER_CHECK).reason
+            == _refusal(doubtful, replace(HEADER_CHECK, jpeg_decoder="pillow")).reason
+            == "corrupt"
+        ), name
+    icc = _with_segment(data, b"\xff\xe2", b"ICC_PROFILE\x00\x01\x01" + b"\x00" * 128)
+    assert fastjpeg.header(icc) is None
+    out = io.BytesIO()
+    Image.open(io.BytesIO(data)).save(out, "MPO", save_all=True, append_images=[Image.new("RGB", (64, 48))])
+    mpo = out.getvalue()
+    assert fastjpeg.header(mpo) is None
+    assert transform_image(mpo, HEADER_CHECK).src_format == "MPO"  # as Pillow opens it, not "JPEG"
+
+
 def test_unchanged_decode_check_keeps_the_bytes_and_refuses_what_pillow_refuses() -> None:
     data = _jpeg(640, 480, seed=7)
     ours, theirs = (

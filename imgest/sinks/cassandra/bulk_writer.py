@@ -30,6 +30,7 @@ INT = struct.Struct(">i")
 # on_written stay timely); the helper bounds what is in flight, not the round
 CQL_ROUND_ROWS = 256
 CQL_ROUND_BYTES = 32 * 1024 * 1024
+CQL_IN_FLIGHT_BYTES = 256 * 1024 * 1024  # image bytes in flight per helper: ImageWriter's max_in_flight_bytes
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class BulkTarget:
                 "tables": tables,
                 "consistency": self.consistency,
                 "max_in_flight": self.max_in_flight,
+                "max_in_flight_bytes": CQL_IN_FLIGHT_BYTES,
                 "retries": self.retries,
                 "backoff_s": self.backoff_s,
                 "connect_timeout_s": settings.connect_timeout,

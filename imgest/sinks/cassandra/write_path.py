@@ -33,7 +33,7 @@ HELPER_FORMAT_MAJOR = 5  # the helper's cassandra-all writes this major's SSTabl
 
 @dataclass(frozen=True)
 class WritePath:
-    path: str  # "bulk" or "cql"
+    path: str  # "bulk", "cql" or "cql-helper"
     reason: str
 
 

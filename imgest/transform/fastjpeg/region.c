@@ -183,23 +183,46 @@ PyObject *fj_py_crop_resize(PyObject *self, PyObject *args) {
   return out;
 }
 
-/* header(data) -> (width, height): libjpeg reads the markers up to the first scan (jpeg_read_header: quantisation
- * and Huffman tables, frame, scan header), decoding nothing; ValueError with libjpeg's message for a header it
- * refuses. What --unchanged-check header asks of a JPEG, without Pillow's marker walk in Python. */
+/* Whether a saved marker's data starts with ID (its first bytes are saved). */
+static int marker_is(const jpeg_saved_marker_ptr m, const char *id, unsigned int n) {
+  return m->data_length >= n && memcmp(m->data, id, n) == 0;
+}
+
+/* header(data) -> (width, height) | None: libjpeg reads the markers up to the first scan (jpeg_read_header:
+ * quantisation and Huffman tables, frame, scan header), decoding nothing; ValueError with libjpeg's message for a
+ * header it refuses. None where Pillow's opening could decide otherwise, so that the Pillow path decides: a frame
+ * of other than 1, 3 or 4 components of 8 bits, any APP2 segment (an ICC profile, or MPF: Pillow opens the file as
+ * MPO), a JFIF APP0 or an Adobe APP14 too short for the fields Pillow reads. What --unchanged-check header asks of
+ * a JPEG, without Pillow's marker walk in Python. */
 PyObject *fj_py_header(PyObject *self, PyObject *args) {
   Py_buffer buf;
   if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
   struct jpeg_decompress_struct cinfo;
   struct err_mgr err;
-  int failed = 0;
+  int failed = 0, doubt = 0;
   JDIMENSION width = 0, height = 0;
   cinfo.err = fj_errors(&err);
   if (setjmp(err.jb)) {
     failed = 1;
   } else {
-    fj_open_jpeg(&cinfo, &buf);
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, buf.buf, (unsigned long)buf.len);
+    jpeg_save_markers(&cinfo, JPEG_APP0, 16);
+    jpeg_save_markers(&cinfo, JPEG_APP0 + 2, 16);
+    jpeg_save_markers(&cinfo, JPEG_APP0 + 14, 16);
+    jpeg_read_header(&cinfo, TRUE);
     width = cinfo.image_width;
     height = cinfo.image_height;
+    int nc = cinfo.num_components;
+    doubt = (nc != 1 && nc != 3 && nc != 4) || cinfo.data_precision != 8;
+    for (jpeg_saved_marker_ptr m = cinfo.marker_list; m && !doubt; m = m->next) {
+      if (m->marker == JPEG_APP0 + 2)
+        doubt = 1;
+      else if (m->marker == JPEG_APP0 && marker_is(m, "JFIF", 4))
+        doubt = m->original_length < 12;
+      else if (m->marker == JPEG_APP0 + 14 && marker_is(m, "Adobe", 5))
+        doubt = m->original_length < 12;
+    }
   }
   jpeg_destroy_decompress(&cinfo);
   PyBuffer_Release(&buf);
@@ -207,6 +230,7 @@ PyObject *fj_py_header(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, err.msg);
     return NULL;
   }
+  if (doubt) Py_RETURN_NONE;
   return Py_BuildValue("(II)", (unsigned int)width, (unsigned int)height);
 }
 

@@ -25,6 +25,7 @@ import com.datastax.driver.core.exceptions.WriteTimeoutException;
 import com.datastax.driver.core.policies.DCAwareRoundRobinPolicy;
 import com.datastax.driver.core.policies.TokenAwarePolicy;
 import com.datastax.shaded.netty.channel.EventLoopGroup;
+import com.datastax.shaded.netty.channel.socket.SocketChannel;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.ByteArrayInputStream;
@@ -67,6 +68,8 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Pattern;
 import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLEngine;
+import javax.net.ssl.SSLParameters;
 import javax.net.ssl.TrustManagerFactory;
 import org.apache.cassandra.config.DatabaseDescriptor;
 import org.apache.cassandra.config.EncryptionOptions.ServerEncryptionOptions;
@@ -242,7 +245,9 @@ public final class BulkWriter {
      * CQL mode: rows go to the cluster as requests of the DataStax Java driver (token-aware, the header's consistency
      * level), at most "max_in_flight" at once: reading the next row waits for a free slot, so the pipe holds the
      * caller back. A request that times out, finds too few replicas or an overloaded node is sent again after
-     * "backoff_s" x 2^attempt, up to "retries" times. Each 'L' closes a round: once every row of it is answered, the
+     * "backoff_s" x 2^attempt, up to "retries" times. The values' bytes in flight are capped too ("max_in_flight_bytes",
+     * ImageWriter's budget: 64 requests of 31 MiB images would not fit the heap). Each 'L' closes a round: once every
+     * row of it is answered, the
      * reply is one line "BAD index too_large|error message" per row that failed for good (index: its place in the
      * round), then "OK rows 0 retries" (the round's rows, failed ones included; the resends since the last reply).
      */
@@ -253,6 +258,8 @@ public final class BulkWriter {
         private final Session session;
         private final PreparedStatement[] statements;
         private final Semaphore window;
+        private final Semaphore kib; // KiB of value bytes in flight
+        private final int kibCap;
         private final int retries;
         private final double backoff;
         private final AtomicLong resent = new AtomicLong();
@@ -312,6 +319,8 @@ public final class BulkWriter {
             }
             statements = prepared.toArray(new PreparedStatement[0]);
             window = new Semaphore(cfg.path("max_in_flight").asInt(64));
+            kibCap = (int) Math.max(1, cfg.path("max_in_flight_bytes").asLong(256L << 20) >> 10);
+            kib = new Semaphore(kibCap);
             retries = cfg.path("retries").asInt(6);
             backoff = cfg.path("backoff_s").asDouble(0.1);
         }
@@ -360,12 +369,16 @@ public final class BulkWriter {
             int n = in.u16();
             BoundStatement bound = statements[t].bind();
             ByteBuffer key = null;
+            int held = 0; // KiB this row holds until it is answered (taken before its bytes are read)
             for (int i = 0; i < n; i++) {
                 int len = in.i32();
                 if (len < 0) {
                     bound.setBytesUnsafe(i, null);
                     continue;
                 }
+                int need = Math.min(kibCap - held, (len >> 10) + 1);
+                kib.acquireUninterruptibly(need);
+                held += need;
                 ByteBuffer value = ByteBuffer.allocate(len);
                 in.fill(value);
                 bound.setBytesUnsafe(i, value);
@@ -376,45 +389,53 @@ public final class BulkWriter {
             CqlRound round = current;
             int index = round.rows++;
             round.outstanding.incrementAndGet();
-            send(bound, round, index, 0);
+            send(new Request(bound, round, index, held), 0);
         }
 
-        private void send(BoundStatement bound, CqlRound round, int index, int attempt) {
+        /** One row on its way: what a resend needs and what its answer gives back. */
+        private record Request(BoundStatement bound, CqlRound round, int index, int kib) {}
+
+        private void send(Request r, int attempt) {
             ResultSetFuture future;
             try {
-                future = session.executeAsync(bound);
-            } catch (RuntimeException e) {
-                failed(e, bound, round, index, attempt);
+                future = session.executeAsync(r.bound());
+            } catch (Throwable e) { // anything thrown: the row is answered (failed), so its round still ends
+                failed(e, r, attempt);
                 return;
             }
             future.addListener(() -> {
                 try {
                     future.getUninterruptibly();
-                    answered(round);
-                } catch (RuntimeException e) {
-                    failed(e, bound, round, index, attempt);
+                    answered(r);
+                } catch (Throwable e) {
+                    failed(e, r, attempt);
                 }
             }, Runnable::run);
         }
 
-        private void failed(RuntimeException e, BoundStatement bound, CqlRound round, int index, int attempt) {
+        private void failed(Throwable e, Request r, int attempt) {
             boolean retryable = e instanceof WriteTimeoutException || e instanceof UnavailableException
                     || e instanceof OperationTimedOutException || e instanceof NoHostAvailableException
                     || e instanceof OverloadedException;
             if (retryable && attempt < retries) {
-                resent.incrementAndGet();
-                long delay = (long) (backoff * 1000 * (1L << attempt));
-                timers.schedule(() -> send(bound, round, index, attempt + 1), delay, TimeUnit.MILLISECONDS);
-                return;
+                try {
+                    long delay = (long) (backoff * 1000 * (1L << attempt));
+                    timers.schedule(() -> send(r, attempt + 1), delay, TimeUnit.MILLISECONDS);
+                    resent.incrementAndGet();
+                    return;
+                } catch (RuntimeException cannot) { // not resent: reported with the first error
+                    e.addSuppressed(cannot);
+                }
             }
             boolean tooLarge = e instanceof InvalidQueryException && TOO_LARGE.matcher(String.valueOf(e.getMessage())).find();
-            round.bad.add("BAD " + index + (tooLarge ? " too_large " : " error ") + describe(e));
-            answered(round);
+            r.round().bad.add("BAD " + r.index() + (tooLarge ? " too_large " : " error ") + describe(e));
+            answered(r);
         }
 
-        private void answered(CqlRound round) {
+        private void answered(Request r) {
+            kib.release(r.kib());
             window.release();
-            round.answered();
+            r.round().answered();
         }
     }
 
@@ -733,7 +754,20 @@ public final class BulkWriter {
         tmf.init(ks);
         SSLContext ctx = SSLContext.getInstance("TLS");
         ctx.init(null, tmf.getTrustManagers(), null);
-        return RemoteEndpointAwareJdkSSLOptions.builder().withSSLContext(ctx).build();
+        return new RemoteEndpointAwareJdkSSLOptions(ctx, null) {
+            /** The node's certificate must name the address it was reached at, as the Python driver checks it
+             * (ssl.create_default_context); the address as given, never a reverse lookup of it. */
+            @Override
+            protected SSLEngine newSSLEngine(SocketChannel channel, InetSocketAddress remote) {
+                SSLEngine engine = remote == null ? ctx.createSSLEngine()
+                        : ctx.createSSLEngine(remote.getHostString(), remote.getPort());
+                engine.setUseClientMode(true);
+                SSLParameters params = engine.getSSLParameters();
+                params.setEndpointIdentificationAlgorithm("HTTPS");
+                engine.setSSLParameters(params);
+                return engine;
+            }
+        };
     }
 
     private static void deleteTree(Path root) throws IOException {
