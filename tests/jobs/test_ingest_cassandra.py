@@ -164,10 +164,10 @@ def test_labels_and_bytes_round_trip_then_rerun_without_duplicates(tmp_path: Pat
     assert sorted(str(k) for k in crs4["row_keys"]) == sorted(train_ids)
 
 
-@pytest.mark.parametrize("path", ["cql", "bulk"])
+@pytest.mark.parametrize("path", ["cql", "bulk", "cql-helper"])
 def test_resume_after_job_killed_midway(tmp_path: Path, session: Any, path: str) -> None:
-    """Killed mid-way (the bulk helper with it: same process group), then re-run: every row once, verified."""
-    ks = f"imgest_test_job_resume_{path}"
+    """Killed mid-way (the helper with it: same process group), then re-run: every row once, verified."""
+    ks = f"imgest_test_job_resume_{path.replace('-', '_')}"
     _drop(session, ks)
     manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=4, per_class=50, val_per_class=0, seed=8))
     total = sum(1 for _ in iter_manifest(manifest / "manifest.parquet"))
