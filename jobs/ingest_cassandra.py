@@ -251,7 +251,7 @@ def choose_write_path(
     log.info("write path: %s (%s)", path.path, path.reason)
     if path.path == "cql-helper":
         try:
-            return path, write_path.cql_helper_target(session, cfg.tables, splits, cfg.consistency, cfg.max_in_flight)
+            return path, write_path.cql_helper_target(cfg.tables, splits, cfg.consistency, cfg.max_in_flight)
         except BulkLoadError as exc:  # auto's choice falls back; asked for, the job stops with the reason
             if args.write_path != "auto":
                 raise

@@ -22,6 +22,8 @@ CASSANDRA_PORT: Final = 9042
 CONSISTENCY: Final = "LOCAL_QUORUM"  # writes and verify reads; IMGEST_CASSANDRA_CONSISTENCY, --consistency
 CONSISTENCY_LEVELS: Final = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")
 MAX_IN_FLIGHT: Final = 64
+MAX_IN_FLIGHT_BYTES: Final = 256 * 1024 * 1024  # image bytes in flight per CQL writer (ImageWriter, cql-helper)
+REQUEST_TIMEOUT_S: Final = 30.0  # a CQL request's wait for its answer (both drivers)
 MAX_BLOB_BYTES: Final = 31 * 1024 * 1024  # the embedded node accepts up to 32 MiB per mutation
 # How rows reach Cassandra: cql (an UNLOGGED batch per image) or bulk (SSTables written by the executors and
 # streamed to every replica); auto picks bulk for BULK_MIN_ROWS rows and more where the cluster can take them.

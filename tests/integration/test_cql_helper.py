@@ -34,7 +34,7 @@ def target(cassandra_server: CassandraServer) -> Iterator[tuple[BulkTarget, Cass
     with cassandra_session(settings) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {KS}", timeout=120)
         apply_schema(session, layout, ["train"], "SimpleStrategy:1")
-        yield cql_helper_target(session, layout, ["train"], "ONE", 16), settings, session
+        yield cql_helper_target(layout, ["train"], "ONE", 16), settings, session
         session.execute(f"DROP KEYSPACE IF EXISTS {KS}", timeout=120)
     bulk_helper._close_all()
 

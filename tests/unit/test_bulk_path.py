@@ -96,6 +96,7 @@ def test_cql_mode_header_carries_the_batches_the_level_and_the_retries(tmp_path:
         "backoff_s": 0.5,
     }
     assert header["tables"] == [{"name": "train", "create": "", "insert": batch}]
+    assert (header["max_in_flight_bytes"], header["timeout_s"]) == (256 << 20, 30.0)  # as the Python driver's writer
     assert (header["loader"]["user"], header["loader"]["password"], header["loader"]["local_dc"]) == (
         "w",
         "pw-9",

@@ -30,7 +30,6 @@ INT = struct.Struct(">i")
 # on_written stay timely); the helper bounds what is in flight, not the round
 CQL_ROUND_ROWS = 256
 CQL_ROUND_BYTES = 32 * 1024 * 1024
-CQL_IN_FLIGHT_BYTES = 256 * 1024 * 1024  # image bytes in flight per helper: ImageWriter's max_in_flight_bytes
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ class BulkTarget:
                 "tables": tables,
                 "consistency": self.consistency,
                 "max_in_flight": self.max_in_flight,
-                "max_in_flight_bytes": CQL_IN_FLIGHT_BYTES,
+                "max_in_flight_bytes": defaults.MAX_IN_FLIGHT_BYTES,
+                "timeout_s": defaults.REQUEST_TIMEOUT_S,
                 "retries": self.retries,
                 "backoff_s": self.backoff_s,
                 "connect_timeout_s": settings.connect_timeout,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from imgest.core import defaults
 from imgest.core.errors import AuthenticationError, ImgestError
 from imgest.core.settings import CassandraSettings
 
@@ -101,7 +102,7 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
 
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
-        request_timeout=overrides.pop("request_timeout", 30.0),
+        request_timeout=overrides.pop("request_timeout", defaults.REQUEST_TIMEOUT_S),
         row_factory=overrides.pop("row_factory", named_tuple_factory),
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
     )

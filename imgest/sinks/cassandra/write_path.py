@@ -90,15 +90,15 @@ def helper_tools_missing() -> str | None:
 
 
 def cql_helper_target(
-    session: Any, tables: TableLayout, splits: list[str], consistency: str, max_in_flight: int, helper: str = ""
+    tables: TableLayout, splits: list[str], consistency: str, max_in_flight: int, helper: str = ""
 ) -> BulkTarget:
     """The helper's settings for CQL mode: each split's prepared batch of its data and metadata rows (the statement
-    the driver path prepares), the consistency level and the requests in flight per helper."""
-    local = session.execute("SELECT partitioner FROM system.local").one()
+    the driver path prepares), the consistency level and the requests in flight per helper (no partitioner: the
+    Java driver routes by the cluster's own token map)."""
     return BulkTarget(
         helper=helper or str(ensure_helper()),
         keyspace=tables.keyspace,
-        partitioner=local.partitioner,
+        partitioner="",
         tables=tuple((split, "", batch_insert(tables, split)) for split in sorted(set(splits))),
         storage_port=0,
         mode="cql",

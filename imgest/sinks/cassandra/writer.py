@@ -75,7 +75,7 @@ class ImageWriter:
         retries: int = 6,
         backoff: float = 0.1,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
-        max_in_flight_bytes: int = 256 * 1024 * 1024,
+        max_in_flight_bytes: int = defaults.MAX_IN_FLIGHT_BYTES,
         on_written: Callable[[Row, int], None] | None = None,  # (row, its image bytes) once stored
     ) -> None:
         self._session = session

@@ -246,7 +246,8 @@ public final class BulkWriter {
      * level), at most "max_in_flight" at once: reading the next row waits for a free slot, so the pipe holds the
      * caller back. A request that times out, finds too few replicas or an overloaded node is sent again after
      * "backoff_s" x 2^attempt, up to "retries" times. The values' bytes in flight are capped too ("max_in_flight_bytes",
-     * ImageWriter's budget: 64 requests of 31 MiB images would not fit the heap). Each 'L' closes a round: once every
+     * ImageWriter's budget: 64 requests of 31 MiB images would not fit the heap); a request waits "timeout_s" for its
+     * answer, as the Python driver's does. Each 'L' closes a round: once every
      * row of it is answered, the
      * reply is one line "BAD index too_large|error message" per row that failed for good (index: its place in the
      * round), then "OK rows 0 retries" (the round's rows, failed ones included; the resends since the last reply).
