@@ -29,6 +29,7 @@ from imgest.core.staging import Stager
 from imgest.sinks.cassandra import compaction_hold, write_path
 from imgest.sinks.cassandra.bulk_helper import BulkLoadError, helper_archive
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
+from imgest.sinks.cassandra.claimed import Claimed
 from imgest.sinks.cassandra.client import cassandra_session, explain_unavailable
 from imgest.sinks.cassandra.ingest import (
     CassandraIngestConfig,
@@ -45,7 +46,8 @@ from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.manifest_rdd import candidate_rdd, manifest_rows
-from imgest.spark.submit import emit_summary, progress_log
+from imgest.spark.scan_handoff import wait_for_scan
+from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -53,6 +55,12 @@ log = logging.getLogger("imgest.jobs.ingest_cassandra")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = job_parser("ingest_cassandra", __doc__, CASSANDRA_OPTIONS, TRANSFORM_OPTIONS)
+    p.add_argument(
+        "--wait-for-scan",
+        type=Path,
+        metavar="MARKER",
+        help="read the manifest once MARKER.done exists: the command scans while the session starts (scan_handoff)",
+    )
     return p.parse_args(argv)
 
 
@@ -88,23 +96,24 @@ def connection_settings(args: argparse.Namespace) -> CassandraSettings:
     ).shippable()
 
 
-def load(candidates: Any, cfg: CassandraIngestConfig, rows: int) -> PartitionResult:
-    """Run ingest_partition on every partition; log rows/s and MB/s while it runs."""
+def load(candidates: Any, cfg: CassandraIngestConfig, rows: int, source_bytes: list[int] | None) -> PartitionResult:
+    """Run ingest_partition on every partition (told its source bytes where SOURCE_BYTES has them, by partition
+    index); log rows/s and MB/s while it runs."""
     where = f"{cfg.tables.keyspace} ({cfg.tables.layout}) at {cfg.consistency}"
     log.info("ingesting %d rows of %s version %s into %s", rows, cfg.dataset, cfg.version, where)
     sc = candidates.context
     done, nbytes = sc.accumulator(0), sc.accumulator(0)
 
-    def partition(it: Any) -> list[PartitionResult]:
+    def partition(index: int, it: Any) -> list[PartitionResult]:
         def on_row(size: int) -> None:
             done.add(1)
             nbytes.add(size)
 
-        return [ingest_partition(it, cfg, on_row)]
+        return [ingest_partition(it, cfg, on_row, source_bytes[index] if source_bytes else None)]
 
     with progress_log(log, "ingest", done, nbytes, rows):
         total = PartitionResult()
-        for part in candidates.mapPartitions(partition).collect():
+        for part in candidates.mapPartitionsWithIndex(partition).collect():
             total.merge(part)
         return total
 
@@ -116,80 +125,73 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = parse_args(argv)
     try:
-        cfg = build_config(args)
-        classes = [c.wnid for c in read_classes(args.manifest_dir / workdir.CLASSES)]
-        scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
-        splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
         phases = PhaseClock()
-        spark, (cfg, path, target, held) = claim_while_spark_starts(cfg, args, splits, scan_quarantine, phases)
+        spark, claimed = claim_while_spark_starts(args, phases)
+        cfg, target, held = claimed.cfg, claimed.target, claimed.held
         try:
             total, seconds = write_rows(spark, cfg, args, target, phases)
         finally:
             give_compaction_back(cfg, held)
         phases.lap("compaction_back")
         with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
-            finish_version(session, cfg, total, classes)
+            finish_version(session, cfg, total, claimed.classes)
         phases.lap("finish_version")
         report = {
             "dataset": cfg.dataset,
             "version": cfg.version,
             "keyspace": cfg.tables.keyspace,
-            "tables": cfg.tables.tables(splits),
-            "write_path": {"path": path.path, "reason": path.reason},
+            "tables": cfg.tables.tables(claimed.splits),
+            "write_path": {"path": claimed.path.path, "reason": claimed.path.reason},
             "compaction_held": held,
-            **summary(total, seconds, scan_quarantine),
+            **summary(total, seconds, claimed.scan_quarantine),
             "phase_seconds": phases.laps,
         }
+        if claimed.scan_wait_s is not None:
+            report["scan_wait_s"] = round(claimed.scan_wait_s, 3)
         emit_summary(report, args.summary_json)
-        spark.stop()
+        stop_session(spark)
         return 0
     except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
         return report_failure(log, "ingest", exc)
 
 
-Claim = tuple[CassandraIngestConfig, write_path.WritePath, BulkTarget | None, list[str]]
-
-
-def claim(
-    cfg: CassandraIngestConfig, args: argparse.Namespace, splits: list[str], scan_quarantine: QuarantineLog
-) -> Claim:
-    """The Cassandra side before any row: the schema and the version record (begin_version), the scan's
-    quarantine, the write path, compaction held for a bulk load. Returns the config (fresh or not), the path
-    chosen and why, the bulk target (None: CQL) and the tables whose compaction is held."""
+def claim(args: argparse.Namespace) -> Claimed:
+    """The Cassandra side before any row, once the scan is there (--wait-for-scan): the schema and the version record
+    (begin_version), the scan's quarantine, the write path, compaction held for a bulk load."""
+    waited = wait_for_scan(args.wait_for_scan)
+    cfg = build_config(args)
+    classes = [c.wnid for c in read_classes(args.manifest_dir / workdir.CLASSES)]
+    scan_quarantine = QuarantineLog.read(args.manifest_dir / workdir.SCAN_QUARANTINE)
+    splits = sorted(json.loads((args.manifest_dir / workdir.SCAN_REPORT).read_text())["per_split"])
     with cassandra_session(cfg.settings()) as session, explain_unavailable(session):
         before = begin_version(session, cfg, splits, args.replication)
         cfg = replace(cfg, fresh=before is None)  # a new version: nothing to look up before writing
         record_scan_quarantine(session, cfg, scan_quarantine)
         path, target = choose_write_path(session, cfg, args, splits)
         held = hold_compaction(session, cfg, splits, bulk=path.path == "bulk")
-    return cfg, path, target, held
+    scan_wait_s = waited if args.wait_for_scan else None
+    return Claimed(cfg, classes, splits, scan_quarantine, path, target, held, scan_wait_s)
 
 
-def claim_while_spark_starts(
-    cfg: CassandraIngestConfig,
-    args: argparse.Namespace,
-    splits: list[str],
-    scan_quarantine: QuarantineLog,
-    phases: PhaseClock,
-) -> tuple[Any, Claim]:
+def claim_while_spark_starts(args: argparse.Namespace, phases: PhaseClock) -> tuple[Any, Claimed]:
     """The Spark session and the claim at once: the session's start is the driver JVM's work, the claim waits on
-    the nodes (schema changes), so neither waits for the other (0.7 s of the claim hidden in the session's 1.9 s
-    on 2 cores). A claim that fails is raised, the session built meanwhile stopped with the job; a session that
-    fails to start gives back the compaction the claim held."""
+    the scan (--wait-for-scan) and the nodes (schema changes), so neither waits for the other (0.7 s of the claim
+    hidden in the session's 1.9 s on 2 cores). A claim that fails is raised, the session built meanwhile stopped
+    with the job; a session that fails to start gives back the compaction the claim held."""
     from concurrent.futures import ThreadPoolExecutor
 
     from imgest.spark.submit import build_session
 
     with ThreadPoolExecutor(1, thread_name_prefix="imgest-claim") as pool:
-        claimed = pool.submit(claim, cfg, args, splits, scan_quarantine)
+        claimed = pool.submit(claim, args)
         try:
             spark = build_session("imgest-ingest-cassandra")
         except BaseException:
             failed = claimed.exception()
             if failed is None:
-                give_compaction_back(cfg, claimed.result()[3])
+                give_compaction_back(claimed.result().cfg, claimed.result().held)
             else:  # both failed: the session's error is raised, the claim's logged
-                log.error("the claim of %s failed too: %s", cfg.version, failed)
+                log.error("the claim failed too: %s", failed)
             raise
         phases.lap("spark_session")
         result = claimed.result()
@@ -207,9 +209,9 @@ def write_rows(
     t0 = time.monotonic()
     with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
         partitions = args.partitions or partitions_for(cfg, spark, args.manifest_dir)
-        candidates, rows = candidate_rdd(spark, args.manifest_dir, partitions, stager)
+        candidates, rows, source_bytes = candidate_rdd(spark, args.manifest_dir, partitions, stager)
         phases.lap("manifest")
-        total = load(candidates, cfg, rows)
+        total = load(candidates, cfg, rows, source_bytes)
     seconds = time.monotonic() - t0
     phases.lap("write")
     accounted = total.stored + total.skipped + len(total.quarantine)

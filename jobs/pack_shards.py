@@ -48,7 +48,7 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.submit import emit_summary, progress_log
+from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.pack_shards")
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = time.monotonic() - t0
         summary = _summary(args.read_order, cfg, store.location, records, key, manifest, changed, rows, seconds)
         emit_summary(summary, args.summary_json)
-        spark.stop()
+        stop_session(spark)
         return 0
     except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
         return report_failure(log, "packing", exc)

@@ -42,7 +42,7 @@ from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.manifest_rdd import candidate_rdd
-from imgest.spark.submit import emit_summary, progress_log
+from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.write_files")
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark = build_session("imgest-write-files")
         t0 = time.monotonic()
         stager = Stager.from_env(cfg.dataset)
-        candidates, rows = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
+        candidates, rows, _ = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
         log.info("writing %d images of %s as files under %s (version folder %s)", rows, cfg.dataset, cfg.dest, cfg.key)
         with staging(Path(cfg.dest), cfg.key) as staged:
             with stager:
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "images_per_s": round(rows / seconds, 1),
         }
         emit_summary(summary, args.summary_json)
-        spark.stop()
+        stop_session(spark)
         return 0
     except Exception as exc:  # the job's last line is the sentence; the trace stays in the log
         return report_failure(log, "writing files", exc)

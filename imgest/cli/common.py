@@ -40,12 +40,22 @@ def add_link_policy_arg(p: argparse.ArgumentParser) -> None:
 
 def manifest_dir(args: argparse.Namespace) -> Path:
     """SRC itself if it holds a manifest, else scan SRC into the work folder first."""
-    from imgest.core.paths import state_dir
-    from imgest.sources.scan import scan_to_dir
-
     if (args.src / workdir.MANIFEST).is_file():
         return args.src
-    out = args.work_dir or state_dir() / "work" / (args.dataset or args.src.resolve().name)
+    return scan_into(args, scan_dir(args))
+
+
+def scan_dir(args: argparse.Namespace) -> Path:
+    """Where the scan of SRC goes: --work-dir, else the state folder's work/<dataset>."""
+    from imgest.core.paths import state_dir
+
+    return args.work_dir or state_dir() / "work" / (args.dataset or args.src.resolve().name)
+
+
+def scan_into(args: argparse.Namespace, out: Path) -> Path:
+    """Scan SRC into OUT (its manifest, classes, quarantine and report) and print the scan's line; returns OUT."""
+    from imgest.sources.scan import scan_to_dir
+
     report = scan_to_dir(args.src, out, args.layout, args.dataset, follow_external_links=args.follow_external_links)
     print(f"scan: {report.summary_line()}", flush=True)
     return out

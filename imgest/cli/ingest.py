@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from imgest.cli.common import add_source_args, add_transform_args, credentials_env, manifest_dir, run_command
 from imgest.cli.refresh import add_wait_lock, locked_ingest
@@ -14,20 +15,36 @@ from imgest.core import workdir
 from imgest.core.settings import s3_env
 
 
-def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra: list[str], failed: str) -> int:
-    """Scan if needed, spark-submit JOB with the forwarded option GROUPS; returns the exit code."""
+def _submit(
+    args: argparse.Namespace,
+    job: str,
+    target: str,
+    groups: list,
+    extra: list[str],
+    failed: str,
+    beside_scan: bool = False,
+) -> int:
+    """Scan if needed, spark-submit JOB with the forwarded option GROUPS; returns the exit code. BESIDE_SCAN: JOB
+    takes --wait-for-scan, so on a local master it starts while SRC is scanned (scan_handoff) instead of after (a
+    cluster's executors would sit idle through a long scan)."""
+    from imgest.cli.common import scan_dir, scan_into
     from imgest.spark.failures import last_error_sentence
     from imgest.spark.job_options import TRANSFORM_OPTIONS, forward
     from imgest.spark.submit import run_submit, submit_command
 
     use_source_connection(args)
-    work = manifest_dir(args)
+    scanned = (args.src / workdir.MANIFEST).is_file()
+    work = args.src if scanned else scan_dir(args)
     summary = work / workdir.job_summary(target)
     job_args = ["--manifest-dir", str(work), "--summary-json", str(summary), *extra]
     for group in (*groups, TRANSFORM_OPTIONS):
         job_args += forward(args, group)
     log_file = work / f"spark-{target}.log"
-    rc = run_submit(submit_command(job, job_args, args.master), log_file)
+    if scanned or not beside_scan or not args.master.startswith("local"):
+        manifest_dir(args)
+        rc = run_submit(submit_command(job, job_args, args.master), log_file)
+    else:
+        rc = _submit_beside_scan(args, work, job, job_args, log_file, scan_into)
     if rc != 0:
         sentence = last_error_sentence(log_file) or f"the Spark job failed (exit {rc})"
         print(f"imgest: error: {sentence}", file=sys.stderr)
@@ -36,6 +53,33 @@ def _submit(args: argparse.Namespace, job: str, target: str, groups: list, extra
     print(f"summary written to {summary}")
     args.manifest_dir = work
     return 0
+
+
+def _submit_beside_scan(
+    args: argparse.Namespace, work: Path, job: str, job_args: list[str], log_file: Path, scan: Any
+) -> int:
+    """spark-submit JOB on a thread while this one scans SRC into WORK; the job reads the manifest once the scan is
+    done. A failed scan is raised here once the job, told of it, has stopped (it writes nothing before the scan)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from imgest.spark.scan_handoff import ScanHandoff
+    from imgest.spark.submit import run_submit, submit_command
+
+    handoff = ScanHandoff(work)
+    cmd = submit_command(job, [*job_args, "--wait-for-scan", str(handoff.marker)], args.master)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="imgest-submit") as pool:
+            submitted = pool.submit(run_submit, cmd, log_file)
+            try:
+                scan(args, work)
+            except BaseException as exc:
+                handoff.failed(exc)
+                submitted.exception()  # the job stops before the store; its log says why
+                raise
+            handoff.done()
+            return submitted.result()
+    finally:
+        handoff.remove()
 
 
 def add_source_conn_arg(p: argparse.ArgumentParser) -> None:
@@ -93,7 +137,8 @@ def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
 
     credentials_env(args)
     _preflight_cassandra(args)
-    rc = _submit(args, "ingest_cassandra", "cassandra", [CASSANDRA_OPTIONS], [], "re-running resumes where it stopped")
+    failed = "re-running resumes where it stopped"
+    rc = _submit(args, "ingest_cassandra", "cassandra", [CASSANDRA_OPTIONS], [], failed, beside_scan=True)
     if rc != 0 or not args.verify:
         return rc
     args.version = json.loads((args.manifest_dir / workdir.CASSANDRA_SUMMARY).read_text())["version"]

@@ -34,6 +34,7 @@ from imgest.core import unixserver
 log = logging.getLogger(__name__)
 
 SOCKET_ENV = "IMGEST_SPARK_DRIVER_SOCKET"
+REUSED = "_imgest_reused"  # set on the server's session, which outlives every job (submit.stop_session leaves it)
 START_TIMEOUT_S = 180.0
 
 
@@ -161,6 +162,7 @@ def _session(master: str) -> Any:
         builder = builder.config(key, value)
     spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     spark.stop = lambda: None  # jobs stop their session when done; this one outlives them
+    setattr(spark, REUSED, True)  # stop_session leaves it (and its accumulator server) running
     return spark
 
 

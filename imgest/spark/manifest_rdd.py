@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from imgest.core.staging import Staged, Stager
 from imgest.sources.manifest import BATCH_ROWS, Candidate
@@ -81,9 +81,39 @@ def default_partitions(rows: int, parallelism: int) -> int:
     return max(2 * parallelism, math.ceil(rows / ROWS_PER_PARTITION))
 
 
-def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int, stager: Stager | None = None) -> tuple[Any, int]:
-    """An RDD of Candidate (PARTITIONS partitions, 0: default_partitions) and the manifest's row count. With a
-    STAGER that stages in object storage, tasks read the manifest from there (no shared folder needed)."""
+class Candidates(NamedTuple):
+    """The candidates' RDD, the manifest's row count and, when each partition is a range of the manifest, the
+    source bytes (sum of ``size``) of each partition's rows, in partition order (None otherwise)."""
+
+    rdd: Any
+    rows: int
+    source_bytes: list[int] | None
+
+
+def range_bytes(path: Path, ranges: list[tuple[int, int]]) -> list[int]:
+    """Sum of the ``size`` column over each [start, stop) of RANGES (contiguous, ascending); reads that column only,
+    batch by batch (flat memory)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    sums = [0] * len(ranges)
+    at, i = 0, 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=["size"]):
+        sizes, end = batch.column(0), at + batch.num_rows
+        while i < len(ranges) and ranges[i][0] < end:
+            start, stop = max(ranges[i][0], at), min(ranges[i][1], end)
+            sums[i] += int(pc.sum(sizes.slice(start - at, stop - start)).as_py() or 0)
+            if ranges[i][1] > end:
+                break
+            i += 1
+        at = end
+    return sums
+
+
+def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int, stager: Stager | None = None) -> Candidates:
+    """An RDD of Candidate (PARTITIONS partitions, 0: default_partitions), the manifest's row count and each
+    partition's source bytes. With a STAGER that stages in object storage, tasks read the manifest from there (no
+    shared folder needed)."""
     from imgest.core import workdir
     from imgest.core.errors import ConfigError
 
@@ -94,7 +124,8 @@ def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int, stager: Stage
     if in_order(path):
         ranges = row_ranges(rows, n)
         where = stager.stage(path) if stager else Staged(str(path))
-        return sc.parallelize(ranges, len(ranges)).flatMap(lambda r: read_rows(where, *r)), rows
+        rdd = sc.parallelize(ranges, len(ranges)).flatMap(lambda r: read_rows(where, *r))
+        return Candidates(rdd, rows, range_bytes(path, ranges))
     if stager and stager.state_url:
         raise ConfigError(
             f"manifest {path} is not in {ORDER} order, which executors reading it from {stager.state_url} need "
@@ -103,4 +134,4 @@ def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int, stager: Stage
     log.info("manifest %s is not in %s order: Spark range-partitions it (a sampling job and a shuffle)", path, ORDER)
     df = spark.read.parquet(str(path))
     ordered = df.repartitionByRange(max(1, min(n, rows)), *ORDER).sortWithinPartitions(*ORDER)
-    return ordered.rdd.map(lambda r: Candidate(**r.asDict())), rows
+    return Candidates(ordered.rdd.map(lambda r: Candidate(**r.asDict())), rows, None)

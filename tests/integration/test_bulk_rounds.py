@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from imgest.core import defaults
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.services.cassandra import CassandraServer
@@ -74,6 +75,29 @@ def test_rows_count_once_their_round_is_acknowledged_and_survive_slab_reuse(targ
     assert stored == {_row(i).id: _row(i).data for i in range(30)}
     paths = {r.rel_path for r in session.execute(f"SELECT rel_path FROM {KS}.metadata")}
     assert paths == set(written)
+
+
+def test_rounds_halve_towards_the_partitions_end(target: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Told what is still to come (expect), a round also ends once it holds as much as that: the last round, which
+    streams with nothing left to overlap, is one row here instead of what a full round's remainder would be."""
+    size = len(_row(0).data)
+    monkeypatch.setattr(defaults, "BULK_MIN_ROUND_BYTES", size)
+    bulk, settings, session = target
+    big = (dataclasses.replace(bulk, round_bytes=10 * size), settings, session)
+    written: list[str] = []
+    rounds: list[int] = []
+    with _writer(big, written) as w:
+        start_load = w._helper.start_load
+        monkeypatch.setattr(w._helper, "start_load", lambda: (rounds.append(w._helper.sent // 2), start_load()))
+        for i in range(500, 520):
+            w.expect((519 - i) * size)  # the bytes of the rows after this one
+            w.write(_row(i))
+    assert rounds == [10, 5, 3, 1, 1]  # rows per round (two helper rows each)
+    assert sorted(written) == sorted(f"n0/{i}.JPEG" for i in range(500, 520))
+    ids = [_row(i).id for i in range(500, 520)]
+    select = session.prepare(f"SELECT id, data FROM {KS}.data WHERE id IN ?")
+    stored = {r.id: bytes(r.data) for r in session.execute(select, [ids])}
+    assert stored == {_row(i).id: _row(i).data for i in range(500, 520)}
 
 
 def test_rows_of_a_killed_helpers_round_never_count(target: tuple[Any, Any, Any]) -> None:

@@ -181,3 +181,19 @@ def test_auto_picks_bulk_on_cassandra_5_and_the_helpers_cql_elsewhere(
     chosen = write_path.choose(_Cluster(release), "auto", rows)
     assert chosen.path == path, chosen.reason
     assert chosen.reason.startswith("auto: ")
+
+
+def test_what_is_still_to_come_scales_by_the_stored_to_source_ratio() -> None:
+    """Ahead: the source bytes after each chunk, scaled by what the chunks before stored of theirs."""
+    from imgest.sinks.cassandra.ingest import Ahead
+    from imgest.sources.manifest import Candidate
+
+    def chunk(*sizes: int) -> list[Candidate]:
+        return [Candidate(f"id{i}", "train", f"n/{i}", "n", 0, s, 0.0) for i, s in enumerate(sizes)]
+
+    ahead = Ahead(1000)
+    assert ahead.after(chunk(100, 100)) == 800  # nothing stored yet: as an unchanged copy
+    ahead.stored = 50  # the first chunk stored a quarter of its source bytes (re-encoded smaller)
+    assert ahead.after(chunk(200)) == 150  # 600 source bytes left, at 50 / 200
+    assert Ahead(None).after(chunk(100)) is None  # unknown: rounds by size only
+    assert Ahead(10).after(chunk(100)) == 0

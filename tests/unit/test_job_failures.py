@@ -60,10 +60,15 @@ def test_a_session_that_fails_to_start_gives_back_the_held_compaction(monkeypatc
     that fails is raised as the claim's error."""
     import imgest.spark.submit as submit
     from imgest.core.phases import PhaseClock
+    from imgest.sinks.cassandra.claimed import Claimed
     from jobs import ingest_cassandra as job
 
     given_back: list[list[str]] = []
-    monkeypatch.setattr(job, "claim", lambda cfg, *_: (cfg, "path", "target", ["ks.data", "ks.metadata"]))
+
+    def claimed(held: list[str]) -> Claimed:
+        return Claimed("cfg", [], ["train"], None, "path", None, held)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(job, "claim", lambda args: claimed(["ks.data", "ks.metadata"]))
     monkeypatch.setattr(job, "give_compaction_back", lambda cfg, held: given_back.append(held))
 
     def broken(name: str) -> None:
@@ -71,7 +76,7 @@ def test_a_session_that_fails_to_start_gives_back_the_held_compaction(monkeypatc
 
     monkeypatch.setattr(submit, "build_session", broken)
     with pytest.raises(RuntimeError, match="Java gateway"):
-        job.claim_while_spark_starts("cfg", None, ["train"], None, PhaseClock())  # type: ignore[arg-type]
+        job.claim_while_spark_starts(None, PhaseClock())  # type: ignore[arg-type]
     assert given_back == [["ks.data", "ks.metadata"]]
 
     def refused(*_: object) -> None:
@@ -80,11 +85,11 @@ def test_a_session_that_fails_to_start_gives_back_the_held_compaction(monkeypatc
     monkeypatch.setattr(job, "claim", refused)
     monkeypatch.setattr(submit, "build_session", lambda name: "spark")
     with pytest.raises(ConfigError, match="refused the login"):
-        job.claim_while_spark_starts("cfg", None, ["train"], None, PhaseClock())  # type: ignore[arg-type]
+        job.claim_while_spark_starts(None, PhaseClock())  # type: ignore[arg-type]
     assert given_back == [["ks.data", "ks.metadata"]]  # nothing held, nothing given back
 
-    monkeypatch.setattr(job, "claim", lambda cfg, *_: (cfg, "path", None, []))
+    monkeypatch.setattr(job, "claim", lambda args: claimed([]))
     phases = PhaseClock()
-    spark, claimed = job.claim_while_spark_starts("cfg", None, ["train"], None, phases)  # type: ignore[arg-type]
-    assert (spark, claimed) == ("spark", ("cfg", "path", None, []))
+    spark, got = job.claim_while_spark_starts(None, phases)  # type: ignore[arg-type]
+    assert (spark, got) == ("spark", claimed([]))
     assert set(phases.laps) == {"spark_session", "schema_and_claim"}

@@ -9,7 +9,8 @@ import pytest
 from imgest.core.staging import Staged
 from imgest.sources import manifest as manifest_mod
 from imgest.sources.manifest import Candidate, iter_manifest, write_manifest
-from imgest.spark.manifest_rdd import default_partitions, in_order, manifest_rows, read_rows, row_ranges
+from imgest.spark import manifest_rdd
+from imgest.spark.manifest_rdd import default_partitions, in_order, manifest_rows, range_bytes, read_rows, row_ranges
 
 
 def candidates(n: int, tar: bool = False) -> list[Candidate]:
@@ -39,6 +40,20 @@ def test_ranges_read_every_row_once_in_order(tmp_path: Path, small_groups: None,
         assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
         read = [c for start, stop in ranges for c in read_rows(Staged(str(path)), start, stop)]
         assert read == rows, f"{parts} partitions"
+
+
+def test_each_ranges_source_bytes(tmp_path: Path, small_groups: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """range_bytes sums the size column over each partition's rows, its batches crossing the ranges' bounds."""
+    monkeypatch.setattr(manifest_rdd, "BATCH_ROWS", 5)
+    rows = candidates(103)
+    path = tmp_path / "manifest.parquet"
+    write_manifest(rows, path)
+    for parts in (1, 4, 15, 103):
+        ranges = row_ranges(103, parts)
+        assert range_bytes(path, ranges) == [sum(c.size for c in rows[a:b]) for a, b in ranges], f"{parts} partitions"
+    empty = tmp_path / "empty.parquet"
+    write_manifest([], empty)
+    assert range_bytes(empty, row_ranges(0, 4)) == [0]
 
 
 def test_a_manifest_out_of_order_is_detected(tmp_path: Path, small_groups: None) -> None:

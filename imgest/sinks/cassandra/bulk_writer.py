@@ -145,6 +145,7 @@ class BulkImageWriter:
         self._quarantine = quarantine
         self._max_blob = max_blob_bytes
         self._round = target.round_bytes
+        self._after: int | None = None  # expect(): bytes still to come after the rows written (None: unknown)
         self._on_written = on_written
         self._by_split: dict[str, tuple[int, int]] = {}
         # rows of this round, without their bytes (in the helper): id, label, split, rel_path, stored size
@@ -181,8 +182,16 @@ class BulkImageWriter:
         self._helper.add(data, (row.id.bytes, INT.pack(row.label), row.data))
         self._helper.add(meta, [encode(v) for v in row.meta])
 
+    def expect(self, after_bytes: int | None) -> None:
+        """The bytes the partition's rows after those written so far will store (an estimate; None: unknown). A round
+        then also ends once it holds as much as is still to come (at least BULK_MIN_ROUND_BYTES): rounds halve
+        towards the partition's end, so the last one, which streams with no next round to overlap, is small."""
+        self._after = after_bytes
+
     def _round_full(self) -> bool:
-        return self._pending_bytes >= self._round
+        if self._pending_bytes >= self._round:
+            return True
+        return self._after is not None and self._pending_bytes >= max(defaults.BULK_MIN_ROUND_BYTES, self._after)
 
     def _tables(self, split: str) -> tuple[int, int]:
         """The helper's indexes of SPLIT's (data table, metadata table)."""

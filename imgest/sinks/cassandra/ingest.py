@@ -192,10 +192,54 @@ def _writer(
     )
 
 
+def meta_values(item: Any, key: str, cfg: CassandraIngestConfig) -> tuple[Any, ...]:
+    """The metadata row of ITEM (a processed candidate), in META_COLUMNS' order."""
+    c, img = item.candidate, item.image
+    sha256 = item.src_sha256 if img.data is item.source else hashlib.sha256(img.data).hexdigest()
+    size = (img.width, img.height, len(img.data))
+    return (
+        uuid.UUID(c.id),
+        c.label,
+        c.wnid,
+        c.split,
+        c.rel_path,
+        *size,
+        sha256,
+        item.src_sha256,
+        key,
+        cfg.dataset,
+        cfg.version,
+    )
+
+
+@dataclass
+class Ahead:
+    """What a partition's rows still to come will store: the source bytes not yet taken, scaled by the stored /
+    source ratio of the chunks taken so far (1 before any: an unchanged copy)."""
+
+    source_left: int | None  # None: the partition's source bytes are unknown
+    taken: int = 0  # source bytes of the chunks taken
+    stored: int = 0  # bytes stored from them (quarantined and skipped rows store none)
+
+    def after(self, chunk: list[Candidate]) -> int | None:
+        """Take CHUNK; the estimated bytes the rows after it will store."""
+        if self.source_left is None:
+            return None
+        size = sum(c.size or 0 for c in chunk)
+        ratio = self.stored / self.taken if self.taken else 1.0
+        self.source_left = max(0, self.source_left - size)
+        self.taken += size
+        return int(self.source_left * ratio)
+
+
 def ingest_partition(
-    candidates: Iterable[Candidate], cfg: CassandraIngestConfig, on_row: Callable[[int], None] | None = None
+    candidates: Iterable[Candidate],
+    cfg: CassandraIngestConfig,
+    on_row: Callable[[int], None] | None = None,
+    source_bytes: int | None = None,
 ) -> PartitionResult:
-    """Store CANDIDATES (one Spark partition): skip committed rows, quarantine bad ones, write the rest."""
+    """Store CANDIDATES (one Spark partition): skip committed rows, quarantine bad ones, write the rest. SOURCE_BYTES
+    (the candidates' sizes summed, when known) lets the writer see the partition's end coming (expect)."""
     result = PartitionResult()
     quarantine = QuarantineLog()
     key = transform_key(cfg.spec)
@@ -209,7 +253,9 @@ def ingest_partition(
                 on_row(nbytes)
 
         with _writer(session, stmts, cfg, quarantine, written) as writer:
+            ahead = Ahead(source_bytes)
             for chunk in chunked(candidates, LOOKUP_CHUNK):
+                writer.expect(ahead.after(chunk))
                 done = {} if cfg.fresh else committed(session, stmts, chunk, cfg)
 
                 def already_stored(cand: Candidate, src_sha256: str, done: dict = done) -> bool:
@@ -221,22 +267,10 @@ def ingest_partition(
 
                 for item in process_candidates(chunk, root, cfg.spec, quarantine, skip=already_stored):
                     c, img = item.candidate, item.image
-                    meta = (
-                        uuid.UUID(c.id),
-                        c.label,
-                        c.wnid,
-                        c.split,
-                        c.rel_path,
-                        img.width,
-                        img.height,
-                        len(img.data),
-                        item.src_sha256 if img.data is item.source else hashlib.sha256(img.data).hexdigest(),
-                        item.src_sha256,
-                        key,
-                        cfg.dataset,
-                        cfg.version,
+                    writer.write(
+                        Row(uuid.UUID(c.id), c.label, img.data, c.split, meta_values(item, key, cfg), c.rel_path)
                     )
-                    writer.write(Row(uuid.UUID(c.id), c.label, img.data, c.split, meta, c.rel_path))
+                    ahead.stored += len(img.data)
         result.stored = writer.stats.written
         result.bytes = writer.stats.bytes
         result.retries = writer.stats.retries
@@ -250,6 +284,8 @@ def ingest_partition(
 
 
 # ---- dataset version record (driver side) -------------------------------------------------------------
+
+
 def begin_version(session: Any, cfg: CassandraIngestConfig, splits: list[str], replication: str) -> str | None:
     """Create the schema if needed and mark the version 'writing' (a complete one stays complete); refuses
     to overwrite another version's rows unless CFG.replace. Returns the status the version had before. Fenced: a

@@ -99,6 +99,10 @@ class ImageWriter:
     def __exit__(self, *exc: object) -> None:
         self.flush()
 
+    def expect(self, after_bytes: int | None) -> None:
+        """The bytes the partition's rows after those written so far will store (the bulk writers size their rounds
+        with it); requests need no plan."""
+
     def write(self, row: Row) -> None:
         """Queue ROW; blocks while the window is full."""
         if len(row.data) > self._max_blob:
