@@ -244,6 +244,7 @@ def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: Cas
     rc, log = job(kss[0], "QUORUM", tmp_path / "a.json")
     assert rc == 0, log[-4000:]
     assert read_summary(tmp_path / "a.json")["write_path"]["path"] == "bulk"
+    assert "the helpers stream by this driver's view of the ring (48 ranges)" in log  # 3 nodes x 16 tokens
     with cassandra_session(_settings(ring, "ALL")) as session:  # every replica answers, each with every row
         meta = {r.id: r.sha256 for r in session.execute(f"SELECT id, sha256 FROM {kss[0]}.metadata", timeout=120)}
         rows = session.execute(f"SELECT id, data FROM {kss[0]}.data", timeout=120)

@@ -13,6 +13,7 @@ and the SSTables of one round at a time on the executor's scratch disk.
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 from collections.abc import Callable
@@ -52,6 +53,9 @@ class BulkTarget:
     mode: str = "bulk"
     consistency: str = defaults.CONSISTENCY
     max_in_flight: int = defaults.MAX_IN_FLIGHT
+    # the ring as the job's driver read it (write_path.ring_view, JSON: each range's replicas, the tables' ids): the
+    # helpers stream by it instead of each opening a driver session to read it ("": they read it themselves)
+    ring: str = ""
     retries: int = 6  # CQL mode: resends of a request that timed out or found too few replicas (ImageWriter's)
     backoff_s: float = 0.1  # CQL mode: the first resend's wait, doubled for each next one
 
@@ -86,6 +90,8 @@ class BulkTarget:
                 "connect_timeout_s": settings.connect_timeout,
                 "loader": loader,
             }
+        if self.ring:
+            loader["ring"] = json.loads(self.ring)
         return {
             "keyspace": self.keyspace,
             "partitioner": self.partitioner,

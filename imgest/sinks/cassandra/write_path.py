@@ -121,15 +121,55 @@ def bulk_target(
         for names, columns in ((data, DATA_COLUMNS), (meta, META_COLUMNS))
         for name in names
     )
+    port = storage_port or int(local.listen_port or 7000)
     return BulkTarget(
         helper=helper or str(ensure_helper()),
         keyspace=tables.keyspace,
         partitioner=local.partitioner,
         tables=statements,
-        storage_port=storage_port or int(local.listen_port or 7000),
+        storage_port=port,
         ignore=down_nodes(session, tables.keyspace, consistency),
         storage_compatibility_mode=compatibility_mode(session),
+        ring=ring_view(session, tables.keyspace, statements, port),
     )
+
+
+def ring_view(session: Any, keyspace: str, statements: tuple[tuple[str, str, str], ...], port: int) -> str:
+    """The ring as the helpers' loader needs it, read once here (JSON): each token range (start, end] with the
+    endpoints of its replicas for KEYSPACE, and each table of STATEMENTS with its id and CREATE statement. An endpoint
+    is what sstableloader's own reading gives: the address the driver reaches the node at, and the node's storage
+    port (PORT where the node does not say). "" when the driver's view is incomplete (no token map, a range without a
+    replica, a table it does not list): each helper then reads the ring itself."""
+    import json
+
+    cluster = session.cluster
+    cluster.refresh_keyspace_metadata(keyspace)
+    token_map = cluster.metadata.token_map
+    if token_map is None or not token_map.ring:
+        return ""
+    token_map.rebuild_keyspace(keyspace, build_if_absent=True)
+    ranges = []
+    for i, end in enumerate(token_map.ring):
+        start = token_map.ring[i - 1]  # the first range wraps around from the last token
+        replicas = token_map.get_replicas(keyspace, end)
+        if not replicas:
+            log.warning(
+                "bulk load: the driver sees no replica of range (%s, %s]; each helper reads the ring", start, end
+            )
+            return ""
+        endpoints = [f"{h.address}:{h.broadcast_port or port}" for h in replicas]
+        ranges.append([str(start.value), str(end.value), endpoints])
+    ids = {
+        r.table_name: str(r.id)
+        for r in session.execute(
+            "SELECT table_name, id FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
+        )
+    }
+    tables = [{"create": create, "id": ids[name]} for name, create, _ in statements if name in ids]
+    if len(tables) != len(statements):
+        return ""
+    log.info("bulk load: the helpers stream by this driver's view of the ring (%d ranges)", len(ranges))
+    return json.dumps({"ranges": ranges, "tables": tables})
 
 
 def compatibility_mode(session: Any) -> str:

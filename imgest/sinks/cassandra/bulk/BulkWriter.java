@@ -72,6 +72,7 @@ import javax.net.ssl.SSLEngine;
 import javax.net.ssl.SSLParameters;
 import javax.net.ssl.TrustManagerFactory;
 import org.apache.cassandra.config.DatabaseDescriptor;
+import org.apache.cassandra.cql3.statements.schema.CreateTableStatement;
 import org.apache.cassandra.config.EncryptionOptions.ServerEncryptionOptions;
 import org.apache.cassandra.dht.IPartitioner;
 import org.apache.cassandra.dht.Range;
@@ -80,6 +81,8 @@ import org.apache.cassandra.io.sstable.CQLSSTableWriter;
 import org.apache.cassandra.io.sstable.SSTableLoader;
 import org.apache.cassandra.io.util.File;
 import org.apache.cassandra.locator.InetAddressAndPort;
+import org.apache.cassandra.schema.TableId;
+import org.apache.cassandra.schema.TableMetadata;
 import org.apache.cassandra.schema.TableMetadataRef;
 import org.apache.cassandra.schema.Types;
 import org.apache.cassandra.streaming.StreamResultFuture;
@@ -183,7 +186,8 @@ public final class BulkWriter {
     /** Read the ring while the first rows arrive: the loader's driver takes seconds to connect and to close. A
      * failure here is not fatal: the first load reads the ring again and reports what went wrong. */
     private void readRingAhead() throws Exception {
-        RingOnce ring = new RingOnce(externalClient(cfg.get("loader")));
+        RingOnce ring = new RingOnce(externalClient(cfg.get("loader")), cfg.get("loader").get("ring"),
+                cfg.get("partitioner").asText());
         client = ring;
         Thread t = new Thread(() -> {
             try {
@@ -615,8 +619,8 @@ public final class BulkWriter {
         for (JsonNode h : l.path("ignore")) {
             ignore.add(InetAddressAndPort.getByName(h.asText()));
         }
-        if (client == null) {
-            client = new RingOnce(externalClient(l));
+        if (client == null) { // a retry: the ring as the cluster has it now, read through the driver
+            client = new RingOnce(externalClient(l), null, null);
         }
         SSTableLoader loader = new SSTableLoader(new File(dir.toString()), client, new OutputHandler.LogOutput(),
                 l.get("connections_per_host").asInt(), null, null);
@@ -643,17 +647,30 @@ public final class BulkWriter {
      * which every load would pay. */
     static final class RingOnce extends SSTableLoader.Client {
         private final NativeSSTableLoaderClient inner;
+        private final JsonNode given; // the ring the job's driver read (header "loader"."ring"), or null
+        private final String partitionerName;
         private boolean ready;
 
-        RingOnce(NativeSSTableLoaderClient inner) {
+        RingOnce(NativeSSTableLoaderClient inner, JsonNode given, String partitionerName) {
             this.inner = inner;
+            this.given = given == null || given.isNull() ? null : given;
+            this.partitionerName = partitionerName;
         }
 
-        /** NativeSSTableLoaderClient.init's reading, through a driver that closes at once: its default Netty
-         * shutdown waits a 2 s quiet period, which the first load of every helper paid. */
+        /** The ring and the tables' ids as the job's driver read them, so that no helper opens a driver session of
+         * its own (a second of CPU per helper, and the node's to answer it): each range's replicas' storage
+         * endpoints, and each table's id, its columns from its CREATE statement (the one its SSTables were
+         * written with). Without them (an older driver's header), or on a retry, NativeSSTableLoaderClient.init's
+         * reading, through a driver that closes at once: its default Netty shutdown waits a 2 s quiet period,
+         * which the first load of every helper paid. */
         @Override
         public synchronized void init(String keyspace) {
             if (ready) return;
+            if (given != null) {
+                fromHeader(keyspace);
+                ready = true;
+                return;
+            }
             try {
                 Cluster.Builder builder = Cluster.builder()
                         .addContactPointsWithPorts(this.<Collection<InetSocketAddress>>field("hosts"))
@@ -688,6 +705,32 @@ public final class BulkWriter {
                 throw new RuntimeException("Unable to read the ring and the tables of " + keyspace, e);
             }
             ready = true;
+        }
+
+        private void fromHeader(String keyspace) {
+            IPartitioner partitioner = FBUtilities.newPartitioner(partitionerName);
+            Token.TokenFactory tokens = partitioner.getTokenFactory();
+            int ranges = 0;
+            for (JsonNode r : given.get("ranges")) {
+                Range<Token> range = new Range<>(tokens.fromString(r.get(0).asText()), tokens.fromString(r.get(1).asText()));
+                for (JsonNode endpoint : r.get(2)) {
+                    try {
+                        addRangeForEndpoint(range, InetAddressAndPort.getByName(endpoint.asText()));
+                    } catch (java.net.UnknownHostException e) {
+                        throw new RuntimeException("the header's ring names an unknown host " + endpoint.asText(), e);
+                    }
+                }
+                ranges++;
+            }
+            for (JsonNode t : given.get("tables")) {
+                TableMetadata table = CreateTableStatement.parse(t.get("create").asText(), keyspace)
+                        .id(TableId.fromUUID(java.util.UUID.fromString(t.get("id").asText())))
+                        .partitioner(partitioner)
+                        .build();
+                inner.setTableMetadata(TableMetadataRef.forOfflineTools(table));
+            }
+            System.err.println("imgest bulk: the ring from the header: " + ranges + " ranges, " + given.get("tables").size()
+                    + " tables");
         }
 
         @SuppressWarnings("unchecked")
