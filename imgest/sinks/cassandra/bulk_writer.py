@@ -6,9 +6,9 @@ The same contract as ``ImageWriter``: ``write(row)``, ``flush()`` on leaving the
 streamed; the helper streams a round's data tables before its metadata tables, so a metadata row still means
 "committed" (a job killed between the two leaves data rows without metadata, which a re-run writes again).
 
-A round streams while the next one is written (one round in flight): the transform does not wait for the
-network and the node except at the partition's end. The helper holds the image bytes of those two rounds in memory
-and the SSTables of one round at a time on the executor's scratch disk.
+Two rounds are in the helper's hands at a time: one streams while the next one's SSTables are written and the rows of
+the one after arrive, so the transform does not wait for the network and the node except at the partition's end. The
+helper holds the image bytes of at most three rounds in memory and the SSTables of two on the executor's scratch disk.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import struct
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,10 @@ def encode(value: Any) -> bytes | None:
 class BulkImageWriter:
     """Context manager with ImageWriter's interface over a shared helper of this executor."""
 
+    # rounds in the helper's hands: one closing (its SSTables written) while the one before it streams; the helper
+    # holds the image bytes of at most three rounds (closing, queued, being written) and the SSTables of two on disk
+    ROUNDS_IN_FLIGHT = 2
+
     def __init__(
         self,
         target: BulkTarget,
@@ -157,7 +162,8 @@ class BulkImageWriter:
         # rows of this round, without their bytes (in the helper): id, label, split, rel_path, stored size
         self._pending: list[tuple[uuid.UUID, int, str, str, int]] = []
         self._pending_bytes = 0
-        self._streaming: list[tuple[uuid.UUID, int, str, str, int]] = []  # the round the helper streams now
+        # the rounds handed to the helper and not yet acknowledged, oldest first (at most ROUNDS_IN_FLIGHT)
+        self._loading: deque[list[tuple[uuid.UUID, int, str, str, int]]] = deque()
         self.stats = WriteStats()
 
     def __enter__(self) -> BulkImageWriter:
@@ -208,20 +214,23 @@ class BulkImageWriter:
         return found
 
     def _next_round(self) -> None:
-        """Wait for the round streaming now (if any), then hand the helper this one to stream."""
-        if self._streaming:
+        """Hand the helper this round to load, once fewer than ROUNDS_IN_FLIGHT rounds are in its hands (waiting for
+        the oldest's acknowledgement otherwise)."""
+        if len(self._loading) >= self.ROUNDS_IN_FLIGHT:
             self._acknowledged()
         self._helper.start_load()
-        self._streaming, self._pending = self._pending, []
+        self._loading.append(self._pending)
+        self._pending = []
         self._pending_bytes = 0
 
     def _acknowledged(self) -> None:
-        """Wait until the streaming round is on every replica; its rows count as written from here, except those the
-        cluster refused for good (CQL mode only): too large is quarantined, anything else an error of the flush."""
+        """Wait until the oldest round in flight is on every replica; its rows count as written from here, except those
+        the cluster refused for good (CQL mode only): too large is quarantined, anything else an error of the flush."""
         self._helper.wait_load()
+        rows = self._loading.popleft()
         refused = {index: (kind, message) for index, kind, message in self._helper.refused}
         self.stats.retries += self._helper.resent
-        for index, (row_id, label, split, rel_path, nbytes) in enumerate(self._streaming):
+        for index, (row_id, label, split, rel_path, nbytes) in enumerate(rows):
             if index in refused:
                 kind, message = refused[index]
                 if kind == "too_large":
@@ -236,13 +245,12 @@ class BulkImageWriter:
             self.stats.bytes += nbytes
             if self._on_written is not None:
                 self._on_written(Row(row_id, label, b"", split, (), rel_path), nbytes)
-        self._streaming = []
 
     def flush(self) -> None:
         """Stream every row written so far and wait: each counts as written once the helper acknowledges it."""
         if self._pending:
             self._next_round()
-        if self._streaming:
+        while self._loading:
             self._acknowledged()
 
 
@@ -252,6 +260,8 @@ class HelperCqlWriter(BulkImageWriter):
     retries and the bounded window in the helper. Rows count as written once their round's reply says the cluster
     took them; a row the cluster refused as too large is quarantined, any other refusal is an error of the flush,
     as with ImageWriter."""
+
+    ROUNDS_IN_FLIGHT = 1  # the helper bounds the requests in flight; a round is answered once all its rows are
 
     def __init__(
         self,

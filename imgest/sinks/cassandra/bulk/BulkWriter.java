@@ -101,8 +101,9 @@ import org.apache.cassandra.utils.StorageCompatibilityMode;
  * length, -1 for null, and the value serialized as CQL does), 'L' close the SSTables written so far and stream
  * them table by table to every replica of their ranges (sstableloader's SSTableLoader), 'Q' quit once every
  * round is streamed; 'T' (the build's training run, bulk_archive.py) writes the round's SSTables and drops them,
- * answered "OK rows 0". A round streams on one background thread while the rows of the next one arrive, rounds in
- * the order of their 'L'. Each 'L' is answered on stdout, when its round is on every replica, with one line
+ * answered "OK rows 0". A round's SSTables are written (its writers closed) on one background thread and streamed
+ * on another, rounds in the order of their 'L': a round is closed while the one before it streams (the node takes
+ * most of a stream's time), and the next one's rows arrive meanwhile. Each 'L' is answered on stdout, when its round is on every replica, with one line
  * "OK rows seconds" (the seconds its streaming took), or "ERROR message", after which the helper exits; logs go
  * to stderr. Credentials and the CA travel in the header, never in argv.
  *
@@ -119,7 +120,13 @@ public final class BulkWriter {
     private int round;
     private SSTableLoader.Client client; // the streaming thread's, after readRingAhead hands it over
     private final Slabs slabs = new Slabs();
-    /** Streams the closed rounds, one at a time, in order, while the main thread writes the next round. */
+    /** Closes the rounds' writers (each sorts and writes its SSTables), one at a time, in order. */
+    private final ExecutorService closer = Executors.newSingleThreadExecutor(r -> {
+        Thread t = new Thread(r, "imgest-close");
+        t.setDaemon(true);
+        return t;
+    });
+    /** Streams the closed rounds, one at a time, in order, while the next round is closed and the one after written. */
     private final ExecutorService streamer = Executors.newSingleThreadExecutor(r -> {
         Thread t = new Thread(r, "imgest-stream");
         t.setDaemon(true);
@@ -212,7 +219,7 @@ public final class BulkWriter {
                 case 'R' -> row(in);
                 case 'L' -> {
                     Round handed = nextRound();
-                    streamer.execute(() -> streamAndReply(handed, replies));
+                    closer.execute(() -> closeThenStream(handed, replies));
                 }
                 case 'T' -> {
                     Round handed = nextRound();
@@ -221,7 +228,9 @@ public final class BulkWriter {
                     replies.printf("OK %d 0%n", rows);
                 }
                 case 'Q' -> {
-                    streamer.shutdown(); // the rounds already asked for are streamed and answered first
+                    closer.shutdown(); // the rounds already asked for are closed, streamed and answered first
+                    closer.awaitTermination(1, TimeUnit.DAYS);
+                    streamer.shutdown();
                     streamer.awaitTermination(1, TimeUnit.DAYS);
                     return;
                 }
@@ -581,23 +590,37 @@ public final class BulkWriter {
         return rows;
     }
 
-    /** On the streaming thread: close ROUND's writers, stream its tables in header order (data tables before
-     * metadata tables), remove its files, answer "OK rows seconds"; on a failure answer "ERROR" and exit, so that
-     * no later round is acknowledged after one that was not. */
-    private void streamAndReply(Round handed, PrintStream replies) {
+    /** On the closing thread: close ROUND's writers (its SSTables written, its slab given back), then queue its
+     * streaming; on a failure answer "ERROR" and exit, so that no later round is acknowledged after one that was
+     * not. */
+    private void closeThenStream(Round handed, PrintStream replies) {
         long t0 = System.nanoTime();
         try {
             long rows = closeWriters(handed);
+            streamer.execute(() -> streamAndReply(handed, rows, t0, replies));
+        } catch (Throwable t) {
+            fail(t, replies);
+        }
+    }
+
+    /** On the streaming thread: stream ROUND's tables in header order (data tables before metadata tables), remove
+     * its files, answer "OK rows seconds" (since its closing started); on a failure answer "ERROR" and exit. */
+    private void streamAndReply(Round handed, long rows, long t0, PrintStream replies) {
+        try {
             for (Path dir : handed.tables()) {
                 stream(dir);
             }
             deleteTree(handed.dir());
             replies.printf("OK %d %.3f%n", rows, (System.nanoTime() - t0) / 1e9);
         } catch (Throwable t) {
-            replies.println("ERROR " + describe(t));
-            t.printStackTrace(System.err);
-            System.exit(1);
+            fail(t, replies);
         }
+    }
+
+    private static synchronized void fail(Throwable t, PrintStream replies) {
+        replies.println("ERROR " + describe(t));
+        t.printStackTrace(System.err);
+        System.exit(1);
     }
 
     /** Stream the SSTables of DIR (one table) to every replica of their ranges with sstableloader's own loader
