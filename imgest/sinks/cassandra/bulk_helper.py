@@ -43,7 +43,10 @@ JAR = "helper.jar"  # the compiled helper (a class-data archive cannot name a fo
 # compiles (measured over 4,000 / 8,000 110 KB rows: 3.6 / 4.5 CPU seconds against 7.2 / 8.3 with C2); one
 # helper per core, so a serial collector. Metaspace starts large enough for Cassandra's classes (two full collections
 # at start-up otherwise).
-JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:MetaspaceSize=128m"]
+# The helper's SSTables are scratch files, deleted once streamed and never acknowledged before the nodes hold (and
+# sync) their own copies: no fsync (Cassandra's SyncUtil honours cassandra.skip_sync), so a round's files need never
+# reach the executor's disk.
+JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:MetaspaceSize=128m", "-Dcassandra.skip_sync=true"]
 # Java 17 keeps these packages closed; Cassandra's client code reaches into them (its own jvm17 options).
 JVM_OPENS = [
     "--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED",
