@@ -180,12 +180,12 @@ def claim_while_spark_starts(args: argparse.Namespace, phases: PhaseClock) -> tu
     with the job; a session that fails to start gives back the compaction the claim held."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from imgest.spark.submit import build_session
+    from imgest.spark.submit import build_context
 
     with ThreadPoolExecutor(1, thread_name_prefix="imgest-claim") as pool:
         claimed = pool.submit(claim, args)
         try:
-            spark = build_session("imgest-ingest-cassandra")
+            spark = build_context("imgest-ingest-cassandra")  # RDDs only: no SparkSession to start
         except BaseException:
             failed = claimed.exception()
             if failed is None:

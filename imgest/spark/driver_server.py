@@ -163,6 +163,7 @@ def _session(master: str) -> Any:
     spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     spark.stop = lambda: None  # jobs stop their session when done; this one outlives them
     setattr(spark, REUSED, True)  # stop_session leaves it (and its accumulator server) running
+    setattr(spark.sparkContext, REUSED, True)  # the same for jobs that take the context alone (build_context)
     return spark
 
 

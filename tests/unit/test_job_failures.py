@@ -74,7 +74,7 @@ def test_a_session_that_fails_to_start_gives_back_the_held_compaction(monkeypatc
     def broken(name: str) -> None:
         raise RuntimeError("Java gateway process exited before sending its port number")
 
-    monkeypatch.setattr(submit, "build_session", broken)
+    monkeypatch.setattr(submit, "build_context", broken)
     with pytest.raises(RuntimeError, match="Java gateway"):
         job.claim_while_spark_starts(None, PhaseClock())  # type: ignore[arg-type]
     assert given_back == [["ks.data", "ks.metadata"]]
@@ -83,7 +83,7 @@ def test_a_session_that_fails_to_start_gives_back_the_held_compaction(monkeypatc
         raise ConfigError("Cassandra refused the login")
 
     monkeypatch.setattr(job, "claim", refused)
-    monkeypatch.setattr(submit, "build_session", lambda name: "spark")
+    monkeypatch.setattr(submit, "build_context", lambda name: "spark")
     with pytest.raises(ConfigError, match="refused the login"):
         job.claim_while_spark_starts(None, PhaseClock())  # type: ignore[arg-type]
     assert given_back == [["ks.data", "ks.metadata"]]  # nothing held, nothing given back

@@ -212,6 +212,21 @@ def meta_values(item: Any, key: str, cfg: CassandraIngestConfig) -> tuple[Any, .
     )
 
 
+class LazySession:
+    """The process's shared session (shared_session), connected on first use: a worker of the bulk or cql-helper path
+    writing a new version sends its rows through the helper and looks nothing up, so it connects only to record a
+    quarantined image (a connection costs 0.2 CPU seconds here, and the node answers its schema queries)."""
+
+    def __init__(self, settings: CassandraSettings) -> None:
+        self._settings = settings
+        self._session: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._session is None:
+            self._session = shared_session(self._settings)
+        return getattr(self._session, name)
+
+
 @dataclass
 class Ahead:
     """What a partition's rows still to come will store: the source bytes not yet taken, scaled by the stored /
@@ -244,7 +259,9 @@ def ingest_partition(
     quarantine = QuarantineLog()
     key = transform_key(cfg.spec)
     root = Path(cfg.root)
-    with nullcontext(shared_session(cfg.settings())) as session:  # one session per executor process
+    # one session per executor process; the helper paths of a new version need it only for quarantine rows
+    session = shared_session(cfg.settings()) if cfg.bulk is None or not cfg.fresh else LazySession(cfg.settings())
+    with nullcontext(session):
         stmts = _Statements(session, cfg.tables)
 
         def written(row: Row, nbytes: int) -> None:
