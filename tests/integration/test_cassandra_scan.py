@@ -238,3 +238,23 @@ def test_a_refreshed_version_holds_its_lineages_rows(session: Any) -> None:
     rows = from_cassandra(session, meta, f"{tables.keyspace}.data", "train", "lin")
     assert set(id_strings(rows.ids)) == want
     assert rows.source["version"] == "r2"
+
+
+def test_a_table_made_by_another_process_since_the_sessions_last_look_is_found(
+    session: Any, cassandra_server: CassandraServer
+) -> None:
+    """Another process (an ingest job) creates the tables; this long-lived session's cached schema does not have them
+    yet (schema events arrive debounced; the cache entry is removed here so the stale view is certain). The scan
+    refreshes the keyspace's metadata on a miss instead of saying the table does not exist."""
+    from imgest.sinks.cassandra.scan import arrow_schema
+
+    table = f"{TABLES.keyspace}.made_elsewhere"
+    with cassandra_session(CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)) as s:
+        s.execute(f"DROP TABLE IF EXISTS {table}", timeout=60)
+        s.execute(f"CREATE TABLE {table} (id uuid PRIMARY KEY, label int)", timeout=60)
+        s.execute(f"INSERT INTO {table} (id, label) VALUES (%s, 7)", (uuid.uuid4(),))
+    session.cluster.metadata.keyspaces[TABLES.keyspace].tables.pop("made_elsewhere", None)
+    assert arrow_schema(session, table, ["id", "label"]).names == ["id", "label"]
+    assert sum(b.num_rows for b in scan_columns(session, table, ["id", "label"])) == 1
+    with pytest.raises(ScanError, match="does not exist"):
+        arrow_schema(session, f"{TABLES.keyspace}.never_made", ["id"])

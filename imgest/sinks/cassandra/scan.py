@@ -19,6 +19,7 @@ batch per page.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -81,6 +82,11 @@ def _table_meta(session: Any, table: str) -> Any:
         raise ScanError(f"token-range scans of {table} need the Murmur3Partitioner, not {metadata.partitioner}")
     ks = metadata.keyspaces.get(keyspace)
     meta = ks.tables.get(name) if ks is not None else None
+    if meta is None:  # made since this session's last look (another process's ingest; schema events come debounced)
+        with contextlib.suppress(Exception):  # no such keyspace: the error below says so
+            session.cluster.refresh_table_metadata(keyspace, name)
+        ks = session.cluster.metadata.keyspaces.get(keyspace)
+        meta = ks.tables.get(name) if ks is not None else None
     if meta is None:
         raise ScanError(f"table {table} does not exist (create it with the ingest, or check --keyspace)")
     return meta
