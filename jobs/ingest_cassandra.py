@@ -46,6 +46,7 @@ from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.manifest_rdd import candidate_rdd, manifest_rows
+from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.scan_handoff import wait_for_scan
 from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
@@ -180,8 +181,12 @@ def claim_while_spark_starts(args: argparse.Namespace, phases: PhaseClock) -> tu
     with the job; a session that fails to start gives back the compaction the claim held."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import pyspark  # noqa: F401  before the claim's thread: imported beside it (GIL, import locks) it took 1.5 s, not 0.1
+
     from imgest.spark.submit import build_context
 
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)  # the session's start is many short py4j calls, each waiting for the GIL
     with ThreadPoolExecutor(1, thread_name_prefix="imgest-claim") as pool:
         claimed = pool.submit(claim, args)
         try:
@@ -193,6 +198,8 @@ def claim_while_spark_starts(args: argparse.Namespace, phases: PhaseClock) -> tu
             else:  # both failed: the session's error is raised, the claim's logged
                 log.error("the claim failed too: %s", failed)
             raise
+        finally:
+            sys.setswitchinterval(switch)
         phases.lap("spark_session")
         result = claimed.result()
         phases.lap("schema_and_claim")  # what the claim took beyond the session's start
@@ -296,4 +303,5 @@ def record_scan_quarantine(session: Any, cfg: CassandraIngestConfig, scan_quaran
 
 
 if __name__ == "__main__":
+    prefer_installed_pyspark()  # spark-submit put Spark's source zip first: see imgest.spark.pypath
     sys.exit(main())

@@ -48,6 +48,7 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
+from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
 
@@ -234,4 +235,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    prefer_installed_pyspark()  # spark-submit put Spark's source zip first: see imgest.spark.pypath
     sys.exit(main())

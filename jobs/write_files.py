@@ -42,6 +42,7 @@ from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.manifest_rdd import candidate_rdd
+from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
 
@@ -149,4 +150,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    prefer_installed_pyspark()  # spark-submit put Spark's source zip first: see imgest.spark.pypath
     sys.exit(main())

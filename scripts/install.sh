@@ -113,6 +113,10 @@ if [ -n "$missing" ]; then
     || echo "imgest install: could not build$missing into $wheelhouse; uv builds them instead" >&2
 fi
 .venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" -r "$lock"
+# pyspark-client (Airflow's Spark provider requires it) ships PySpark's Python files at its own version, over
+# pyspark's: pyspark again last, so that the Python beside Spark's jars is theirs (imgest.spark.pypath).
+.venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" --no-deps --reinstall-package pyspark \
+  "$(grep -E '^pyspark==' "$lock")"
 # The dev install also builds the region decoder's test module, imgest.transform._fastjpeg_testing (its test-only
 # entry points, FASTJPEG_TEST_HOOKS: see setup.py); the runtime install has the production module alone.
 if [ "$mode" = dev ]; then
@@ -135,6 +139,9 @@ skip="pip|sympy|networkx|torch|torchgen|functorch|triton|fontTools|libcst|setupt
 skip="$skip|pyathena|sagemaker_studio"
 .venv/bin/python -m compileall -q -j 0 -x "/site-packages/($skip)/|/tests?/" "$site" imgest dags operators jobs >/dev/null \
   || echo "imgest install: some modules did not compile to bytecode; they compile when imported" >&2
+# Whether the installed pyspark's files are those of Spark's source zip, which spark-submit puts first on every
+# driver's and worker's path: where they are, those import the package's bytecode instead (imgest.spark.pypath).
+.venv/bin/python -m imgest.spark.pypath || echo "imgest install: Spark's Python compiles PySpark at every start" >&2
 # libxnvme for `imgest validate xnvme`: optional, so a failed build only skips the xNVMe engines.
 complete=1
 bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2; }

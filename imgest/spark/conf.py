@@ -66,9 +66,11 @@ def spark_conf(conf: dict[str, str] | None = None, master: str = LOCAL_MASTER) -
     """Spark settings every imgest job runs with: this Python for driver and workers, quiet log4j, the driver's
     class-data archive when built (imgest.spark.cds; an executor's class path differs, so it cannot map it),
     $IMGEST_SPARK_JAVA_OPTIONS for driver and executors, a UI store bounded in task count and, on a local
-    MASTER, a capped driver heap and small manifest splits; on a cluster, the shipped executors' Python when
+    MASTER, a capped driver heap, small manifest splits and Python workers that import PySpark's bytecode where
+    they can (imgest.spark.pypath); on a cluster, the shipped executors' Python when
     $IMGEST_SPARK_PYENV asks for it (imgest.spark.pyenv). CONF wins."""
     from imgest.spark.pyenv import executor_conf
+    from imgest.spark.pypath import DAEMON_MODULE
 
     log4j = f"-Dlog4j2.configurationFile={conf_file('spark-log4j2.properties').as_uri()}"
     extra = os.environ.get("IMGEST_SPARK_JAVA_OPTIONS", "").strip()
@@ -81,6 +83,8 @@ def spark_conf(conf: dict[str, str] | None = None, master: str = LOCAL_MASTER) -
         **({"spark.executor.extraJavaOptions": extra} if extra and not master.startswith("local") else {}),
         **RETENTION_CONF,
         **(LOCAL_DRIVER_CONF if master.startswith("local") else {}),
+        # Local workers run this Python, which imports imgest before any task; elsewhere it may come with a task.
+        **({"spark.python.daemon.module": DAEMON_MODULE} if master.startswith("local") else {}),
         **(executor_conf() if needs_shipping(master) else {}),  # $IMGEST_SPARK_PYENV: the executors' Python
         **(conf or {}),
     }

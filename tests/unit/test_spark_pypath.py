@@ -1,0 +1,86 @@
+"""imgest.spark.pypath: Spark's source zips are dropped from a path only where the install recorded the installed
+pyspark's files as the zip's, and nothing changed since."""
+
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from imgest.spark import pypath
+
+FILES = {name: f"# {name}\n" for name in (*pypath.WATCHED, "extra.py")}
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A site-packages with pyspark (its zips under pyspark/python/lib, as pip installs it) and py4j's dist-info;
+    the record in TMP_PATH."""
+    site = tmp_path / "site"
+    package = site / "pyspark"
+    lib = package / "python" / "lib"
+    lib.mkdir(parents=True)
+    for name, text in FILES.items():
+        (package / name).write_text(text)
+    with zipfile.ZipFile(lib / "pyspark.zip", "w") as zipped:
+        for name, text in FILES.items():
+            zipped.writestr(f"pyspark/{name}", text)
+        zipped.writestr("pyspark/tests/test_x.py", "# not in the wheel\n")
+        zipped.writestr("pyspark/sql/streaming/benchmark/b.py", "# not in the wheel\n")
+    with zipfile.ZipFile(lib / "py4j-0.10.9.9-src.zip", "w") as zipped:
+        zipped.writestr("py4j/__init__.py", "")
+    (site / "py4j-0.10.9.9.dist-info").mkdir()
+    monkeypatch.setattr(pypath, "record_path", lambda: tmp_path / "record.json")
+    return site
+
+
+def spark_path(site: Path) -> list[str]:
+    lib = site / "pyspark" / "python" / "lib"
+    return [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"), "/somewhere/jobs", str(site)]
+
+
+def test_dropped_only_once_recorded_same(site: Path) -> None:
+    path = spark_path(site)
+    assert pypath.zips_of_installed_pyspark(path) == []  # no record: Spark's zips stay
+    record = pypath.write_record(site / "pyspark")
+    assert record["same"] and record["differing"] == []  # the wheel's missing tests/ and benchmark/ are fine
+    assert pypath.zips_of_installed_pyspark(path) == path[:2]
+    assert pypath.zips_of_installed_pyspark(path[:3]) == []  # the package is not on the path after the zip
+
+
+def test_a_changed_install_keeps_the_zips(site: Path) -> None:
+    path = spark_path(site)
+    pypath.write_record(site / "pyspark")
+    worker = site / "pyspark" / "worker.py"
+    worker.write_text("# another version's worker, as pyspark-client installs it\n")
+    os.utime(worker, ns=(1, 1))
+    assert pypath.zips_of_installed_pyspark(path) == []  # the record is void: the files moved on
+    record = pypath.write_record(site / "pyspark")
+    assert not record["same"] and record["differing"] == ["pyspark/worker.py"]
+    assert pypath.zips_of_installed_pyspark(path) == []
+
+
+def test_a_missing_module_is_a_difference(site: Path) -> None:
+    (site / "pyspark" / "extra.py").unlink()
+    record = pypath.write_record(site / "pyspark")
+    assert not record["same"] and record["differing"] == ["pyspark/extra.py (missing)"]
+
+
+def test_another_spark_home_keeps_its_zip(site: Path, tmp_path: Path) -> None:
+    pypath.write_record(site / "pyspark")
+    other = tmp_path / "spark-4.3.0-bin" / "python" / "lib" / "pyspark.zip"  # a distribution's, not the package's
+    assert pypath.zips_of_installed_pyspark([str(other), str(site)]) == []
+
+
+def test_prefer_installed_pyspark(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pypath.write_record(site / "pyspark")
+    path = spark_path(site)
+    monkeypatch.setattr(sys, "path", list(path))
+    monkeypatch.setitem(sys.modules, "pyspark", sys.modules.get("pyspark", object()))  # type: ignore[arg-type]
+    assert pypath.prefer_installed_pyspark() == [] and sys.path == path  # imported already: too late to change
+    monkeypatch.delitem(sys.modules, "pyspark")
+    assert pypath.prefer_installed_pyspark() == path[:2]
+    assert sys.path == path[2:]
