@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.measure import RssSampler
+from imgest.spark.pypath import DAEMON_MODULE
 
 STEPS = {
     "cassandra": (
@@ -45,7 +46,7 @@ def role_of(cmdline: list[str], root_pid: int, pid: int) -> str | None:
         return "spark_driver"
     if any(part.endswith(".py") and "/jobs/" in part for part in cmdline[1:2]):
         return "driver_python"
-    if "pyspark.daemon" in text or "pyspark.worker" in text or "pyspark/daemon" in text:
+    if any(name in text for name in ("pyspark.daemon", "pyspark.worker", "pyspark/daemon", DAEMON_MODULE)):
         return "spark_worker"
     if "CassandraDaemon" in text:
         return "cassandra_server"

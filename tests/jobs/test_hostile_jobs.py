@@ -19,6 +19,7 @@ from imgest.services import CassandraServer
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest
 from imgest.sources.scan import scan_to_dir
+from imgest.spark.pypath import DAEMON_MODULE
 from imgest.spark.submit import submit_command, submit_env
 from tests.jobs.conftest import MASTER
 
@@ -88,12 +89,13 @@ def test_nothing_ingestible_fails_cassandra_and_never_writes_a_version(
 
 
 def _python_workers(root: int) -> list[psutil.Process]:
-    """The forked Python workers under spark-submit ROOT (children of pyspark.daemon)."""
+    """The forked Python workers under spark-submit ROOT (children of the worker daemon: imgest's on a local
+    master, imgest.spark.pypath)."""
     found = []
     for proc in psutil.Process(root).children(recursive=True):
         try:
             parent = proc.parent()
-            if parent is not None and "pyspark.daemon" in " ".join(parent.cmdline()):
+            if parent is not None and DAEMON_MODULE in parent.cmdline():  # `python -m DAEMON_MODULE`, not spark-submit
                 found.append(proc)
         except psutil.Error:
             continue

@@ -59,5 +59,6 @@ def test_driver_and_workers_import_the_installed_package(tmp_path: Path) -> None
     assert out["driver"].startswith(package + "/")
     assert len(out["workers"]) == 2
     for worker in out["workers"]:
-        assert worker["pyspark"].startswith(package + "/") and worker["zips"] == []
+        assert worker["pyspark"].startswith(package + "/")
+        assert worker["zips"] == []
         assert worker["daemon"] == pypath.DAEMON_MODULE

@@ -80,6 +80,7 @@ def test_roles_follow_the_command_line() -> None:
     java = ["java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "--master", "local[*]"]
     assert scale_run.role_of(java, 7, 8) == "spark_driver"
     assert scale_run.role_of(["/v/bin/python", "-m", "pyspark.daemon"], 7, 9) == "spark_worker"
+    assert scale_run.role_of(["/v/bin/python", "-m", "imgest.spark.worker_daemon"], 7, 9) == "spark_worker"
     assert scale_run.role_of(["/v/bin/python", "/r/jobs/pack_shards.py", "--dest", "x"], 7, 9) == "driver_python"
     assert scale_run.role_of(["java", "org.apache.cassandra.service.CassandraDaemon"], 7, 10) == "cassandra_server"
     assert scale_run.role_of(["bash"], 7, 11) is None

@@ -46,7 +46,8 @@ def test_dropped_only_once_recorded_same(site: Path) -> None:
     path = spark_path(site)
     assert pypath.zips_of_installed_pyspark(path) == []  # no record: Spark's zips stay
     record = pypath.write_record(site / "pyspark")
-    assert record["same"] and record["differing"] == []  # the wheel's missing tests/ and benchmark/ are fine
+    assert record["same"]
+    assert record["differing"] == []
     assert pypath.zips_of_installed_pyspark(path) == path[:2]
     assert pypath.zips_of_installed_pyspark(path[:3]) == []  # the package is not on the path after the zip
 
@@ -59,14 +60,16 @@ def test_a_changed_install_keeps_the_zips(site: Path) -> None:
     os.utime(worker, ns=(1, 1))
     assert pypath.zips_of_installed_pyspark(path) == []  # the record is void: the files moved on
     record = pypath.write_record(site / "pyspark")
-    assert not record["same"] and record["differing"] == ["pyspark/worker.py"]
+    assert not record["same"]
+    assert record["differing"] == ["pyspark/worker.py"]
     assert pypath.zips_of_installed_pyspark(path) == []
 
 
 def test_a_missing_module_is_a_difference(site: Path) -> None:
     (site / "pyspark" / "extra.py").unlink()
     record = pypath.write_record(site / "pyspark")
-    assert not record["same"] and record["differing"] == ["pyspark/extra.py (missing)"]
+    assert not record["same"]
+    assert record["differing"] == ["pyspark/extra.py (missing)"]
 
 
 def test_another_spark_home_keeps_its_zip(site: Path, tmp_path: Path) -> None:
@@ -80,7 +83,8 @@ def test_prefer_installed_pyspark(site: Path, monkeypatch: pytest.MonkeyPatch) -
     path = spark_path(site)
     monkeypatch.setattr(sys, "path", list(path))
     monkeypatch.setitem(sys.modules, "pyspark", sys.modules.get("pyspark", object()))  # type: ignore[arg-type]
-    assert pypath.prefer_installed_pyspark() == [] and sys.path == path  # imported already: too late to change
+    assert pypath.prefer_installed_pyspark() == []
+    assert sys.path == path
     monkeypatch.delitem(sys.modules, "pyspark")
     assert pypath.prefer_installed_pyspark() == path[:2]
     assert sys.path == path[2:]
