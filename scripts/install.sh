@@ -115,8 +115,10 @@ fi
 .venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" -r "$lock"
 # pyspark-client (Airflow's Spark provider requires it) ships PySpark's Python files at its own version, over
 # pyspark's: pyspark again last, so that the Python beside Spark's jars is theirs (imgest.spark.pypath).
+pyspark_req=$(grep -E '^pyspark==' "$lock") || { echo "imgest install: no pyspark pin in $lock" >&2; exit 1; }
+pyspark_wheel=$(ls "$wheelhouse/pyspark-${pyspark_req#*==}-"*.whl 2>/dev/null | head -n 1 || true)
 .venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" --no-deps --reinstall-package pyspark \
-  "$(grep -E '^pyspark==' "$lock")"
+  "${pyspark_wheel:-$pyspark_req}"
 # The dev install also builds the region decoder's test module, imgest.transform._fastjpeg_testing (its test-only
 # entry points, FASTJPEG_TEST_HOOKS: see setup.py); the runtime install has the production module alone.
 if [ "$mode" = dev ]; then

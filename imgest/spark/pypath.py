@@ -9,13 +9,15 @@ at the same time.
 Where ``SPARK_HOME`` is the pip-installed ``pyspark`` package itself (a local master with this project's Spark),
 the zip is a copy of a package that is on ``sys.path`` anyway, if the package's files are the zip's: pip packages
 that ship PySpark's Python alone (``pyspark-client``, which Airflow's Spark provider requires) install over the same
-files, at their own version. So the install compares them once (``python -m imgest.spark.pypath``, every ``.py`` of
-the zip against the package) and records the verdict with the files' sizes and times in ``sys.prefix``; at run
-time ``prefer_installed_pyspark`` drops the zips only where that record says "same" and the files are still the
-ones it saw. Anything else (no record, a changed install, a Spark distribution of its own as on a user's cluster)
-keeps Spark's zips, as spark-submit set them.
+files, at their own version. So the install compares them once (``python -m imgest.spark.pypath``: every file of
+the zip against the package) and records the verdict in ``sys.prefix`` with the identity (inode, size, time) of the
+zip, of a few key modules and of pyspark's installed-files list; at run time ``prefer_installed_pyspark`` drops the
+zips only where that record says "same", none of those changed, and the first ``pyspark`` the rest of the path
+imports is that package. Anything else (no record, an install over the package, a Spark distribution of its own as
+on a user's cluster, any error) keeps Spark's zips, as spark-submit set them.
 
-Drivers call it first thing (each job under jobs/); workers get it through ``DAEMON_MODULE``, the Python worker
+Drivers call it before their first PySpark import (each job under jobs/, in ``__main__``; none of their modules
+imports PySpark at import time); a local master's workers get it through ``DAEMON_MODULE``, the Python worker
 daemon Spark starts (``spark.python.daemon.module``), which then runs PySpark's own daemon.
 """
 
@@ -24,17 +26,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-import zipfile
-import zlib
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
 DAEMON_MODULE = "imgest.spark.worker_daemon"
 RECORD = ".imgest-pyspark-zip.json"
-# What a reinstall of either package rewrites: the record is void once any of these changes.
+# What a reinstall of either package rewrites (each a new file: a new inode): the record is void once one changes.
 WATCHED = ("__init__.py", "version.py", "serializers.py", "daemon.py", "worker.py", "worker_util.py")
-# Members of the zip the wheel leaves out, never imported by a job.
+# Members of the zip the wheel leaves out, never imported by a job; and typing-only files.
 UNSHIPPED = ("/tests/", "/benchmark/")
+UNCOMPARED = (".pyi", "/py.typed")
 
 
 def record_path() -> Path:
@@ -42,30 +44,36 @@ def record_path() -> Path:
 
 
 def signature(package: Path) -> dict[str, list[int] | None]:
-    """Size and modification time of PACKAGE's zip and WATCHED files (None: not there)."""
+    """Inode, size and modification time of PACKAGE's zip, its WATCHED files and the installed-files lists of the
+    packages that install PySpark's files (pyspark's, pyspark-client's); None: not there."""
+    names = ["python/lib/pyspark.zip", *WATCHED]
+    names += sorted(f"../{d.name}/RECORD" for d in package.parent.glob("pyspark*.dist-info"))
     out: dict[str, list[int] | None] = {}
-    for name in ("python/lib/pyspark.zip", *WATCHED):
+    for name in names:
         try:
             st = (package / name).stat()
         except OSError:
             out[name] = None
             continue
-        out[name] = [st.st_size, st.st_mtime_ns]
+        out[name] = [st.st_ino, st.st_size, st.st_mtime_ns]
     return out
 
 
 def differing(package: Path) -> list[str]:
-    """The ``.py`` members of PACKAGE's pyspark.zip that the installed package (PACKAGE's parent) lacks or holds
-    with other bytes; members the wheel leaves out (UNSHIPPED) may be missing."""
+    """The files of PACKAGE's pyspark.zip (modules and data, typing stubs apart) that the installed package
+    (PACKAGE's parent) holds with other bytes, and its modules that the package lacks (but for UNSHIPPED ones)."""
+    import zipfile
+    import zlib
+
     out = []
     with zipfile.ZipFile(package / "python" / "lib" / "pyspark.zip") as zipped:
         for info in zipped.infolist():
-            if not info.filename.endswith(".py"):
+            if info.is_dir() or info.filename.endswith(UNCOMPARED):
                 continue
             try:
                 crc = zlib.crc32((package.parent / info.filename).read_bytes())
-            except OSError:
-                if not any(part in info.filename for part in UNSHIPPED):
+            except OSError:  # the wheel leaves out tests, benchmarks and some data no module reads
+                if info.filename.endswith(".py") and not any(part in info.filename for part in UNSHIPPED):
                     out.append(f"{info.filename} (missing)")
                 continue
             if crc != info.CRC:
@@ -75,6 +83,7 @@ def differing(package: Path) -> list[str]:
 
 def write_record(package: Path) -> dict[str, Any]:
     """Compare PACKAGE (the importable pyspark folder) with its zip; record the verdict in sys.prefix."""
+    package = package.resolve()
     found = differing(package)
     record = {"package": str(package), "same": not found, "differing": found[:5], "signature": signature(package)}
     tmp = record_path().with_suffix(f".{os.getpid()}.tmp")
@@ -95,32 +104,46 @@ def recorded_same(package: Path) -> bool:
 def zips_of_installed_pyspark(path: list[str]) -> list[str]:
     """The entries of PATH (a sys.path) that are Spark's pyspark and py4j source zips of a pyspark package that a
     later entry of PATH imports, with the same files (recorded_same): ``<entry>/pyspark/python/lib/pyspark.zip``,
-    and the py4j zip beside it when that entry also holds py4j of the zip's version."""
+    and the py4j zip beside it when the py4j that the rest of PATH imports comes from a dist of the zip's version
+    in the same folder."""
     dropped: list[str] = []
     for i, entry in enumerate(path):
         if not entry.endswith("pyspark.zip"):
             continue
         lib = Path(entry).parent
-        package = lib.parent.parent  # <pkg>/python/lib/pyspark.zip
-        later = {str(Path(p).resolve()) for p in path[i + 1 :] if p}
-        if package.name != "pyspark" or str(package.parent.resolve()) not in later or not recorded_same(package):
+        package = lib.parent.parent.resolve()  # <pkg>/python/lib/pyspark.zip
+        rest = [p for p in path[i + 1 :] if p and not p.endswith(".zip")]
+        if package.name != "pyspark" or _imported_from(rest, "pyspark") != package or not recorded_same(package):
             continue
         dropped.append(entry)
         for other in path:
             name = Path(other).name
             if Path(other).parent == lib and name.startswith("py4j-") and name.endswith("-src.zip"):
                 version = name.removeprefix("py4j-").removesuffix("-src.zip")
-                if (package.parent / f"py4j-{version}.dist-info").is_dir():
+                py4j = _imported_from(rest, "py4j")
+                if py4j is not None and (py4j.parent / f"py4j-{version}.dist-info").is_dir():
                     dropped.append(other)
     return dropped
 
 
+def _imported_from(path: list[str], name: str) -> Path | None:
+    """The folder of package NAME as PATH would import it (resolved), or None."""
+    spec = PathFinder.find_spec(name, path)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent
+
+
 def prefer_installed_pyspark() -> list[str]:
     """Drop from sys.path Spark's source zips of the pyspark package installed later on it (see the module's
-    note), unless pyspark is imported already; returns what was dropped."""
+    note), unless pyspark is imported already; returns what was dropped. Never raises: on any error the zips stay
+    (a worker daemon that failed here would fail every task)."""
     if "pyspark" in sys.modules:
         return []
-    dropped = zips_of_installed_pyspark(sys.path)
+    try:
+        dropped = zips_of_installed_pyspark(sys.path)
+    except Exception:  # the zips are always a working path
+        return []
     sys.path[:] = [p for p in sys.path if p not in dropped]
     return dropped
 
@@ -133,7 +156,16 @@ def main() -> int:
     if spec is None or spec.origin is None:
         print("imgest install: no pyspark to compare with its zip", file=sys.stderr)
         return 1
-    record = write_record(Path(spec.origin).parent)
+    import zipfile
+
+    try:
+        record = write_record(Path(spec.origin).parent)
+    except (OSError, zipfile.BadZipFile) as exc:
+        print(
+            f"imgest install: pyspark not compared with its zip ({exc}); Spark's Python compiles it",
+            file=sys.stderr,
+        )
+        return 1
     if record["same"]:
         print(f"imgest install: pyspark's source zip matches the package; Spark's Python imports bytecode ({RECORD})")
     else:

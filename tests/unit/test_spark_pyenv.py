@@ -60,3 +60,11 @@ def test_pins_are_the_installed_versions() -> None:
     pins = dict(p.split("==") for p in pyenv.pins())
     assert set(pins) == set(pyenv.EXECUTOR_PACKAGES)
     assert pins["pyarrow"] == importlib.metadata.version("pyarrow")
+
+
+def test_the_worker_daemon_is_imgest_only_on_local_masters() -> None:
+    from imgest.spark.pypath import DAEMON_MODULE
+
+    assert spark_conf(master="local[2]")["spark.python.daemon.module"] == DAEMON_MODULE
+    for master in ("spark://127.0.0.1:7077", "spark://spark-master:7077", "yarn", "k8s://https://k:6443"):
+        assert "spark.python.daemon.module" not in spark_conf(master=master)  # a task may bring imgest there

@@ -33,6 +33,8 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     with zipfile.ZipFile(lib / "py4j-0.10.9.9-src.zip", "w") as zipped:
         zipped.writestr("py4j/__init__.py", "")
     (site / "py4j-0.10.9.9.dist-info").mkdir()
+    (site / "py4j").mkdir()
+    (site / "py4j" / "__init__.py").write_text("")
     monkeypatch.setattr(pypath, "record_path", lambda: tmp_path / "record.json")
     return site
 
@@ -88,3 +90,68 @@ def test_prefer_installed_pyspark(site: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delitem(sys.modules, "pyspark")
     assert pypath.prefer_installed_pyspark() == path[:2]
     assert sys.path == path[2:]
+
+
+def test_py4j_of_another_version_keeps_its_zip(site: Path) -> None:
+    pypath.write_record(site / "pyspark")
+    (site / "py4j-0.10.9.9.dist-info").rename(site / "py4j-0.10.9.8.dist-info")
+    path = spark_path(site)
+    assert pypath.zips_of_installed_pyspark(path) == path[:1]  # pyspark's zip goes, py4j's stays
+
+
+def test_another_pyspark_first_on_the_path_keeps_the_zip(site: Path, tmp_path: Path) -> None:
+    pypath.write_record(site / "pyspark")
+    other = tmp_path / "other-site" / "pyspark"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("# another pyspark, earlier on the path than the recorded one\n")
+    path = spark_path(site)
+    assert pypath.zips_of_installed_pyspark([*path[:3], str(other.parent), *path[3:]]) == []
+
+
+def test_a_replaced_file_of_the_same_size_and_time_is_seen(site: Path) -> None:
+    pypath.write_record(site / "pyspark")
+    version = site / "pyspark" / "version.py"
+    st = version.stat()
+    new = version.with_name("version.py.new")  # an install over it writes a new file (or links its cache's) and
+    new.write_text("# " + "x" * (st.st_size - 3) + "\n")  # renames it over the old: a new inode
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    new.replace(version)
+    assert version.stat().st_size == st.st_size
+    assert pypath.zips_of_installed_pyspark(spark_path(site)) == []
+
+
+def test_errors_keep_the_zips(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pypath.write_record(site / "pyspark")
+    path = spark_path(site)
+    monkeypatch.setattr(sys, "path", list(path))
+    monkeypatch.delitem(sys.modules, "pyspark", raising=False)
+
+    def broken(_: list[str]) -> list[str]:
+        raise RuntimeError("Symlink loop from '/x'")
+
+    monkeypatch.setattr(pypath, "zips_of_installed_pyspark", broken)
+    assert pypath.prefer_installed_pyspark() == []
+    assert sys.path == path
+
+
+def test_data_files_are_compared(site: Path) -> None:
+    lib = site / "pyspark" / "python" / "lib"
+    with zipfile.ZipFile(lib / "pyspark.zip", "a") as zipped:
+        zipped.writestr("pyspark/errors/error-conditions.json", '{"A": 1}')
+        zipped.writestr("pyspark/sql/srs_registry.csv", "not in the wheel, read by no module\n")
+    (site / "pyspark" / "errors").mkdir()
+    (site / "pyspark" / "errors" / "error-conditions.json").write_text('{"A": 2}')
+    record = pypath.write_record(site / "pyspark")
+    assert record["differing"] == ["pyspark/errors/error-conditions.json"]
+
+
+def test_jobs_import_no_pyspark_before_main() -> None:
+    """Each job drops the zips in __main__, after its own imports: those must not import PySpark."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    for job in sorted((root / "jobs").glob("[a-z]*.py")):
+        code = f"import runpy, sys; runpy.run_path({str(job)!r}, run_name='job'); print('pyspark' in sys.modules)"
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip() == "False", f"{job.name} imports pyspark at import time"
