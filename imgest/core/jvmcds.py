@@ -44,10 +44,13 @@ def java_release() -> str:
 
 
 def archive_key(jars: Path) -> str:
-    """Digest of the JVM build and the jars (names and sizes) of the folder JARS."""
+    """Digest of the JVM build and the jars (names, sizes and modification times) of the folder JARS. The JVM
+    refuses an archive whose class path jars changed either (silently, under -Xshare:auto): a reinstall of the
+    same jars (pyspark's, by the install) gave them new times, and every Spark driver ran without its archive."""
     digest = hashlib.sha256(java_release().encode())
     for jar in sorted(jars.glob("*.jar")) if jars.is_dir() else ():
-        digest.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
+        st = jar.stat()
+        digest.update(f"{jar.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from imgest.core import defaults
+from imgest.core import defaults, jvmcds
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import CassandraSettings
 from imgest.services.cassandra import CassandraServer
@@ -144,6 +145,50 @@ def test_the_built_helper_maps_its_class_data_archive_and_a_shipped_copy_runs_wi
     assert bulk_helper.cds_options(copy) == ([], None)
     run = subprocess.run(bulk_helper.java_command(copy), input=b"", capture_output=True, check=False)
     assert run.stdout.startswith(b"ERROR EOFException"), run.stderr[-2000:]  # it starts, without an archive
+
+
+def _no_live_writer(archive: Path, limit_s: float = 120.0) -> None:
+    """Wait until no running JVM (another test's helper, on the other xdist worker) writes ARCHIVE."""
+    deadline = time.monotonic() + limit_s
+    while jvmcds.live_writer(archive) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def test_the_first_load_on_the_host_dumps_an_archive_that_later_loads_map(target: tuple[Any, Any, Any]) -> None:
+    """The training's archive lacks what a load reads from the jars (Cassandra's streaming): the first helper that
+    loads dumps an archive of its own when it exits, which holds the streaming classes, and later loads map it
+    (-Xshare:on starts). While another JVM writes it, a helper maps the training's archive instead."""
+    home = Path(target[0].helper)
+    full = jvmcds.archive_path(bulk_helper.run_archive_name(home, "load"), home / "lib")
+    trained = jvmcds.archive_path(bulk_helper.archive_name(home), home / "lib")
+    bulk_helper._close_all()
+    _no_live_writer(full)
+    full.unlink(missing_ok=True)  # an earlier load's: this test's writes it again
+    written: list[str] = []
+    with _writer(target, written) as w:
+        for i in range(6):
+            w.write(_row(1000 + i))
+        args = [str(a) for a in w._helper._proc.args]  # type: ignore[union-attr]
+    assert len(written) == 6
+    dumping = [a for a in args if a.startswith("-XX:ArchiveClassesAtExit=")]
+    mapped = [a for a in args if a.startswith("-XX:SharedArchiveFile=")]
+    assert dumping or mapped == [f"-XX:SharedArchiveFile={trained}"]  # unless another helper was writing it
+    assert not (dumping and mapped)  # a dumping JVM maps no dynamic archive
+    bulk_helper._close_all()  # the helper exits and writes its archive
+    _no_live_writer(full)
+    flags, dump = bulk_helper.cds_options(home, "load")
+    assert dump is None
+    assert flags == [f"-XX:SharedArchiveFile={full}"]
+    cmd = bulk_helper.java_command(home)
+    cmd[1:1] = [*flags, "-XX:+PrintSharedArchiveAndExit"]
+    listed = subprocess.run(cmd, input=b"", capture_output=True, check=False).stdout.decode(errors="replace")
+    assert "org.apache.cassandra.streaming.StreamSession " in listed  # what the training never loads
+    cmd = bulk_helper.java_command(home)
+    cmd[1:1] = [*flags, "-Xshare:on"]
+    run = subprocess.run(cmd, input=b"", capture_output=True, check=False)
+    assert run.stdout.startswith(b"ERROR EOFException"), run.stderr[-2000:]
+    assert trained.is_file()  # adopting one archive never removed the other
+    assert bulk_helper.cds_options(home) == ([f"-XX:SharedArchiveFile={trained}"], None)
 
 
 def test_a_round_that_fails_to_stream_is_answered_error_and_no_later_round_counts(

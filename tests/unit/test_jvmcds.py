@@ -37,6 +37,10 @@ def test_the_key_follows_the_jars(archives: Path) -> None:
     assert jvmcds.archive_key(archives) != before
     (archives / "b.jar").unlink()
     assert jvmcds.archive_key(archives) == before
+    jar = next(archives.glob("*.jar"))
+    st = jar.stat()
+    os.utime(jar, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the same bytes, reinstalled: the JVM
+    assert jvmcds.archive_key(archives) != before  # refuses an archive whose jars' times changed
 
 
 def test_a_dump_is_adopted_only_once_its_writer_exited(archives: Path) -> None:

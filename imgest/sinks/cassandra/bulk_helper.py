@@ -143,13 +143,23 @@ def _jar(classes: Path, jar: Path) -> None:
             zf.write(path, path.relative_to(classes).as_posix())
 
 
-def cds_options(home: Path) -> tuple[list[str], Path | None]:
+def cds_options(home: Path, run: str | None = None) -> tuple[list[str], Path | None]:
     """The class-data archive flags for a helper started from HOME (jvmcds.options: map the archive, or dump one at
     exit when there is none yet) and the dump file. Only for the helper built here: one Spark unpacked elsewhere
-    has another class path, which no archive matches."""
+    has another class path, which no archive matches.
+
+    RUN names a real run's mode ("load": SSTables streamed to the nodes; "cql": rows sent through the driver). The
+    install's training (bulk_archive) writes SSTables on local disk only, so its archive lacks what a run then
+    reads from the jars (Cassandra's streaming and messaging, or the Java driver). The first helper of each mode on
+    the host therefore starts without an archive and dumps its own when it exits (run_archive_name); until that
+    one exists, and while it is written, helpers map the training's archive."""
     try:
         if home.resolve() != helper_dir().resolve() or not (home / JAR).is_file():
             return [], None
+        if run is not None and jvmcds.enabled():
+            full = jvmcds.archive_path(run_archive_name(home, run), home / "lib")
+            if jvmcds.adopt(full) or not jvmcds.live_writer(full):
+                return jvmcds.options(run_archive_name(home, run), home / "lib")
         return jvmcds.options(archive_name(home), home / "lib")
     except (OSError, ImgestError) as exc:  # an executor without a usable state folder: start without one
         log.debug("bulk-load helper: no class-data archive (%s)", exc)
@@ -165,6 +175,12 @@ def archive_name(home: Path) -> str:
     jar = (home / JAR).stat()
     where = hashlib.sha256(f"{home.resolve()}:{jar.st_size}:{jar.st_mtime_ns}".encode()).hexdigest()[:8]
     return f"{ARCHIVE_FAMILY}{home.name}-{where}"
+
+
+def run_archive_name(home: Path, run: str) -> str:
+    """The archive a real run of mode RUN dumps (cds_options). Its name does not start with archive_name(home)
+    followed by '-', so that adopting either never removes the other as an archive of another key."""
+    return f"{ARCHIVE_FAMILY}{run}-{archive_name(home).removeprefix(ARCHIVE_FAMILY)}"
 
 
 def helper_archive(home: Path) -> Path:
@@ -254,7 +270,7 @@ class BulkHelper:
         self.scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
         self._stderr = open(self.scratch / "helper.log", "wb")  # noqa: SIM115 - lives as long as the process
         cmd = java_command(home)
-        flags, dump = cds_options(home)
+        flags, dump = cds_options(home, "cql" if header.get("mode") == "cql" else "load")
         cmd[1:1] = flags
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, bufsize=PIPE_BYTES
