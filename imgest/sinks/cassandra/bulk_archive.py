@@ -19,14 +19,8 @@ import time
 from pathlib import Path
 
 from imgest.core import jvmcds
-from imgest.sinks.cassandra.bulk_helper import (
-    ARCHIVE_FAMILY,
-    archive_name,
-    cds_options,
-    ensure_helper,
-    java_command,
-    row_frame,
-)
+from imgest.sinks.cassandra.bulk_helper import cds_options, ensure_helper, java_command, row_frame
+from imgest.sinks.cassandra.helper_cds import ARCHIVE_FAMILY, archive_name
 from imgest.sinks.cassandra.ingest import META_COLUMNS
 from imgest.sinks.cassandra.schema import TableLayout, render
 

@@ -32,13 +32,13 @@ from typing import IO, Any
 from imgest.core import defaults, jvmcds
 from imgest.core.errors import ImgestError
 from imgest.core.paths import state_dir
+from imgest.sinks.cassandra.helper_cds import JAR, archive_name, run_archive_name
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("BulkWriter.java", "pom.xml", "logback.xml")  # package data in imgest/sinks/cassandra/bulk/
 MAIN_CLASS = "dev.imgest.bulk.BulkWriter"
 READY = ".built"
-JAR = "helper.jar"  # the compiled helper (a class-data archive cannot name a folder on its class path)
 # The helper's work is copying bytes into SSTables: C1's code does it as fast as C2's and the JVM skips C2's
 # compiles (measured over 4,000 / 8,000 110 KB rows: 3.6 / 4.5 CPU seconds against 7.2 / 8.3 with C2); one
 # helper per core, so a serial collector. Metaspace starts large enough for Cassandra's classes (two full collections
@@ -148,11 +148,8 @@ def cds_options(home: Path, run: str | None = None) -> tuple[list[str], Path | N
     exit when there is none yet) and the dump file. Only for the helper built here: one Spark unpacked elsewhere
     has another class path, which no archive matches.
 
-    RUN names a real run's mode ("load": SSTables streamed to the nodes; "cql": rows sent through the driver). The
-    install's training (bulk_archive) writes SSTables on local disk only, so its archive lacks what a run then
-    reads from the jars (Cassandra's streaming and messaging, or the Java driver). The first helper of each mode on
-    the host therefore starts without an archive and dumps its own when it exits (run_archive_name); until that
-    one exists, and while it is written, helpers map the training's archive."""
+    RUN: a real run's mode ("load", "cql"). The training's archive lacks what a run reads next (streaming, the
+    driver): the first helper of each mode on the host dumps its own (run_archive_name); others map the training's."""
     try:
         if home.resolve() != helper_dir().resolve() or not (home / JAR).is_file():
             return [], None
@@ -164,23 +161,6 @@ def cds_options(home: Path, run: str | None = None) -> tuple[list[str], Path | N
     except (OSError, ImgestError) as exc:  # an executor without a usable state folder: start without one
         log.debug("bulk-load helper: no class-data archive (%s)", exc)
         return [], None
-
-
-ARCHIVE_FAMILY = "bulk-helper-"  # the start of every helper build's archive name (jvmcds.prune_family)
-
-
-def archive_name(home: Path) -> str:
-    """The archive's name: the helper's key and where its jar is (an archive only maps the class path it was
-    written for; a rebuilt or moved helper gets a new one)."""
-    jar = (home / JAR).stat()
-    where = hashlib.sha256(f"{home.resolve()}:{jar.st_size}:{jar.st_mtime_ns}".encode()).hexdigest()[:8]
-    return f"{ARCHIVE_FAMILY}{home.name}-{where}"
-
-
-def run_archive_name(home: Path, run: str) -> str:
-    """The archive a real run of mode RUN dumps (cds_options). Its name does not start with archive_name(home)
-    followed by '-', so that adopting either never removes the other as an archive of another key."""
-    return f"{ARCHIVE_FAMILY}{run}-{archive_name(home).removeprefix(ARCHIVE_FAMILY)}"
 
 
 def helper_archive(home: Path) -> Path:
