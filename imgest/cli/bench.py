@@ -110,6 +110,11 @@ def bench_scale_cmd(args: argparse.Namespace) -> int:
 
     fractions = [float(x) for x in args.fractions.split(",") if x.strip()]
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if args.dag:
+        from imgest.bench.scale_dag import main as dag_main
+
+        report = dag_main(args.json, args.plot, fractions, targets)
+        return bench_done(args, [f"{r['target']}/{r['size']} (failed)" for r in report["runs"] if not r["ok"]])
     report = bench_main(args.json, args.plot, args.dataset, fractions, targets, refresh=args.refresh)
     missed = [
         f"{s['target']}/{s['step']} ({'time' if not s['time_met'] else 'memory'})"
@@ -157,6 +162,14 @@ def register_scale(bench_parser: Any) -> None:
         "a refresh without change and one after a seeded 0.1 %% change (a third changed, added, removed) of a "
         "private hard-linked copy of each size; reports seconds per changed image and whether the cost follows the "
         "change",
+    )
+    bs.add_argument(
+        "--dag",
+        action="store_true",
+        help="run the whole ingest_imagenet DAG through Airflow (airflow dags test) per target and size instead, "
+        "the tasks back to back as a user's run has them; records each task's time, the Cassandra node's peak heap "
+        "and direct memory (JMX), its SSTables after the load and the read-back share (count dataset; targets "
+        "cassandra (write path auto), cassandra-cql, cassandra-bulk, shards)",
     )
     bs.set_defaults(func=bench_scale_cmd)
 

@@ -33,8 +33,10 @@ BULK_MIN_ROWS: Final = 20_000
 BULK_ROWS_PER_PARTITION: Final = 20_000  # bulk: fewer, larger Spark partitions (each ends with a load: an SSTable)
 BULK_ROUND_BYTES: Final = 256 * 1024 * 1024  # image bytes an executor writes to SSTables before streaming them
 # Towards a partition's end its rounds shrink to half of what is left, down to this: the last round, streamed after
-# the partition's last row with nothing to overlap, stays small
-BULK_MIN_ROUND_BYTES: Final = 16 * 1024 * 1024
+# the partition's last row with nothing to overlap, stays small. Every round leaves an SSTable per table that spans the
+# whole ring, and a range read opens them all: at 16 MiB a 1.33 M-image load of small images left 268 per table (4 a
+# partition of 20,000 rows), which took 945 of a 1 GiB node's direct memory under a split scan (docs/scale.md).
+BULK_MIN_ROUND_BYTES: Final = 64 * 1024 * 1024
 # Rows a helper sorts in memory before it writes an SSTable: more than a round, so a round is one SSTable per table
 # (64 MiB made four, and the node compacted 16.1 GB at 1.33 M count21k images against 11.5 GB with one; 448 -> 438 s).
 BULK_BUFFER_MIB: Final = 320

@@ -18,6 +18,7 @@ from imgest.core.errors import ServiceError
 from imgest.core.paths import conf_file, state_dir
 from imgest.core.settings import EMBEDDED_HOST, env_int
 from imgest.services.base import ServiceStatus, UpResult
+from imgest.services.cassandra_memory import SMALL_NODE_HEAP, main_node_heap, memory_flags
 from imgest.services.process import ManagedProcess, port_open, require_free_port, which_or_fail
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def resolve_jars(lib: Path | None = None) -> tuple[Path, bool]:
 
 
 def jvm_options() -> list[str]:
-    """Flags from services/conf/jvm17-server.options (Cassandra's own Java 17 set plus the heap)."""
+    """Flags from services/conf/jvm17-server.options (Cassandra's own Java 17 set; the heap is the node's)."""
     lines = conf_file("jvm17-server.options").read_text().splitlines()
     return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
@@ -97,6 +98,7 @@ class CassandraServer:
     ring_delay_ms: int = 1000  # how long gossip waits for peers; a joining ring node on a busy box needs more
     tls: bool = False  # TLS required on the native port, with a CA and certificate made in <home>/tls
     broadcast_rpc: str = ""  # the address clients are told to use for this node (a proxy in front of it); "": host
+    heap: int = SMALL_NODE_HEAP  # bytes of heap and as much direct memory (cassandra_memory); main node: by machine
 
     @classmethod
     def default(cls, auth: bool = False, tls: bool = False) -> CassandraServer:
@@ -121,6 +123,8 @@ class CassandraServer:
             home=state_dir() / "cassandra",
             native_port=env_int("IMGEST_CASSANDRA_PORT", 9042),
             storage_port=env_int("IMGEST_CASSANDRA_STORAGE_PORT", 7000),
+            jmx_port=env_int("IMGEST_CASSANDRA_JMX_PORT", 7199),  # Cassandra's own default, local only
+            heap=main_node_heap(),
         )
 
     @property
@@ -190,6 +194,7 @@ class CassandraServer:
             raise ServiceError(f"cassandra: no jamm jar in {lib}; delete that folder to resolve again")
         return [
             java,
+            *memory_flags(self.heap),
             *jvm_options(),
             *extra,
             *os.environ.get("IMGEST_CASSANDRA_JAVA_OPTIONS", "").split(),

@@ -67,7 +67,8 @@ def test_ring_nodes_have_own_address_folders_and_seed(tmp_path: Path, monkeypatc
         assert conf["cluster_name"] == "imgest-ring"
         assert conf["native_transport_port"] == 9042
         command = node.command("java", _fake_lib(tmp_path), node.home / "cassandra.yaml")
-        assert "-Xmx1G" in command
+        assert "-Xmx1024M" in command
+        assert "-XX:MaxDirectMemorySize=1024M" in command
         assert f"-Dcassandra.jmx.local.port={node.jmx_port}" in command
         assert f"-Dcassandra.storagedir={node.home / 'data'}" in command
         assert f"-XX:HeapDumpPath={node.home / 'logs'}" in command  # not the caller's folder

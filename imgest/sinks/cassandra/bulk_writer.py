@@ -140,6 +140,7 @@ class BulkImageWriter:
     # rounds in the helper's hands: one closing (its SSTables written) while the one before it streams; the helper
     # holds the image bytes of at most three rounds (closing, queued, being written) and the SSTables of two on disk
     ROUNDS_IN_FLIGHT = 2
+    LEAVES_SSTABLES = True  # each round streamed leaves an SSTable per table on each replica (stats.loads)
 
     def __init__(
         self,
@@ -227,6 +228,7 @@ class BulkImageWriter:
         """Wait until the oldest round in flight is on every replica; its rows count as written from here, except those
         the cluster refused for good (CQL mode only): too large is quarantined, anything else an error of the flush."""
         self._helper.wait_load()
+        self.stats.loads += int(self.LEAVES_SSTABLES)
         rows = self._loading.popleft()
         refused = {index: (kind, message) for index, kind, message in self._helper.refused}
         self.stats.retries += self._helper.resent
@@ -261,6 +263,7 @@ class HelperCqlWriter(BulkImageWriter):
     took them; a row the cluster refused as too large is quarantined, any other refusal is an error of the flush,
     as with ImageWriter."""
 
+    LEAVES_SSTABLES = False  # rounds are CQL requests
     ROUNDS_IN_FLIGHT = 1  # the helper bounds the requests in flight; a round is answered once all its rows are
 
     def __init__(

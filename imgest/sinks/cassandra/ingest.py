@@ -98,6 +98,7 @@ class PartitionResult:
     skipped: int = 0
     bytes: int = 0
     retries: int = 0
+    loads: int = 0  # bulk rounds streamed (WriteStats.loads)
     counts: Counter[str] = field(default_factory=Counter)  # "split/label" of stored + skipped rows
     quarantine: list[dict[str, Any]] = field(default_factory=list)
 
@@ -106,6 +107,7 @@ class PartitionResult:
         self.skipped += other.skipped
         self.bytes += other.bytes
         self.retries += other.retries
+        self.loads += other.loads
         self.counts.update(other.counts)
         self.quarantine.extend(other.quarantine)
 
@@ -291,6 +293,7 @@ def ingest_partition(
         result.stored = writer.stats.written
         result.bytes = writer.stats.bytes
         result.retries = writer.stats.retries
+        result.loads = writer.stats.loads
         for entry in quarantine.entries:
             session.execute(
                 stmts.quarantine(),
@@ -349,6 +352,7 @@ def summary(total: PartitionResult, seconds: float, scan_quarantine: QuarantineL
         "quarantined": quarantined,
         "quarantined_by_reason": dict(sorted(reasons.items())),
         "retries": total.retries,
+        **({"bulk_loads": total.loads} if total.loads else {}),
         "seconds": round(seconds, 2),
         "rows_per_s": round((total.stored + total.skipped) / seconds, 1) if seconds else None,
         "stored_mb_per_s": round(total.bytes / 1e6 / seconds, 2) if seconds else None,

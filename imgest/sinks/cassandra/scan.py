@@ -2,16 +2,17 @@
 
 The ring's full token range (Murmur3: ``[-2**63, 2**63 - 1]``) is cut into RANGES contiguous sub-ranges; each is
 read with ``SELECT cols FROM t WHERE token(pk) >= ? AND token(pk) <= ?`` (inclusive integer bounds, so the first
-sub-range starts at the minimum token and nothing falls between two), at most CONCURRENCY sub-ranges in flight
-through the driver's ``execute_concurrent_with_args``, each paged by PAGE_SIZE rows. Every sub-range is an
-ordinary partition-key range read, spread over the replicas that own it: no ``ALLOW FILTERING``, no single
-coordinator walking the whole table.
+sub-range starts at the minimum token and nothing falls between two), paged by PAGE_SIZE rows, on CONCURRENCY
+threads. What the scan asks of each node is bounded (``scan_limits``): at most a few page requests in flight on any
+replica, a refused read waited out and resumed from its paging state, a read refused to the end reported with the
+nodes' state. Every sub-range is an ordinary partition-key range read, spread over the replicas that own it: no
+``ALLOW FILTERING``, no single coordinator walking the whole table.
 
 Rows of one dataset version are kept by comparing the ``dataset`` / ``version`` columns in Arrow (vectorized),
 never row by row in Python. A refreshed version's rows carry the version that last wrote them, so VERSION may be a
 sequence: the version's lineage (``versions.VersionRecord.members``), any of which counts. Memory is bounded by
-CONCURRENCY x PAGE_SIZE rows of the selected columns, whatever the table's size; the caller receives one record
-batch per page.
+about 2 x CONCURRENCY x PAGE_SIZE rows of the selected columns, whatever the table's size; the caller receives one
+record batch per page.
 
     for batch in scan_columns(session, "ks.metadata", ["id", "label", "split"], dataset="imagenet", version="v1"):
         ids = batch.column("id")  # fixed_size_binary(16): the UUID's 16 bytes
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
+import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -30,6 +33,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from imgest.core.errors import ImgestError
+from imgest.sinks.cassandra.scan_limits import (
+    NodeLimiter,
+    ScanLimits,
+    describe_nodes,
+    node_per_node,
+    range_replicas,
+    refused_errors,
+    with_backoff,
+)
 from imgest.sinks.cassandra.schema import identifier
 
 log = logging.getLogger(__name__)
@@ -154,7 +166,12 @@ def _matches(batch: pa.RecordBatch, filters: dict[str, str | list[str]]) -> pa.A
 
 
 def count_partitions(
-    session: Any, table: str, ranges: int = DEFAULT_RANGES, page_size: int = DEFAULT_PAGE_SIZE, concurrency: int = 4
+    session: Any,
+    table: str,
+    ranges: int = DEFAULT_RANGES,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    concurrency: int = 4,
+    limits: ScanLimits | None = None,
 ) -> int:
     """Partitions of TABLE ('ks.table') by a token-range scan of ``SELECT DISTINCT`` its partition key. A plain
     ``SELECT id`` makes the node read every row whole (a CQL select fetches all regular columns to tell a row's
@@ -162,26 +179,98 @@ def count_partitions(
     reads only the partition keys. Each partition comes exactly once, as in scan_columns."""
     pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
     select = f"SELECT DISTINCT {pk} FROM {table}"
-    return sum(len(page) for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency))
+    pages = _range_pages(session, table, select, pk, ranges, page_size, concurrency, limits)
+    return sum(len(page) for page in pages)
 
 
 def _range_pages(
-    session: Any, table: str, select: str, pk: str, ranges: int, page_size: int, concurrency: int
+    session: Any,
+    table: str,
+    select: str,
+    pk: str,
+    ranges: int,
+    page_size: int,
+    concurrency: int,
+    limits: ScanLimits | None = None,
 ) -> Iterator[list[Any]]:
     """The pages of SELECT (a query of TABLE without its WHERE) over RANGES token sub-ranges of the partition key PK,
-    CONCURRENCY sub-ranges in flight, PAGE_SIZE rows a page."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
+    in token order, PAGE_SIZE rows a page. Page requests run on CONCURRENCY threads, at most LIMITS.per_node of them
+    in flight on any replica (scan_limits), each refused read retried from its paging state with a backoff; a page
+    that cannot be read raises ScanError with the replicas' state. Memory: two pages of each range being read."""
+    limits = limits or ScanLimits(in_flight=concurrency)
     stmt = session.prepare(f"{select} WHERE token({pk}) >= ? AND token({pk}) <= ?")
     stmt.fetch_size = page_size
     bounds = token_ranges(ranges)
-    for start in range(0, len(bounds), concurrency):
-        window = bounds[start : start + concurrency]
-        results = execute_concurrent_with_args(session, stmt, window, concurrency=concurrency)
-        for (ok, result), (low, high) in zip(results, window, strict=True):
-            if not ok:
-                raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {result}") from result
-            yield from _pages(result)
+    groups = range_replicas(session, table.partition(".")[0], bounds)
+    per_node = limits.per_node or node_per_node(session)
+    limiter = NodeLimiter(per_node, {n for g in groups for n in g})
+    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=2) for _ in bounds]
+    stop, claimed, lock = threading.Event(), iter(range(len(bounds))), threading.Lock()
+
+    def put(index: int, item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                queues[index].put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read(index: int) -> None:
+        low, high = bounds[index]
+        what, state = f"scan of {table} in token range [{low}, {high}]", None
+        while True:
+
+            def page(state: Any = state) -> Any:
+                return session.execute(stmt, (low, high), paging_state=state, timeout=limits.request_timeout_s)
+
+            try:
+                result = with_backoff(page, limiter, groups[index], limits, what, stop)
+            except refused_errors() as exc:
+                put(index, ScanError(f"{what} failed after {limits.attempts} tries: {type(exc).__name__}: {exc}; "
+                                     f"nodes: {describe_nodes(session, groups[index])}"))  # fmt: skip
+                return
+            if not put(index, result.current_rows) or not result.paging_state:
+                break
+            state = result.paging_state
+        put(index, _DONE)
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                index = next(claimed, None)
+            if index is None:
+                return
+            try:
+                read(index)
+            except BaseException as exc:  # any other error ends the scan with it
+                put(index, exc)
+                return
+
+    threads = [
+        threading.Thread(target=worker, name=f"scan-{i}", daemon=True)
+        for i in range(min(limits.in_flight, len(bounds)))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for index in range(len(bounds)):
+            while (item := queues[index].get()) is not _DONE:
+                if isinstance(item, ScanError):
+                    raise item
+                if isinstance(item, BaseException):
+                    low, high = bounds[index]
+                    raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {item}") from item
+                yield item
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        log.info("scan of %s: at most %s page requests in flight per node (bound %d), %d refused reads retried",
+                 table, max(limiter.peak.values(), default=0), per_node, limiter.refusals)  # fmt: skip
+
+
+_DONE = object()  # a range's last page has been queued
 
 
 def scan_columns(
@@ -193,6 +282,7 @@ def scan_columns(
     ranges: int = DEFAULT_RANGES,
     page_size: int = DEFAULT_PAGE_SIZE,
     concurrency: int = DEFAULT_CONCURRENCY,
+    limits: ScanLimits | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """COLUMNS of every row of TABLE ('ks.table') as Arrow record batches of at most PAGE_SIZE rows; only the
     rows whose ``dataset`` / ``version`` columns equal DATASET / VERSION when given (VERSION a sequence: any of
@@ -205,7 +295,7 @@ def scan_columns(
     schema = arrow_schema(session, table, selected)
     pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
     select = f"SELECT {', '.join(selected)} FROM {table}"
-    for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency):
+    for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency, limits):
         if not page:
             continue
         batch = _to_arrow(page, schema)

@@ -52,6 +52,7 @@ class WriteStats:
     written: int = 0
     bytes: int = 0
     retries: int = 0
+    loads: int = 0  # bulk: rounds streamed, each leaving one SSTable per table it holds rows of on each replica
     errors: list[str] = field(default_factory=list)
 
 
