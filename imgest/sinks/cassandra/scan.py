@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
-import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -32,16 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from imgest.core.errors import ImgestError
-from imgest.sinks.cassandra.scan_limits import (
-    NodeLimiter,
-    ScanLimits,
-    describe_nodes,
-    node_per_node,
-    range_replicas,
-    refused_errors,
-    with_backoff,
-)
+from imgest.sinks.cassandra.scan_limits import NodeLimiter, ScanError, ScanLimits, node_per_node, range_replicas
+from imgest.sinks.cassandra.scan_reads import RangeReads
 from imgest.sinks.cassandra.schema import identifier
 
 log = logging.getLogger(__name__)
@@ -70,10 +60,6 @@ ARROW_TYPES: dict[str, pa.DataType] = {
     "blob": pa.binary(),
     "timestamp": pa.timestamp("ms", tz="UTC"),
 }
-
-
-class ScanError(ImgestError):
-    """A table cannot be scanned by token range (unknown table or column, unsupported type or partitioner)."""
 
 
 def token_ranges(count: int) -> list[tuple[int, int]]:
@@ -203,74 +189,16 @@ def _range_pages(
     bounds = token_ranges(ranges)
     groups = range_replicas(session, table.partition(".")[0], bounds)
     per_node = limits.per_node or node_per_node(session)
-    limiter = NodeLimiter(per_node, {n for g in groups for n in g})
-    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=2) for _ in bounds]
-    stop, claimed, lock = threading.Event(), iter(range(len(bounds))), threading.Lock()
-
-    def put(index: int, item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                queues[index].put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def read(index: int) -> None:
-        low, high = bounds[index]
-        what, state = f"scan of {table} in token range [{low}, {high}]", None
-        while True:
-
-            def page(state: Any = state) -> Any:
-                return session.execute(stmt, (low, high), paging_state=state, timeout=limits.request_timeout_s)
-
-            try:
-                result = with_backoff(page, limiter, groups[index], limits, what, stop)
-            except refused_errors() as exc:
-                put(index, ScanError(f"{what} failed after {limits.attempts} tries: {type(exc).__name__}: {exc}; "
-                                     f"nodes: {describe_nodes(session, groups[index])}"))  # fmt: skip
-                return
-            if not put(index, result.current_rows) or not result.paging_state:
-                break
-            state = result.paging_state
-        put(index, _DONE)
-
-    def worker() -> None:
-        while not stop.is_set():
-            with lock:
-                index = next(claimed, None)
-            if index is None:
-                return
-            try:
-                read(index)
-            except BaseException as exc:  # any other error ends the scan with it
-                put(index, exc)
-                return
-
-    threads = [
-        threading.Thread(target=worker, name=f"scan-{i}", daemon=True)
-        for i in range(min(limits.in_flight, len(bounds)))
-    ]
-    for thread in threads:
-        thread.start()
-    try:
-        for index in range(len(bounds)):
-            while (item := queues[index].get()) is not _DONE:
-                if isinstance(item, ScanError):
-                    raise item
-                if isinstance(item, BaseException):
-                    low, high = bounds[index]
-                    raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {item}") from item
-                yield item
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
-        log.info("scan of %s: at most %s page requests in flight per node (bound %d), %d refused reads retried",
-                 table, max(limiter.peak.values(), default=0), per_node, limiter.refusals)  # fmt: skip
-
-
-_DONE = object()  # a range's last page has been queued
+    reads = RangeReads(
+        session, table, stmt, bounds, groups, limits, NodeLimiter(per_node, {n for g in groups for n in g})
+    )
+    for index, item in reads.pages():
+        if isinstance(item, ScanError):
+            raise item
+        if isinstance(item, BaseException):
+            low, high = bounds[index]
+            raise ScanError(f"scan of {table} failed in token range [{low}, {high}]: {item}") from item
+        yield item
 
 
 def scan_columns(

@@ -23,9 +23,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from imgest.core.errors import ImgestError
+
 log = logging.getLogger(__name__)
 
 MAX_PER_NODE = 4
+
+
+class ScanError(ImgestError):
+    """A table cannot be scanned by token range (unknown table or column, unsupported type or partitioner, a read
+    the nodes refused to the end)."""
 
 
 @dataclass(frozen=True)
