@@ -58,13 +58,18 @@ class Staged:
 
 
 def _filesystem(s3: S3Settings) -> Any:
+    """Arrow's S3 filesystem signing as S3 does: the settings' keys with their session token (temporary keys
+    renewed from this host's chain as they near expiry, as every boto3 client of imgest), else the SDK's chain."""
     import pyarrow.fs as pafs
 
     endpoint = s3.endpoint_url or ""
     scheme, _, host = endpoint.partition("://") if "://" in endpoint else ("https", "", endpoint)
+    credentials = s3.credentials() if s3.access_key and s3.secret_key else None
+    frozen = credentials.get_frozen_credentials() if credentials is not None else None
     return pafs.S3FileSystem(
-        access_key=s3.access_key,
-        secret_key=s3.secret_key,
+        access_key=frozen.access_key if frozen else None,
+        secret_key=frozen.secret_key if frozen else None,
+        session_token=(frozen.token or None) if frozen else None,
         region=s3.region,
         endpoint_override=host or None,
         scheme=scheme,
@@ -83,7 +88,8 @@ class Stager:
             bucket, _, prefix = state_url.removeprefix("s3://").partition("/")
             run = f"{dataset or 'dataset'}/{secrets.token_hex(6)}"
             self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/staging/{run}/".lstrip("/")
-            self.s3 = s3 or S3Settings.from_env()
+            # keys in them (a driver on a profile, SSO or a role resolves its chain once): executors have no chain
+            self.s3 = (s3 or S3Settings.from_env()).frozen()
 
     @classmethod
     def from_env(cls, dataset: str) -> Stager:

@@ -170,12 +170,15 @@ def dali_s3_env(settings: S3Settings) -> Iterator[None]:
         "AWS_ENDPOINT_URL": settings.endpoint_url or "",
         "AWS_ACCESS_KEY_ID": settings.access_key or "",
         "AWS_SECRET_ACCESS_KEY": settings.secret_key or "",
+        "AWS_SESSION_TOKEN": (settings.session_token or "") if settings.access_key else "",
         "AWS_REGION": settings.region,
         "AWS_DEFAULT_REGION": settings.region,
         "AWS_S3_ADDRESSING_STYLE": "path",
     }
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update({k: v for k, v in keys.items() if v})
+    for name in (k for k, v in keys.items() if not v):  # nothing of another identity pairs with these keys
+        os.environ.pop(name, None)
     try:
         yield
     finally:
