@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs imgest from the lock file (reproducible: every package pinned).
 #   scripts/install.sh          runtime lock (Airflow, Spark, Cassandra driver, boto3, DALI, SeaweedFS, ...)
-#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, Playwright, toxiproxy-server)
+#   scripts/install.sh --dev    the same plus the test tools (pytest, hypothesis, ruff, Playwright, toxiproxy-server,
+#                               moto's server for the strict AWS)
 #                               and the imgest[torch] extra (requirements/torch.txt) for the PyTorch dataset tests
 #                               and LitData on that torch (requirements/bench.txt) for the benchmark-peer test
 #                               and Debian's chromium for the browser tests (installed with apt-get when run as root)
@@ -88,7 +89,7 @@ done
 mode=runtime
 [ "${1:-}" = "--dev" ] && mode=dev
 stamp=".venv/.imgest-install-$mode"
-inputs=$(cat "$lock" requirements/torch.txt requirements/bench.txt pyproject.toml setup.py imgest/transform/fastjpeg/* scripts/*.sh \
+inputs=$(cat "$lock" requirements/torch.txt requirements/bench.txt requirements/aws.lock pyproject.toml setup.py imgest/transform/fastjpeg/* scripts/*.sh \
   | sha256sum | cut -c1-16)
 if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] && .venv/bin/python -c 'import imgest' 2>/dev/null; then
   echo "imgest install: .venv up to date with $lock (inputs $inputs)"
@@ -149,6 +150,8 @@ complete=1
 bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2; }
 # The test tools' own programs: the TCP latency proxy for the read-back checks.
 [ "${1:-}" = "--dev" ] && bash scripts/build_toxiproxy.sh
+# The strict AWS server of the tests (moto: S3, IAM, STS with IAM authentication on), in its own environment.
+[ "${1:-}" = "--dev" ] && bash scripts/build_strict_aws.sh
 # Spark's driver classes as a class-data-sharing archive: every job's JVM then starts with a third of the CPU.
 .venv/bin/python -m imgest.spark.cds || { complete=0; echo "imgest install: continuing without the Spark class-data archive" >&2; }
 # The Cassandra bulk-load helper (Maven resolves cassandra-all once, javac compiles one class): optional, `auto`

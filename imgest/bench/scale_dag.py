@@ -39,6 +39,15 @@ def dag_conf(target: str, label: str, source: Path, bucket: str) -> dict[str, An
     return conf
 
 
+def job_summary(conf: dict[str, Any]) -> dict[str, Any]:
+    """The ingest job's JSON summary of a run of CONF (its work folder), {} if it wrote none."""
+    from imgest.core import workdir
+
+    name = workdir.CASSANDRA_SUMMARY if conf["target"] == "cassandra" else workdir.SHARDS_SUMMARY
+    path = workdir.dataset_workdir(conf["dataset"]) / name
+    return dict(json.loads(path.read_text())) if path.is_file() else {}
+
+
 def oom_lines(log_file: Path, offset: int) -> list[str]:
     """Lines of the node's system.log after byte OFFSET that report an OutOfMemoryError."""
     if not log_file.is_file():
@@ -54,7 +63,7 @@ def run_one(target: str, label: str, source: Path, images: int) -> dict[str, Any
     from imgest.bench.scale_run import reset_dataset
     from imgest.core.settings import S3Settings
     from imgest.services import AirflowServer, CassandraServer, S3Server
-    from imgest.services.demo import run_dag, task_durations, task_results
+    from imgest.services.demo import run_dag, task_durations
 
     cassandra, s3, airflow = CassandraServer.default(), S3Server.default(), AirflowServer.default()
     conf = dag_conf(target, label, source, S3Settings.from_env().bucket)
@@ -69,8 +78,7 @@ def run_one(target: str, label: str, source: Path, images: int) -> dict[str, Any
     with NodeMemory(f"127.0.0.1:{cassandra.jmx_port}", tables, interval_ms=500) as node:
         ok, seconds, tail = run_dag(airflow, conf)
     tasks = [{"task": t, "state": s, "seconds": secs} for t, s, secs in task_durations(airflow, "ingest_imagenet")]
-    results = task_results(airflow, "ingest_imagenet", ("ingest_cassandra", "ingest_shards", "read_throughput"))
-    ingest = results.get("ingest_cassandra") or results.get("ingest_shards") or {}
+    ingest = job_summary(conf)
     read_s = next((t["seconds"] for t in tasks if t["task"] == "read_throughput"), None)
     row = {
         "target": target,
@@ -82,7 +90,9 @@ def run_one(target: str, label: str, source: Path, images: int) -> dict[str, Any
         "load_avg_at_start": load,
         "tasks": tasks,
         "failed_tasks": [t["task"] for t in tasks if t["state"] not in ("success", "skipped", None)],
-        "write_path": ingest.get("write_path"),
+        "write_path": (ingest.get("write_path") or {}).get("path"),
+        "bulk_loads": ingest.get("bulk_loads"),
+        "stored": ingest.get("stored", ingest.get("samples")),
         "node": node.summary(),
         "node_answers_after": cassandra.answers(),
         "node_oom_lines": oom_lines(system_log, offset),
@@ -152,12 +162,18 @@ def plot(path: Path, runs: list[dict[str, Any]]) -> None:
     xs = range(len(runs))
     right.bar([x - 0.2 for x in xs], [r["node"]["peak_heap_mib"] for r in runs], width=0.4, label="peak heap")
     right.bar([x + 0.2 for x in xs], [r["node"]["peak_direct_mib"] for r in runs], width=0.4, label="peak direct")
-    right.plot(xs, [r["node"]["heap_max_mib"] for r in runs], "r_", markersize=30, label="limit (each)")
+    limits = [r["node"]["heap_max_mib"] for r in runs]
+    right.hlines(limits, [x - 0.4 for x in xs], [x + 0.4 for x in xs], colors="r", linestyles=":", label="limit (each)")
     right.set_xticks(list(xs), labels)
     right.set_ylabel("MiB")
     right.set_title("the Cassandra node's memory over the run")
     right.legend(fontsize=7)
     save_figure(fig, path)
+
+
+def replot(json_path: Path, plot_path: Path) -> None:
+    """The plot again from a report's JSON."""
+    plot(plot_path, json.loads(json_path.read_text())["runs"])
 
 
 def main(json_path: Path, plot_path: Path | None, fractions: list[float], targets: list[str]) -> dict[str, Any]:

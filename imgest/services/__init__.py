@@ -18,6 +18,7 @@ ALL_SERVICE_NAMES = (
     "airflow",
     "airflow-celery",
     "latency-proxy",
+    "aws",
     "spark",
     "hosts",
 )  # what `down` stops
@@ -41,6 +42,12 @@ def _airflow_celery() -> Service:
     return CeleryAirflow.default()
 
 
+def _strict_aws() -> Service:
+    from imgest.services.strict_aws import StrictAws
+
+    return StrictAws.default()
+
+
 def _spark() -> Service:
     from imgest.services.spark_cluster import SparkCluster
 
@@ -55,7 +62,7 @@ def _hosts() -> Service:
 
 def get_service(name: str) -> Service:
     """The embedded service called NAME (cassandra, cassandra-auth, cassandra-tls, cassandra-ring, s3, airflow,
-    airflow-celery, latency-proxy, spark, hosts)."""
+    airflow-celery, latency-proxy, aws, spark, hosts)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
@@ -65,6 +72,7 @@ def get_service(name: str) -> Service:
         "airflow": AirflowServer.default,
         "airflow-celery": _airflow_celery,
         "latency-proxy": _latency_proxy,
+        "aws": _strict_aws,
         "spark": _spark,
         "hosts": _hosts,
     }

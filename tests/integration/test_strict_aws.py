@@ -1,0 +1,93 @@
+"""Against an S3 that refuses what AWS refuses (moto's server with IAM authentication on, `imgest services up aws`):
+the server itself refuses keys without their session token, buckets outside a role's policy and a CreateBucket
+without its region's LocationConstraint; and a team's first run with only a role's temporary keys, the run state in
+the role's bucket, stores and publishes its shards (it failed on the staged shard plan: Arrow's S3 filesystem got
+key and secret but never the session token)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+
+from imgest.core.settings import S3Settings
+from imgest.services.strict_aws import StrictAws
+from imgest.sources.devdata.sample import SampleSpec, write_sample
+from tests.conftest import serve
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[StrictAws]:
+    yield from serve("aws")  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def role_keys(aws: StrictAws) -> tuple[str, S3Settings]:
+    """A bucket of the server's region and the temporary keys of a role whose policy names that bucket alone."""
+    bucket = f"data-{secrets.token_hex(3)}"
+    aws.client("s3").create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": aws.region})
+    arn = aws.role(f"ingest-{bucket}", [bucket])
+    return bucket, aws.assume(arn)
+
+
+def _code(exc: pytest.ExceptionInfo[ClientError]) -> str:
+    return str(exc.value.response["Error"]["Code"])
+
+
+def test_the_server_refuses_what_aws_refuses(aws: StrictAws, role_keys: tuple[str, S3Settings]) -> None:
+    bucket, keys = role_keys
+    s3 = aws.client("s3", keys)
+    s3.put_object(Bucket=bucket, Key="probe", Body=b"x")  # the role's own bucket, with its token
+    assert s3.get_object(Bucket=bucket, Key="probe")["Body"].read() == b"x"
+    without_token = S3Settings(endpoint_url=aws.endpoint, access_key=keys.access_key, secret_key=keys.secret_key)
+    with pytest.raises(ClientError) as refused:
+        aws.client("s3", without_token).get_object(Bucket=bucket, Key="probe")
+    assert _code(refused) == "InvalidAccessKeyId"  # as AWS answers temporary keys sent without their token
+    wrong = S3Settings(**{**without_token.__dict__, "session_token": "not-the-token"})
+    with pytest.raises(ClientError) as refused:
+        aws.client("s3", wrong).get_object(Bucket=bucket, Key="probe")
+    assert _code(refused) == "InvalidToken"
+    other = f"other-{secrets.token_hex(3)}"
+    aws.client("s3").create_bucket(Bucket=other, CreateBucketConfiguration={"LocationConstraint": aws.region})
+    with pytest.raises(ClientError) as outside:
+        s3.put_object(Bucket=other, Key="k", Body=b"x")
+    assert _code(outside) == "AccessDenied"
+    with pytest.raises(ClientError) as no_region:
+        aws.client("s3").create_bucket(Bucket=f"noregion-{secrets.token_hex(3)}")
+    assert _code(no_region) == "IllegalLocationConstraintException"
+
+
+def test_a_first_ingest_with_only_a_roles_temporary_keys_publishes(
+    aws: StrictAws, role_keys: tuple[str, S3Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's run: `imgest ingest shards` from a local sample, the state in the role's bucket
+    (IMGEST_STATE_URL, as on hosts that share nothing), keys exported as the docs say: it stores, verifies and
+    publishes, and the shard plan went through the bucket."""
+    from imgest.cli import main
+
+    bucket, keys = role_keys
+    write_sample(tmp_path / "tree", SampleSpec("imagefolder", classes=3, per_class=4, val_per_class=1, seed=7))
+    for name in ("IMGEST_S3_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("IMGEST_S3_ENDPOINT", aws.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(keys.access_key))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(keys.secret_key))
+    monkeypatch.setenv("AWS_SESSION_TOKEN", str(keys.session_token))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", aws.region)
+    monkeypatch.setenv("IMGEST_S3_BUCKET", bucket)
+    monkeypatch.setenv("IMGEST_STATE_URL", f"s3://{bucket}/_state")
+    dest = f"s3://{bucket}/ds"
+    work = ["--work-dir", str(tmp_path / "work")]
+    assert main(["ingest", "shards", str(tmp_path / "tree"), "--dest", dest, *work, "--max-count", "5"]) == 0
+    s3 = aws.client("s3", keys)
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key="ds/manifest.json")["Body"].read())
+    assert sum(s["samples"] for s in manifest["shards"]) == 15
+    assert main(["verify", "shards", dest]) == 0
+    staged = s3.list_objects_v2(Bucket=bucket, Prefix="_state/staging/").get("KeyCount", 0)
+    assert staged == 0  # the staged plan was read by the executors and removed at the job's end
