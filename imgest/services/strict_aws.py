@@ -46,10 +46,10 @@ def trust_policy() -> dict[str, Any]:
     }
 
 
-def bucket_policy(buckets: list[str]) -> dict[str, Any]:
-    """An identity policy allowing every S3 action on BUCKETS and their objects, nothing else."""
+def bucket_policy(buckets: list[str], actions: str | list[str] = "s3:*") -> dict[str, Any]:
+    """An identity policy allowing ACTIONS (every S3 action by default) on BUCKETS and their objects, nothing else."""
     resources = [f"arn:aws:s3:::{b}" for b in buckets] + [f"arn:aws:s3:::{b}/*" for b in buckets]
-    return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": resources}]}
+    return {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resources}]}
 
 
 def moto_binary() -> Path:
@@ -103,8 +103,8 @@ class StrictAws:
             aws_session_token=settings.session_token,
         )
 
-    def role(self, name: str, buckets: list[str]) -> str:
-        """A role (made or replaced) whose only policy allows S3 on BUCKETS; returns its ARN."""
+    def role(self, name: str, buckets: list[str], actions: str | list[str] = "s3:*") -> str:
+        """A role (made or replaced) whose only policy allows ACTIONS on BUCKETS; returns its ARN."""
         iam = self.client("iam")
         try:
             iam.delete_role_policy(RoleName=name, PolicyName="buckets")
@@ -112,7 +112,8 @@ class StrictAws:
         except iam.exceptions.NoSuchEntityException:
             pass
         arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust_policy()))["Role"]["Arn"]
-        iam.put_role_policy(RoleName=name, PolicyName="buckets", PolicyDocument=json.dumps(bucket_policy(buckets)))
+        policy = json.dumps(bucket_policy(buckets, actions))
+        iam.put_role_policy(RoleName=name, PolicyName="buckets", PolicyDocument=policy)
         return str(arn)
 
     def assume(self, role_arn: str, seconds: int = 3600, session: str = "imgest") -> S3Settings:

@@ -91,3 +91,52 @@ def test_a_first_ingest_with_only_a_roles_temporary_keys_publishes(
     assert main(["verify", "shards", dest]) == 0
     staged = s3.list_objects_v2(Bucket=bucket, Prefix="_state/staging/").get("KeyCount", 0)
     assert staged == 0  # the staged plan was read by the executors and removed at the job's end
+
+
+def test_a_bucket_is_made_in_the_regions_location(aws: StrictAws) -> None:
+    """S3 refuses a CreateBucket outside us-east-1 without its LocationConstraint: the prepare step makes the bucket
+    in the connection's region."""
+    from imgest.sinks.shards.s3_client import ensure_bucket
+
+    bucket = f"made-{secrets.token_hex(3)}"
+    assert ensure_bucket(aws.admin(), bucket) is True
+    assert aws.client("s3").get_bucket_location(Bucket=bucket)["LocationConstraint"] == aws.region
+    assert ensure_bucket(aws.admin(), bucket) is False  # there already: nothing made
+
+
+def test_a_bucket_outside_the_roles_policy_is_named_and_nothing_is_made(
+    aws: StrictAws, role_keys: tuple[str, S3Settings]
+) -> None:
+    from imgest.sinks.shards.s3_client import S3AuthError, ensure_bucket
+
+    _, keys = role_keys
+    bucket = f"outside-{secrets.token_hex(3)}"
+    with pytest.raises(S3AuthError) as refused:
+        ensure_bucket(keys, bucket)
+    text = str(refused.value)
+    assert f"bucket {bucket!r}" in text
+    assert "(403)" in text or "(AccessDenied)" in text  # HeadBucket answers a bare 403, as on AWS
+    assert "policies" in text
+    assert str(keys.secret_key) not in text
+    assert str(keys.session_token) not in text
+    with pytest.raises(ClientError) as missing:
+        aws.client("s3").head_bucket(Bucket=bucket)
+    assert _code(missing) == "404"
+
+
+def test_a_create_bucket_the_role_may_not_make_names_bucket_and_region(aws: StrictAws) -> None:
+    """A role that may look at a bucket but not create it: HeadBucket says it is missing, CreateBucket is refused;
+    the error says which bucket, where, and what to do."""
+    from imgest.sinks.shards.s3_client import S3AuthError, ensure_bucket
+
+    bucket = f"nocreate-{secrets.token_hex(3)}"
+    # AWS's HeadBucket needs s3:ListBucket; moto asks for an action of its own, s3:HeadBucket
+    keys = aws.assume(aws.role(f"look-{bucket}", [bucket], ["s3:ListBucket", "s3:HeadBucket"]))
+    with pytest.raises(S3AuthError) as refused:
+        ensure_bucket(keys, bucket)
+    text = str(refused.value)
+    assert f"bucket {bucket!r} does not exist and these credentials may not create it (AccessDenied)" in text
+    assert f"create it in {aws.region} beforehand" in text
+    with pytest.raises(ClientError) as missing:
+        aws.client("s3").head_bucket(Bucket=bucket)
+    assert _code(missing) == "404"

@@ -32,6 +32,12 @@ def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> 
             "AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE) or a role; a store other than AWS also needs "
             'IMGEST_S3_ENDPOINT (the embedded one: eval "$(imgest services env)")'
         )
+    if code in ("AccessDenied", "403"):
+        return S3AuthError(
+            f"{where} refused the credentials ({code}): a wrong key pair, or policies (the identity's or the "
+            "bucket's) that do not allow this bucket; check the keys in the Airflow connection aws_default or "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, and that the role may use this bucket"
+        )
     if code in AUTH_ERROR_CODES:
         return S3AuthError(
             f"{where} refused the credentials ({code}); check the key pair in the Airflow "
@@ -53,8 +59,18 @@ def check_access(settings: S3Settings, bucket: str | None = None) -> None:
         raise describe_client_error(settings, bucket, exc) from None
 
 
+def create_bucket_args(settings: S3Settings, bucket: str) -> dict[str, Any]:
+    """CreateBucket's arguments for BUCKET in the settings' region: outside us-east-1 S3 refuses a bucket without
+    its LocationConstraint (IllegalLocationConstraintException)."""
+    args: dict[str, Any] = {"Bucket": bucket}
+    if settings.region and settings.region != "us-east-1":
+        args["CreateBucketConfiguration"] = {"LocationConstraint": settings.region}
+    return args
+
+
 def ensure_bucket(settings: S3Settings, bucket: str) -> bool:
-    """Create BUCKET if it does not exist; True if it was created. Refused credentials raise S3AccessError."""
+    """Create BUCKET (in the settings' region) if it does not exist; True if it was created. Refused credentials
+    raise S3AccessError; so does a CreateBucket the identity may not make, naming the bucket and the region."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = settings.client()
@@ -67,7 +83,15 @@ def ensure_bucket(settings: S3Settings, bucket: str) -> bool:
     except BotoCoreError as exc:
         raise describe_client_error(settings, bucket, exc) from None
     try:
-        client.create_bucket(Bucket=bucket)
-    except (ClientError, BotoCoreError) as exc:
+        client.create_bucket(**create_bucket_args(settings, bucket))
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) in ("AccessDenied", "403"):
+            raise S3AuthError(
+                f"S3 at {settings.endpoint_url or 'AWS'}: bucket {bucket!r} does not exist and these credentials may "
+                f"not create it (AccessDenied); create it in {settings.region} beforehand, or allow the identity "
+                "s3:CreateBucket on it"
+            ) from None
+        raise describe_client_error(settings, bucket, exc) from None
+    except BotoCoreError as exc:
         raise describe_client_error(settings, bucket, exc) from None
     return True
