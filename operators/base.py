@@ -27,10 +27,13 @@ class RequestOperator(BaseOperator):
         self.cassandra_conn_id, self.aws_conn_id = cassandra_conn_id, aws_conn_id
 
     def resolved(self) -> tuple[dict[str, Any], Any, Any]:
-        """(request dict, Cassandra settings, S3 settings of the shard destination or None), from the hooks."""
+        """(request dict, Cassandra settings or None, S3 settings of the shard destination or None), from the
+        hooks. Each target reads its own store's connection only: a shards-only or files-only deployment needs no
+        Cassandra connection, a Cassandra-only or files-only one no AWS connection (beyond an S3 source's)."""
         from imgest.flow.request import IngestRequest
         from imgest.operators.hooks import ImgestCassandraHook, store_settings
 
         request = IngestRequest.from_conf(dict(self.request))
-        cassandra = ImgestCassandraHook(self.cassandra_conn_id).settings()
-        return request.as_dict(), cassandra, store_settings(request.shard_dest, self.aws_conn_id)
+        cassandra = ImgestCassandraHook(self.cassandra_conn_id).settings() if request.target == "cassandra" else None
+        s3 = store_settings(request.shard_dest, self.aws_conn_id) if request.target == "shards" else None
+        return request.as_dict(), cassandra, s3

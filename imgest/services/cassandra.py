@@ -278,8 +278,8 @@ class CassandraServer:
             self.name,
             True,
             waited,
-            f"{self.name} {cassandra_version()} answers CQL on "
-            f"{self.address} after {waited:.1f}s{note}; logs: {self.home / 'logs'}",
+            f"{self.name} {cassandra_version()} answers CQL on {self.address} after {waited:.1f}s{note} "
+            f"({self.heap >> 20} MiB heap, as much direct memory); logs: {self.home / 'logs'}",
         )
 
     def down(self) -> bool:

@@ -39,3 +39,45 @@ def test_a_cassandra_connection_without_a_host_is_an_error_naming_it(airflow_hom
     error = got["imgest_nohost"]["error"]
     assert "'imgest_nohost' has no host" in error
     assert "AIRFLOW_CONN_IMGEST_NOHOST" in error
+
+
+RESOLVE = """
+import json, sys
+from imgest.flow.steps import validate_conf
+from imgest.operators.base import RequestOperator
+out = {}
+for target, cassandra_conn in (("shards", "imgest_absent"), ("files", "imgest_absent"), ("cassandra", "imgest_absent"),
+                               ("cassandra-only", "imgest_cass_only")):
+    conf = {"sample": True, "target": target.split("-")[0], "dataset": "one", "s3_dest": "s3://only-bucket/one",
+            "files_dest": "/tmp/one", "keyspace": "one"}
+    op = RequestOperator(task_id=f"t_{target.replace('-', '_')}", request=validate_conf(conf), out_dir="/tmp",
+                         cassandra_conn_id=cassandra_conn,
+                         aws_conn_id="imgest_aws_absent" if target == "cassandra-only" else "imgest_s3_only")
+    try:
+        request, cassandra, s3 = op.resolved()
+        out[target] = {"cassandra": cassandra is not None, "s3_bucket": s3.bucket if s3 else None}
+    except Exception as exc:
+        out[target] = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(out))
+"""
+
+
+def test_a_deployment_with_one_target_needs_no_connection_of_the_other(airflow_home: AirflowServer) -> None:
+    """A shards-only (or files-only) deployment has no Cassandra connection at all, a Cassandra-only one no AWS
+    connection: the tasks that take the request read each store's connection only for its own target; there, its
+    absence is an error naming it."""
+    env = {
+        **airflow_home.env(),
+        "AIRFLOW_CONN_IMGEST_S3_ONLY": json.dumps(
+            {"conn_type": "aws", "login": "k", "password": "s", "extra": {"endpoint_url": "http://127.0.0.1:1"}}
+        ),
+        "AIRFLOW_CONN_IMGEST_CASS_ONLY": json.dumps({"conn_type": "cassandra", "host": "10.9.0.1", "port": 9042}),
+    }
+    env.pop("AIRFLOW_CONN_IMGEST_ABSENT", None)
+    run = subprocess.run([sys.executable, "-c", RESOLVE], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["shards"] == {"cassandra": False, "s3_bucket": "only-bucket"}
+    assert got["files"] == {"cassandra": False, "s3_bucket": None}
+    assert "imgest_absent" in got["cassandra"]["error"]
+    assert got["cassandra-only"] == {"cassandra": True, "s3_bucket": None}
