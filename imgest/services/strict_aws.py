@@ -7,7 +7,8 @@ request must be signed by an IAM user's key or by a role's temporary keys with t
 the identity's policies.
 
 ``up`` starts it (``moto_server`` from its own virtual environment, ``$IMGEST_HOME/aws/venv``, built by
-``scripts/build_strict_aws.sh`` in the test install: moto's Flask stack stays out of Airflow's environment), creates
+``scripts/build_strict_aws.sh`` in the test install: moto's Flask stack stays out of Airflow's environment; one
+correction, ``strict_aws_server``: AssumeRoleWithWebIdentity is unsigned, as on AWS), creates
 an administrator (IAM user ``imgest-admin``, keys kept in ``admin.json``, mode 0600) while authentication is still
 off, then turns it on. ``role`` makes a role whose policy names some buckets alone; ``assume`` gives its temporary
 keys, as IRSA or an instance role give a pod or a host. moto keeps its state in memory: a restart starts empty.
@@ -177,7 +178,15 @@ class StrictAws:
             require_free_port(self.name, self.host, self.port, "IMGEST_AWS_PORT")
             (self.home / "logs").mkdir(parents=True, exist_ok=True)
             (self.home / "admin.json").unlink(missing_ok=True)
-            cmd = [str(moto_binary()), "-H", self.host, "-p", str(self.port)]
+            python = moto_binary().parent / "python"  # moto's server with the STS correction (strict_aws_server)
+            cmd = [
+                str(python),
+                str(Path(__file__).with_name("strict_aws_server.py")),
+                "-H",
+                self.host,
+                "-p",
+                str(self.port),
+            ]
             self.process.start(cmd, cwd=self.home)
         waited = self.process.wait_ready(lambda: port_open(self.host, self.port), timeout, f"moto on {self.endpoint}")
         if not self.answers():

@@ -63,30 +63,45 @@ def test_the_server_refuses_what_aws_refuses(aws: StrictAws, role_keys: tuple[st
     assert _code(no_region) == "IllegalLocationConstraintException"
 
 
+@pytest.mark.parametrize("how", ["exported keys", "web identity"])
 def test_a_first_ingest_with_only_a_roles_temporary_keys_publishes(
-    aws: StrictAws, role_keys: tuple[str, S3Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    how: str,
+    aws: StrictAws,
+    role_keys: tuple[str, S3Settings],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The issue's run: `imgest ingest shards` from a local sample, the state in the role's bucket
-    (IMGEST_STATE_URL, as on hosts that share nothing), keys exported as the docs say: it stores, verifies and
-    publishes, and the shard plan went through the bucket."""
+    (IMGEST_STATE_URL, as on hosts that share nothing), with the role's temporary keys exported as the docs say, or
+    as IRSA gives a pod (AWS_ROLE_ARN and a web identity token file; botocore's chain exchanges it at STS): it
+    stores, verifies and publishes, and the shard plan went through the bucket."""
     from imgest.cli import main
 
     bucket, keys = role_keys
     write_sample(tmp_path / "tree", SampleSpec("imagefolder", classes=3, per_class=4, val_per_class=1, seed=7))
     for name in ("IMGEST_S3_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("IMGEST_S3_ENDPOINT", aws.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(keys.access_key))
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(keys.secret_key))
-    monkeypatch.setenv("AWS_SESSION_TOKEN", str(keys.session_token))
+    if how == "exported keys":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(keys.access_key))
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(keys.secret_key))
+        monkeypatch.setenv("AWS_SESSION_TOKEN", str(keys.session_token))
+    else:
+        (tmp_path / "token").write_text("eyJhbGciOiJub25lIn0.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6aW5nZXN0In0.")
+        monkeypatch.setenv("AWS_ROLE_ARN", aws.role(f"pod-{bucket}", [bucket]))
+        monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(tmp_path / "token"))
+        monkeypatch.setenv("AWS_ROLE_SESSION_NAME", "pod")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", aws.endpoint)
     monkeypatch.setenv("AWS_DEFAULT_REGION", aws.region)
     monkeypatch.setenv("IMGEST_S3_BUCKET", bucket)
     monkeypatch.setenv("IMGEST_STATE_URL", f"s3://{bucket}/_state")
-    dest = f"s3://{bucket}/ds"
+    dest = f"s3://{bucket}/ds-{how.split()[0]}"
     work = ["--work-dir", str(tmp_path / "work")]
     assert main(["ingest", "shards", str(tmp_path / "tree"), "--dest", dest, *work, "--max-count", "5"]) == 0
     s3 = aws.client("s3", keys)
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key="ds/manifest.json")["Body"].read())
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"ds-{how.split()[0]}/manifest.json")["Body"].read())
     assert sum(s["samples"] for s in manifest["shards"]) == 15
     assert main(["verify", "shards", dest]) == 0
     staged = s3.list_objects_v2(Bucket=bucket, Prefix="_state/staging/").get("KeyCount", 0)
