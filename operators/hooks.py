@@ -105,7 +105,8 @@ class ImgestS3Hook(S3Hook):
 
         from imgest.core.credentials import expiry_of
 
-        return replace(settings, expires_at=expiry_of(creds))  # None for keys that do not expire
+        role = self.conn_config.role_arn or None  # renewal assumes it again
+        return replace(settings, expires_at=expiry_of(creds), role_arn=role)  # expiry None: keys that do not expire
 
     def spark_env(self) -> dict[str, str]:
         """What a Spark job needs to reach this S3 endpoint, as environment variables (never argv)."""

@@ -41,21 +41,63 @@ def expiry_of(credentials: Any) -> float | None:
     return when.timestamp() if isinstance(when, datetime) else None
 
 
+def _own_chain(shipped_key: str | None) -> Any:
+    """This host's own credentials, never the shipped ones: botocore's chain without its environment provider when
+    the environment holds the shipped keys (spark-submit's environment carries them to the driver), None if empty."""
+    import os
+
+    from botocore.session import get_session
+
+    session = get_session()
+    if shipped_key and os.environ.get("AWS_ACCESS_KEY_ID") == shipped_key:
+        session.get_component("credential_provider").remove("env")
+    return session.get_credentials()
+
+
+def _assume(role_arn: str, base: Any, settings: S3Settings) -> Any:
+    """ROLE_ARN's new temporary keys, asked of STS with BASE (this host's own credentials)."""
+    import botocore.session
+    from botocore.credentials import Credentials
+
+    frozen = base.get_frozen_credentials()
+    sts = botocore.session.get_session().create_client(
+        "sts",
+        region_name=settings.region,
+        aws_access_key_id=frozen.access_key,
+        aws_secret_access_key=frozen.secret_key,
+        aws_session_token=frozen.token,
+    )
+    c = sts.assume_role(RoleArn=role_arn, RoleSessionName="imgest-renewal")["Credentials"]
+    creds = Credentials(c["AccessKeyId"], c["SecretAccessKey"], c["SessionToken"], method="assume-role")
+    creds._expiry_time = c["Expiration"]  # type: ignore[attr-defined]  # read back by expiry_of
+    return creds
+
+
 def _renewer(settings: S3Settings):  # -> Callable[[], dict[str, str]]
-    """botocore's refresh callback for shipped temporary keys: this host's own chain, else a clear error."""
+    """botocore's refresh callback for shipped temporary keys: the connection's role assumed again with this host's
+    own credentials (``role_arn``), else this host's own chain (its role, web identity, profile), never the shipped
+    keys themselves; a clear error when neither gives new keys."""
 
     def renew() -> dict[str, str]:
-        own = _chain()
-        if own is None:
-            expired = datetime.fromtimestamp(settings.expires_at or 0, UTC).isoformat(timespec="seconds")
+        expired = datetime.fromtimestamp(settings.expires_at or 0, UTC).isoformat(timespec="seconds")
+        own = _own_chain(settings.access_key)
+        try:
+            if settings.role_arn and own is not None:
+                own = _assume(settings.role_arn, own, settings)
+        except Exception as exc:  # a role removed, or this host may no longer assume it
+            raise ConfigError(
+                f"the temporary S3 credentials shipped with this job expire at {expired} and role "
+                f"{settings.role_arn} could not be assumed again to renew them: {exc}"
+            ) from exc
+        frozen = own.get_frozen_credentials() if own is not None else None
+        if frozen is None or frozen.access_key == settings.access_key:
             raise ConfigError(
                 f"the temporary S3 credentials shipped with this job expire at {expired} and this host has none of "
                 "its own to renew them: give it a role (instance profile, IRSA / web identity, container "
-                "credentials) or use credentials that outlive the job"
+                "credentials), set the connection's role_arn, or use credentials that outlive the job"
             )
-        frozen = own.get_frozen_credentials()
         until = expiry_of(own) or time.time() + 3600.0
-        log.info("S3 credentials renewed from this host's chain (%s), valid until %s", own.method, until)
+        log.info("S3 credentials renewed (%s), valid until %s", own.method, until)
         return {
             "access_key": frozen.access_key,
             "secret_key": frozen.secret_key,
@@ -137,6 +179,8 @@ def env_of(settings: S3Settings, prefix: str = "") -> dict[str, str]:
     if not (settings.access_key and settings.secret_key):
         return {}
     env = {f"{prefix}AWS_ACCESS_KEY_ID": settings.access_key, f"{prefix}AWS_SECRET_ACCESS_KEY": settings.secret_key}
+    if settings.role_arn and not prefix:
+        env["IMGEST_S3_ROLE_ARN"] = settings.role_arn
     if settings.session_token:
         env[f"{prefix}AWS_SESSION_TOKEN"] = settings.session_token
         if settings.expires_at is not None:

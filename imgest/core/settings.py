@@ -24,6 +24,7 @@ from imgest.core import defaults
 EMBEDDED_HOST = "127.0.0.1"  # where `imgest services up` binds the embedded servers (services code only)
 HOSTS_ENV = "IMGEST_CASSANDRA_HOSTS"
 CREDENTIALS_FILE_ENV = "IMGEST_S3_CREDENTIALS_FILE"  # the embedded S3 server's keys (`imgest services env`)
+ROLE_ENV = "IMGEST_S3_ROLE_ARN"  # the role shipped temporary keys came from (renewal assumes it again)
 EXPIRY_ENV = "IMGEST_S3_CREDENTIALS_EXPIRY"  # epoch seconds when AWS_SESSION_TOKEN's credentials expire
 
 
@@ -151,6 +152,9 @@ class S3Settings:
     session_token: str | None = field(default=None, repr=False)
     # When temporary keys expire (epoch seconds); a process renews them from its own chain before that.
     expires_at: float | None = None
+    # The role the keys were assumed from (the connection's role_arn): renewal assumes it again with the host's own
+    # credentials, instead of taking whatever the host's chain holds.
+    role_arn: str | None = None
 
     @classmethod
     def from_env(cls) -> S3Settings:
@@ -163,6 +167,7 @@ class S3Settings:
             key, secret, token = (*credentials_file(env(CREDENTIALS_FILE_ENV) or ""), None)
         expiry = env(EXPIRY_ENV)
         return cls(
+            role_arn=env(ROLE_ENV) or None,
             endpoint_url=env_endpoint(),
             access_key=key or None,
             secret_key=secret or None,

@@ -155,3 +155,91 @@ def test_a_create_bucket_the_role_may_not_make_names_bucket_and_region(aws: Stri
     with pytest.raises(ClientError) as missing:
         aws.client("s3").head_bucket(Bucket=bucket)
     assert _code(missing) == "404"
+
+
+def _shipped(keys: S3Settings, role_arn: str | None) -> S3Settings:
+    """KEYS as a job ships them, about to expire (the clock driven: inside the renewal window)."""
+    import time
+
+    return S3Settings(**{**keys.__dict__, "expires_at": time.time() + 60, "role_arn": role_arn})
+
+
+def test_keys_about_to_expire_renew_from_the_connections_role(
+    aws: StrictAws, role_keys: tuple[str, S3Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's own credentials (here: keys of its own in the environment, as a node role) assume the
+    connection's role again: new keys of that role, still limited to its bucket."""
+    bucket, _ = role_keys
+    arn = aws.role(f"renew-{bucket}", [bucket])
+    first = aws.assume(arn)
+    admin = aws.admin()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(admin.access_key))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(admin.secret_key))
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", aws.endpoint)
+    shipped = _shipped(first, arn)
+    client = shipped.client()
+    client.put_object(Bucket=bucket, Key="renewed", Body=b"r")
+    renewed = shipped.credentials().get_frozen_credentials()
+    assert renewed.access_key.startswith("ASIA")
+    assert renewed.access_key not in (first.access_key, admin.access_key)  # the role's new keys, not the host's
+    with pytest.raises(ClientError) as outside:
+        client.put_object(Bucket=f"elsewhere-{secrets.token_hex(3)}", Key="k", Body=b"x")
+    assert _code(outside) in ("AccessDenied", "NoSuchBucket")
+
+
+def test_keys_the_environment_holds_are_no_renewal(role_keys: tuple[str, S3Settings], monkeypatch: pytest.MonkeyPatch):
+    """spark-submit's environment carries the shipped keys to the driver: its chain finds those very keys, which
+    must not pass for renewed ones (they used to be stamped valid for another hour)."""
+    from imgest.core.errors import ConfigError
+
+    _, keys = role_keys
+    for name in ("AWS_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(keys.access_key))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(keys.secret_key))
+    monkeypatch.setenv("AWS_SESSION_TOKEN", str(keys.session_token))
+    with pytest.raises(ConfigError, match=r"expire at .* and this host has none of its own"):
+        _shipped(keys, None).credentials().get_frozen_credentials()
+
+
+def test_a_role_the_host_may_no_longer_assume_stops_the_next_request_saying_what_expired(
+    aws: StrictAws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host (an IAM user of its own, allowed sts:AssumeRole on the connection's role) renews once; its right to
+    assume the role is then taken away mid-run: the next request that needs new keys stops with an error naming
+    the role and when the shipped keys expire, and writes nothing. (moto lets anyone allowed sts:AssumeRole assume
+    a deleted role, so the right is what is removed here.)"""
+    import json
+
+    from imgest.core.errors import ConfigError
+
+    bucket = f"gone-{secrets.token_hex(3)}"
+    aws.client("s3").create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": aws.region})
+    arn = aws.role(f"gone-{bucket}", [bucket])
+    iam = aws.client("iam")
+    node = f"node-{bucket}"
+    iam.create_user(UserName=node)
+    may_assume = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": arn}],
+    }
+    iam.put_user_policy(UserName=node, PolicyName="assume", PolicyDocument=json.dumps(may_assume))
+    key = iam.create_access_key(UserName=node)["AccessKey"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", aws.endpoint)
+    _shipped(aws.assume(arn), arn).client().put_object(Bucket=bucket, Key="before", Body=b"x")  # renewed: fine
+    iam.delete_user_policy(UserName=node, PolicyName="assume")
+    with pytest.raises(ConfigError) as stopped:
+        _shipped(aws.assume(arn), arn).client().put_object(Bucket=bucket, Key="after", Body=b"x")
+    text = str(stopped.value)
+    assert "expire at " in text
+    assert f"role {arn} could not be assumed again to renew them" in text
+    assert "AccessDenied" in text
+    keys = [o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert keys == ["before"]  # nothing written after the right was taken away

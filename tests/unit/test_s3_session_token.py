@@ -72,3 +72,17 @@ def test_a_stager_ships_the_chains_keys(monkeypatch: pytest.MonkeyPatch, tmp_pat
     stager = Stager("ds", "s3://bucket/state", S3Settings(endpoint_url="http://h:1"))
     assert stager.s3 is not None
     assert (stager.s3.access_key, stager.s3.secret_key, stager.s3.session_token) == ("AKIAPROFILE", "psecret", "ptok")
+
+
+def test_the_role_travels_to_spark_submit_for_renewal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's driver learns the connection's role through its environment (an ARN, not a secret), to assume it
+    again when the shipped keys near expiry."""
+    from imgest.core.credentials import env_of
+
+    arn = "arn:aws:iam::123456789012:role/ingest"
+    env = env_of(S3Settings(**{**TEMPORARY.__dict__, "expires_at": 1.0e9, "role_arn": arn}))
+    assert env["IMGEST_S3_ROLE_ARN"] == arn
+    assert env["AWS_SESSION_TOKEN"] == "the-session-token"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert S3Settings.from_env().role_arn == arn
