@@ -295,19 +295,28 @@ def submitter_holdings() -> Iterator[None]:
 @contextmanager
 def keep_alive(dataset: str, holder: Holder, store: LockStore | None = None) -> Iterator[None]:
     """Renew HOLDER's lease on DATASET every quarter lease (at most each minute) while the block runs, holding it
-    for check_fence; a renewal that finds the lock gone marks it lost: the next fence raises LockLostError."""
+    for check_fence; a renewal that finds the lock gone marks it lost: the next fence raises LockLostError. So does a
+    lease that ran out while no renewal got through (a store away, credentials that expired): another writer may
+    have taken the lock meanwhile, so this one publishes nothing even if the store answers again by then."""
     store = store or default_store()
     every = min(60.0, holder.lease_s / 4) if holder.lease_s > 0 else 0.0
     stop = threading.Event()
 
     def beat(mine: Holding) -> None:
+        renewed = time.monotonic()
         while not stop.wait(every):
             try:
                 if not renew(dataset, holder, store):
                     mine.lost = True
                     log.error("lost the lock of %s: now held by %s", dataset, current(dataset, store))
                     return
+                renewed = time.monotonic()
             except Exception as e:  # a store that is away for a moment: try again at the next beat
+                if time.monotonic() - renewed >= holder.lease_s:
+                    mine.lost = True
+                    log.error("the lease of %s ran out: no renewal got through for %.0f s (last: %s); this run "
+                              "publishes nothing", dataset, time.monotonic() - renewed, e)  # fmt: skip
+                    return
                 log.warning("could not renew the lock of %s: %s", dataset, e)
 
     with holding(dataset, holder, store) as mine:

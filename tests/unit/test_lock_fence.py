@@ -135,3 +135,33 @@ def test_the_driver_fences_with_its_submitters_lock(store: FileLockStore, monkey
         with pytest.raises(LockLostError, match="held by Airflow DAG ingest_imagenet run manual__second"):
             locks.check_fence("driven")
     locks.check_fence("driven")  # the driver's holdings end with its job
+
+
+class _AwayStore(FileLockStore):
+    """The file store, away (every write raises, as an S3 store whose credentials expired) while AWAY is set."""
+
+    away = False
+
+    def replace(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
+        if self.away:
+            raise ConnectionError("the lock store does not answer")
+        return super().replace(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_lease_that_ran_out_unrenewed_publishes_nothing_even_when_the_store_is_back(tmp_path: Path) -> None:
+    """Renewals fail for longer than the lease (nobody took the lock over, but somebody could have): the holder's
+    next fence raises even once the store answers again; failures shorter than the lease are waited out."""
+    store = _AwayStore(tmp_path / "locks")
+    holder = locks.cli_holder("imgest ingest shards", lease_s=1.2)  # renewed every 0.3 s
+    assert locks.try_acquire("away", holder, store) is None
+    with locks.keep_alive("away", holder, store):
+        store.away = True
+        time.sleep(0.4)  # well within the lease: still held
+        store.away = False
+        time.sleep(0.5)
+        locks.check_fence("away")
+        store.away = True
+        time.sleep(2.0)  # the lease ran out with no renewal through
+        store.away = False
+        with pytest.raises(LockLostError, match=r"lost the write lock of dataset 'away'"):
+            locks.check_fence("away")
