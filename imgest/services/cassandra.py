@@ -263,6 +263,10 @@ class CassandraServer:
                 self.storage_port,
                 "IMGEST_CASSANDRA_AUTH_STORAGE_PORT" if self.auth else "IMGEST_CASSANDRA_STORAGE_PORT",
             )
+            if self.jmx_port:  # local JMX binds on loopback; a Cassandra of the user's own holds 7199 by default
+                ring = self.name.startswith("cassandra-ring")
+                env = "IMGEST_CASSANDRA_RING_JMX_PORT" if ring else "IMGEST_CASSANDRA_JMX_PORT"
+                require_free_port(self.name, "127.0.0.1", self.jmx_port, env)
         t0 = time.monotonic()
         lib, resolved = resolve_jars()
         resolve_s = time.monotonic() - t0

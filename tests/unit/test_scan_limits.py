@@ -127,3 +127,25 @@ def test_a_range_meets_the_replicas_of_every_ring_range_it_overlaps() -> None:
 def test_no_token_map_puts_every_range_in_one_group() -> None:
     session = SimpleNamespace(cluster=SimpleNamespace(metadata=SimpleNamespace(token_map=None)))
     assert range_replicas(session, "ks", token_ranges(3)) == [("*",)] * 3
+
+
+def test_a_busy_jmx_port_is_named_before_the_node_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Cassandra of the user's own holds 7199 by default: the embedded node says so instead of dying in its log."""
+    import socket
+
+    from imgest.core.errors import ServiceError
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path))
+    monkeypatch.setenv("IMGEST_CASSANDRA_PORT", str(free()))
+    monkeypatch.setenv("IMGEST_CASSANDRA_STORAGE_PORT", str(free()))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("IMGEST_CASSANDRA_JMX_PORT", str(taken.getsockname()[1]))
+        with pytest.raises(ServiceError, match=r"already taken by another process; .*IMGEST_CASSANDRA_JMX_PORT"):
+            CassandraServer.default().launch()

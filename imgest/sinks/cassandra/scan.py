@@ -125,14 +125,6 @@ def uuid_column(array: pa.Array) -> np.ndarray:
     return raw[array.offset : array.offset + len(array)].copy()
 
 
-def _pages(result: Any) -> Iterator[list[Any]]:
-    """The pages of a paged result set, fetched one at a time."""
-    yield result.current_rows
-    while result.has_more_pages:
-        result.fetch_next_page()
-        yield result.current_rows
-
-
 Versions = str | Sequence[str] | None
 
 
