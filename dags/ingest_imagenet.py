@@ -102,10 +102,11 @@ with DAG(
         from imgest.core.errors import ConfigError
         from imgest.flow.steps import validate_conf
         from imgest.operators.compat import fail_exception
+        from imgest.operators.hooks import connection_bucket
         from imgest.operators.state import task_deployment
 
         try:  # a run across hosts also needs a store for its state (IMGEST_STATE_URL, or its S3 destination)
-            return validate_conf(dict(params or {}), task_deployment())
+            return validate_conf(dict(params or {}), task_deployment(), bucket=connection_bucket())
         except ConfigError as exc:
             # The first line of this task's log, and the failure shown for the run: what to fix, nothing else.
             logging.getLogger(__name__).error("%s", exc)

@@ -11,3 +11,14 @@ def fail_exception() -> type[Exception]:
     except ImportError:  # Airflow 3.1
         from airflow.exceptions import AirflowFailException
     return AirflowFailException
+
+
+def connection_or_none(conn_id: str):  # -> airflow Connection | None
+    """The Airflow connection CONN_ID, None when it is not defined."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk import BaseHook
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None

@@ -81,7 +81,7 @@ class ImgestCassandraHook(CassandraHook):
 class ImgestS3Hook(S3Hook):
     """The Amazon provider's S3Hook, plus the connection as imgest's S3Settings."""
 
-    def settings(self, bucket: str = "imgest") -> S3Settings:
+    def settings(self, bucket: str | None = None) -> S3Settings:
         """The connection's keys, else the provider's chain (role, web identity, profile...) resolved now with its
         session token and expiry (renewed before then by whoever holds them); endpoint and region from the
         connection (no endpoint: AWS S3)."""
@@ -117,6 +117,15 @@ class ImgestS3Hook(S3Hook):
         if s.endpoint_url:
             env["IMGEST_S3_ENDPOINT"] = s.endpoint_url
         return env
+
+
+def connection_bucket(aws_conn_id: str = "aws_default") -> str | None:
+    """The bucket the AWS connection names for destinations left empty (its extra ``bucket``); None when the
+    connection is not defined or names none ($IMGEST_S3_BUCKET decides then)."""
+    from imgest.operators.compat import connection_or_none
+
+    conn = connection_or_none(aws_conn_id)
+    return str(conn.extra_dejson.get("bucket") or "") or None if conn is not None else None
 
 
 def store_settings(dest: str, aws_conn_id: str) -> S3Settings | None:

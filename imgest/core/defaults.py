@@ -45,7 +45,6 @@ BULK_HEAP: Final = "1536m"  # the helper JVM's heap: a round's sort buffer plus 
 SHARD_MAX_COUNT: Final = 5000
 SHARD_MAX_BYTES: Final = 1 << 30
 SHUFFLE_SEED: Final = 0
-S3_BUCKET: Final = "imgest"
 
 SPLIT_RATIOS: Final = "8,2"
 SPLIT_BALANCE: Final = "original"
@@ -65,9 +64,23 @@ TASK_MAX_FAILURES: Final = 4  # Spark's own default on clusters; local masters g
 LOCAL_MASTER: Final = f"local[*,{TASK_MAX_FAILURES}]"
 
 
-def shard_dest(dataset: str) -> str:
-    """Where a dataset's shards go when no destination is given."""
-    return f"s3://{S3_BUCKET}/{dataset}"
+BUCKET_ENV: Final = "IMGEST_S3_BUCKET"
+
+
+def shard_dest(dataset: str, bucket: str | None = None) -> str:
+    """Where a dataset's shards go when no destination is given: s3://BUCKET/<dataset>, BUCKET (the connection's
+    extra ``bucket``) else $IMGEST_S3_BUCKET. No bucket is a default: without either, a ConfigError says what to set."""
+    import os
+
+    bucket = bucket or os.environ.get(BUCKET_ENV)
+    if not bucket:
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(
+            f"no shard destination for {dataset!r}: give s3_dest (--dest), the AWS connection's extra "
+            f'{{"bucket": ...}} or {BUCKET_ENV}'
+        )
+    return f"s3://{bucket}/{dataset}"
 
 
 def files_dest(dataset: str) -> str:

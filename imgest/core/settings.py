@@ -148,7 +148,8 @@ class S3Settings:
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     region: str = "us-east-1"
-    bucket: str = "imgest"
+    # The bucket of destinations left empty (the connection's extra bucket, IMGEST_S3_BUCKET); None: no default.
+    bucket: str | None = None
     session_token: str | None = field(default=None, repr=False)
     # When temporary keys expire (epoch seconds); a process renews them from its own chain before that.
     expires_at: float | None = None
@@ -172,7 +173,7 @@ class S3Settings:
             access_key=key or None,
             secret_key=secret or None,
             region=env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1",
-            bucket=env("IMGEST_S3_BUCKET") or "imgest",
+            bucket=env("IMGEST_S3_BUCKET") or None,
             session_token=token or None,
             expires_at=float(expiry) if expiry and token else None,
         )

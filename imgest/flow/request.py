@@ -204,7 +204,8 @@ class IngestRequest:
         None,
         "Shard destination",
         "Shards",
-        "Optional: s3://bucket/prefix (connection aws_default) or an absolute folder. Empty: s3://imgest/<dataset>.",
+        "Optional: s3://bucket/prefix (connection aws_default) or an absolute folder. Empty: s3://<bucket>/<dataset>, "
+        "the bucket from the connection's extra bucket or IMGEST_S3_BUCKET (no bucket is a default).",
         type=["null", "string"],
         pattern=SHARD_DEST_PATTERN,
     )
@@ -344,7 +345,7 @@ class IngestRequest:
             except ConfigError as exc:
                 errors.append(str(exc))
         if self.target == "shards":
-            errors += _dest_problems(self.shard_dest)
+            errors += _dest_problems(self)
         if self.files_dest and not self.files_dest.startswith("/"):
             errors.append(f"files_dest {self.files_dest!r} must be an absolute folder")
         try:
@@ -357,7 +358,7 @@ class IngestRequest:
 
     @property
     def shard_dest(self) -> str:
-        """The shard destination, defaulting to s3://imgest/<dataset>."""
+        """s3_dest, else s3://$IMGEST_S3_BUCKET/<dataset> (``validate_conf`` writes it into the run's request)."""
         return self.s3_dest or defaults.shard_dest(self.dataset)
 
     @property
@@ -368,9 +369,8 @@ class IngestRequest:
     @property
     def location(self) -> str:
         """Where the target of this request stores the dataset."""
-        return {"cassandra": self.tables().keyspace, "shards": self.shard_dest, "files": self.files_location}[
-            self.target
-        ]
+        where = {"cassandra": lambda: self.tables().keyspace, "shards": lambda: self.shard_dest}
+        return where.get(self.target, lambda: self.files_location)()
 
     def transform(self) -> TransformSpec:
         check = {"unchanged_check": self.unchanged_check, "jpeg_decoder": self.jpeg_decoder}  # the spec resolves it
@@ -386,10 +386,14 @@ class IngestRequest:
         return asdict(self)
 
 
-def _dest_problems(dest: str) -> list[str]:
-    """Why the shard destination DEST cannot be used (s3://bucket/prefix or an absolute folder)."""
+def _dest_problems(request: IngestRequest) -> list[str]:
+    """Why REQUEST's shard destination cannot be used (s3://bucket/prefix or an absolute folder; none resolved)."""
     from imgest.sinks.shards.store import dest_problem
 
+    try:
+        dest = request.shard_dest
+    except ConfigError as exc:
+        return [str(exc)]
     if not (S3_URL.match(dest) or dest.startswith("/")):
         return [f"s3_dest {dest!r} must be s3://bucket/prefix or an absolute folder"]
     problem = dest_problem(dest)

@@ -24,11 +24,19 @@ from imgest.flow.request import IngestRequest
 log = logging.getLogger(__name__)
 
 
-def validate_conf(conf: dict[str, Any], deployment: Deployment | None = None) -> dict[str, Any]:
-    """The validated request as a plain dict (ConfigError lists every problem). With DEPLOYMENT (an Airflow task's),
-    also where the run's state will live: a run across hosts with no store every host reaches is refused
-    (ConfigError naming IMGEST_STATE_URL)."""
-    request = IngestRequest.from_conf(conf).as_dict()
+def validate_conf(
+    conf: dict[str, Any], deployment: Deployment | None = None, bucket: str | None = None
+) -> dict[str, Any]:
+    """The validated request as a plain dict (ConfigError lists every problem), its shard destination resolved
+    (s3_dest, else s3://BUCKET/<dataset> with BUCKET the connection's, else $IMGEST_S3_BUCKET), so every task of the
+    run writes where this one said. With DEPLOYMENT (an Airflow task's), also where the run's state will live: a run
+    across hosts with no store every host reaches is refused (ConfigError naming IMGEST_STATE_URL)."""
+    if bucket and conf.get("target") == "shards" and not conf.get("s3_dest") and isinstance(conf.get("dataset"), str):
+        conf = {**conf, "s3_dest": f"s3://{bucket}/{conf['dataset']}"}
+    parsed = IngestRequest.from_conf(conf)
+    request = parsed.as_dict()
+    if parsed.target == "shards":
+        request["s3_dest"] = parsed.shard_dest
     if deployment is not None:
         url = state_url_for(deployment, s3_destination(request), state_setting())
         check_shared(deployment, local_folders(IngestRequest.from_conf(conf), url), os.environ.get(SHARED_ENV, ""))
@@ -193,7 +201,7 @@ def prepare_bucket(dest: str, settings: S3Settings | None) -> str:
     if settings is not None:
         from imgest.sinks.shards.s3_client import ensure_bucket
 
-        ensure_bucket(settings, settings.bucket)  # refused keys: S3AuthError, before any Spark work
+        ensure_bucket(settings, dest[5:].split("/", 1)[0])  # refused keys: S3AuthError, before any Spark work
     check_shard_dest(dest, settings)
     return dest
 

@@ -18,7 +18,10 @@ INSTALL_HINT = "run 'make install-peers' (builds cassandra-dali-plugin 1.3.2 int
 
 def plugin_path() -> Path:
     """Where ``libcrs4cassandra.so`` is: beside the installed ``crs4`` package, as the plugin's scripts expect."""
-    spec = importlib.util.find_spec("crs4.cassandra_utils")
+    try:
+        spec = importlib.util.find_spec("crs4.cassandra_utils")
+    except ModuleNotFoundError:  # no crs4 package at all: find_spec imports the parent first
+        spec = None
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"cassandra-dali-plugin is not installed (no crs4.cassandra_utils): {INSTALL_HINT}")
     path = Path(next(iter(spec.submodule_search_locations))).parent.parent / "libcrs4cassandra.so"

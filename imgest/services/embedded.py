@@ -13,8 +13,8 @@ from imgest.core.settings import CREDENTIALS_FILE_ENV, HOSTS_ENV
 
 
 def embedded_env() -> dict[str, str]:
-    """IMGEST_CASSANDRA_HOSTS / _PORT, IMGEST_S3_ENDPOINT and IMGEST_S3_CREDENTIALS_FILE of the embedded
-    Cassandra and S3 servers (`imgest services up`)."""
+    """IMGEST_CASSANDRA_HOSTS / _PORT, IMGEST_S3_ENDPOINT, IMGEST_S3_CREDENTIALS_FILE and IMGEST_S3_BUCKET of the
+    embedded Cassandra and S3 servers (`imgest services up`)."""
     from imgest.services.cassandra import CassandraServer
     from imgest.services.s3 import S3Server
 
@@ -24,6 +24,7 @@ def embedded_env() -> dict[str, str]:
         "IMGEST_CASSANDRA_PORT": str(cassandra.native_port),
         "IMGEST_S3_ENDPOINT": s3.endpoint,
         CREDENTIALS_FILE_ENV: str(s3.home / "credentials.json"),
+        "IMGEST_S3_BUCKET": s3.bucket,  # the DAG's destination when the trigger names none
     }
 
 

@@ -81,3 +81,38 @@ def test_a_deployment_with_one_target_needs_no_connection_of_the_other(airflow_h
     assert got["files"] == {"cassandra": False, "s3_bucket": None}
     assert "imgest_absent" in got["cassandra"]["error"]
     assert got["cassandra-only"] == {"cassandra": True, "s3_bucket": None}
+
+
+BUCKET = """
+import json, os
+from imgest.core.errors import ConfigError
+from imgest.flow.steps import validate_conf
+from imgest.operators.hooks import connection_bucket
+out = {"with": connection_bucket("imgest_with_bucket"), "without": connection_bucket("imgest_s3_only"),
+       "absent": connection_bucket("imgest_aws_absent")}
+conf = {"sample": True, "target": "shards", "dataset": "ds"}
+out["dest"] = validate_conf(conf, bucket=out["with"])["s3_dest"]
+try:
+    validate_conf(conf, bucket=out["without"])
+except ConfigError as exc:
+    out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_the_default_destination_is_the_connections_bucket_and_no_other(airflow_home: AirflowServer) -> None:
+    """An empty s3_dest goes to the AWS connection's extra bucket; a connection (or none) that names no bucket,
+    without IMGEST_S3_BUCKET, is refused in validate rather than sent to a bucket nobody chose."""
+    aws = {"conn_type": "aws", "login": "k", "password": "s"}
+    env = {
+        **airflow_home.env(),
+        "AIRFLOW_CONN_IMGEST_WITH_BUCKET": json.dumps({**aws, "extra": {"bucket": "team-shards"}}),
+        "AIRFLOW_CONN_IMGEST_S3_ONLY": json.dumps(aws),
+    }
+    env.pop("IMGEST_S3_BUCKET", None)
+    run = subprocess.run([sys.executable, "-c", BUCKET], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (got["with"], got["without"], got["absent"]) == ("team-shards", None, None)
+    assert got["dest"] == "s3://team-shards/ds"
+    assert "no shard destination for 'ds'" in got["error"] and "IMGEST_S3_BUCKET" in got["error"]

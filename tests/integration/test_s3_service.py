@@ -33,7 +33,7 @@ def test_64mb_multipart_put_get(s3_server: S3Server) -> None:
 
 
 def test_right_keys_pass_access_check(s3_server: S3Server) -> None:
-    check_access(s3_server.settings())
+    check_access(s3_server.settings(), s3_server.bucket)
 
 
 def test_wrong_secret_is_refused_with_clear_error(s3_server: S3Server) -> None:
@@ -45,7 +45,7 @@ def test_wrong_secret_is_refused_with_clear_error(s3_server: S3Server) -> None:
         bucket=good.bucket,
     )
     with pytest.raises(S3AccessError) as err:
-        check_access(bad)
+        check_access(bad, s3_server.bucket)
     message = str(err.value)
     assert "refused the credentials" in message
     assert good.endpoint_url in message
@@ -58,7 +58,7 @@ def test_unknown_key_id_is_refused(s3_server: S3Server) -> None:
     good = s3_server.settings()
     bad = S3Settings(endpoint_url=good.endpoint_url, access_key="nobody", secret_key="x", bucket=good.bucket)
     with pytest.raises(S3AccessError, match="refused the credentials"):
-        check_access(bad)
+        check_access(bad, s3_server.bucket)
 
 
 def _listening_addresses(pid: int) -> set[str]:
@@ -108,4 +108,4 @@ def test_shipped_keys_renewed_from_the_hosts_own_chain(s3_server: S3Server, monk
     assert ObjectGetter(shipped).get(good.bucket, "tests/renewed.txt") == b"renewed"
     stale = replace(shipped, expires_at=time.time() + 7200)  # far from expiry: the shipped keys sign, and are refused
     with pytest.raises(S3AccessError, match="refused"):
-        check_access(stale)
+        check_access(stale, s3_server.bucket)

@@ -63,3 +63,20 @@ def test_every_param_is_checked_as_draft_7_and_still_refuses_what_its_schema_ref
         assert Param(**spec).resolve(spec["default"], suppress_exception=False) == spec["default"], name
     with pytest.raises(ParamValidationError, match="less than the minimum"):
         Param(**param_specs()["resize"]).resolve(0, suppress_exception=False)
+
+
+def test_no_bucket_is_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shards request without s3_dest takes the connection's bucket, else IMGEST_S3_BUCKET; with neither it is
+    refused naming both, never sent to a bucket called imgest. validate_conf writes the resolved destination."""
+    from imgest.flow.steps import validate_conf
+
+    monkeypatch.delenv("IMGEST_S3_BUCKET", raising=False)
+    conf = {"sample": True, "target": "shards", "dataset": "inet"}
+    with pytest.raises(ConfigError, match=r"no shard destination for 'inet'.*\"bucket\".*IMGEST_S3_BUCKET"):
+        validate_conf(conf)
+    assert validate_conf(conf, bucket="team-data")["s3_dest"] == "s3://team-data/inet"
+    monkeypatch.setenv("IMGEST_S3_BUCKET", "from-env")
+    assert validate_conf(conf)["s3_dest"] == "s3://from-env/inet"
+    assert validate_conf(conf, bucket="team-data")["s3_dest"] == "s3://team-data/inet"  # the connection's first
+    assert validate_conf({**conf, "s3_dest": "s3://given/x"}, bucket="team-data")["s3_dest"] == "s3://given/x"
+    assert validate_conf({**conf, "target": "cassandra"})["s3_dest"] is None  # other targets need no bucket

@@ -138,4 +138,4 @@ def test_no_credentials_anywhere_is_a_clear_error_before_any_request(bare_host: 
     from imgest.sinks.shards.s3_client import S3AuthError, check_access
 
     with pytest.raises(S3AuthError, match=r"no credentials found: .*AWS_PROFILE.*IMGEST_S3_ENDPOINT"):
-        check_access(S3Settings(bucket="datasets"))
+        check_access(S3Settings(), "datasets")

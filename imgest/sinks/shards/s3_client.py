@@ -48,11 +48,10 @@ def describe_client_error(settings: S3Settings, bucket: str, exc: Exception) -> 
     return S3AccessError(f"{where} failed: {code or type(exc).__name__}: {exc}")
 
 
-def check_access(settings: S3Settings, bucket: str | None = None) -> None:
+def check_access(settings: S3Settings, bucket: str) -> None:
     """Raise S3AccessError unless a signed HeadBucket on BUCKET succeeds."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket = bucket or settings.bucket
     try:
         settings.client().head_bucket(Bucket=bucket)
     except (ClientError, BotoCoreError) as exc:
