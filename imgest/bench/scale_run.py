@@ -103,12 +103,12 @@ def reset_dataset(dataset: str, keyspace: str, dest: str) -> None:
     shutil.rmtree(dataset_workdir(dataset), ignore_errors=True)
     with cassandra_session(CassandraSettings.from_env()) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=600)
-    settings = S3Settings.from_env()
-    client, prefix = settings.client(), dest.removeprefix(f"s3://{settings.bucket}/").rstrip("/") + "/"
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=settings.bucket, Prefix=prefix):
+    bucket, _, prefix = dest.removeprefix("s3://").partition("/")
+    client, prefix = S3Settings.from_env().client(), prefix.rstrip("/") + "/"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
         if keys:
-            client.delete_objects(Bucket=settings.bucket, Delete={"Objects": keys, "Quiet": True})
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
 
 def stored_bytes(result: dict[str, Any]) -> int | None:
