@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imgest.core.bucket_region import for_bucket
 from imgest.core.lock_stores import STATE_URL_ENV
 from imgest.core.settings import S3Settings
 
@@ -89,7 +90,7 @@ class Stager:
             run = f"{dataset or 'dataset'}/{secrets.token_hex(6)}"
             self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/staging/{run}/".lstrip("/")
             # keys in them (a driver on a profile, SSO or a role resolves its chain once): executors have no chain
-            self.s3 = (s3 or S3Settings.from_env()).frozen()
+            self.s3 = for_bucket((s3 or S3Settings.from_env()).frozen(), bucket)  # Arrow signs for one region
 
     @classmethod
     def from_env(cls, dataset: str) -> Stager:

@@ -263,7 +263,9 @@ def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: Pipeline
     its rate and the reason it is slow in its result (``note``) and in the log. Its batches hold at most
     CHECK_DALI_S3_BATCH images: it reads one blocking request after another whatever the batch size."""
     spec = replace(spec, batch_size=min(spec.batch_size, defaults.CHECK_DALI_S3_BATCH))
-    with dali_s3_env(settings):
+    from imgest.core.bucket_region import for_bucket
+
+    with dali_s3_env(for_bucket(settings, location.removeprefix("s3://").split("/", 1)[0])):  # its SDK never follows
         result = run_webdataset("shards-s3-dali", rs, spec, location, **kw)
     result.note = DALI_S3_NOTE
     if result.budget_cut:

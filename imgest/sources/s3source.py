@@ -122,7 +122,10 @@ def shippable_root(root: str) -> str:
     """ROOT as a Spark driver ships it to executors: an S3 root carries this process's source connection."""
     if not is_s3(root):
         return root
+    from imgest.core.bucket_region import for_bucket
+
     settings = settings_for(root).frozen()  # keys from this host's chain travel too (executors may have none)
+    settings = for_bucket(settings, split_url(root)[0])  # executors sign for the bucket's region, asked once here
     register_source(root, settings)
     return SourceRoot(s3_url(root), settings)
 

@@ -390,9 +390,9 @@ class Requests(logging.Handler):
 @pytest.fixture
 def seen() -> Iterator[Requests]:
     """The GETs sent while the test runs."""
-    from imgest.sources import s3objects
+    from imgest.sources import s3getter
 
-    logger, requests = logging.getLogger(s3objects.__name__), Requests()
+    logger, requests = logging.getLogger(s3getter.__name__), Requests()
     level = logger.level
     logger.setLevel(logging.DEBUG)
     logger.addHandler(requests)
