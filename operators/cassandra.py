@@ -55,5 +55,6 @@ class VerifyCassandraOperator(BaseOperator):
 
         settings = ImgestCassandraHook(self.cassandra_conn_id).settings()
         request = dict(self.request)
-        with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # completes the version: fenced
+        # completes the version: fenced
+        with run_lease(self.dag_id, context["run_id"], request["dataset"], context.get("ti")):
             return verify_cassandra(request, Path(self.manifest_dir), settings, self.sample)

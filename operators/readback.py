@@ -38,6 +38,7 @@ class ReadThroughputOperator(RequestOperator):
         from imgest.operators.state import run_lease
 
         request, cassandra, s3 = self.resolved()
-        with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records its report: fenced
+        # records its report: fenced
+        with run_lease(self.dag_id, context["run_id"], request["dataset"], context.get("ti")):
             spent = task_seconds(context)
             return read_throughput(request, Path(self.out_dir), cassandra, s3, run_seconds(context), spent)

@@ -62,7 +62,8 @@ class FinishRefreshOperator(RequestOperator):
         from imgest.operators.state import run_lease
 
         request, cassandra, s3 = self.resolved()
-        with run_lease(self.dag_id, context["run_id"], request["dataset"]):  # records the version: fenced
+        # records the version: fenced
+        with run_lease(self.dag_id, context["run_id"], request["dataset"], context.get("ti")):
             return finish_refresh(request, Path(self.out_dir), cassandra, s3)
 
 

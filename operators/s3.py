@@ -84,5 +84,6 @@ class CollectGarbageOperator(BaseOperator):
         conf = dict(self.request)  # type: ignore[arg-type]
         request = IngestRequest.from_conf(conf)
         s3 = store_settings(request.shard_dest, self.aws_conn_id) if request.target == "shards" else None
-        with run_lease(self.dag_id, context["run_id"], request.dataset):  # deletes: fenced
+        # deletes: fenced
+        with run_lease(self.dag_id, context["run_id"], request.dataset, context.get("ti")):
             return collect_garbage(conf, s3, Path(self.manifest_dir) if self.manifest_dir else None)

@@ -106,7 +106,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
 
         if not self.lock_dataset:
             return nullcontext()
-        return run_lease(self.dag_id, context["run_id"], self.lock_dataset)
+        return run_lease(self.dag_id, context["run_id"], self.lock_dataset, context.get("ti"))
 
     def _in_reused_driver(self, master: str) -> bool:
         """Run the job in the reused local driver when $IMGEST_SPARK_DRIVER_SOCKET names one (the test suite's,

@@ -60,16 +60,19 @@ def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
 
 
 @contextmanager
-def run_lease(dag_id: str, run_id: str, dataset: str) -> Iterator[None]:
+def run_lease(dag_id: str, run_id: str, dataset: str, ti: Any = None) -> Iterator[None]:
     """This run's hold of DATASET's lock while the block runs: its lease renewed, the block's publishing fenced
-    against it (imgest.core.locks), and a lost lock (LockLostError) failing the task without retries."""
+    against it (imgest.core.locks), and a lost lock (LockLostError) failing the task without retries. With TI (the
+    task instance), this attempt claims the lock for its task first: an older attempt still running somewhere (a
+    zombie whose worker Airflow gave up on) publishes nothing from then on."""
     from imgest.core import locks
     from imgest.operators.compat import fail_exception
     from imgest.operators.hooks import lock_store
 
     holder = locks.airflow_holder(dag_id, run_id)
+    attempt = locks.Attempt(str(ti.task_id), int(ti.try_number)) if ti is not None else None
     try:
-        with locks.keep_alive(dataset, holder, lock_store()):
+        with locks.keep_alive(dataset, holder, lock_store(), attempt):
             yield
     except locks.LockLostError as exc:  # retrying cannot give the lock back
         raise fail_exception()(str(exc)) from None

@@ -24,101 +24,39 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 
 from imgest.core.errors import ImgestError, LockLostError
+from imgest.core.lock_holders import (  # re-exported: callers name them as locks.X
+    HOLDER_ENV,
+    LEASE_ENV,
+    WAIT_ENV,
+    Attempt,
+    Held,
+    Holder,
+    _now,
+    airflow_holder,
+    cli_holder,
+    default_lease,
+    default_wait,
+    lock_dir,
+    lock_path,
+)
 from imgest.core.lock_stores import LockStore, Record, default_store, store_at
-from imgest.core.paths import state_dir
-from imgest.core.pids import pid_alive
 
 log = logging.getLogger(__name__)
+__all__ = [
+    "LEASE_ENV", "WAIT_ENV", "Attempt", "Held", "_now", "airflow_holder", "cli_holder",
+    "default_lease", "default_wait", "lock_dir", "lock_path",
+]  # fmt: skip
 
 
 class DatasetBusyError(ImgestError):
     """Another run is writing the dataset."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a dataset's lock: 'cli' (pid, host, command) or 'airflow' (dag_id, run_id), and for how long
-    (LEASE_S seconds after its last renewal; 0: a record written before leases, never expires)."""
-
-    kind: str
-    who: str  # "pid 123 on host: imgest ingest cassandra" or "Airflow DAG ingest_imagenet run manual__..."
-    pid: int = 0
-    host: str = ""
-    since: str = ""
-    lease_s: float = 0.0
-
-    def dead(self) -> bool:
-        """A CLI holder on this host whose process is gone."""
-        return self.kind == "cli" and self.host == socket.gethostname() and not pid_alive(self.pid)
-
-
-@dataclass(frozen=True)
-class Held:
-    """A lock as read from its store: the holder, the record's age (store clock) and version."""
-
-    holder: Holder
-    age_s: float
-    version: str
-
-    def expired(self) -> bool:
-        return self.holder.lease_s > 0 and self.age_s > self.holder.lease_s
-
-    def stale(self) -> bool:
-        """The holder died (CLI, this host) or its lease ran out: the next writer takes the lock over."""
-        return self.holder.dead() or self.expired()
-
-    def why_stale(self) -> str:
-        if self.holder.dead():
-            return "process gone"
-        return f"lease of {self.holder.lease_s:.0f}s not renewed for {self.age_s:.0f}s"
-
-
-WAIT_ENV = "IMGEST_LOCK_WAIT_S"  # how long a DAG run waits for another writer of its dataset (default 6 h)
-LEASE_ENV = "IMGEST_LOCK_LEASE_S"  # a holder's lease; default 10 min for the CLI (renewed each minute), 6 h for a run
-HOLDER_ENV = "IMGEST_LOCK_HOLDER"  # the holdings of the process that started this one (a Spark driver's submitter)
-
-
-def default_wait() -> float:
-    return float(os.environ.get(WAIT_ENV) or 6 * 3600)
-
-
-def default_lease(kind: str) -> float:
-    return float(os.environ.get(LEASE_ENV) or (600 if kind == "cli" else 6 * 3600))
-
-
-def lock_dir() -> Path:
-    return state_dir() / "locks"
-
-
-def lock_path(dataset: str) -> Path:
-    """The lock file of DATASET in the local store."""
-    return lock_dir() / f"{dataset}.json"
-
-
-def cli_holder(command: str, lease_s: float | None = None) -> Holder:
-    pid, host = os.getpid(), socket.gethostname()
-    lease = default_lease("cli") if lease_s is None else lease_s
-    return Holder("cli", f"pid {pid} on {host}: {command}", pid, host, _now(), lease)
-
-
-def airflow_holder(dag_id: str, run_id: str, lease_s: float | None = None) -> Holder:
-    lease = default_lease("airflow") if lease_s is None else lease_s
-    who = f"Airflow DAG {dag_id} run {run_id}"
-    return Holder("airflow", who, host=socket.gethostname(), since=_now(), lease_s=lease)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _held(record: Record) -> Held:
@@ -190,38 +128,61 @@ def acquire(
         time.sleep(min(poll, max(0.1, deadline - time.monotonic())))
 
 
-def _ours(record: Record | None, holder: Holder) -> bool:
-    return record is not None and _held(record).holder.who == holder.who
+def _ours(record: Record | None, holder: Holder, attempt: Attempt | None = None) -> bool:
+    """RECORD is HOLDER's, and no later attempt of ATTEMPT's task has claimed it (``claim``)."""
+    if record is None or _held(record).holder.who != holder.who:
+        return False
+    return attempt is None or attempt.current_in(record.fields)
 
 
-def renew(dataset: str, holder: Holder, store: LockStore | None = None) -> bool:
+def renew(dataset: str, holder: Holder, store: LockStore | None = None, attempt: Attempt | None = None) -> bool:
     """Restart HOLDER's lease on DATASET by a write conditional on the version read; False when the lock is no
-    longer HOLDER's."""
+    longer HOLDER's, or (with ATTEMPT) when a later attempt of the same task holds it now."""
     store = store or default_store()
     record = store.read(dataset)
-    if record is None or not _ours(record, holder):
+    if record is None or not _ours(record, holder, attempt):
         return False
     if store.replace(dataset, record.fields, record.version):  # rewritten as it is: only its age restarts
         return True
     # changed since it was read: by another renewal of this holder (another task of the run: the lease is fresh),
     # or by a taker (then it is no longer ours)
-    return _ours(store.read(dataset), holder)
+    return _ours(store.read(dataset), holder, attempt)
 
 
-def fence(dataset: str, holder: Holder, store: LockStore | None = None) -> None:
-    """Prove that HOLDER holds DATASET's lock now, restarting its lease by a conditional write (S3 ``If-Match`` on
-    the version read; the file store's version check); LockLostError naming who holds it otherwise. A publish that
-    follows within the lease cannot be overtaken: a taker must first see the renewed lease run out."""
+def claim(dataset: str, holder: Holder, attempt: Attempt, store: LockStore) -> None:
+    """Record ATTEMPT as its task's current one in HOLDER's lock of DATASET (a conditional write): an older attempt
+    of that task, a zombie resumed after its worker was given up, fails every fence from then on. LockLostError
+    when the lock is not HOLDER's, or a later attempt of the task already claimed it."""
+    for _ in range(10):
+        record = store.read(dataset)
+        if not _ours(record, holder, attempt):
+            raise lost_error(dataset, holder, store, attempt)
+        assert record is not None
+        attempts = {**record.fields.get("attempts", {}), attempt.task: attempt.number}
+        if store.replace(dataset, {**record.fields, "attempts": attempts}, record.version):
+            return
+    raise lost_error(dataset, holder, store, attempt)
+
+
+def fence(dataset: str, holder: Holder, store: LockStore | None = None, attempt: Attempt | None = None) -> None:
+    """Prove that HOLDER (ATTEMPT of its task, when given) holds DATASET's lock now, restarting its lease by a
+    conditional write (S3 ``If-Match`` on the version read; the file store's version check); LockLostError naming
+    who holds it otherwise. A publish that follows within the lease cannot be overtaken: a taker must first see the
+    renewed lease run out."""
     store = store or default_store()
-    if not renew(dataset, holder, store):
-        raise lost_error(dataset, holder, store)
+    if not renew(dataset, holder, store, attempt):
+        raise lost_error(dataset, holder, store, attempt)
 
 
-def lost_error(dataset: str, holder: Holder, store: LockStore) -> LockLostError:
+def lost_error(dataset: str, holder: Holder, store: LockStore, attempt: Attempt | None = None) -> LockLostError:
     """The error for HOLDER, which no longer holds DATASET's lock: who holds it now, and since when."""
-    now = read(dataset, store)
+    record = store.read(dataset)
+    now = None if record is None else _held(record)
     if now is None:
         where = "nobody holds it now (it was released, by hand or by a writer that took it over)"
+    elif attempt is not None and now.holder.who == holder.who and not attempt.current_in(record.fields):  # type: ignore[union-attr]
+        later = record.fields["attempts"][attempt.task]  # type: ignore[union-attr]
+        where = f"attempt {later} of task {attempt.task} holds it now; this is attempt {attempt.number}, a zombie"
     else:
         where = f"it is held by {now.holder.who} since {now.holder.since or '?'}"
     return LockLostError(
@@ -238,15 +199,16 @@ class Holding:
     holder: Holder
     store: LockStore
     lost: bool = False
+    attempt: Attempt | None = None
 
 
 _holdings: dict[str, Holding] = {}
 
 
 @contextmanager
-def holding(dataset: str, holder: Holder, store: LockStore) -> Iterator[Holding]:
+def holding(dataset: str, holder: Holder, store: LockStore, attempt: Attempt | None = None) -> Iterator[Holding]:
     """Register HOLDER's hold of DATASET for this process while the block runs (check_fence proves it)."""
-    mine, before = Holding(holder, store), _holdings.get(dataset)
+    mine, before = Holding(holder, store, attempt=attempt), _holdings.get(dataset)
     _holdings[dataset] = mine
     try:
         yield mine
@@ -266,9 +228,15 @@ def check_fence(dataset: str) -> None:
         log.debug("publishing %s outside a held lock: nothing to fence", dataset)
         return
     if mine.lost:
-        raise lost_error(dataset, mine.holder, mine.store)
-    fence(dataset, mine.holder, mine.store)
+        raise lost_error(dataset, mine.holder, mine.store, mine.attempt)
+    fence(dataset, mine.holder, mine.store, mine.attempt)
     log.info("%s still holds the lock of %s: publishing (lease renewed)", mine.holder.who, dataset)
+
+
+def held_by_me(dataset: str) -> str | None:
+    """The holder name (``Holder.who``) under which this process holds DATASET's lock; None when it holds none."""
+    mine = _holdings.get(dataset)
+    return None if mine is None else mine.holder.who
 
 
 def holder_env() -> dict[str, str]:
@@ -276,7 +244,15 @@ def holder_env() -> dict[str, str]:
     (spark-submit: the driver fences its publishing with them); {} when it holds none."""
     if not _holdings:
         return {}
-    held_now = [{"dataset": d, "store": h.store.location, "holder": asdict(h.holder)} for d, h in _holdings.items()]
+    held_now = [
+        {
+            "dataset": d,
+            "store": h.store.location,
+            "holder": asdict(h.holder),
+            "attempt": h.attempt and asdict(h.attempt),
+        }
+        for d, h in _holdings.items()
+    ]
     return {HOLDER_ENV: json.dumps(held_now)}
 
 
@@ -288,12 +264,15 @@ def submitter_holdings() -> Iterator[None]:
     with ExitStack() as stack:
         for entry in json.loads(raw) if raw else []:
             holder = _held(Record(entry["holder"], "", 0.0)).holder
-            stack.enter_context(holding(entry["dataset"], holder, store_at(entry["store"])))
+            attempt = Attempt(**entry["attempt"]) if entry.get("attempt") else None
+            stack.enter_context(holding(entry["dataset"], holder, store_at(entry["store"]), attempt))
         yield
 
 
 @contextmanager
-def keep_alive(dataset: str, holder: Holder, store: LockStore | None = None) -> Iterator[None]:
+def keep_alive(
+    dataset: str, holder: Holder, store: LockStore | None = None, attempt: Attempt | None = None
+) -> Iterator[None]:
     """Renew HOLDER's lease on DATASET every quarter lease (at most each minute) while the block runs, holding it
     for check_fence; a renewal that finds the lock gone marks it lost: the next fence raises LockLostError. So does a
     lease that ran out while no renewal got through (a store away, credentials that expired): another writer may
@@ -306,7 +285,7 @@ def keep_alive(dataset: str, holder: Holder, store: LockStore | None = None) -> 
         renewed = time.monotonic()
         while not stop.wait(every):
             try:
-                if not renew(dataset, holder, store):
+                if not renew(dataset, holder, store, attempt):
                     mine.lost = True
                     log.error("lost the lock of %s: now held by %s", dataset, current(dataset, store))
                     return
@@ -319,7 +298,9 @@ def keep_alive(dataset: str, holder: Holder, store: LockStore | None = None) -> 
                     return
                 log.warning("could not renew the lock of %s: %s", dataset, e)
 
-    with holding(dataset, holder, store) as mine:
+    if attempt is not None:
+        claim(dataset, holder, attempt, store)
+    with holding(dataset, holder, store, attempt) as mine:
         thread = threading.Thread(target=beat, args=(mine,), name=f"lock-{dataset}", daemon=True) if every else None
         if thread:
             thread.start()

@@ -64,3 +64,43 @@ def test_a_taken_over_holder_neither_records_nor_completes(cassandra_server: Cas
         assert _record(session, "v1") == written
         assert written[0] == "written"
         assert _record(session, "v2") == ("writing", None)  # no counts, no finish recorded
+
+
+def test_the_version_record_names_its_writer_and_a_zombie_advances_nothing(
+    cassandra_server: CassandraServer, tmp_path: Path
+) -> None:
+    """The LWT that advances a version names its writer: run A claimed v1, then lost the lock to run B, which claimed
+    v1 again; A (past its fence: a zombie in the window between its fence and its write) changes nothing. A later
+    holder of the lock (a CLI verify of B's version once B is gone) takes the record over and completes it."""
+    from imgest.sinks.cassandra.schema import apply_schema
+    from imgest.sinks.cassandra.versions import advance_status, claim_version
+
+    settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    store = FileLockStore(tmp_path / "locks")
+    a = locks.airflow_holder("ingest_imagenet", "manual__a", lease_s=0.3)
+    b = locks.airflow_holder("ingest_imagenet", "manual__b", lease_s=0.3)
+    tables = replace(TABLES, suffix="_writer")
+    ks, tabs = tables.keyspace, tables.tables(["train"])
+    with cassandra_session(settings) as session:
+        apply_schema(session, tables, ["train"], "SimpleStrategy:1")
+        session.execute(f"DELETE FROM {ks}.dataset_versions WHERE dataset = 'zombie'")
+        assert locks.try_acquire("zombie", a, store) is None
+        with locks.holding("zombie", a, store):
+            claim_version(session, ks, "zombie", "v1", tabs, "{}")
+        time.sleep(0.4)  # A stalls past its lease; B takes the lock and claims the version
+        assert locks.try_acquire("zombie", b, store) is None
+        with locks.holding("zombie", b, store):
+            claim_version(session, ks, "zombie", "v1", tabs, "{}")
+        with locks.holding("zombie", a, store), pytest.raises(locks.LockLostError, match="manual__b"):
+            advance_status(session, ks, "zombie", "v1", "written", ("writing",))
+        row = session.execute(f"SELECT status, writer FROM {ks}.dataset_versions WHERE dataset = 'zombie'").one()
+        assert (row.status, row.writer) == ("writing", b.who)
+        with locks.holding("zombie", b, store):
+            assert advance_status(session, ks, "zombie", "v1", "written", ("writing",))
+        time.sleep(0.4)  # B is gone; a CLI verify takes the lock and completes B's version
+        cli = locks.cli_holder("imgest verify cassandra", lease_s=600)
+        assert locks.try_acquire("zombie", cli, store) is None
+        with locks.holding("zombie", cli, store):
+            assert advance_status(session, ks, "zombie", "v1", "complete", ("written",))
+        row = session.execute(f"SELECT status, writer FROM {ks}.dataset_versions WHERE dataset = 'zombie'").one()
+        assert (row.status, row.writer) == ("complete", cli.who)

@@ -201,6 +201,7 @@ def apply_schema(session: Any, tables: TableLayout, splits: list[str], replicati
     add_column(session, f"{ks}.dataset_versions", "checks", "map<text, text>")
     add_column(session, f"{ks}.dataset_versions", "changes", "map<text, int>")  # a refresh's counts
     add_column(session, f"{ks}.dataset_versions", "lineage", "list<text>")  # a refreshed version's members
+    add_column(session, f"{ks}.dataset_versions", "writer", "text")  # the lock holder that claimed the version
     for table in sorted({tables.metadata_table(s) for s in splits}):  # tables created before the columns existed
         add_column(session, f"{ks}.{table}", "dataset", "text")
         add_column(session, f"{ks}.{table}", "version", "text")

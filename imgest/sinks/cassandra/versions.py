@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from imgest.core.errors import ImgestError
+from imgest.core.errors import ImgestError, LockLostError
+from imgest.core.locks import held_by_me
 from imgest.sinks.cassandra.schema import identifier
 
 log = logging.getLogger(__name__)
@@ -149,33 +150,57 @@ def claim_version(
 def _set_writing(
     session: Any, keyspace: str, dataset: str, version: str, tables: str, transform: str, new: bool
 ) -> None:
-    """Insert the record as 'writing', or move it back to 'writing' unless it became 'complete' meanwhile."""
-    now = datetime.now(UTC)
+    """Insert the record as 'writing', or move it back to 'writing' unless it became 'complete' meanwhile; the
+    writer is this process's lock holder (None outside a lock)."""
+    now, writer = datetime.now(UTC), held_by_me(dataset)
     if new:
         session.execute(
-            f"INSERT INTO {keyspace}.dataset_versions (dataset, version, status, tables, transform, started_at)"
-            " VALUES (%s, %s, 'writing', %s, %s, %s) IF NOT EXISTS",
-            (dataset, version, tables, transform, now),
+            f"INSERT INTO {keyspace}.dataset_versions (dataset, version, status, tables, transform, started_at, writer)"
+            " VALUES (%s, %s, 'writing', %s, %s, %s, %s) IF NOT EXISTS",
+            (dataset, version, tables, transform, now, writer),
         )
         return
     session.execute(
-        f"UPDATE {keyspace}.dataset_versions SET status = 'writing', tables = %s, transform = %s, started_at = %s"
-        " WHERE dataset = %s AND version = %s IF status IN ('writing', 'written', 'replaced')",
-        (tables, transform, now, dataset, version),
+        f"UPDATE {keyspace}.dataset_versions SET status = 'writing', tables = %s, transform = %s, started_at = %s,"
+        " writer = %s WHERE dataset = %s AND version = %s IF status IN ('writing', 'written', 'replaced')",
+        (tables, transform, now, writer, dataset, version),
     )
 
 
 def advance_status(session: Any, keyspace: str, dataset: str, version: str, to: str, allowed: tuple[str, ...]) -> bool:
-    """Set the status to TO only if it is one of ALLOWED now (a lightweight transaction); True if applied."""
+    """Set the status to TO only if it is one of ALLOWED now (a lightweight transaction); True if applied.
+
+    A process that holds the dataset's lock advances only a record it is the writer of (``writer`` in the same
+    LWT): a zombie whose lock was taken over, and whose version a newer holder claimed since its fence, changes
+    nothing (LockLostError). A record of another writer (or of none: older records, a CLI verify of a DAG's
+    version) is taken over first, by an LWT on the writer read, right after a fence proves the lock is held."""
+    from imgest.core.locks import check_fence
+
+    me = held_by_me(dataset)
     extra = ", verified_at = %s" if to == "complete" else ""
     params: tuple[Any, ...] = (datetime.now(UTC),) if extra else ()
     placeholders = ", ".join("%s" for _ in allowed)
-    result = session.execute(
-        f"UPDATE {keyspace}.dataset_versions SET status = %s{extra} WHERE dataset = %s AND version = %s"
-        f" IF status IN ({placeholders})",
-        (to, *params, dataset, version, *allowed),
+    update = f"UPDATE {keyspace}.dataset_versions SET status = %s{extra} WHERE dataset = %s AND version = %s"
+    cond = f" IF status IN ({placeholders})"
+    if me is None:
+        return bool(session.execute(update + cond, (to, *params, dataset, version, *allowed)).one()[0])
+    for _ in range(2):
+        row = session.execute(update + cond + " AND writer = %s", (to, *params, dataset, version, *allowed, me)).one()
+        if row[0]:
+            return True
+        status, writer = getattr(row, "status", None), getattr(row, "writer", None)
+        if status not in allowed:
+            return False
+        check_fence(dataset)  # the lock is this process's now: the other writer is gone
+        took = session.execute(
+            f"UPDATE {keyspace}.dataset_versions SET writer = %s WHERE dataset = %s AND version = %s IF writer = %s",
+            (me, dataset, version, writer),
+        ).one()
+        log.warning("version %s of %s: writer %s taken over by %s (applied: %s)", version, dataset, writer, me, took[0])
+    raise LockLostError(
+        f"{me} could not mark version {version!r} of {dataset!r} {to}: its writer changed under it (another holder "
+        f"of the lock claimed it); see {keyspace}.dataset_versions"
     )
-    return bool(result.one()[0])
 
 
 def version_members(session: Any, keyspace: str, dataset: str, version: str) -> list[str]:

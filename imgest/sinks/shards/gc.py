@@ -25,6 +25,7 @@ from imgest.sinks.shards.store import LOCAL_META, ShardStore, StoredObject
 from imgest.sinks.shards.store_names import HISTORY, STAGING, VERSIONS, history_name, manifest_objects
 
 log = logging.getLogger(__name__)
+GC_BATCH = 1000  # objects deleted between two proofs of the lock and the live manifest
 DEFAULT_KEEP = 1
 DEFAULT_MIN_AGE_S = 24 * 3600.0
 
@@ -96,6 +97,19 @@ def _garbage(store: ShardStore, referenced: set[str], kept_keys: set[str]) -> li
     return found
 
 
+def _still_current(store: ShardStore, current: dict[str, Any], done: int) -> None:
+    """Before each batch of deletions: the lock still held (``check_fence``, when this process holds it) and the
+    live manifest still CURRENT; GcError naming how many were deleted otherwise."""
+    from imgest.core.locks import check_fence
+
+    check_fence(str(current.get("dataset", "")))
+    if store.read_manifest() != current:
+        raise GcError(
+            f"manifest.json of {store.location} changed while gc ran (a publish?); {done} objects were deleted "
+            "before that, none since; run gc again"
+        )
+
+
 def collect(
     store: ShardStore,
     keep: int = DEFAULT_KEEP,
@@ -133,13 +147,11 @@ def collect(
     report.by_prefix = dict(sorted(Counter(_folder(obj.name) for obj in doomed).items()))
     if dry_run or not doomed:
         return report
-    if store.read_manifest() != current:
-        raise GcError(
-            f"manifest.json of {store.location} changed while gc ran (a publish?); nothing was deleted, run gc again"
-        )
-    tars = [obj.name for obj in doomed if obj.name.endswith(".tar")]
-    store.delete(tars)  # the tar first: a tar that is there always has its sidecars
-    store.delete([obj.name for obj in doomed if not obj.name.endswith(".tar")])
+    tars = [obj.name for obj in doomed if obj.name.endswith(".tar")]  # the tar first: a tar that is there always
+    names = tars + [obj.name for obj in doomed if not obj.name.endswith(".tar")]  # has its sidecars
+    for at in range(0, len(names), GC_BATCH):
+        _still_current(store, current, at)
+        store.delete(names[at : at + GC_BATCH])
     log.info(
         "gc of %s: deleted %d objects (%d bytes): %s",
         store.location,

@@ -165,9 +165,12 @@ def publish(
     ``imgest gc shards`` collects them). Sets MANIFEST's ``previous`` to the key of the manifest it replaces.
 
     Returns False, writing nothing, when the live manifest is already MANIFEST. Right before the switch, a
-    process that holds the dataset's lock proves it still does (LockLostError, nothing switched, otherwise).
+    process that holds the dataset's lock proves it still does (LockLostError, nothing switched, otherwise); the
+    switch itself lands only over the manifest read here (``manifest_switch``: ManifestConflictError otherwise).
     """
-    live = store.read_manifest()
+    from imgest.sinks.shards.manifest_switch import read_live, switch
+
+    live, version = read_live(store)
     key = manifest["key"]
     if live is None:
         manifest["previous"] = None
@@ -181,7 +184,7 @@ def publish(
         store.put_bytes(str(manifest[TABLE_KEY]), shards)
     store.put_bytes(history_name(key), manifest_bytes(manifest))
     check_fence(str(manifest.get("dataset", "")))
-    store.write_manifest(manifest)
+    switch(store, manifest, version)
     log.info("published %s: %d shards under %s", store.location, len(manifest["shards"]), version_prefix(key))
     return True
 
