@@ -69,19 +69,43 @@ class FinishRefreshOperator(RequestOperator):
 
 class CheckVersionsOperator(BaseOperator):
     """For every dataset version announced through the `imgest-datasets` alias: DALI read-back of every reader
-    of its target, and the xNVMe validation for the files target; reports recorded with the version."""
+    of its target, and the xNVMe validation for the files target; reports recorded with the version.
+
+    Each version is checked as a writer of its dataset: with the run state the request's deployment decides
+    (``use_run_state``: the same store as the runs that write it), holding the dataset's lock (waiting for a
+    writer that holds it) and fencing the record of its report; the lock is given back after each version."""
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        from imgest.flow.checks import check_version, versions_to_check
-        from imgest.flow.request import IngestRequest
-        from imgest.operators.hooks import ImgestCassandraHook, store_settings
+        from imgest.flow.checks import versions_to_check
 
-        results = []
-        for extra in versions_to_check(context.get("triggering_asset_events") or {}):
-            request = IngestRequest.from_conf(extra["conf"])
-            cassandra = ImgestCassandraHook().settings() if request.target == "cassandra" else None
-            s3 = store_settings(request.shard_dest, "aws_default") if request.target == "shards" else None
-            results.append(check_version(extra, cassandra, s3))
+        results = [
+            self._check(extra, context) for extra in versions_to_check(context.get("triggering_asset_events") or {})
+        ]
         if not results:
             log.info("no unchecked version among the triggering asset events")
         return results
+
+    def _check(self, extra: dict[str, Any], context: Any) -> dict[str, Any]:
+        from imgest.core import locks
+        from imgest.flow.checks import check_version
+        from imgest.flow.request import IngestRequest
+        from imgest.operators.hooks import ImgestCassandraHook, lock_store, store_settings
+        from imgest.operators.state import run_lease, use_run_state
+
+        request = IngestRequest.from_conf(extra["conf"])
+        use_run_state([extra["conf"]])  # where this dataset's writers keep their lock and work files
+        cassandra = ImgestCassandraHook().settings() if request.target == "cassandra" else None
+        s3 = store_settings(request.shard_dest, "aws_default") if request.target == "shards" else None
+        holder, store = locks.airflow_holder(self.dag_id, context["run_id"]), lock_store()
+        locks.acquire(
+            request.dataset,
+            holder,
+            locks.default_wait(),
+            on_wait=lambda other: log.info("%s is being written by %s: waiting", request.dataset, other.who),
+            store=store,
+        )
+        try:
+            with run_lease(self.dag_id, context["run_id"], request.dataset, context.get("ti")):
+                return check_version(extra, cassandra, s3)
+        finally:
+            locks.release(request.dataset, holder, store)

@@ -144,11 +144,17 @@ def record_check(target: str, location: str, settings: dict[str, Any], version: 
 
     store = open_store(location, settings.get("s3")) if target == "shards" else None
     manifest_path = Path(location) / workdir.PUBLISHED_MANIFEST
-    manifest = store.read_manifest() if store else json.loads(manifest_path.read_text())
+    if store:
+        from imgest.sinks.shards.manifest_switch import read_live, switch
+
+        live, version_read = read_live(store)  # the report lands only on the manifest it was read from
+        manifest = dict(live or {})
+    else:
+        manifest = json.loads(manifest_path.read_text())
     manifest["checks"] = {**manifest.get("checks", {}), "read_throughput": shared_location(report_path)}
     check_fence(str(manifest.get("dataset", "")))
     if store:
-        store.write_manifest(manifest)
+        switch(store, manifest, version_read)
     else:
         from imgest.sinks.files.write import write_atomic
 

@@ -63,7 +63,7 @@ def test_a_zombie_attempt_publishes_nothing(where: tuple[S3Settings, str]) -> No
     read."""
     settings, bucket = where
     prefix = f"zombie-{secrets.token_hex(3)}"
-    store = S3LockStore(f"s3://{bucket}/{prefix}/_state/locks", settings)
+    store = S3LockStore(f"s3://{bucket}/{prefix}/_state", settings)
     shards = open_store(f"s3://{bucket}/{prefix}/ds", settings)
     run = locks.airflow_holder("ingest_imagenet", "manual__z", lease_s=600)
     assert locks.try_acquire("zds", run, store) is None
