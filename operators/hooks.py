@@ -143,10 +143,11 @@ def source_settings(source: str | None, source_conn_id: str) -> S3Settings | Non
 
 
 def lock_store(aws_conn_id: str = "aws_default"):  # -> imgest.core.lock_stores.LockStore
-    """The dataset lock store: under $IMGEST_STATE_URL (reached through AWS_CONN_ID) when set, else local."""
-    from imgest.core.lock_stores import default_store, state_url
+    """The dataset lock store: under $IMGEST_LOCK_URL (beside the run's S3 destination) or $IMGEST_STATE_URL
+    (reached through AWS_CONN_ID) when set, else local."""
+    from imgest.core.lock_stores import default_store, lock_url
 
-    url = state_url()
+    url = lock_url()
     return default_store(store_settings(url, aws_conn_id) if url else None)
 
 

@@ -46,13 +46,18 @@ def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
     """Decide where the run of CONFS (its request, or each target's conf) keeps its state and export a derived URL
     as $IMGEST_STATE_URL for this task; returns the URL (None: the local state folder). ConfigError naming
     IMGEST_STATE_URL when the run spans hosts and no store every host reaches is known."""
-    from imgest.core.lock_stores import STATE_URL_ENV, state_setting
+    from imgest.core.lock_stores import LOCK_URL_ENV, STATE_URL_ENV, lock_url_for, state_setting
     from imgest.core.run_state import state_url_for
     from imgest.flow.steps import s3_destination
 
     dests = [d for d in (s3_destination(c) for c in confs if c) if d]
     configured = state_setting()
     url = state_url_for(task_deployment(), dests[0] if dests else None, configured)
+    lock = lock_url_for(dests[0] if dests else None)  # beside the destination on any deployment, as the CLI's
+    if lock:
+        os.environ[LOCK_URL_ENV] = lock
+    else:
+        os.environ.pop(LOCK_URL_ENV, None)
     if url and not configured:
         log.info("the run spans hosts: its state lives at %s (derived from its S3 destination)", url)
         os.environ[STATE_URL_ENV] = url

@@ -75,25 +75,26 @@ def cli_run_state(master: str, dest: str | None) -> Iterator[str | None]:
     the files its executors read. ``$IMGEST_STATE_URL``; on a cluster without it, beside an ``s3://`` DEST
     (exported for the lock and the Spark job, restored afterwards), else a ConfigError naming the variable; None on
     a local master (this machine's state folder)."""
-    from imgest.core.lock_stores import STATE_URL_ENV, state_setting
+    from imgest.core.lock_stores import LOCK_URL_ENV, STATE_URL_ENV, lock_url_for, state_setting
     from imgest.core.run_state import Deployment, state_url_for
 
     configured = state_setting()
     s3_dest = dest if dest and dest.startswith("s3://") else None
     url = state_url_for(Deployment("", master), s3_dest, configured)
-    if not url or configured:
-        yield url
-        return
-    print(f"run state: {url} (the master {master} runs executors on other hosts)", flush=True)
-    before = os.environ.get(STATE_URL_ENV)
-    os.environ[STATE_URL_ENV] = url
+    exported = {LOCK_URL_ENV: lock_url_for(s3_dest)}  # the lock beside an S3 destination, as the DAG's
+    if url and not configured:
+        print(f"run state: {url} (the master {master} runs executors on other hosts)", flush=True)
+        exported[STATE_URL_ENV] = url
+    before = {key: os.environ.get(key) for key in exported}
+    os.environ.update({k: v for k, v in exported.items() if v})
     try:
         yield url
     finally:
-        if before is None:
-            os.environ.pop(STATE_URL_ENV, None)
-        else:
-            os.environ[STATE_URL_ENV] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def add_cassandra_args(p: argparse.ArgumentParser) -> None:

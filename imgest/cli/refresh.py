@@ -91,9 +91,10 @@ def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> in
 
 def locks_cmd(args: argparse.Namespace) -> int:
     from imgest.core import locks
-    from imgest.core.lock_stores import default_store
+    from imgest.core.lock_stores import default_store, lock_url_for, store_at
 
-    store = default_store()
+    url = lock_url_for(args.dest) if args.dest else None
+    store = store_at(url) if url else default_store()
     if args.action == "release":
         if not args.dataset:
             print("imgest: error: name the dataset whose lock to release", file=sys.stderr)
@@ -143,6 +144,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     lk.add_argument("action", choices=["list", "release"], nargs="?", default="list")
     lk.add_argument("dataset", nargs="?", help="dataset whose lock to release")
+    lk.add_argument(
+        "--dest",
+        help="the locks of datasets written to this s3:// destination (kept in its bucket's _imgest-state unless "
+        "$IMGEST_STATE_URL says otherwise); default: $IMGEST_STATE_URL, else this machine's",
+    )
     lk.set_defaults(func=locks_cmd)
 
 

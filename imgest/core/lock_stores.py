@@ -32,6 +32,9 @@ from imgest.core.settings import S3Settings
 
 STATE_URL_ENV = "IMGEST_STATE_URL"
 LOCAL_STATE = "local"  # IMGEST_STATE_URL=local: the local state folder, which every host mounts
+# Where this run's dataset lock lives when that is not its state URL: beside its S3 destination. Set by imgest itself
+# (``lock_url_for``, for every task of a DAG run and every CLI writer), never by hand.
+LOCK_URL_ENV = "IMGEST_LOCK_URL"
 
 
 @dataclass(frozen=True)
@@ -180,11 +183,32 @@ def state_url() -> str | None:
     return None if url == LOCAL_STATE else url or None
 
 
+def lock_url_for(s3_dest: str | None) -> str | None:
+    """Where the lock of a dataset written to S3_DEST lives, the same for the CLI and every DAG on any deployment:
+    ``$IMGEST_STATE_URL`` when set (None for ``local``), else beside an ``s3://`` S3_DEST (its bucket's
+    ``_imgest-state``), else None (this machine's state folder). A CLI on a laptop and a DAG run on a cluster that
+    write the same S3 destination so exclude each other."""
+    setting = state_setting()
+    if setting:
+        return None if setting == LOCAL_STATE else setting
+    if s3_dest and s3_dest.startswith("s3://"):
+        from imgest.core.run_state import derived_state_url
+
+        return derived_state_url(s3_dest)
+    return None
+
+
+def lock_url() -> str | None:
+    """The lock store's URL for this process: ``$IMGEST_LOCK_URL`` (set by imgest for the run), else the state URL."""
+    return os.environ.get(LOCK_URL_ENV) or state_url()
+
+
 def default_store(settings: S3Settings | None = None) -> LockStore:
-    """The store named by ``$IMGEST_STATE_URL`` (S3, reached with SETTINGS or the environment's), else local."""
+    """The store named by ``$IMGEST_LOCK_URL`` or ``$IMGEST_STATE_URL`` (S3, reached with SETTINGS or the
+    environment's), else local."""
     from imgest.core.paths import state_dir
 
-    url = state_url()
+    url = lock_url()
     if url is None:
         return FileLockStore(state_dir() / "locks")
     return S3LockStore(url, settings or S3Settings.from_env())

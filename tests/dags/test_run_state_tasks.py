@@ -22,6 +22,7 @@ SHARDS = {"sample": True, "target": "shards", "dataset": "imnet", "s3_dest": "s3
 def no_state_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path))
     monkeypatch.setenv("IMGEST_STATE_URL", "")  # unset, and restored after the test whatever the task exported
+    monkeypatch.setenv("IMGEST_LOCK_URL", "")
 
 
 def _deploy(monkeypatch: pytest.MonkeyPatch, executor: str, master: str) -> None:
@@ -38,10 +39,17 @@ def test_celery_workers_keep_the_state_beside_the_destination(
     assert os.environ["IMGEST_STATE_URL"] == "s3://datasets/_imgest-state"  # for the lock store, work area, driver
 
 
-def test_one_machine_exports_nothing(no_state_url: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_machine_keeps_its_state_and_the_lock_beside_the_destination(
+    no_state_url: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On one machine the work stays local, but the lock of a dataset written to S3 lives beside it, where a CLI
+    writer of the same destination looks for it too (one lock store for the CLI and every DAG)."""
     _deploy(monkeypatch, "LocalExecutor", "local[2]")
     assert use_run_state([SHARDS]) is None
     assert os.environ["IMGEST_STATE_URL"] == ""
+    assert os.environ["IMGEST_LOCK_URL"] == "s3://datasets/_imgest-state"
+    use_run_state([{"target": "cassandra", "source": "/data/imagenet", "dataset": "imnet"}])
+    assert "IMGEST_LOCK_URL" not in os.environ  # no S3 destination: this machine's lock folder
 
 
 def test_a_cluster_master_without_s3_is_refused(no_state_url: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,6 +51,7 @@ def _host_env(s3_server: S3Server, home: Path, prefix: str, lease_s: float) -> d
         "IMGEST_HOME": str(home),  # an empty disk of its own, as a pod gets
         "IMGEST_STATE_URL": f"s3://{s3_server.bucket}/{prefix}",
         "IMGEST_S3_ENDPOINT": str(settings.endpoint_url),
+        "IMGEST_S3_BUCKET": s3_server.bucket,
         "AWS_ACCESS_KEY_ID": str(settings.access_key),
         "AWS_SECRET_ACCESS_KEY": str(settings.secret_key),
         "IMGEST_LOCK_LEASE_S": str(lease_s),
@@ -208,3 +209,32 @@ def test_a_stalled_holder_taken_over_publishes_nothing(s3_server: S3Server, tmp_
     assert "on host-b:" in now.holder.who  # A's exit left B's lock alone
     taker.terminate()
     taker.wait(timeout=60)
+
+
+def test_the_cli_and_a_dag_writing_one_destination_share_one_lock(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DAG run (on a cluster: its lock beside its S3 destination) holds a dataset; `imgest ingest shards` on a
+    laptop's local master, with no IMGEST_STATE_URL, writing the same destination, looks in the same place and is
+    refused naming the run; `imgest locks --dest` lists and releases it there."""
+    from imgest.cli import main
+    from imgest.core.run_state import derived_state_url
+    from imgest.sources.devdata.sample import SampleSpec, write_sample
+
+    monkeypatch.delenv("IMGEST_STATE_URL", raising=False)
+    monkeypatch.delenv("IMGEST_LOCK_URL", raising=False)
+    dataset = f"shared-{secrets.token_hex(2)}"
+    dest = f"s3://{s3_server.bucket}/lock-test/{dataset}"
+    store = S3LockStore(derived_state_url(dest), s3_server.settings())
+    run = locks.airflow_holder("ingest_imagenet", "scheduled__cluster", lease_s=600)
+    assert locks.try_acquire(dataset, run, store) is None
+    write_sample(tmp_path / "src", SampleSpec("imagefolder", classes=2, per_class=2, val_per_class=1, seed=2))
+    args = ["ingest", "shards", str(tmp_path / "src"), "--dest", dest, "--dataset", dataset]
+    assert main([*args, "--work-dir", str(tmp_path / "work")]) != 0
+    err = capsys.readouterr().err
+    assert f"dataset {dataset!r} is being written by Airflow DAG ingest_imagenet run scheduled__cluster" in err
+    assert "_imgest-state/locks/" in err  # the store it looked in: beside the destination
+    assert main(["locks", "--dest", dest]) == 0
+    assert f"{dataset}" in capsys.readouterr().out
+    assert main(["locks", "release", dataset, "--dest", dest]) == 0
+    assert locks.read(dataset, store) is None
