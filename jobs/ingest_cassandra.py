@@ -94,6 +94,8 @@ def connection_settings(args: argparse.Namespace) -> CassandraSettings:
         local_dc=args.local_dc or env.local_dc,
         protocol_version=args.protocol_version or env.protocol_version,
         ssl_ca_file=args.ssl_ca or env.ssl_ca_file,
+        ssl_cert_file=args.ssl_cert or env.ssl_cert_file,
+        ssl_key_file=args.ssl_key or env.ssl_key_file,
     ).shippable()
 
 

@@ -2,8 +2,9 @@
 
 Operators never map connection fields themselves; they ask a hook for settings (or a session) inside
 ``execute``. The Cassandra connection's extras follow the provider's names (``ssl_options``,
-``protocol_version``, ``load_balancing_policy_args.local_dc``) and also accept ``ssl_ca`` (a CA file path),
-``local_dc`` and ``consistency`` (the consistency level of writes and verify reads, default LOCAL_QUORUM).
+``protocol_version``, ``load_balancing_policy_args.local_dc``) and also accept ``ssl_ca``, ``ssl_cert`` and
+``ssl_key`` (each a file path or the PEM text itself: mutual TLS from the connection alone), ``local_dc`` and
+``consistency`` (the consistency level of writes and verify reads, default LOCAL_QUORUM).
 Spark jobs get them as the driver's environment (``spark_env``); the driver ships them to executors. The AWS
 connection's ``endpoint_url`` and ``region_name`` are read by the Amazon provider itself.
 """
@@ -37,13 +38,23 @@ class ImgestCassandraHook(CassandraHook):
                 f'{self.cassandra_conn_id.upper()}=\'{{"conn_type": "cassandra", "host": "10.0.0.5,10.0.0.6"}}\')'
             )
         extra = conn.extra_dejson
-        ssl_ca = extra.get("ssl_ca") or (extra.get("ssl_options") or {}).get("ca_certs")
+        options = extra.get("ssl_options") or {}
+        tls = {  # each a path or the PEM text itself; the provider's ssl_options paths too
+            "ca": extra.get("ssl_ca") or options.get("ca_certs"),
+            "cert": extra.get("ssl_cert") or options.get("certfile"),
+            "key": extra.get("ssl_key") or options.get("keyfile"),
+        }
+        from imgest.core.cassandra_tls import is_pem
+
+        files = {f"ssl_{k}_file": v for k, v in tls.items() if v and not is_pem(v)}
+        texts = {f"ssl_{k}_data": v for k, v in tls.items() if v and is_pem(v)}
         return CassandraSettings(
             hosts=hosts,
             port=int(conn.port or 9042),
             username=conn.login or None,
             password=conn.password or None,
-            ssl_ca_file=ssl_ca or None,
+            **files,
+            **texts,
             protocol_version=int(extra.get("protocol_version") or 4),
             consistency=extra.get("consistency") or env_consistency(),
             local_dc=extra.get("local_dc") or (extra.get("load_balancing_policy_args") or {}).get("local_dc") or None,
@@ -66,8 +77,9 @@ class ImgestCassandraHook(CassandraHook):
         }
         if s.username:
             env.update({"IMGEST_CASSANDRA_USER": s.username, "IMGEST_CASSANDRA_PASSWORD": s.password or ""})
-        if s.ssl_ca_file:
-            env["IMGEST_CASSANDRA_SSL_CA"] = s.ssl_ca_file
+        shipped = s.shippable()  # the TLS texts (the job's driver may run on another host than this task)
+        texts = {"CA": shipped.ssl_ca_data, "CERT": shipped.ssl_cert_data, "KEY": shipped.ssl_key_data}
+        env.update({f"IMGEST_CASSANDRA_SSL_{name}_PEM": text for name, text in texts.items() if text})
         if s.local_dc:
             env["IMGEST_CASSANDRA_LOCAL_DC"] = s.local_dc
         return env

@@ -105,7 +105,7 @@ def add_cassandra_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password-file", help="file holding the Cassandra password")
     from imgest.spark.job_options import CASSANDRA_OPTIONS
 
-    connection = ("--consistency", "--local-dc", "--protocol-version", "--ssl-ca")
+    connection = ("--consistency", "--local-dc", "--protocol-version", "--ssl-ca", "--ssl-cert", "--ssl-key")
     for flag, kwargs in CASSANDRA_OPTIONS:
         dest = flag.lstrip("-").replace("-", "_")
         if flag in connection and not any(a.dest == dest for a in p._actions):
@@ -125,6 +125,11 @@ def cassandra_settings(args: argparse.Namespace):  # -> CassandraSettings
         username=env.username,
         password=env.password,
         ssl_ca_file=getattr(args, "ssl_ca", None) or env.ssl_ca_file,
+        ssl_cert_file=getattr(args, "ssl_cert", None) or env.ssl_cert_file,
+        ssl_key_file=getattr(args, "ssl_key", None) or env.ssl_key_file,
+        ssl_ca_data=env.ssl_ca_data,
+        ssl_cert_data=env.ssl_cert_data,
+        ssl_key_data=env.ssl_key_data,
         protocol_version=getattr(args, "protocol_version", None) or env.protocol_version,
         consistency=getattr(args, "consistency", None) or env.consistency,
         local_dc=getattr(args, "local_dc", None) or env.local_dc,

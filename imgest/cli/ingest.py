@@ -156,12 +156,17 @@ def _preflight_cassandra(args: argparse.Namespace) -> None:
     check_cassandra(cassandra_settings(args))
 
 
-def ingest_shards_cmd(args: argparse.Namespace) -> int:
+def check_shards_dest(args: argparse.Namespace) -> None:
+    """The destination answers these credentials (before the lock beside it is taken)."""
     from imgest.flow.preflight import check_shard_dest
-    from imgest.spark.job_options import SHARD_OPTIONS
 
     s3_env(args.dest)
     check_shard_dest(args.dest)
+
+
+def ingest_shards_cmd(args: argparse.Namespace) -> int:
+    from imgest.spark.job_options import SHARD_OPTIONS
+
     failed = "nothing was published and re-running resumes"
     return _submit(args, "pack_shards", "shards", [SHARD_OPTIONS], ["--dest", args.dest], failed)
 
@@ -233,7 +238,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_options(ish, SHARD_OPTIONS)
     add_transform_args(ish)
-    ish.set_defaults(func=locked_ingest(ingest_shards_cmd))
+    ish.set_defaults(func=locked_ingest(ingest_shards_cmd, check_shards_dest))
 
     ifl = ingest_sub.add_parser(
         "files",

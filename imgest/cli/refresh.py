@@ -162,10 +162,13 @@ def add_wait_lock(p: argparse.ArgumentParser) -> None:
     )
 
 
-def locked_ingest(fn: Any) -> Any:
-    """Run an `imgest ingest` command holding its dataset's write lock."""
+def locked_ingest(fn: Any, preflight: Any = None) -> Any:
+    """Run an `imgest ingest` command holding its dataset's write lock; PREFLIGHT(args) first, before the lock is
+    taken (a destination whose keys are refused is named as such, not as a lock store that refused them)."""
 
     def run(args: argparse.Namespace) -> int:
+        if preflight is not None:
+            preflight(args)
         from imgest.core.locks import dataset_lock
         from imgest.sources.manifest import manifest_metadata
 

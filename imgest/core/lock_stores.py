@@ -115,7 +115,14 @@ class S3LockStore:
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/locks/".lstrip("/")
         self.location = f"s3://{bucket}/{self.prefix}"
-        self.client = settings.client()
+        self.client, self.settings = settings.client(), settings
+
+    def _refused(self, exc: Exception) -> Exception:
+        """EXC (a refused or failed request) as imgest's S3 error naming this lock store."""
+        from imgest.sinks.shards.s3_client import describe_client_error
+
+        err = describe_client_error(self.settings, self.bucket, exc)
+        return type(err)(f"the dataset lock store {self.location}: {err}")
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}{name}.json"
@@ -130,7 +137,7 @@ class S3LockStore:
             code = e.response.get("Error", {}).get("Code")
             if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
                 return False
-            raise
+            raise self._refused(e) from None
         return True
 
     def create(self, name: str, fields: dict[str, Any]) -> bool:
@@ -145,7 +152,7 @@ class S3LockStore:
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
-            raise
+            raise self._refused(e) from None
         fields = json.loads(r["Body"].read())
         date = r["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
         now = parsedate_to_datetime(date).timestamp() if date else time.time()

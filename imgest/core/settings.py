@@ -73,6 +73,12 @@ class CassandraSettings:
     # The CA certificate itself (PEM text), read from ssl_ca_file by a Spark driver and shipped to executors,
     # which may run where that file does not exist.
     ssl_ca_data: str | None = field(default=None, repr=False)
+    # Mutual TLS: the client certificate and key, as files (of this host) and as the texts shipped to executors
+    # (imgest.core.cassandra_tls).
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
+    ssl_cert_data: str | None = field(default=None, repr=False)
+    ssl_key_data: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "consistency", consistency_level(self.consistency))
@@ -87,8 +93,15 @@ class CassandraSettings:
     @classmethod
     def from_env(cls, hosts: str | None = None, port: int | None = None) -> CassandraSettings:
         """HOSTS / PORT (flags) when given, else IMGEST_CASSANDRA_HOSTS (comma separated; one of them is
-        required) and _PORT (9042); _USER, _PASSWORD, _SSL_CA, _PROTOCOL, _CONSISTENCY, _LOCAL_DC."""
+        required) and _PORT (9042); _USER, _PASSWORD, _SSL_CA, _SSL_CERT, _SSL_KEY (files; _SSL_CA_PEM, _SSL_CERT_PEM,
+        _SSL_KEY_PEM: the texts), _PROTOCOL, _CONSISTENCY, _LOCAL_DC."""
+        env = os.environ.get
         return cls(
+            ssl_cert_file=env("IMGEST_CASSANDRA_SSL_CERT") or None,
+            ssl_key_file=env("IMGEST_CASSANDRA_SSL_KEY") or None,
+            ssl_ca_data=env("IMGEST_CASSANDRA_SSL_CA_PEM") or None,
+            ssl_cert_data=env("IMGEST_CASSANDRA_SSL_CERT_PEM") or None,
+            ssl_key_data=env("IMGEST_CASSANDRA_SSL_KEY_PEM") or None,
             hosts=split_hosts(hosts or os.environ.get(HOSTS_ENV, "")),
             port=port or env_int("IMGEST_CASSANDRA_PORT", 9042),
             username=os.environ.get("IMGEST_CASSANDRA_USER") or None,
@@ -100,20 +113,32 @@ class CassandraSettings:
         )
 
     def shippable(self) -> CassandraSettings:
-        """These settings with the CA certificate's text inside, for executors that cannot read ssl_ca_file."""
-        if not self.ssl_ca_file or self.ssl_ca_data:
-            return self
+        """These settings with the TLS texts inside (the CA; the client certificate and its key, as PKCS#8), for
+        executors and the bulk helper, which cannot read this host's files."""
         from dataclasses import replace
 
-        try:
-            pem = Path(self.ssl_ca_file).read_text()
-        except OSError as exc:
+        from imgest.core.cassandra_tls import pkcs8, read_pem
+
+        ca, cert, key = self.ssl_ca_data, self.ssl_cert_data, self.ssl_key_data
+        if self.ssl_ca_file and not ca:
+            ca = read_pem(self.ssl_ca_file, "CA", "--ssl-ca / IMGEST_CASSANDRA_SSL_CA")
+        if self.ssl_cert_file and not cert:
+            cert = read_pem(self.ssl_cert_file, "client certificate", "--ssl-cert / IMGEST_CASSANDRA_SSL_CERT")
+        if self.ssl_key_file and not key:
+            key = read_pem(self.ssl_key_file, "client key", "--ssl-key / IMGEST_CASSANDRA_SSL_KEY")
+        if bool(cert) != bool(key):
             from imgest.core.errors import ConfigError
 
-            raise ConfigError(
-                f"Cassandra CA file {self.ssl_ca_file}: {exc.strerror}; check --ssl-ca / IMGEST_CASSANDRA_SSL_CA"
-            ) from None
-        return replace(self, ssl_ca_data=pem)
+            raise ConfigError("Cassandra mutual TLS needs the client certificate and its key (--ssl-cert, --ssl-key)")
+        key = pkcs8(key) if key else None
+        if (ca, cert, key) == (self.ssl_ca_data, self.ssl_cert_data, self.ssl_key_data):
+            return self
+        return replace(self, ssl_ca_data=ca, ssl_cert_data=cert, ssl_key_data=key)
+
+    @property
+    def tls(self) -> bool:
+        """TLS is on (a CA is given, as a file or as text)."""
+        return bool(self.ssl_ca_data or self.ssl_ca_file)
 
     @property
     def address(self) -> str:

@@ -187,6 +187,11 @@ class CassandraServer:
         """The CA certificate clients must trust (TLS nodes only)."""
         return self.home / "tls" / "ca.pem" if self.tls else None
 
+    @property
+    def client_files(self) -> tuple[Path, Path] | None:
+        """The client certificate and key the TLS node requires (mutual TLS), None for other nodes."""
+        return (self.home / "tls" / "client.pem", self.home / "tls" / "client-key.pem") if self.tls else None
+
     def command(self, java: str, lib: Path, config: Path, extra: Sequence[str] = ()) -> list[str]:
         """The JVM command line that runs the daemon in the foreground, EXTRA flags after the options (pure)."""
         jamm = sorted(lib.glob("jamm-*.jar"))
@@ -231,6 +236,8 @@ class CassandraServer:
             username="cassandra" if self.auth else None,
             password="cassandra" if self.auth else None,
             ssl_ca_file=str(self.ca_file) if self.ca_file and self.ca_file.is_file() else None,
+            ssl_cert_file=str(self.client_files[0]) if self.client_files else None,
+            ssl_key_file=str(self.client_files[1]) if self.client_files else None,
         )
         try:
             with cassandra_session(settings) as session:

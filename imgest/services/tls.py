@@ -1,8 +1,11 @@
-"""Certificates for the TLS-enabled embedded Cassandra node: a private CA and a server key pair.
+"""Certificates for the TLS-enabled embedded Cassandra node: a private CA, a server key pair and a client one.
 
 The CA certificate (``ca.pem``) is what clients trust (``IMGEST_CASSANDRA_SSL_CA``, ``--ssl-ca``, the
 connection extra ``ssl_ca``); the server's key and certificate go into a PKCS12 keystore that Cassandra's
-``client_encryption_options`` read. The certificate names the node's IP address, so clients check the host.
+``client_encryption_options`` read. The certificate names the node's IP address, so clients check the host. The node
+requires a client certificate signed by the same CA (mutual TLS, ``require_client_auth``; the CA in a PKCS12
+truststore made by the JDK's keytool): ``client.pem`` and ``client-key.pem`` are the client's (``--ssl-cert`` /
+``--ssl-key``, the connection extras ``ssl_cert`` / ``ssl_key``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ class ServerTls:
     ca_pem: Path
     keystore: Path
     keystore_password: str
+    truststore: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -82,19 +88,62 @@ def make_server_tls(folder: Path, host: str, days: int = 30) -> ServerTls:
     tls.ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_private(tls.keystore, p12)
     _write_private(folder / "keystore.password", password.encode())
-    return tls
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "imgest client")]))
+        .issuer_name(ca_name)
+        .public_key(client_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .sign(ca_key, hashes.SHA256())
+    )
+    (folder / "client.pem").write_bytes(client.public_bytes(serialization.Encoding.PEM))
+    key_pem = client_key.private_bytes(  # SEC1 ("EC PRIVATE KEY"), as openssl writes it: imgest converts it
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    )
+    _write_private(folder / "client-key.pem", key_pem)
+    _truststore(tls.ca_pem, folder / "truststore.p12", password)
+    return load_server_tls(folder) or tls
+
+
+def _truststore(ca_pem: Path, path: Path, password: str) -> None:
+    """A PKCS12 truststore holding CA_PEM as a trusted certificate (the JDK's keytool: Java reads trust only from
+    its own attribute, which Python's PKCS12 writer does not set)."""
+    import shutil
+    import subprocess
+
+    keytool = shutil.which("keytool", path=os.path.join(os.environ.get("JAVA_HOME", ""), "bin")) or shutil.which(
+        "keytool"
+    )
+    if keytool is None:
+        from imgest.core.errors import ServiceError
+
+        raise ServiceError("cassandra-tls: keytool (a JDK's) not found; install a JDK 17 or set JAVA_HOME")
+    path.unlink(missing_ok=True)
+    store = ["-keystore", str(path), "-storetype", "PKCS12", "-storepass:env", "IMGEST_TRUSTSTORE_PASSWORD"]
+    subprocess.run(
+        [keytool, "-importcert", "-noprompt", "-alias", "ca", "-file", str(ca_pem), *store],
+        env={**os.environ, "IMGEST_TRUSTSTORE_PASSWORD": password},  # never on a command line
+        check=True,
+        capture_output=True,
+    )
+    path.chmod(0o600)
 
 
 def load_server_tls(folder: Path) -> ServerTls | None:
     """The TLS material made earlier in FOLDER, or None."""
     files = folder / "ca.pem", folder / "keystore.p12", folder / "keystore.password"
-    if not all(f.is_file() for f in files):
-        return None
-    return ServerTls(files[0], files[1], files[2].read_text().strip())
+    client = folder / "truststore.p12", folder / "client.pem", folder / "client-key.pem"
+    if not all(f.is_file() for f in (*files, *client)):
+        return None  # made before mutual TLS: made again
+    return ServerTls(files[0], files[1], files[2].read_text().strip(), *client)
 
 
 def client_encryption_yaml(tls: ServerTls) -> str:
-    """cassandra.yaml's client_encryption_options: TLS required on the native port, no client certificates."""
+    """cassandra.yaml's client_encryption_options: TLS required on the native port, and a client certificate
+    signed by the CA (mutual TLS)."""
     return (
         "client_encryption_options:\n"
         "  enabled: true\n"
@@ -102,5 +151,7 @@ def client_encryption_yaml(tls: ServerTls) -> str:
         f"  keystore: {tls.keystore}\n"
         f"  keystore_password: {tls.keystore_password}\n"
         "  store_type: PKCS12\n"
-        "  require_client_auth: false\n"
+        "  require_client_auth: true\n"
+        f"  truststore: {tls.truststore}\n"
+        f"  truststore_password: {tls.keystore_password}\n"
     )

@@ -108,6 +108,14 @@ CASSANDRA_OPTIONS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
+        "--ssl-cert",
+        {
+            "help": "client certificate (PEM) for a cluster that requires one (mutual TLS), with --ssl-key; read "
+            "where the job is submitted and shipped to executors (default: IMGEST_CASSANDRA_SSL_CERT)"
+        },
+    ),
+    ("--ssl-key", {"help": "the client certificate's key (PEM, unencrypted; default: IMGEST_CASSANDRA_SSL_KEY)"}),
+    (
         "--replace-version",
         {
             "action": "store_true",

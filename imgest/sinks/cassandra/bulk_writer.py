@@ -71,9 +71,11 @@ class BulkTarget:
         }
         if settings.username:
             loader |= {"user": settings.username, "password": settings.password or ""}
-        ca = settings.shippable().ssl_ca_data  # the CA's text, shipped with the task
-        if ca:
-            loader["ca_pem"] = ca
+        shipped = settings.shippable()  # the TLS texts, shipped with the task
+        if shipped.ssl_ca_data:
+            loader["ca_pem"] = shipped.ssl_ca_data
+        if shipped.ssl_cert_data and shipped.ssl_key_data:  # mutual TLS: the helper presents the client certificate
+            loader |= {"cert_pem": shipped.ssl_cert_data, "key_pem": shipped.ssl_key_data}
         tables = [{"name": n, "create": c, "insert": i} for n, c, i in self.tables]
         if self.mode == "cql":
             if settings.local_dc:

@@ -91,13 +91,11 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
     if settings.username:
         auth = PlainTextAuthProvider(settings.username, settings.password or "")
     ssl_context = None
-    if settings.ssl_ca_data or settings.ssl_ca_file:
-        import ssl
+    if settings.tls:
+        from imgest.core.cassandra_tls import ssl_context as make_context
 
-        if settings.ssl_ca_data:
-            ssl_context = ssl.create_default_context(cadata=settings.ssl_ca_data)
-        else:
-            ssl_context = ssl.create_default_context(cafile=settings.ssl_ca_file)
+        s = settings.shippable() if settings.ssl_cert_file else settings  # the certificate and key as texts
+        ssl_context = make_context(s.ssl_ca_data, settings.ssl_ca_file, s.ssl_cert_data, s.ssl_key_data)
     from cassandra.query import named_tuple_factory
 
     profile = ExecutionProfile(

@@ -46,7 +46,10 @@ import java.nio.channels.ReadableByteChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.security.KeyFactory;
 import java.security.KeyStore;
+import java.security.PrivateKey;
+import java.security.spec.PKCS8EncodedKeySpec;
 import java.security.cert.Certificate;
 import java.security.cert.CertificateFactory;
 import java.util.ArrayList;
@@ -67,6 +70,8 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Pattern;
+import javax.net.ssl.KeyManager;
+import javax.net.ssl.KeyManagerFactory;
 import javax.net.ssl.SSLContext;
 import javax.net.ssl.SSLEngine;
 import javax.net.ssl.SSLParameters;
@@ -321,7 +326,7 @@ public final class BulkWriter {
             if (l.hasNonNull("user")) {
                 builder.withAuthProvider(new PlainTextAuthProvider(l.get("user").asText(), l.get("password").asText()));
             }
-            if (l.hasNonNull("ca_pem")) builder.withSSL(sslOptions(l.get("ca_pem").asText()));
+            if (l.hasNonNull("ca_pem")) builder.withSSL(sslOptions(l));
             cluster = builder.build();
             session = cluster.connect();
             ConsistencyLevel level = ConsistencyLevel.valueOf(cfg.path("consistency").asText("LOCAL_QUORUM"));
@@ -794,7 +799,7 @@ public final class BulkWriter {
         AuthProvider auth = l.hasNonNull("user")
                 ? new PlainTextAuthProvider(l.get("user").asText(), l.get("password").asText())
                 : AuthProvider.NONE;
-        SSLOptions ssl = l.hasNonNull("ca_pem") ? sslOptions(l.get("ca_pem").asText()) : null;
+        SSLOptions ssl = l.hasNonNull("ca_pem") ? sslOptions(l) : null;
         return loaderClient(contacts, l.get("storage_port").asInt(), auth, ssl);
     }
 
@@ -809,18 +814,31 @@ public final class BulkWriter {
     }
 
     /** TLS to the native port trusting the CA's PEM (the loader reads the ring through the driver). */
-    private static SSLOptions sslOptions(String pem) throws Exception {
+    /** TLS of the loader's header L: trust its ca_pem; with cert_pem and key_pem (PKCS#8), present that client
+     * certificate (mutual TLS: a node with require_client_auth). */
+    private static SSLOptions sslOptions(JsonNode l) throws Exception {
         CertificateFactory cf = CertificateFactory.getInstance("X.509");
         KeyStore ks = KeyStore.getInstance(KeyStore.getDefaultType());
         ks.load(null, null);
         int i = 0;
-        for (Certificate c : cf.generateCertificates(new ByteArrayInputStream(pem.getBytes(StandardCharsets.US_ASCII)))) {
+        for (Certificate c : certificates(cf, l.get("ca_pem").asText())) {
             ks.setCertificateEntry("ca" + i++, c);
         }
         TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
         tmf.init(ks);
+        KeyManager[] keys = null;
+        if (l.hasNonNull("cert_pem") && l.hasNonNull("key_pem")) {
+            KeyStore own = KeyStore.getInstance("PKCS12");
+            own.load(null, null);
+            char[] none = new char[0];
+            Certificate[] chain = certificates(cf, l.get("cert_pem").asText()).toArray(new Certificate[0]);
+            own.setKeyEntry("client", privateKey(l.get("key_pem").asText(), chain[0]), none, chain);
+            KeyManagerFactory kmf = KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
+            kmf.init(own, none);
+            keys = kmf.getKeyManagers();
+        }
         SSLContext ctx = SSLContext.getInstance("TLS");
-        ctx.init(null, tmf.getTrustManagers(), null);
+        ctx.init(keys, tmf.getTrustManagers(), null);
         return new RemoteEndpointAwareJdkSSLOptions(ctx, null) {
             /** The node's certificate must name the address it was reached at, as the Python driver checks it
              * (ssl.create_default_context); the address as given, never a reverse lookup of it. */
@@ -835,6 +853,19 @@ public final class BulkWriter {
                 return engine;
             }
         };
+    }
+
+    private static java.util.Collection<? extends Certificate> certificates(CertificateFactory cf, String pem)
+            throws Exception {
+        return cf.generateCertificates(new ByteArrayInputStream(pem.getBytes(StandardCharsets.US_ASCII)));
+    }
+
+    /** The unencrypted PKCS#8 PEM key (imgest converts others before shipping), of the certificate's algorithm. */
+    private static PrivateKey privateKey(String pem, Certificate cert) throws Exception {
+        String body = pem.replaceAll("-----[A-Z ]+-----", "").replaceAll("\\s", "");
+        byte[] der = java.util.Base64.getDecoder().decode(body);
+        String algorithm = cert.getPublicKey().getAlgorithm();
+        return KeyFactory.getInstance(algorithm).generatePrivate(new PKCS8EncodedKeySpec(der));
     }
 
     private static void deleteTree(Path root) throws IOException {
