@@ -64,8 +64,8 @@ def crs4_reader_args(settings: CassandraSettings, table: str, ids: Sequence[str]
         "password": settings.password or "",
         "use_ssl": bool(settings.ssl_ca_file),
         "ssl_certificate": settings.ssl_ca_file or "",
-        "ssl_own_certificate": "",
-        "ssl_own_key": "",
+        "ssl_own_certificate": settings.ssl_cert_file or "",  # mutual TLS (files: the plugin reads paths)
+        "ssl_own_key": settings.ssl_key_file or "",
         "ssl_own_key_pass": "",
         "table": table,
         "label_col": "label",

@@ -63,6 +63,8 @@ def private_data(settings: CassandraSettings) -> str:
         f"cass_conf.password = {settings.password or ''!r}",
         f"cass_conf.use_ssl = {bool(settings.ssl_ca_file)!r}",
         f"cass_conf.ssl_certificate = {settings.ssl_ca_file or ''!r}",
+        f"cass_conf.ssl_own_certificate = {settings.ssl_cert_file or ''!r}",
+        f"cass_conf.ssl_own_key = {settings.ssl_key_file or ''!r}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -117,3 +117,52 @@ def test_the_default_destination_is_the_connections_bucket_and_no_other(airflow_
     assert got["dest"] == "s3://team-shards/ds"
     assert "no shard destination for 'ds'" in got["error"]
     assert "IMGEST_S3_BUCKET" in got["error"]
+
+
+TLS_PROBE = """
+import json, os
+from imgest.core.settings import CassandraSettings
+from imgest.operators.hooks import ImgestCassandraHook
+out = {}
+for conn_id in ("imgest_tls_text", "imgest_tls_files"):
+    env = ImgestCassandraHook(cassandra_conn_id=conn_id).spark_env()
+    os.environ.update(env)
+    s = CassandraSettings.from_env()
+    for k in env:
+        os.environ.pop(k)
+    out[conn_id] = {"env": sorted(k for k in env if "SSL" in k), "ca": s.ssl_ca_data, "cert": s.ssl_cert_data,
+                    "key": (s.ssl_key_data or "").splitlines()[0]}
+print(json.dumps(out))
+"""
+
+
+def test_mutual_tls_travels_from_the_connection_as_texts(airflow_home: AirflowServer, tmp_path) -> None:
+    """A connection holding the CA, client certificate and key as PEM texts (extras ssl_ca, ssl_cert, ssl_key), or
+    as paths of this host (the provider's ssl_options): either way the Spark job's environment carries the texts
+    (the driver may run on another host), the key as PKCS#8, and the job's settings read them back."""
+    from imgest.services.tls import make_server_tls
+
+    tls = make_server_tls(tmp_path / "tls", "10.0.0.5")
+    assert tls.client_cert is not None
+    assert tls.client_key is not None
+    texts = {
+        "ssl_ca": tls.ca_pem.read_text(),
+        "ssl_cert": tls.client_cert.read_text(),
+        "ssl_key": tls.client_key.read_text(),
+    }
+    paths = {"ca_certs": str(tls.ca_pem), "certfile": str(tls.client_cert), "keyfile": str(tls.client_key)}
+    conn = {"conn_type": "cassandra", "host": "10.0.0.5", "port": 9242}
+    env = {
+        **airflow_home.env(),
+        "AIRFLOW_CONN_IMGEST_TLS_TEXT": json.dumps({**conn, "extra": texts}),
+        "AIRFLOW_CONN_IMGEST_TLS_FILES": json.dumps({**conn, "extra": {"ssl_options": paths}}),
+    }
+    run = subprocess.run([sys.executable, "-c", TLS_PROBE], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    names = ["IMGEST_CASSANDRA_SSL_CA_PEM", "IMGEST_CASSANDRA_SSL_CERT_PEM", "IMGEST_CASSANDRA_SSL_KEY_PEM"]
+    for conn_id in ("imgest_tls_text", "imgest_tls_files"):
+        assert got[conn_id]["env"] == names  # texts only: no path of this host
+        assert got[conn_id]["ca"] == tls.ca_pem.read_text()
+        assert got[conn_id]["cert"] == tls.client_cert.read_text()
+        assert got[conn_id]["key"] == "-----BEGIN PRIVATE KEY-----"  # SEC1 on disk, PKCS#8 shipped

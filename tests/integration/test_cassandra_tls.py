@@ -1,6 +1,7 @@
-"""Connection settings end to end against a real TLS-only Cassandra node whose CA is made at its start:
-TLS (CA file or shipped CA text), native protocol version, local DC and consistency, from the CLI flags
-through a Spark job on the standalone cluster to its executors and to verify's reads."""
+"""Connection settings end to end against a real TLS-only Cassandra node whose CA is made at its start and which
+requires a client certificate signed by it (mutual TLS): TLS (CA, client certificate and key as files or as shipped
+texts), native protocol version, local DC and consistency, from the CLI flags through a Spark job on the standalone
+cluster to its executors (the Python driver and the Java helpers) and to verify's reads."""
 
 from __future__ import annotations
 
@@ -22,12 +23,21 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
 def _settings(server: CassandraServer) -> CassandraSettings:
+    assert server.client_files is not None
+    cert, key = server.client_files
     return CassandraSettings(
-        hosts=(server.host,), port=server.native_port, ssl_ca_file=str(server.ca_file), connect_timeout=5
+        hosts=(server.host,),
+        port=server.native_port,
+        ssl_ca_file=str(server.ca_file),
+        ssl_cert_file=str(cert),
+        ssl_key_file=str(key),
+        connect_timeout=5,
     )
 
 
-def test_tls_node_refuses_plain_and_untrusted(cassandra_tls_server: CassandraServer, tmp_path: Path) -> None:
+def test_tls_node_refuses_plain_untrusted_and_clients_without_a_certificate(
+    cassandra_tls_server: CassandraServer, tmp_path: Path
+) -> None:
     from imgest.services.tls import make_server_tls
 
     plain = CassandraSettings(
@@ -35,10 +45,29 @@ def test_tls_node_refuses_plain_and_untrusted(cassandra_tls_server: CassandraSer
     )
     with pytest.raises(CassandraConnectError), cassandra_session(plain):
         pass
-    untrusted = make_server_tls(tmp_path / "other-ca", "127.0.0.1").ca_pem  # a CA that did not sign the node
-    with pytest.raises(CassandraConnectError), cassandra_session(replace(plain, ssl_ca_file=str(untrusted))):
+    other = make_server_tls(tmp_path / "other-ca", "127.0.0.1")  # a CA that signed neither the node nor us
+    with pytest.raises(CassandraConnectError), cassandra_session(replace(plain, ssl_ca_file=str(other.ca_pem))):
         pass
-    with cassandra_session(_settings(cassandra_tls_server)) as session:
+    good = _settings(cassandra_tls_server)
+    no_certificate = replace(good, ssl_cert_file=None, ssl_key_file=None)
+    with pytest.raises(CassandraConnectError), cassandra_session(no_certificate):
+        pass  # the node requires a client certificate
+    foreign = replace(good, ssl_cert_file=str(other.client_cert), ssl_key_file=str(other.client_key))
+    with pytest.raises(CassandraConnectError), cassandra_session(foreign):
+        pass  # one the node's CA did not sign
+    with cassandra_session(good) as session:
+        assert session.execute("SELECT release_version FROM system.local").one()[0].startswith("5.")
+
+
+def test_the_client_certificate_travels_as_text(cassandra_tls_server: CassandraServer) -> None:
+    """What a driver ships: the CA, the certificate and the key (turned into PKCS#8) as texts; an executor with none
+    of the files connects with them alone."""
+    shipped = _settings(cassandra_tls_server).shippable()
+    assert (shipped.ssl_cert_data or "").startswith("-----BEGIN CERTIFICATE-----")
+    assert (shipped.ssl_key_data or "").startswith("-----BEGIN PRIVATE KEY-----")  # was SEC1 on disk
+    assert "KEY" not in repr(shipped)
+    elsewhere = replace(shipped, ssl_ca_file=None, ssl_cert_file=None, ssl_key_file=None)
+    with cassandra_session(elsewhere) as session:
         assert session.execute("SELECT release_version FROM system.local").one()[0].startswith("5.")
 
 
@@ -46,7 +75,9 @@ def test_tls_node_refuses_plain_and_untrusted(cassandra_tls_server: CassandraSer
 def test_ca_text_protocol_and_local_dc_reach_the_driver(cassandra_tls_server: CassandraServer, protocol: int) -> None:
     shipped = replace(_settings(cassandra_tls_server), protocol_version=protocol, local_dc="datacenter1").shippable()
     assert (shipped.ssl_ca_data or "").startswith("-----BEGIN CERTIFICATE-----")
-    executor_side = replace(shipped, ssl_ca_file="/nowhere/ca.pem")  # what an executor on another host holds
+    executor_side = replace(
+        shipped, ssl_ca_file="/nowhere/ca.pem", ssl_cert_file="/nowhere/c.pem", ssl_key_file="/nowhere/k.pem"
+    )
     with cassandra_session(executor_side) as session:
         row = session.execute("SELECT data_center FROM system.local").one()
         assert session.cluster.protocol_version == protocol
@@ -74,6 +105,13 @@ def test_ingest_over_tls_on_the_cluster(
     argv = ["ingest", "cassandra", str(tmp_path / "src"), "--work-dir", str(work), "--keyspace", ks]
     argv += ["--master", spark_cluster.master_url, "--port", str(cassandra_tls_server.native_port)]
     argv += ["--ssl-ca", str(cassandra_tls_server.ca_file), "--protocol-version", "5", "--local-dc", "datacenter1"]
+    assert cassandra_tls_server.client_files is not None
+    argv += [
+        "--ssl-cert",
+        str(cassandra_tls_server.client_files[0]),
+        "--ssl-key",
+        str(cassandra_tls_server.client_files[1]),
+    ]
     argv += ["--consistency", "ONE", "--verify", "--write-path", path]
     assert main(argv) == 0
     summary = json.loads((work / "ingest_cassandra.json").read_text())
