@@ -1,16 +1,17 @@
 """``imgest services up hosts``: the whole deployment on simulated hosts that share nothing but a network.
 
-Seven hosts, each a network namespace on one bridge (``10.213.0.0/24``; ``IMGEST_HOSTS_SUBNET`` names another
-/24 by its first three octets) with its own host name, /etc/hosts naming every host, empty state folder and /tmp
-(imgest.services.hosts_net): ``store`` (Cassandra, SeaweedFS S3, PostgreSQL, Redis), ``control`` (Airflow's API
-server, scheduler, DAG processor and triggerer, CeleryExecutor), ``worker-a`` and ``worker-b`` (a Celery worker
-each, the Spark drivers), ``spark-master``, ``spark-1`` and ``spark-2`` (Spark standalone, one core per worker).
-Nothing listens on 127.0.0.1 in any host except Airflow's log servers (which bind every address); no route leads
-off the subnet. The bridge's own address in the root namespace lets a person open the Airflow UI.
+Seven hosts, each a network namespace on one bridge (``10.213.0.0/24``; ``IMGEST_HOSTS_SUBNET`` names another /24 by
+its first three octets) with its own host name, /etc/hosts naming every host, empty state folder and /tmp
+(imgest.services.hosts_net): ``store`` (Cassandra, the strict AWS: S3, IAM and STS, PostgreSQL, Redis), ``control``
+(Airflow's API server, scheduler, DAG processor and triggerer, CeleryExecutor), ``worker-a`` and ``worker-b`` (a
+Celery worker each, the Spark drivers), ``spark-master``, ``spark-1`` and ``spark-2`` (Spark standalone, one core
+per worker). Nothing listens on 127.0.0.1 in any host except Airflow's log servers (which bind every address); no
+route leads off the subnet. The bridge's own address in the root namespace lets a person open the Airflow UI.
 
 Airflow's processes get the stores only as AIRFLOW_CONN_* variables and IMGEST_STATE_URL (run state in the store
 host's S3), never a 127.0.0.1 default; the deployer (this module, in the root namespace) keeps the shared secrets
-under ``$IMGEST_HOME/hosts/deployer``, which no host sees. Needs root.
+under ``$IMGEST_HOME/hosts/deployer``, which no host sees. No host holds an S3 key: each has a web identity of its
+own, exchanged at STS for its role's temporary keys, as pods with IRSA (imgest.services.hosts_aws). Needs root.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from imgest.services.airflow import SPARK_POOL
 from imgest.services.airflow_celery import COMPONENTS
 from imgest.services.base import ServiceStatus, UpResult
 from imgest.services.cassandra import cassandra_version, jars_dir
+from imgest.services.hosts_aws import HostAws, bootstrap, identity_env
 from imgest.services.hosts_net import HostView, Network, SimHost, in_host, net_down, net_up, prepare_view
 from imgest.services.hosts_servers import (
     CELERY_WORKER,
@@ -35,16 +37,16 @@ from imgest.services.hosts_servers import (
     HostCassandra,
     HostPostgres,
     HostRedis,
-    HostS3,
     HostSparkMaster,
     HostSparkWorker,
     venv_path,
 )
 from imgest.services.metadb import PostgresServer, RedisServer
 from imgest.services.process import ManagedProcess, stop_all
+from imgest.services.strict_aws import REGION, moto_binary
 
 LAYOUT = (  # name, last octet of its address, what runs there
-    ("store", 10, "Cassandra :9042, S3 (SeaweedFS) :8333, PostgreSQL :5432, Redis :6379"),
+    ("store", 10, "Cassandra :9042, AWS (moto: S3, IAM, STS) :5050, PostgreSQL :5432, Redis :6379"),
     ("control", 11, "Airflow api-server :8080, scheduler, dag-processor, triggerer (CeleryExecutor)"),
     ("worker-a", 21, "Celery worker (Spark driver, client mode)"),
     ("worker-b", 22, "Celery worker (Spark driver, client mode)"),
@@ -54,7 +56,7 @@ LAYOUT = (  # name, last octet of its address, what runs there
 )
 WORKER_HOSTS = ("worker-a", "worker-b")
 SPARK_WORKER_HOSTS = ("spark-1", "spark-2")
-AIRFLOW_PORT, CASSANDRA_PORT, S3_PORT, PG_PORT, REDIS_PORT = 8080, 9042, 8333, 5432, 6379
+AIRFLOW_PORT, CASSANDRA_PORT, AWS_PORT, PG_PORT, REDIS_PORT = 8080, 9042, 5050, 5432, 6379
 SPARK_PORT, SPARK_UI_PORT, SPARK_WORKER_UI_PORT = 7077, 8090, 8091
 STATE_URL = "s3://imgest/_hosts"
 DATASETS_FILE = "config/datasets.toml"  # under each Airflow host's own state folder
@@ -95,9 +97,9 @@ class SimulatedHosts:
     def view(self, host: str) -> HostView:
         """What HOST sees: its own folder, its /etc/hosts; the store host also the Cassandra jars (read-only, at
         their path, when the state folder holds them: its own folder covers that)."""
-        own, jars = self.own(host), jars_dir()
-        hidden = host == "store" and jars.is_relative_to(self.state)
-        binds = ((jars, own / jars.relative_to(self.state)),) if hidden else ()
+        own, jars, moto = self.own(host), jars_dir(), moto_binary().parent.parent
+        installed = (jars, moto) if host == "store" else ()  # read-only, as installed packages are
+        binds = tuple((p, own / p.relative_to(self.state)) for p in installed if p.is_relative_to(self.state))
         return HostView(self.state, own, self.root / host / "etc-hosts", binds)
 
     def prefix(self, host: str) -> tuple[str, ...]:
@@ -112,6 +114,8 @@ class SimulatedHosts:
         env = {"PATH": venv_path(), "HOME": str(own), "LANG": "C.UTF-8", "IMGEST_HOME": str(self.state)}
         env["TMPDIR"] = str(self.view(host).tmp)
         env.update({k: os.environ[k] for k in PASSED_ON if os.environ.get(k)})
+        if host != "store":  # a web identity of its own, no key
+            env.update(identity_env(host, self.state, self.aws_endpoint, REGION))
         if host == "control" or host in WORKER_HOSTS:
             env.update(self.airflow_env(host))
         return env
@@ -133,16 +137,11 @@ class SimulatedHosts:
         return env
 
     def connections(self) -> dict[str, dict[str, object]]:
-        """cassandra_default, aws_default and spark_default, all on the hosts' addresses (Airflow's JSON form)."""
-        key, secret = self.s3().credentials()
+        """cassandra_default, aws_default and spark_default, all on the hosts' addresses (Airflow's JSON form);
+        aws_default names no key: each host's web identity signs."""
         return {
             "cassandra_default": {"conn_type": "cassandra", "host": self.address("store"), "port": CASSANDRA_PORT},
-            "aws_default": {
-                "conn_type": "aws",
-                "login": key,
-                "password": secret,
-                "extra": {"endpoint_url": self.s3().endpoint, "region_name": "us-east-1"},
-            },
+            "aws_default": {"conn_type": "aws", "extra": {"endpoint_url": self.aws_endpoint, "region_name": REGION}},
             "spark_default": {
                 "conn_type": "spark",
                 "host": f"spark://{self.address('spark-master')}",
@@ -182,8 +181,12 @@ class SimulatedHosts:
         home = self.own("store") / "cassandra"
         return HostCassandra(home, native_port=CASSANDRA_PORT, storage_port=7000, host=store, **self._in("store"))
 
-    def s3(self) -> HostS3:
-        return HostS3(self.own("store") / "s3", port=S3_PORT, host=self.address("store"), **self._in("store"))
+    def aws(self) -> HostAws:
+        return HostAws(self.own("store") / "aws", port=AWS_PORT, host=self.address("store"), **self._in("store"))
+
+    @property
+    def aws_endpoint(self) -> str:
+        return f"http://{self.address('store')}:{AWS_PORT}"
 
     def backends(self) -> tuple[HostPostgres, HostRedis]:
         """PostgreSQL (Airflow's metadata) and Redis (Celery's broker) on the store host, passwords kept by the
@@ -240,7 +243,7 @@ class SimulatedHosts:
         procs = [self.airflow(h).process_of(CELERY_WORKER) for h in WORKER_HOSTS]
         procs += [self.airflow().process_of(c) for c in COMPONENTS]
         procs += [self.spark_worker(h).process for h in SPARK_WORKER_HOSTS]
-        return [*procs, self.spark_master().process(), self.s3().process, self.cassandra().process]
+        return [*procs, self.spark_master().process(), self.aws().process, self.cassandra().process]
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def up(self, timeout: float = 300.0) -> UpResult:
@@ -272,7 +275,8 @@ class SimulatedHosts:
             prepare_view(net, self.view(host.name))
 
     def _start_backends(self) -> None:
-        self.s3().up()
+        self.aws().up()
+        bootstrap(self.aws(), {name: self.own(name) for name, _, _ in LAYOUT if name != "store"})
         pg, redis = self.backends()
         pg.home.mkdir(mode=0o700, parents=True, exist_ok=True)
         pg.up()
@@ -343,7 +347,7 @@ class SimulatedHosts:
         if not Path("/sys/class/net", self.bridge).exists() or not self.deployer.is_dir():
             return False
         pg, redis = self.backends()
-        parts = (self.airflow(), self.spark_master(), pg, redis, self.s3(), self.cassandra())
+        parts = (self.airflow(), self.spark_master(), pg, redis, self.aws(), self.cassandra())
         return all(part.answers() for part in parts)
 
     def status(self) -> ServiceStatus:
@@ -367,5 +371,5 @@ class SimulatedHosts:
         lines = [f"hosts up{took} on bridge {self.bridge} ({self.subnet}.0/24, this machine: {self.network.gateway}):"]
         lines += [f"  {name:<13} {self.address(name):<13} {what}" for name, _, what in LAYOUT]
         lines.append(f"  Airflow UI {control.url} (login {control.login()}); Cassandra {cassandra_version()}")
-        lines.append(f"  run state {STATE_URL}; files under {self.root}")
+        lines.append(f"  run state {STATE_URL}; files under {self.root}; S3 keys: none, a web identity per host")
         return "\n".join(lines)

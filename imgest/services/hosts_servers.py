@@ -23,7 +23,6 @@ from imgest.services.airflow_celery import CeleryAirflow
 from imgest.services.cassandra import CassandraServer
 from imgest.services.metadb import PostgresServer, RedisServer, pg_mountpoint
 from imgest.services.process import ManagedProcess
-from imgest.services.s3 import S3Server
 from imgest.services.spark_cluster import WORKER_CLASS, SparkCluster, clean_env, spark_home
 
 CELERY_WORKER = "celery-worker"
@@ -61,15 +60,6 @@ class InHost:
 @dataclass(frozen=True)
 class HostCassandra(CassandraServer, InHost):
     """Cassandra inside a host (its jars bound read-only into the host's state folder)."""
-
-    @property
-    def process(self) -> ManagedProcess:
-        return self.moved(super().process)
-
-
-@dataclass(frozen=True)
-class HostS3(S3Server, InHost):
-    """SeaweedFS inside a host."""
 
     @property
     def process(self) -> ManagedProcess:

@@ -1,7 +1,8 @@
 """The deployment on hosts that share nothing (`imgest services up hosts`): seven network namespaces on one bridge,
 each with its own host name, /etc/hosts, empty state folder and /tmp. From inside a host 127.0.0.1 reaches none of
 the stores and another host's disk is invisible; Airflow's processes hold the stores only as AIRFLOW_CONN_*
-variables on the store host's address. Then ingest_imagenet runs through the real scheduler (CeleryExecutor, a
+variables on the store host's address, and no S3 key at all: each host a web identity of its own (a token file and
+its role, as IRSA gives pods) on the strict AWS. Then ingest_imagenet runs through the real scheduler (CeleryExecutor, a
 Celery worker per host), its Spark job is submitted to the standalone master on its own host and its executors run
 on spark-1 and spark-2: the Spark workers' own pages list the application's finished executors."""
 
@@ -69,8 +70,8 @@ def refused(host, port):
 marker, others = sys.argv[1], sys.argv[2:]
 print(json.dumps({
     "hostname": socket.gethostname(),
-    "loopback": {p: refused("127.0.0.1", p) for p in (9042, 8333, 5432, 6379, 7077, 8080)},
-    "store": {p: refused("store", p) for p in (9042, 8333, 5432)},
+    "loopback": {p: refused("127.0.0.1", p) for p in (9042, 5050, 5432, 6379, 7077, 8080)},
+    "store": {p: refused("store", p) for p in (9042, 5050, 5432)},
     "marker": os.path.exists(os.path.join(os.environ["IMGEST_HOME"], marker)),
     "home": sorted(os.listdir(os.environ["IMGEST_HOME"])),
     "others": [p for p in others if os.path.exists(p)],
@@ -126,7 +127,13 @@ def test_airflow_holds_the_stores_as_connections_only(hosts: SimulatedHosts) -> 
             assert "IMGEST_SPARK_DRIVER_SOCKET" not in env
             assert "IMGEST_CASSANDRA_HOSTS" not in env
             assert json.loads(env["AIRFLOW_CONN_CASSANDRA_DEFAULT"])["host"] == store
-            assert json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])["extra"]["endpoint_url"] == f"http://{store}:8333"
+            aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+            assert aws["extra"]["endpoint_url"] == f"http://{store}:5050"
+            assert "login" not in aws
+            assert "password" not in aws  # no key in the connection
+            assert not [k for k in env if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")]
+            assert env["AWS_ROLE_ARN"].endswith(f":role/imgest-host-{host}")  # a web identity of its own
+            assert Path(env["AWS_WEB_IDENTITY_TOKEN_FILE"]).is_relative_to(env["IMGEST_HOME"])  # on its own disk
             assert env["IMGEST_STATE_URL"] == STATE_URL
     cfg = (hosts.airflow().home / "airflow.cfg").read_text()
     assert f"execution_api_server_url = http://{hosts.address('control')}:8080/execution/" in cfg
@@ -220,15 +227,13 @@ def _assert_ran_on_the_cluster(hosts: SimulatedHosts, before: set[str], jobs: in
 
 def _shard_manifest(hosts: SimulatedHosts, dest: str) -> dict[str, Any]:
     bucket, _, prefix = dest.removeprefix("s3://").partition("/")
-    client = hosts.s3().settings().client()
+    client = hosts.aws().client("s3")
     return json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
 
 
 def _upload_source(hosts: SimulatedHosts) -> None:
     """The demo sample on the store host's S3 (the source bucket), the source every host can read."""
-    client = hosts.s3().settings().client()
-    if SOURCE_BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
-        client.create_bucket(Bucket=SOURCE_BUCKET)
+    client = hosts.aws().client("s3")  # the deployer's; the bucket was made with the hosts' roles
     with tempfile.TemporaryDirectory() as tmp:
         write_sample(Path(tmp), DEMO_SAMPLE)
         for path in sorted(Path(tmp).rglob("*")):
@@ -288,7 +293,7 @@ def test_refresh_of_a_changed_s3_source_through_the_scheduler(hosts: SimulatedHo
     """refresh_hr (the datasets file of each Airflow host) after one source image was rewritten, one added and
     one removed: the plan sees exactly that, the new version is published and the run's job ran on the cluster."""
     first = _shard_manifest(hosts, "s3://imgest/hr")  # the first version, test_runs_together_through_the_scheduler's
-    client = hosts.s3().settings().client()
+    client = hosts.aws().client("s3")
     listed = client.list_objects_v2(Bucket=SOURCE_BUCKET, Prefix="hs3/ILSVRC/Data/CLS-LOC/train/")["Contents"]
     jpegs = sorted(o["Key"] for o in listed if re.search(r"/(n\d{8})/\1_\d+\.JPEG$", o["Key"]))  # no planted file
     other = client.get_object(Bucket=SOURCE_BUCKET, Key=jpegs[1])["Body"].read()
@@ -322,17 +327,16 @@ def test_files_target_stops_in_validate_naming_the_shared_storage(hosts: Simulat
 
 
 def test_cli_on_a_fresh_host_with_settings_from_variables(hosts: SimulatedHosts) -> None:
-    """A person's shell on worker-a: no Airflow, nothing at 127.0.0.1, an empty disk, the stores named only by
-    IMGEST_* / AWS_* variables. `imgest ingest cassandra` (IMGEST_CASSANDRA_HOSTS, no --hosts) and `imgest ingest
-    shards` from the S3 source run on the cluster: the shards' run state goes beside their destination unasked,
-    Cassandra's to the IMGEST_STATE_URL the person sets (the command says so when it is missing)."""
-    key, secret = hosts.s3().credentials()
-    env = hosts.base_env("worker-a") | {
+    """A person's shell on worker-a: no Airflow, nothing at 127.0.0.1, an empty disk, the stores named only by IMGEST_*
+    variables and its web identity (no key). `imgest ingest cassandra` (IMGEST_CASSANDRA_HOSTS, no --hosts) and
+    `imgest ingest shards` from the S3 source run on the cluster: the shards' run state goes beside their
+    destination unasked, Cassandra's to the IMGEST_STATE_URL the person sets (the command says so when it is
+    missing)."""
+    env = hosts.base_env("worker-a") | {  # the host's web identity (AWS_ROLE_ARN, its token file), no key
         "IMGEST_CASSANDRA_HOSTS": hosts.address("store"),
-        "IMGEST_S3_ENDPOINT": f"http://{hosts.address('store')}:8333",
-        "AWS_ACCESS_KEY_ID": key,
-        "AWS_SECRET_ACCESS_KEY": secret,
+        "IMGEST_S3_ENDPOINT": hosts.aws_endpoint,
     }
+    assert "AWS_ACCESS_KEY_ID" not in env
     master = hosts.spark_master().master_url
     src = f"s3://{SOURCE_BUCKET}/hs3/"
     imgest = str(Path(sys.executable).parent / "imgest")
