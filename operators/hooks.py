@@ -118,7 +118,9 @@ class ImgestS3Hook(S3Hook):
         from imgest.core.credentials import expiry_of
 
         role = self.conn_config.role_arn or None  # renewal assumes it again
-        return replace(settings, expires_at=expiry_of(creds), role_arn=role)  # expiry None: keys that do not expire
+        profile = self.conn_config.profile_name or None  # or resolves this profile again, where a host has it
+        # expiry None: keys that do not expire
+        return replace(settings, expires_at=expiry_of(creds), role_arn=role, profile=profile)
 
     def spark_env(self) -> dict[str, str]:
         """What a Spark job needs to reach this S3 endpoint, as environment variables (never argv)."""

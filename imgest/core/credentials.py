@@ -41,14 +41,21 @@ def expiry_of(credentials: Any) -> float | None:
     return when.timestamp() if isinstance(when, datetime) else None
 
 
-def _own_chain(shipped_key: str | None) -> Any:
-    """This host's own credentials, never the shipped ones: botocore's chain without its environment provider when
-    the environment holds the shipped keys (spark-submit's environment carries them to the driver), None if empty."""
+def _own_chain(shipped_key: str | None, profile: str | None = None, region: str | None = None) -> Any:
+    """This host's own credentials, never the shipped ones: PROFILE's when this host's shared config has it (an SSO
+    session, a profile with a role_arn: resolved again), else botocore's chain without its environment provider when
+    the environment holds the shipped keys (spark-submit's environment carries them to the driver); None if empty."""
     import os
 
     from botocore.session import get_session
 
     session = get_session()
+    if profile and profile in session.available_profiles:
+        session.set_config_variable("profile", profile)
+        if region and not session.get_config_variable("region"):  # STS for a role profile needs one
+            session.set_config_variable("region", region)
+        session.get_component("credential_provider").remove("env")  # the profile's, not the environment's
+        return session.get_credentials()
     if shipped_key and os.environ.get("AWS_ACCESS_KEY_ID") == shipped_key:
         session.get_component("credential_provider").remove("env")
     return session.get_credentials()
@@ -75,12 +82,13 @@ def _assume(role_arn: str, base: Any, settings: S3Settings) -> Any:
 
 def _renewer(settings: S3Settings):  # -> Callable[[], dict[str, str]]
     """botocore's refresh callback for shipped temporary keys: the connection's role assumed again with this host's
-    own credentials (``role_arn``), else this host's own chain (its role, web identity, profile), never the shipped
-    keys themselves; a clear error when neither gives new keys."""
+    own credentials (``role_arn``), else the profile they came from where this host has it (``profile``), else this
+    host's own chain (its role, web identity), never the shipped keys themselves; a clear error when none gives new
+    keys."""
 
     def renew() -> dict[str, str]:
         expired = datetime.fromtimestamp(settings.expires_at or 0, UTC).isoformat(timespec="seconds")
-        own = _own_chain(settings.access_key)
+        own = _own_chain(settings.access_key, settings.profile, settings.region)
         try:
             if settings.role_arn and own is not None:
                 own = _assume(settings.role_arn, own, settings)
@@ -143,8 +151,11 @@ def frozen_settings(settings: S3Settings) -> S3Settings:
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE), or run with a role"
         )
     frozen = chain.get_frozen_credentials()
+    import os
+
     return replace(
         settings,
+        profile=settings.profile or os.environ.get("AWS_PROFILE") or None,  # where renewal resolves them again
         access_key=frozen.access_key,
         secret_key=frozen.secret_key,
         session_token=frozen.token or None,
@@ -181,6 +192,8 @@ def env_of(settings: S3Settings, prefix: str = "") -> dict[str, str]:
     env = {f"{prefix}AWS_ACCESS_KEY_ID": settings.access_key, f"{prefix}AWS_SECRET_ACCESS_KEY": settings.secret_key}
     if settings.role_arn and not prefix:
         env["IMGEST_S3_ROLE_ARN"] = settings.role_arn
+    if settings.profile and not prefix:
+        env["IMGEST_S3_PROFILE"] = settings.profile
     if settings.session_token:
         env[f"{prefix}AWS_SESSION_TOKEN"] = settings.session_token
         if settings.expires_at is not None:

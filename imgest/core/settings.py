@@ -25,6 +25,7 @@ EMBEDDED_HOST = "127.0.0.1"  # where `imgest services up` binds the embedded ser
 HOSTS_ENV = "IMGEST_CASSANDRA_HOSTS"
 CREDENTIALS_FILE_ENV = "IMGEST_S3_CREDENTIALS_FILE"  # the embedded S3 server's keys (`imgest services env`)
 ROLE_ENV = "IMGEST_S3_ROLE_ARN"  # the role shipped temporary keys came from (renewal assumes it again)
+PROFILE_ENV = "IMGEST_S3_PROFILE"  # the profile shipped temporary keys came from (renewal resolves it again)
 EXPIRY_ENV = "IMGEST_S3_CREDENTIALS_EXPIRY"  # epoch seconds when AWS_SESSION_TOKEN's credentials expire
 
 
@@ -181,6 +182,9 @@ class S3Settings:
     # The role the keys were assumed from (the connection's role_arn): renewal assumes it again with the host's own
     # credentials, instead of taking whatever the host's chain holds.
     role_arn: str | None = None
+    # The shared-config profile the keys were resolved from (the connection's profile_name, or AWS_PROFILE when the
+    # driver resolved its chain): a host that has that profile renews from it (an SSO session, a role profile).
+    profile: str | None = None
 
     @classmethod
     def from_env(cls) -> S3Settings:
@@ -194,6 +198,7 @@ class S3Settings:
         expiry = env(EXPIRY_ENV)
         return cls(
             role_arn=env(ROLE_ENV) or None,
+            profile=env(PROFILE_ENV) or None,
             endpoint_url=env_endpoint(),
             access_key=key or None,
             secret_key=secret or None,

@@ -243,3 +243,39 @@ def test_a_role_the_host_may_no_longer_assume_stops_the_next_request_saying_what
     assert "AccessDenied" in text
     keys = [o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert keys == ["before"]  # nothing written after the right was taken away
+
+
+def test_keys_from_a_profile_renew_from_that_profile(
+    aws: StrictAws, role_keys: tuple[str, S3Settings], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver resolved its keys from a profile (the connection's profile_name, or AWS_PROFILE: here one that
+    assumes a role from a user's keys, as SSO's and role profiles do); a host with that profile renews from it,
+    not from the shipped keys its environment holds: new keys of the profile's role."""
+    bucket, _ = role_keys
+    arn = aws.role(f"profile-{bucket}", [bucket])
+    iam = aws.client("iam")
+    user = f"dev-{bucket}"
+    iam.create_user(UserName=user)
+    may = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": arn}]}
+    iam.put_user_policy(UserName=user, PolicyName="assume", PolicyDocument=json.dumps(may))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    (tmp_path / "config").write_text(f"[profile team]\nrole_arn = {arn}\nsource_profile = dev\n\n[profile dev]\n")
+    (tmp_path / "credentials").write_text(
+        f"[dev]\naws_access_key_id = {key['AccessKeyId']}\naws_secret_access_key = {key['SecretAccessKey']}\n"
+    )
+    first = aws.assume(arn)
+    for name, value in {
+        "AWS_CONFIG_FILE": str(tmp_path / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+        "AWS_ENDPOINT_URL_STS": aws.endpoint,
+        "AWS_ACCESS_KEY_ID": str(first.access_key),  # spark-submit's environment: the shipped keys
+        "AWS_SECRET_ACCESS_KEY": str(first.secret_key),
+        "AWS_SESSION_TOKEN": str(first.session_token),
+    }.items():
+        monkeypatch.setenv(name, value)
+    shipped = S3Settings(**{**_shipped(first, None).__dict__, "profile": "team"})
+    renewed = shipped.credentials().get_frozen_credentials()
+    assert renewed.access_key.startswith("ASIA")
+    assert renewed.access_key not in (first.access_key, key["AccessKeyId"])  # the profile's role, freshly assumed
+    shipped.client().put_object(Bucket=bucket, Key="from-profile", Body=b"p")
+    assert aws.client("s3").get_object(Bucket=bucket, Key="from-profile")["Body"].read() == b"p"
