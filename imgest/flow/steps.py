@@ -114,7 +114,7 @@ def scan_step(
         "source_root": str(src) if conn_id else "",
         "source_conn_id": conn_id,
         "cassandra_args": cassandra_job_args(request, manifest_dir),
-        "shards_args": shards_job_args(request, manifest_dir),
+        "shards_args": shards_job_args(request, manifest_dir) if request.target == "shards" else [],  # has a dest
         "files_args": files_job_args(request, manifest_dir),
         "files_dest": request.files_location,
     }

@@ -80,3 +80,24 @@ def test_no_bucket_is_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert validate_conf(conf, bucket="team-data")["s3_dest"] == "s3://team-data/inet"  # the connection's first
     assert validate_conf({**conf, "s3_dest": "s3://given/x"}, bucket="team-data")["s3_dest"] == "s3://given/x"
     assert validate_conf({**conf, "target": "cassandra"})["s3_dest"] is None  # other targets need no bucket
+
+
+def test_a_cassandra_run_needs_no_bucket_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan of a Cassandra request with no bucket named anywhere hands out no shard arguments (it used to build
+    them for every target, and failed asking for a bucket; found by the hosts harness)."""
+    from imgest.flow.steps import scan_step
+    from imgest.sources.devdata.sample import SampleSpec, write_sample
+
+    monkeypatch.delenv("IMGEST_S3_BUCKET", raising=False)
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "home"))
+    write_sample(tmp_path / "src", SampleSpec("imagefolder", classes=2, per_class=2, val_per_class=1, seed=1))
+    conf = validate_conf_for(tmp_path / "src")
+    scanned = scan_step(conf)
+    assert scanned["shards_args"] == []
+    assert "--keyspace" in scanned["cassandra_args"]
+
+
+def validate_conf_for(source: Path) -> dict[str, object]:
+    from imgest.flow.steps import validate_conf
+
+    return validate_conf({"source": str(source), "target": "cassandra", "dataset": "nobucket", "keyspace": "nb"})
