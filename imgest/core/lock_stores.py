@@ -35,6 +35,7 @@ LOCAL_STATE = "local"  # IMGEST_STATE_URL=local: the local state folder, which e
 # Where this run's dataset lock lives when that is not its state URL: beside its S3 destination. Set by imgest itself
 # (``lock_url_for``, for every task of a DAG run and every CLI writer), never by hand.
 LOCK_URL_ENV = "IMGEST_LOCK_URL"
+STATE_PREFIX = "_imgest-state"  # the prefix of the derived state URL in the destination's bucket
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,16 @@ class S3LockStore:
         self.client, self.settings = settings.client(), settings
 
     def _refused(self, exc: Exception) -> Exception:
-        """EXC (a refused or failed request) as imgest's S3 error naming this lock store."""
-        from imgest.sinks.shards.s3_client import describe_client_error
+        """EXC (a refused or failed request) as an error naming this lock store, the endpoint and the key id."""
+        from imgest.core.errors import ImgestError
 
-        err = describe_client_error(self.settings, self.bucket, exc)
-        return type(err)(f"the dataset lock store {self.location}: {err}")
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+        key = self.settings.access_key or "from the chain"
+        where = f"S3 at {self.settings.endpoint_url or 'AWS'} (access key id {key!r})"
+        return ImgestError(
+            f"the dataset lock store {self.location}: {where} answered {code}; the identity needs s3:GetObject, "
+            "s3:PutObject and s3:DeleteObject there ($IMGEST_STATE_URL, else beside the S3 destination)"
+        )
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}{name}.json"
@@ -190,6 +196,12 @@ def state_url() -> str | None:
     return None if url == LOCAL_STATE else url or None
 
 
+def derived_state_url(s3_dest: str) -> str:
+    """The state URL kept beside S3_DEST: ``s3://<its bucket>/_imgest-state``."""
+    bucket = s3_dest.removeprefix("s3://").partition("/")[0]
+    return f"s3://{bucket}/{STATE_PREFIX}"
+
+
 def lock_url_for(s3_dest: str | None) -> str | None:
     """Where the lock of a dataset written to S3_DEST lives, the same for the CLI and every DAG on any deployment:
     ``$IMGEST_STATE_URL`` when set (None for ``local``), else beside an ``s3://`` S3_DEST (its bucket's
@@ -199,8 +211,6 @@ def lock_url_for(s3_dest: str | None) -> str | None:
     if setting:
         return None if setting == LOCAL_STATE else setting
     if s3_dest and s3_dest.startswith("s3://"):
-        from imgest.core.run_state import derived_state_url
-
         return derived_state_url(s3_dest)
     return None
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from imgest.core.errors import ConfigError
-from imgest.core.lock_stores import LOCAL_STATE, STATE_URL_ENV
+from imgest.core.lock_stores import LOCAL_STATE, STATE_URL_ENV, derived_state_url
 
 ONE_MACHINE_EXECUTORS = ("LocalExecutor", "SequentialExecutor")
-STATE_PREFIX = "_imgest-state"  # the prefix of the derived state URL in the destination's bucket
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,6 @@ class Deployment:
 
     def describe(self) -> str:
         return f"executor {self.executor or 'none'}, Spark master {self.master}"
-
-
-def derived_state_url(s3_dest: str) -> str:
-    """The state URL kept beside S3_DEST: ``s3://<its bucket>/_imgest-state``."""
-    bucket = s3_dest.removeprefix("s3://").partition("/")[0]
-    return f"s3://{bucket}/{STATE_PREFIX}"
 
 
 def state_url_for(deployment: Deployment, s3_dest: str | None, configured: str = "") -> str | None:

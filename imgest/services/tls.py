@@ -88,24 +88,34 @@ def make_server_tls(folder: Path, host: str, days: int = 30) -> ServerTls:
     tls.ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_private(tls.keystore, p12)
     _write_private(folder / "keystore.password", password.encode())
+    _client_pair(folder, ca_key, ca_name, now, days)
+    _truststore(tls.ca_pem, folder / "truststore.p12", password)
+    return load_server_tls(folder) or tls
+
+
+def _client_pair(folder: Path, ca_key: object, ca_name: object, now: datetime.datetime, days: int) -> None:
+    """A client certificate signed by the CA (CA_KEY, CA_NAME) and its key, as FOLDER/client.pem, client-key.pem."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     client_key = ec.generate_private_key(ec.SECP256R1())
     client = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "imgest client")]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_name)  # type: ignore[arg-type]
         .public_key(client_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .sign(ca_key, hashes.SHA256())
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
     (folder / "client.pem").write_bytes(client.public_bytes(serialization.Encoding.PEM))
     key_pem = client_key.private_bytes(  # SEC1 ("EC PRIVATE KEY"), as openssl writes it: imgest converts it
         serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
     )
     _write_private(folder / "client-key.pem", key_pem)
-    _truststore(tls.ca_pem, folder / "truststore.p12", password)
-    return load_server_tls(folder) or tls
 
 
 def _truststore(ca_pem: Path, path: Path, password: str) -> None:

@@ -121,14 +121,19 @@ def test_airflow_hosts_get_the_stores_only_as_connections(deployment: SimulatedH
         assert not {"IMGEST_SPARK_DRIVER_SOCKET", "IMGEST_CASSANDRA_HOSTS", "IMGEST_S3_ENDPOINT"} & set(env)
         assert json.loads(env["AIRFLOW_CONN_CASSANDRA_DEFAULT"])["host"] == store
         aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
-        assert aws["extra"]["endpoint_url"] == f"http://{store}:8333"
-        assert (aws["login"], aws["password"]) == deployment.s3().credentials()
+        assert aws["extra"] == {"endpoint_url": f"http://{store}:5050", "region_name": "eu-west-1"}
+        assert "login" not in aws  # no key: the host's web identity signs
+        assert env["AWS_ROLE_ARN"] == f"arn:aws:iam::123456789012:role/imgest-host-{host}"
+        assert env["AWS_WEB_IDENTITY_TOKEN_FILE"] == str(deployment.state / "irsa" / "token")
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(env)
         spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
         assert f"{spark['host']}:{spark['port']}" == f"spark://{master}:7077"
         assert env["IMGEST_STATE_URL"] == STATE_URL
         assert env["IMGEST_HOME"] == str(deployment.state)
     assert deployment.env("worker-a")["SPARK_LOCAL_IP"] == deployment.address("worker-a")  # the driver's address
     assert "AIRFLOW_CONN_AWS_DEFAULT" not in deployment.env("spark-1")
+    assert deployment.env("spark-1")["AWS_ROLE_ARN"].endswith(":role/imgest-host-spark-1")  # executors' own
+    assert "AWS_ROLE_ARN" not in deployment.env("store")
 
 
 def test_every_airflow_host_shares_one_config_naming_the_control_and_store_hosts(deployment: SimulatedHosts) -> None:

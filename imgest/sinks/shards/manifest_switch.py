@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 from typing import Any
 
 from imgest.core import workdir
@@ -55,12 +56,15 @@ def switch(store: ShardStore, manifest: dict[str, Any], version: str) -> None:
     """Write MANIFEST as STORE's manifest.json only if the live one is still at VERSION (``read_live``)."""
     if isinstance(store, LocalStore):
         store.root.mkdir(parents=True, exist_ok=True)
-        with open(store.root / ".manifest.lock", "a") as guard:
+        guard = os.open(store.root, os.O_RDONLY)  # the folder itself is the lock: no file of its own in the store
+        try:
             fcntl.flock(guard, fcntl.LOCK_EX)
             now = read_live(store)[1]
             if now != version:
                 raise _conflict(store.location, f"its sha256 is {now[:12]}, this run read {version[:12]}")
             store.put_bytes(workdir.PUBLISHED_MANIFEST, manifest_bytes(manifest))
+        finally:
+            os.close(guard)
         return
     from botocore.exceptions import ClientError
 
