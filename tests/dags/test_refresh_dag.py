@@ -280,7 +280,11 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
         assert manifest["samples"] == {"train": 10, "val": 2}
         assert manifest["version"]["changes"]["added"] == 12
     # One dataset twice: while this process holds rfa, a DAG run of rfa waits and a CLI ingest of rfa is refused.
-    with dataset_lock("rfa", "the test's own writer"):
+    # rfa is written to s3://imgest/...: every writer of it keeps its lock beside that destination.
+    from imgest.core.lock_stores import lock_url_for, store_at
+
+    beside = store_at(str(lock_url_for("s3://imgest/refresh-test/rfa")), s3_server.settings())
+    with dataset_lock("rfa", "the test's own writer", store=beside):
         waiting = _dags_test(scheduler, "refresh_rfa")
         src = load_registry().entry("rfa").settings["source"]
         cli = subprocess.run(
