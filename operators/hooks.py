@@ -139,7 +139,9 @@ def connection_bucket(aws_conn_id: str = "aws_default") -> str | None:
     from imgest.operators.compat import connection_or_none
 
     conn = connection_or_none(aws_conn_id)
-    return str(conn.extra_dejson.get("bucket") or "") or None if conn is not None else None
+    if conn is None:
+        return None
+    return str(conn.extra_dejson.get("bucket") or "") or None
 
 
 def store_settings(dest: str, aws_conn_id: str) -> S3Settings | None:

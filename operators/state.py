@@ -24,12 +24,10 @@ log = logging.getLogger(__name__)
 def spark_master(conn_id: str = "spark_default") -> str:
     """The master named by the Spark connection CONN_ID (its host, with port when given); yarn when there is no
     such connection, as the Spark provider then submits there."""
-    from airflow.exceptions import AirflowNotFoundException
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from imgest.operators.compat import connection_or_none
 
-    try:
-        conn = SparkSubmitHook.get_connection(conn_id)
-    except AirflowNotFoundException:
+    conn = connection_or_none(conn_id)
+    if conn is None:
         return "yarn"
     host = conn.host or "local[*]"
     return f"{host}:{conn.port}" if conn.port else host

@@ -61,14 +61,13 @@ def run_one(target: str, label: str, source: Path, images: int) -> dict[str, Any
     """One `airflow dags test ingest_imagenet` run of TARGET over SOURCE, from empty, measured."""
     from imgest.bench.node_memory import NodeMemory
     from imgest.bench.scale_run import reset_dataset
-    from imgest.core.settings import S3Settings
     from imgest.services import AirflowServer, CassandraServer, S3Server
     from imgest.services.demo import run_dag, task_durations
 
     cassandra, s3, airflow = CassandraServer.default(), S3Server.default(), AirflowServer.default()
-    conf = dag_conf(target, label, source, S3Settings.from_env().bucket)
+    conf = dag_conf(target, label, source, s3.bucket)  # the embedded server's bucket
     keyspace = conf.get("keyspace", conf["dataset"].replace("-", "_"))
-    reset_dataset(conf["dataset"], keyspace, conf.get("s3_dest", f"s3://{S3Settings.from_env().bucket}/none"))
+    reset_dataset(conf["dataset"], keyspace, conf.get("s3_dest", f"s3://{s3.bucket}/none"))
     airflow.prepare(cassandra, s3)
     system_log = cassandra.home / "logs" / "system.log"
     offset = system_log.stat().st_size if system_log.is_file() else 0

@@ -31,8 +31,9 @@ def validate_conf(
     (s3_dest, else s3://BUCKET/<dataset> with BUCKET the connection's, else $IMGEST_S3_BUCKET), so every task of the
     run writes where this one said. With DEPLOYMENT (an Airflow task's), also where the run's state will live: a run
     across hosts with no store every host reaches is refused (ConfigError naming IMGEST_STATE_URL)."""
-    if bucket and conf.get("target") == "shards" and not conf.get("s3_dest") and isinstance(conf.get("dataset"), str):
-        conf = {**conf, "s3_dest": f"s3://{bucket}/{conf['dataset']}"}
+    dataset = conf.get("dataset") or defaults.DATASET  # the form's default when the trigger names none
+    if bucket and conf.get("target") == "shards" and not conf.get("s3_dest") and isinstance(dataset, str):
+        conf = {**conf, "s3_dest": defaults.shard_dest(dataset, bucket)}
     parsed = IngestRequest.from_conf(conf)
     request = parsed.as_dict()
     if parsed.target == "shards":

@@ -15,6 +15,7 @@ import threading
 import urllib.request
 from typing import Any
 
+from imgest.core.bucket_region import region_of_refusal
 from imgest.core.settings import S3Settings
 from imgest.sources.s3source import S3SourceError
 
@@ -90,8 +91,6 @@ class ObjectGetter:
         from botocore.awsrequest import AWSRequest
         from botocore.utils import percent_encode
         from urllib3.exceptions import HTTPError
-
-        from imgest.core.bucket_region import region_of_refusal
 
         headers = {}
         if byte_range is not None:

@@ -56,7 +56,10 @@ def _describe(exc: Exception) -> str:
 def forget_connections() -> None:
     """Drop this process's source connections, clients, getters and archive readers (a long-lived driver between
     jobs: the next job resolves its own)."""
+    from imgest.core.bucket_region import forget_regions
+
     forget_sources()
+    forget_regions()
     client_for.cache_clear()
     with _getters_lock:
         _getters.clear()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from imgest.core import defaults
 from imgest.core.errors import ConfigError
 from imgest.flow.request import IngestRequest
 
@@ -75,6 +76,8 @@ def test_no_bucket_is_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"no shard destination for 'inet'.*\"bucket\".*IMGEST_S3_BUCKET"):
         validate_conf(conf)
     assert validate_conf(conf, bucket="team-data")["s3_dest"] == "s3://team-data/inet"
+    unnamed = {"sample": True, "target": "shards"}  # the form's default dataset: the connection's bucket still
+    assert validate_conf(unnamed, bucket="team-data")["s3_dest"] == f"s3://team-data/{defaults.DATASET}"
     monkeypatch.setenv("IMGEST_S3_BUCKET", "from-env")
     assert validate_conf(conf)["s3_dest"] == "s3://from-env/inet"
     assert validate_conf(conf, bucket="team-data")["s3_dest"] == "s3://team-data/inet"  # the connection's first

@@ -4,7 +4,7 @@ The dataset lock's fence (``imgest.core.locks.check_fence``) proves the holding 
 the switch itself refuse to land over a manifest the publisher never saw: on S3 a ``PUT`` with ``If-Match`` on the
 ETag it read (``If-None-Match: *`` when there was none), so a second writer that slipped past every lock (another
 lock store, a zombie between its fence and its PUT, a hand-run script) cannot overwrite what it did not read; in a
-folder the same comparison under an exclusive ``flock`` of ``.manifest.lock``. Either way a lost race raises
+folder the same comparison under an exclusive ``flock`` of the folder itself. Either way a lost race raises
 ``ManifestConflictError`` and nothing is switched.
 """
 
