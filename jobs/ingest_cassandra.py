@@ -21,6 +21,7 @@ from typing import Any
 
 from imgest.core import workdir
 from imgest.core.errors import ImgestError
+from imgest.core.lock_stores import use_cassandra
 from imgest.core.locks import submitter_holdings
 from imgest.core.phases import PhaseClock
 from imgest.core.quarantine import QuarantineLog
@@ -69,6 +70,7 @@ def build_config(args: argparse.Namespace) -> CassandraIngestConfig:
     meta = manifest_metadata(args.manifest_dir / workdir.MANIFEST)
     spec = TransformSpec.from_args(args)
     connection = connection_settings(args)
+    use_cassandra(connection)  # the keyspace's lock store, which the driver fences with, is reached the same way
     return CassandraIngestConfig(
         root=shippable_root(meta["root"]),  # an S3 source's connection travels inside the tasks
         dataset=args.dataset or meta["dataset"],

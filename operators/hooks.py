@@ -158,13 +158,16 @@ def source_settings(source: str | None, source_conn_id: str) -> S3Settings | Non
     return ImgestS3Hook(aws_conn_id=source_conn_id).settings(source[5:].split("/", 1)[0])
 
 
-def lock_store(aws_conn_id: str = "aws_default"):  # -> imgest.core.lock_stores.LockStore
-    """The dataset lock store: under $IMGEST_LOCK_URL (beside the run's S3 destination) or $IMGEST_STATE_URL
-    (reached through AWS_CONN_ID) when set, else local."""
-    from imgest.core.lock_stores import default_store, lock_url
+def lock_store(aws_conn_id: str = "aws_default", cassandra_conn_id: str = "cassandra_default"):  # -> LockStores
+    """The dataset lock's stores: under $IMGEST_LOCK_URL (the keyspace the run writes, reached through
+    CASSANDRA_CONN_ID; beside its S3 destination) or $IMGEST_STATE_URL (reached through AWS_CONN_ID) when set, else
+    local."""
+    from imgest.core.lock_stores import default_stores, lock_url
 
-    url = lock_url()
-    return default_store(store_settings(url, aws_conn_id) if url else None)
+    url = lock_url() or ""
+    s3 = next((store_settings(u.strip(), aws_conn_id) for u in url.split("|") if u.strip().startswith("s3://")), None)
+    cassandra = ImgestCassandraHook(cassandra_conn_id).settings() if "cassandra://" in url else None
+    return default_stores(s3, cassandra)
 
 
 def state_store(aws_conn_id: str = "aws_default"):  # -> imgest.flow.steps.StateStore | None

@@ -20,9 +20,19 @@ class DatasetLockOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("dataset",)
 
-    def __init__(self, *, dataset: str, release: bool = False, wait: float | None = None, poll: float = 5, **kw: Any):
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        release: bool = False,
+        wait: float | None = None,
+        poll: float = 5,
+        cassandra_conn_id: str = "cassandra_default",
+        **kw: Any,
+    ):
         super().__init__(**kw)
         self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
+        self.cassandra_conn_id = cassandra_conn_id  # the cluster of a keyspace that keeps the lock
 
     def execute(self, context: Any) -> str:
         from imgest.core import locks
@@ -31,7 +41,7 @@ class DatasetLockOperator(BaseOperator):
         holder = locks.airflow_holder(self.dag_id, context["run_id"])
         if not self.dataset:  # the run failed before the dataset was known: nothing was taken
             return "no dataset"
-        store = lock_store()
+        store = lock_store(cassandra_conn_id=self.cassandra_conn_id)
         if self.release:
             freed = locks.release(self.dataset, holder, store)
             return f"released {self.dataset}" if freed else f"{self.dataset} was not held by this run"

@@ -40,10 +40,12 @@ def task_deployment(spark_conn_id: str = "spark_default") -> Deployment:
     return Deployment(conf.get("core", "executor"), spark_master(spark_conn_id))
 
 
-def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
+def use_run_state(confs: Sequence[dict[str, Any]], cassandra_conn_id: str = "cassandra_default") -> str | None:
     """Decide where the run of CONFS (its request, or each target's conf) keeps its state and export a derived URL
     as $IMGEST_STATE_URL for this task; returns the URL (None: the local state folder). ConfigError naming
-    IMGEST_STATE_URL when the run spans hosts and no store every host reaches is known."""
+    IMGEST_STATE_URL when the run spans hosts and no store every host reaches is known. The lock's stores (the
+    keyspace a Cassandra target writes, on the cluster of CASSANDRA_CONN_ID; beside an S3 destination) go to
+    $IMGEST_LOCK_URL, as the CLI's."""
     from imgest.core.lock_stores import LOCK_URL_ENV, STATE_URL_ENV, lock_url_for, state_setting
     from imgest.core.run_state import state_url_for
     from imgest.flow.steps import s3_destination
@@ -51,7 +53,7 @@ def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
     dests = [d for d in (s3_destination(c) for c in confs if c) if d]
     configured = state_setting()
     url = state_url_for(task_deployment(), dests[0] if dests else None, configured)
-    lock = lock_url_for(dests[0] if dests else None)  # beside the destination on any deployment, as the CLI's
+    lock = lock_url_for(dests[0] if dests else None, _tables_lock(confs, cassandra_conn_id))
     if lock:
         os.environ[LOCK_URL_ENV] = lock
     else:
@@ -60,6 +62,26 @@ def use_run_state(confs: Sequence[dict[str, Any]]) -> str | None:
         log.info("the run spans hosts: its state lives at %s (derived from its S3 destination)", url)
         os.environ[STATE_URL_ENV] = url
     return url
+
+
+def cassandra_conn_of(task: Any) -> str:
+    """The Cassandra connection id of TASK (an operator, or a task instance: its task's), else cassandra_default."""
+    task = getattr(task, "task", task)
+    return str(getattr(task, "cassandra_conn_id", None) or "cassandra_default")
+
+
+def _tables_lock(confs: Sequence[dict[str, Any]], cassandra_conn_id: str) -> str | None:
+    """The lock store in the keyspace the Cassandra target of CONFS writes, or None when none writes Cassandra."""
+    from imgest.flow.request import IngestRequest
+
+    tables = [r for r in (IngestRequest.from_conf(c) for c in confs if c) if r.target == "cassandra"]
+    if not tables:
+        return None
+    from imgest.core.lock_stores import cassandra_lock_url
+    from imgest.operators.hooks import ImgestCassandraHook
+
+    settings = ImgestCassandraHook(cassandra_conn_id).settings()
+    return cassandra_lock_url(settings, tables[0].keyspace, tables[0].replication)
 
 
 @contextmanager
@@ -75,7 +97,7 @@ def run_lease(dag_id: str, run_id: str, dataset: str, ti: Any = None) -> Iterato
     holder = locks.airflow_holder(dag_id, run_id)
     attempt = locks.Attempt(str(ti.task_id), int(ti.try_number)) if ti is not None else None
     try:
-        with locks.keep_alive(dataset, holder, lock_store(), attempt):
+        with locks.keep_alive(dataset, holder, lock_store(cassandra_conn_id=cassandra_conn_of(ti)), attempt):
             yield
     except locks.LockLostError as exc:  # retrying cannot give the lock back
         raise fail_exception()(str(exc)) from None

@@ -48,13 +48,14 @@ def _ensure_sample(context: Any) -> None:
         ensure_sample(state_dir() / "demo" / str(request["dataset"]), DEMO_SAMPLE)
 
 
-def _use_run_state(confs: Sequence[dict[str, Any]]) -> None:
-    """Where this run keeps its state (exported for the task when derived); no retries when it has nowhere."""
+def _use_run_state(confs: Sequence[dict[str, Any]], context: Any) -> None:
+    """Where this run keeps its state (exported for the task when derived); no retries when it has nowhere. The
+    keyspace's lock store is reached through the task's Cassandra connection."""
     from imgest.operators.failures import fail_without_retry
-    from imgest.operators.state import use_run_state
+    from imgest.operators.state import cassandra_conn_of, use_run_state
 
     with fail_without_retry():
-        use_run_state(confs)
+        use_run_state(confs, cassandra_conn_of(context.get("task")))
 
 
 def _area(context: Any, dataset: str) -> Any:
@@ -87,7 +88,7 @@ def work_hooks(
         register_run_source(scanned.get("source_root"), scanned.get("source_conn_id"))
         name = _dataset(context, dataset)
         if name:  # (validate decides it with the request it validates)
-            _use_run_state(confs if confs is not None else [_request(context)])
+            _use_run_state(confs if confs is not None else [_request(context)], context)
         if name and ephemeral():  # this task starts on an empty disk, as a fresh pod does
             import shutil
 

@@ -70,18 +70,19 @@ def credentials_env(args: argparse.Namespace) -> None:
 
 
 @contextmanager
-def cli_run_state(master: str, dest: str | None) -> Iterator[str | None]:
-    """While the block runs: where an ingest command on Spark master MASTER (writing to DEST) keeps its lock and
-    the files its executors read. ``$IMGEST_STATE_URL``; on a cluster without it, beside an ``s3://`` DEST
-    (exported for the lock and the Spark job, restored afterwards), else a ConfigError naming the variable; None on
-    a local master (this machine's state folder)."""
+def cli_run_state(master: str, dest: str | None, cassandra_lock: str | None = None) -> Iterator[str | None]:
+    """While the block runs: where an ingest command on Spark master MASTER (writing to DEST, and to the keyspace
+    of CASSANDRA_LOCK, its lock store there) keeps its lock and the files its executors read.
+    ``$IMGEST_STATE_URL``; on a cluster without it, beside an ``s3://`` DEST (exported for the lock and the Spark
+    job, restored afterwards), else a ConfigError naming the variable; None on a local master (this machine's state
+    folder)."""
     from imgest.core.lock_stores import LOCK_URL_ENV, STATE_URL_ENV, lock_url_for, state_setting
     from imgest.core.run_state import Deployment, state_url_for
 
     configured = state_setting()
     s3_dest = dest if dest and dest.startswith("s3://") else None
     url = state_url_for(Deployment("", master), s3_dest, configured)
-    exported = {LOCK_URL_ENV: lock_url_for(s3_dest)}  # the lock beside an S3 destination, as the DAG's
+    exported = {LOCK_URL_ENV: lock_url_for(s3_dest, cassandra_lock)}  # where the DAG's runs take it too
     if url and not configured:
         print(f"run state: {url} (the master {master} runs executors on other hosts)", flush=True)
         exported[STATE_URL_ENV] = url

@@ -135,8 +135,7 @@ def ingest_cassandra_cmd(args: argparse.Namespace) -> int:
 
     from imgest.spark.job_options import CASSANDRA_OPTIONS
 
-    credentials_env(args)
-    _preflight_cassandra(args)
+    credentials_env(args)  # (checked before the lock in the keyspace was taken: _preflight_cassandra)
     failed = "re-running resumes where it stopped"
     rc = _submit(args, "ingest_cassandra", "cassandra", [CASSANDRA_OPTIONS], [], failed, beside_scan=True)
     if rc != 0 or not args.verify:
@@ -219,7 +218,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_options(ic, CASSANDRA_OPTIONS)
     add_transform_args(ic)
-    ic.set_defaults(func=locked_ingest(ingest_cassandra_cmd))
+    ic.set_defaults(func=locked_ingest(ingest_cassandra_cmd, _preflight_cassandra))  # checked, then the lock
 
     ish = ingest_sub.add_parser(
         "shards",

@@ -39,7 +39,7 @@ def refresh_cmd(args: argparse.Namespace) -> int:
 
     dests = [d for d in (s3_destination(entry.conf(t)) for t in targets) if d]
     with (
-        cli_run_state(args.master, dests[0] if dests else None),  # across hosts: the lock and work in the store
+        cli_run_state(args.master, dests[0] if dests else None, _tables_lock(entry, targets)),  # the lock's stores
         dataset_lock(entry.name, f"imgest refresh {entry.name}", args.wait_lock),
     ):
         from imgest.flow.steps import scan_step
@@ -51,6 +51,19 @@ def refresh_cmd(args: argparse.Namespace) -> int:
             if rc:
                 return rc
     return 0
+
+
+def _tables_lock(entry: Any, targets: list[str]) -> str | None:
+    """The lock store in the keyspace a refresh of ENTRY's TARGETS writes (the environment's cluster), or None."""
+    if "cassandra" not in targets:
+        return None
+    from imgest.core.lock_stores import cassandra_lock_url, use_cassandra
+    from imgest.core.settings import CassandraSettings
+    from imgest.flow.request import IngestRequest
+
+    request, settings = IngestRequest.from_conf(entry.conf("cassandra")), CassandraSettings.from_env()
+    use_cassandra(settings)
+    return cassandra_lock_url(settings, request.keyspace, request.replication)
 
 
 def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> int:
@@ -91,10 +104,10 @@ def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> in
 
 def locks_cmd(args: argparse.Namespace) -> int:
     from imgest.core import locks
-    from imgest.core.lock_stores import default_store, lock_url_for, store_at
+    from imgest.core.lock_stores import default_stores, lock_url_for, stores_at
 
-    url = lock_url_for(args.dest) if args.dest else None
-    store = store_at(url) if url else default_store()
+    url = lock_url_for(args.dest, _cassandra_lock(args, args.keyspace) if args.keyspace else None)
+    store = stores_at(url) if url else default_stores()
     if args.action == "release":
         if not args.dataset:
             print("imgest: error: name the dataset whose lock to release", file=sys.stderr)
@@ -149,7 +162,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the locks of datasets written to this s3:// destination (kept in its bucket's _imgest-state unless "
         "$IMGEST_STATE_URL says otherwise); default: $IMGEST_STATE_URL, else this machine's",
     )
+    lk.add_argument(
+        "--keyspace",
+        help="the locks of datasets written to this Cassandra keyspace (its imgest_locks table; the cluster from "
+        "--hosts or $IMGEST_CASSANDRA_HOSTS)",
+    )
+    from imgest.cli.common import add_cassandra_args
+
+    add_cassandra_args(lk)
     lk.set_defaults(func=locks_cmd)
+
+
+def _cassandra_lock(args: argparse.Namespace, keyspace: str, replication: str | None = None) -> str:
+    """The lock store in KEYSPACE of the cluster the command's flags name (the command's settings also reach it)."""
+    from imgest.cli.common import cassandra_settings
+    from imgest.core.lock_stores import cassandra_lock_url, use_cassandra
+
+    settings = cassandra_settings(args)
+    use_cassandra(settings)
+    return cassandra_lock_url(settings, keyspace, replication)
 
 
 def add_wait_lock(p: argparse.ArgumentParser) -> None:
@@ -181,8 +212,9 @@ def locked_ingest(fn: Any, preflight: Any = None) -> Any:
             dataset = args.src.resolve().name
         from imgest.cli.common import cli_run_state
 
+        tables = _cassandra_lock(args, args.keyspace, args.replication) if args.target == "cassandra" else None
         with (
-            cli_run_state(args.master, str(getattr(args, "dest", "") or "")),  # the lock's store too
+            cli_run_state(args.master, str(getattr(args, "dest", "") or ""), tables),  # the lock's stores too
             dataset_lock(dataset, f"imgest ingest {args.target} {args.src}", args.wait_lock),
         ):
             return fn(args)

@@ -11,10 +11,14 @@ the caller last read, so two writers can never both believe they hold a lock:
   or a takeover of an expired lease, which exactly one taker wins;
 - ``delete``: remove it only if it is still at the version read.
 
-Which store: ``$IMGEST_STATE_URL`` (``s3://bucket/prefix``: locks under ``prefix/locks/``) or the local state
-folder (``$IMGEST_HOME/locks``; ``IMGEST_STATE_URL=local`` says so explicitly, for hosts that all mount it). An
-Airflow task of a deployment across hosts sets the variable before it runs when it is unset (``run_state``). The
-S3 store needs a server that honours conditional writes; AWS S3 and SeaweedFS do (checked by
+Which stores (``lock_url_for``): a run that writes Cassandra keeps its lock in the keyspace it writes
+(``cassandra://hosts/keyspace``: ``imgest.sinks.cassandra.lock_store``, found through the ``imgest.lock_stores``
+entry point), where every writer of those tables finds it, whatever its state folder or bucket. A run that writes
+elsewhere (shards, files) keeps it in ``$IMGEST_STATE_URL`` (``s3://bucket/prefix``: locks under ``prefix/locks/``),
+else beside an ``s3://`` destination, else in the local state folder (``$IMGEST_HOME/locks``;
+``IMGEST_STATE_URL=local`` says so explicitly, for hosts that all mount it). A run with both targets takes both locks
+(``LockStores``), always in the order of their locations, so two writers never wait on each other's second lock.
+The S3 store needs a server that honours conditional writes; AWS S3 and SeaweedFS do (checked by
 ``tests/integration/test_locks_hosts.py``).
 """
 
@@ -23,12 +27,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from imgest.core.settings import S3Settings
+from imgest.core.settings import CassandraSettings, S3Settings
 
 STATE_URL_ENV = "IMGEST_STATE_URL"
 LOCAL_STATE = "local"  # IMGEST_STATE_URL=local: the local state folder, which every host mounts
@@ -36,6 +41,8 @@ LOCAL_STATE = "local"  # IMGEST_STATE_URL=local: the local state folder, which e
 # (``lock_url_for``, for every task of a DAG run and every CLI writer), never by hand.
 LOCK_URL_ENV = "IMGEST_LOCK_URL"
 STATE_PREFIX = "_imgest-state"  # the prefix of the derived state URL in the destination's bucket
+STORES_GROUP = "imgest.lock_stores"  # entry points: URL scheme -> a LockStore class (url, settings)
+SEPARATOR = " | "  # between the locations of a LockStores (IMGEST_LOCK_URL, messages)
 
 
 @dataclass(frozen=True)
@@ -202,17 +209,46 @@ def derived_state_url(s3_dest: str) -> str:
     return f"s3://{bucket}/{STATE_PREFIX}"
 
 
-def lock_url_for(s3_dest: str | None) -> str | None:
-    """Where the lock of a dataset written to S3_DEST lives, the same for the CLI and every DAG on any deployment:
-    ``$IMGEST_STATE_URL`` when set (None for ``local``), else beside an ``s3://`` S3_DEST (its bucket's
-    ``_imgest-state``), else None (this machine's state folder). A CLI on a laptop and a DAG run on a cluster that
-    write the same S3 destination so exclude each other."""
+def lock_url_for(s3_dest: str | None, cassandra_url: str | None = None) -> str | None:
+    """Where the lock of a run writing S3_DEST (an ``s3://`` shards destination, or None) and, with CASSANDRA_URL
+    (``cassandra_lock_url``), Cassandra tables lives, the same for the CLI and every DAG on any deployment: the
+    keyspace's store for the tables; for the rest ``$IMGEST_STATE_URL`` when set, else beside an ``s3://`` S3_DEST
+    (its bucket's ``_imgest-state``), else this machine's state folder. Several locations are joined by SEPARATOR
+    in the order they are taken; None: the local state folder alone."""
     setting = state_setting()
-    if setting:
-        return None if setting == LOCAL_STATE else setting
-    if s3_dest and s3_dest.startswith("s3://"):
-        return derived_state_url(s3_dest)
-    return None
+    other = None if setting == LOCAL_STATE else setting or None
+    if not setting and s3_dest and s3_dest.startswith("s3://"):
+        other = derived_state_url(s3_dest)
+    if not cassandra_url:
+        return other
+    if s3_dest and other is None:  # the tables and a destination on this machine's disk
+        from imgest.core.paths import state_dir
+
+        other = str(state_dir() / "locks")
+    urls = sorted([cassandra_url, *([other] if s3_dest and other else [])])
+    return SEPARATOR.join(urls)
+
+
+def cassandra_lock_url(settings: CassandraSettings, keyspace: str, replication: str | None = None) -> str:
+    """The lock store in KEYSPACE of the cluster of SETTINGS: ``cassandra://hosts:port/keyspace`` (REPLICATION: the
+    keyspace's, should the lock be the first to create it)."""
+    from urllib.parse import quote
+
+    query = f"?replication={quote(replication, safe='')}" if replication else ""
+    return f"cassandra://{','.join(settings.hosts)}:{settings.port}/{keyspace}{query}"
+
+
+_PROCESS: dict[str, CassandraSettings] = {}
+
+
+def use_cassandra(settings: CassandraSettings) -> None:
+    """The Cassandra settings this process reaches a keyspace's lock store with where no caller names them (the
+    CLI: its flags; a Spark driver: its job's), rather than the environment's alone."""
+    _PROCESS["cassandra"] = settings
+
+
+def process_cassandra() -> CassandraSettings | None:
+    return _PROCESS.get("cassandra")
 
 
 def lock_url() -> str | None:
@@ -220,20 +256,58 @@ def lock_url() -> str | None:
     return os.environ.get(LOCK_URL_ENV) or state_url()
 
 
+class LockStores:
+    """The stores one lock is taken in, in the order it is taken (``imgest.core.locks`` takes, renews, fences and
+    gives back the lock in each); LOCATION names them all."""
+
+    def __init__(self, stores: Sequence[LockStore]) -> None:
+        self.stores = tuple(stores)
+        self.location = SEPARATOR.join(s.location for s in self.stores)
+
+    def __iter__(self) -> Iterator[LockStore]:
+        return iter(self.stores)
+
+
 def default_store(settings: S3Settings | None = None) -> LockStore:
-    """The store named by ``$IMGEST_LOCK_URL`` or ``$IMGEST_STATE_URL`` (S3, reached with SETTINGS or the
-    environment's), else local."""
+    """The first store of ``default_stores`` (a process that holds one lock store: the CLI's ``imgest locks``)."""
+    return default_stores(settings).stores[0]
+
+
+def default_stores(settings: S3Settings | None = None, cassandra: CassandraSettings | None = None) -> LockStores:
+    """The stores named by ``$IMGEST_LOCK_URL`` or ``$IMGEST_STATE_URL`` (S3 reached with SETTINGS or the
+    environment's, Cassandra with CASSANDRA or the environment's), else the local state folder's."""
     from imgest.core.paths import state_dir
 
     url = lock_url()
     if url is None:
-        return FileLockStore(state_dir() / "locks")
-    return S3LockStore(url, settings or S3Settings.from_env())
+        return LockStores([FileLockStore(state_dir() / "locks")])
+    return stores_at(url, settings, cassandra)
 
 
-def store_at(location: str, settings: S3Settings | None = None) -> LockStore:
-    """The store whose ``location`` is LOCATION (how a holder names its store to the processes it starts); an S3
-    one is reached with SETTINGS or the environment's."""
+def stores_at(
+    location: str, settings: S3Settings | None = None, cassandra: CassandraSettings | None = None
+) -> LockStores:
+    """The stores of LOCATION (one location, or several joined by SEPARATOR)."""
+    parts = [p.strip() for p in location.split(SEPARATOR.strip()) if p.strip()]
+    return LockStores([store_at(p, settings, cassandra) for p in parts])
+
+
+def store_at(
+    location: str, settings: S3Settings | None = None, cassandra: CassandraSettings | None = None
+) -> LockStore:
+    """The store whose ``location`` (or URL) is LOCATION (how a holder names its store to the processes it starts):
+    an S3 one reached with SETTINGS or the environment's; another scheme's through its ``imgest.lock_stores`` entry
+    point (``cassandra``: with CASSANDRA or the environment's settings); else a folder."""
     if location.startswith("s3://"):
         return S3LockStore(location.rstrip("/").removesuffix("locks").rstrip("/"), settings or S3Settings.from_env())
-    return FileLockStore(Path(location))
+    scheme, sep, _ = location.partition("://")
+    if not sep:
+        return FileLockStore(Path(location))
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=STORES_GROUP, name=scheme))
+    if not found:
+        from imgest.core.errors import ConfigError
+
+        raise ConfigError(f"no lock store serves {scheme}:// ({location}); is imgest installed (pip install imgest)?")
+    return found[0].load()(location, cassandra if scheme == "cassandra" else None)

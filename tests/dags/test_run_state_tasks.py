@@ -48,8 +48,27 @@ def test_one_machine_keeps_its_state_and_the_lock_beside_the_destination(
     assert use_run_state([SHARDS]) is None
     assert os.environ["IMGEST_STATE_URL"] == ""
     assert os.environ["IMGEST_LOCK_URL"] == "s3://datasets/_imgest-state"
-    use_run_state([{"target": "cassandra", "source": "/data/imagenet", "dataset": "imnet"}])
-    assert "IMGEST_LOCK_URL" not in os.environ  # no S3 destination: this machine's lock folder
+    use_run_state([{"target": "files", "source": "/data/imagenet", "dataset": "imnet", "files_dest": "/srv/imnet"}])
+    assert "IMGEST_LOCK_URL" not in os.environ  # no S3 destination, no tables: this machine's lock folder
+
+
+def test_a_run_writing_cassandra_keeps_its_lock_in_the_keyspace(
+    no_state_url: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run writing tables keeps its lock in their keyspace, on the cluster of the task's connection, where a CLI
+    writing them looks too, whatever its state folder; a run writing both targets takes both locks, the keyspace's
+    first (the order of their locations), as every writer does."""
+    _deploy(monkeypatch, "LocalExecutor", "local[2]")
+    monkeypatch.setenv("AIRFLOW_CONN_CASS_EU", json.dumps({"conn_type": "cassandra", "host": "10.0.0.5,10.0.0.6"}))
+    tables = {"target": "cassandra", "source": "/data/imagenet", "dataset": "imnet", "keyspace": "vision"}
+    use_run_state([tables], "cass_eu")
+    keyspace = "cassandra://10.0.0.5,10.0.0.6:9042/vision?replication=SimpleStrategy%3A1"
+    assert os.environ["IMGEST_LOCK_URL"] == keyspace
+    monkeypatch.setenv("IMGEST_STATE_URL", "s3://state/imgest")  # the cluster's state store: the tables' lock stays
+    use_run_state([tables], "cass_eu")
+    assert os.environ["IMGEST_LOCK_URL"] == keyspace
+    use_run_state([tables, SHARDS], "cass_eu")
+    assert os.environ["IMGEST_LOCK_URL"] == f"{keyspace} | s3://state/imgest"
 
 
 def test_a_cluster_master_without_s3_is_refused(no_state_url: None, monkeypatch: pytest.MonkeyPatch) -> None:

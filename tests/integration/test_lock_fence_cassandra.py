@@ -104,3 +104,46 @@ def test_the_version_record_names_its_writer_and_a_zombie_advances_nothing(
             assert advance_status(session, ks, "zombie", "v1", "complete", ("written",))
         row = session.execute(f"SELECT status, writer FROM {ks}.dataset_versions WHERE dataset = 'zombie'").one()
         assert (row.status, row.writer) == ("complete", cli.who)
+
+
+def test_the_version_record_names_the_epoch_and_an_older_epoch_of_the_run_advances_nothing(
+    cassandra_server: CassandraServer,
+) -> None:
+    """The writer the version record's LWT names carries the lock's epoch: run R claimed v1 under its first epoch;
+    the lock was released by hand and R took it again (a new epoch, in the keyspace's own lock store), and claimed v1
+    again; a process of R's first epoch (past its fence: a zombie in the window between its fence and its write)
+    changes nothing, though it is the same run; the new epoch's process advances it."""
+    from imgest.core.lock_stores import cassandra_lock_url
+    from imgest.sinks.cassandra.lock_store import CassandraLockStore
+    from imgest.sinks.cassandra.schema import apply_schema
+    from imgest.sinks.cassandra.versions import advance_status, claim_version
+
+    settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    tables = replace(TABLES, suffix="_epoch")
+    ks, tabs = tables.keyspace, tables.tables(["train"])
+    store = CassandraLockStore(cassandra_lock_url(settings, ks), settings)
+    run = locks.airflow_holder("ingest_imagenet", "manual__r", lease_s=600)
+    with cassandra_session(settings) as session:
+        apply_schema(session, tables, ["train"], "SimpleStrategy:1")
+        session.execute(f"DELETE FROM {ks}.dataset_versions WHERE dataset = 'epochs'")
+        locks.release("epochs", None, store)
+        assert locks.try_acquire("epochs", run, store) is None
+        first = locks.learn_epoch("epochs", run, store)
+        with locks.holding("epochs", run, store, epoch=first):
+            claim_version(session, ks, "epochs", "v1", tabs, "{}")
+        assert locks.release("epochs", None, store)  # by hand
+        assert locks.try_acquire("epochs", run, store) is None  # R's lock task, retried
+        second = locks.learn_epoch("epochs", run, store)
+        assert second not in (None, first)
+        with locks.holding("epochs", run, store, epoch=second):
+            claim_version(session, ks, "epochs", "v1", tabs, "{}")
+        with (
+            locks.holding("epochs", run, store, epoch=first),
+            pytest.raises(locks.LockLostError, match=f"taken again since .epoch {second}"),
+        ):
+            advance_status(session, ks, "epochs", "v1", "written", ("writing",))
+        row = session.execute(f"SELECT status, writer FROM {ks}.dataset_versions WHERE dataset = 'epochs'").one()
+        assert (row.status, row.writer) == ("writing", f"{run.who} epoch {second}")
+        with locks.holding("epochs", run, store, epoch=second):
+            assert advance_status(session, ks, "epochs", "v1", "written", ("writing",))
+        assert locks.release("epochs", run, store)

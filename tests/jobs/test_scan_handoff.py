@@ -26,9 +26,10 @@ def _ingest(src: Path, work: Path, server: CassandraServer, ks: str) -> subproce
     return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
 
 
-def _keyspaces(server: CassandraServer) -> set[str]:
+def _tables(server: CassandraServer, ks: str) -> set[str]:
     with cassandra_session(CassandraSettings(hosts=(server.host,), port=server.native_port)) as session:
-        return {r.keyspace_name for r in session.execute("SELECT keyspace_name FROM system_schema.keyspaces")}
+        rows = session.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (ks,))
+        return {r.table_name for r in rows}
 
 
 def _drop(server: CassandraServer, ks: str) -> None:
@@ -61,5 +62,5 @@ def test_a_failed_scan_stops_the_job_before_the_store(tmp_path: Path, cassandra_
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1].startswith("imgest: error: nothing is ingestible in ")
     assert "the scan failed, so nothing was ingested" in (tmp_path / "w" / "spark-cassandra.log").read_text()
-    assert ks not in _keyspaces(cassandra_server)  # no schema, no version record
+    assert _tables(cassandra_server, ks) == {"imgest_locks"}  # the run's lock alone: no schema, no version record
     assert list((tmp_path / "w").glob(".scan-*")) == []

@@ -69,3 +69,24 @@ def test_the_switch_lands_only_over_the_manifest_read(tmp_path: Path) -> None:
     with pytest.raises(ManifestConflictError):
         switch(shards, {"key": "d"}, version)  # the version it read is gone
     assert read_live(shards)[0] == {"key": "c"}
+
+
+def test_a_task_of_an_earlier_epoch_of_the_same_run_publishes_nothing(store: FileLockStore, tmp_path: Path) -> None:
+    """The lock names its epoch, new each time it changes hands: a task of run r1 that started under the first
+    epoch, still running after the lock was released by hand and taken again by r1 (its lock task retried), fails its
+    fence; a task that starts under the new epoch publishes, and the Cassandra version record would name it."""
+    shards = open_store(str(tmp_path / "shards"))
+    first = locks.read("ds", store)
+    assert first is not None
+    with locks.keep_alive("ds", RUN, store, locks.Attempt("pack", 1)):
+        old_epoch = locks.held_by_me("ds")
+        assert old_epoch is not None and old_epoch.startswith(f"{RUN.who} epoch ")
+        assert locks.release("ds", None, store)  # imgest locks release ds
+        assert locks.try_acquire("ds", RUN, store) is None  # the same run takes it again: a new epoch
+        assert locks.try_acquire("ds", RUN, store) is None  # re-entrant: the epoch stays
+        with pytest.raises(locks.LockLostError, match=r"given up and taken again since \(epoch \w+; this process"):
+            publish_shards(shards, {"key": "k-old-epoch", "dataset": "ds", "shards": []})
+    assert shards.read_manifest() is None  # nothing switched
+    with locks.keep_alive("ds", RUN, store, locks.Attempt("pack", 1)):
+        assert locks.held_by_me("ds") not in (None, old_epoch)
+        assert publish_shards(shards, {"key": "k-new", "dataset": "ds", "shards": []})
