@@ -44,7 +44,9 @@ def expiry_of(credentials: Any) -> float | None:
 def _own_chain(shipped_key: str | None, profile: str | None = None, region: str | None = None) -> Any:
     """This host's own credentials, never the shipped ones: PROFILE's when this host's shared config has it (an SSO
     session, a profile with a role_arn: resolved again), else botocore's chain without its environment provider when
-    the environment holds the shipped keys (spark-submit's environment carries them to the driver); None if empty."""
+    the environment holds shipped keys (spark-submit's environment carries them to the driver: these, or temporary
+    ones imgest shipped earlier, marked by IMGEST_S3_CREDENTIALS_EXPIRY, which expire with the session they came
+    from); None if empty."""
     import os
 
     from botocore.session import get_session
@@ -56,7 +58,8 @@ def _own_chain(shipped_key: str | None, profile: str | None = None, region: str 
             session.set_config_variable("region", region)
         session.get_component("credential_provider").remove("env")  # the profile's, not the environment's
         return session.get_credentials()
-    if shipped_key and os.environ.get("AWS_ACCESS_KEY_ID") == shipped_key:
+    shipped_here = os.environ.get("IMGEST_S3_CREDENTIALS_EXPIRY") and os.environ.get("AWS_SESSION_TOKEN")
+    if (shipped_key and os.environ.get("AWS_ACCESS_KEY_ID") == shipped_key) or shipped_here:
         session.get_component("credential_provider").remove("env")
     return session.get_credentials()
 

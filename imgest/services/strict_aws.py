@@ -104,15 +104,20 @@ class StrictAws:
             aws_session_token=settings.session_token,
         )
 
-    def role(self, name: str, buckets: list[str], actions: str | list[str] = "s3:*") -> str:
-        """A role (made or replaced) whose only policy allows ACTIONS on BUCKETS; returns its ARN."""
+    def role(
+        self, name: str, buckets: list[str], actions: str | list[str] = "s3:*", session_s: int | None = None
+    ) -> str:
+        """A role (made or replaced) whose only policy allows ACTIONS on BUCKETS; returns its ARN. SESSION_S: its
+        sessions last that many seconds (the server's tag; AWS's shortest is 900)."""
         iam = self.client("iam")
         try:
             iam.delete_role_policy(RoleName=name, PolicyName="buckets")
             iam.delete_role(RoleName=name)
         except iam.exceptions.NoSuchEntityException:
             pass
-        arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust_policy()))["Role"]["Arn"]
+        tags = [{"Key": "imgest-session-seconds", "Value": str(session_s)}] if session_s else []
+        trust = json.dumps(trust_policy())
+        arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust, Tags=tags)["Role"]["Arn"]
         policy = json.dumps(bucket_policy(buckets, actions))
         iam.put_role_policy(RoleName=name, PolicyName="buckets", PolicyDocument=policy)
         return str(arn)

@@ -9,6 +9,9 @@ Two corrections to moto 5.2.5 with IAM authentication on:
   AuthorizationHeaderMalformed naming the bucket's region (in the body's ``<Region>`` and the
   ``x-amz-bucket-region`` header; a HEAD gets the header alone). Clients that sign for the connection's region
   and never ask the bucket's (Arrow's S3 filesystem, DALI's AWS SDK, a hand-made signer) fail on AWS; here too.
+- it serves temporary credentials after they expired. AWS refuses them: 400 ``ExpiredToken`` ("The provided token
+  has expired."). Here too; and a role tagged ``imgest-session-seconds`` gets sessions that short (AWS's shortest is
+  15 minutes), so a test run outlives its first credentials in seconds.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from typing import Any
 
 UNSIGNED_ACTIONS = ("AssumeRoleWithWebIdentity", "AssumeRoleWithSAML")
+SESSION_TAG = "imgest-session-seconds"
 SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/s3/aws4_request")
 QUERY_SCOPE = re.compile(r"X-Amz-Credential=[^&%]+(?:/|%2F)\d{8}(?:/|%2F)([^/&%]+)(?:/|%2F)s3")
 
@@ -68,8 +72,47 @@ def refuse_wrong_region(app: Any) -> Any:
     return serve
 
 
+def _tag_value(tags: Any, key: str) -> str | None:
+    """The value of KEY among a moto role's tags (a dict of {"Key", "Value"} entries by key, or a list of them)."""
+    entries = tags.values() if isinstance(tags, dict) else tags or []
+    return next((str(t.get("Value")) for t in entries if isinstance(t, dict) and t.get("Key") == key), None)
+
+
+def expire_sessions() -> None:
+    """Sessions of roles tagged SESSION_TAG last that many seconds; expired session credentials are refused."""
+    import datetime
+
+    from moto.core.utils import utcnow
+    from moto.iam import access_control
+    from moto.iam.models import iam_backends
+    from moto.s3.exceptions import S3ClientError
+    from moto.sts import models as sts_models
+
+    made = sts_models.AssumedRole.__init__
+
+    def short_session(self: Any, account_id: str, *args: Any, **kwargs: Any) -> None:
+        made(self, account_id, *args, **kwargs)
+        for backend in iam_backends[account_id].values():
+            role = next((r for r in backend.roles.values() if r.arn == self.role_arn), None)
+            seconds = _tag_value(role.tags, SESSION_TAG) if role is not None else None
+            if seconds:
+                self.expiration = min(self.expiration, utcnow() + datetime.timedelta(seconds=int(seconds)))
+
+    sts_models.AssumedRole.__init__ = short_session  # type: ignore[method-assign]
+    key_of = access_control.AssumedRoleAccessKey.__init__
+
+    def refuse_expired(self: Any, account_id: str, partition: str, access_key_id: str, headers: Any) -> None:
+        key_of(self, account_id, partition, access_key_id, headers)
+        for assumed in sts_models.sts_backends[account_id][partition].assumed_roles:
+            if assumed.access_key_id == access_key_id and assumed.expiration < utcnow():
+                raise S3ClientError("ExpiredToken", "The provided token has expired.")
+
+    access_control.AssumedRoleAccessKey.__init__ = refuse_expired  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> None:
-    """moto's server with the correction in place."""
+    """moto's server with the corrections in place."""
+    expire_sessions()
     from moto.core import authorization  # the aws venv's moto
 
     mixin = authorization.ActionAuthenticatorMixin

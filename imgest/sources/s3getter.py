@@ -48,7 +48,6 @@ class ObjectGetter:
 
     def __init__(self, settings: S3Settings, connections: int = CONNECTIONS) -> None:
         import urllib3
-        from botocore.auth import S3SigV4Auth
 
         self.endpoint = (settings.endpoint_url or f"https://s3.{settings.region}.amazonaws.com").rstrip("/")
         self._aws = not settings.endpoint_url  # AWS itself: another region is another endpoint too
@@ -60,7 +59,6 @@ class ObjectGetter:
                 "IMGEST_SOURCE_AWS_SECRET_ACCESS_KEY, or give this host a role or profile"
             )
         self._credentials, self.region = credentials, settings.region
-        self._auths = {settings.region: S3SigV4Auth(credentials, "s3", settings.region)}
         self._bucket_regions: dict[str, str] = {}  # buckets S3 said live in another region than the connection's
         retries = urllib3.Retry(
             total=GET_ATTEMPTS - 1,
@@ -123,12 +121,12 @@ class ObjectGetter:
         )
 
     def _signer(self, region: str) -> Any:
-        """The SigV4 signer of REGION (one per region this getter has been told of)."""
+        """A SigV4 signer of REGION with the credentials of this moment, frozen: the key, secret and session token
+        of one renewal (a signer given renewable credentials reads each of them apart, and a renewal in between
+        pairs one session's key with another's token: S3 answers InvalidToken)."""
         from botocore.auth import S3SigV4Auth
 
-        if region not in self._auths:
-            self._auths[region] = S3SigV4Auth(self._credentials, "s3", region)
-        return self._auths[region]
+        return S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3", region)
 
     def _endpoint_of(self, region: str) -> str:
         """The endpoint for a bucket of REGION: the connection's own, or AWS's regional one."""

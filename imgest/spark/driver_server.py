@@ -7,8 +7,10 @@ environment, working folder and log file (stdout and stderr, at the descriptor l
 code. The first job starts the server; `stop` ends it.
 
 A job falls back to spark-submit, exactly as without the server, when it would not run the same way there:
-a master other than the server's, Spark settings other than the defaults, or another job already running
-(the server runs one job at a time). Tests of spark-submit itself (killed drivers, clusters) call it directly.
+a master other than the server's, Spark settings other than the defaults, another job already running (the server
+runs one job at a time), or another identity of its executors' own (``IDENTITY_ENV``: the Python workers keep the
+environment of the first job, and renew temporary keys from it as an executor host does from its role). Tests of
+spark-submit itself (killed drivers, clusters) call it directly.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ log = logging.getLogger(__name__)
 SOCKET_ENV = "IMGEST_SPARK_DRIVER_SOCKET"
 REUSED = "_imgest_reused"  # set on the server's session, which outlives every job (submit.stop_session leaves it)
 START_TIMEOUT_S = 180.0
+# Where a host's own AWS credentials come from (what an executor renews shipped temporary keys with).
+IDENTITY_ENV = (
+    "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_ENDPOINT_URL_STS",
+)  # fmt: skip
+
+
+def identity(env: dict[str, str]) -> dict[str, str]:
+    """The own-credential sources ENV gives a host (IDENTITY_ENV that are set)."""
+    return {k: env[k] for k in IDENTITY_ENV if env.get(k)}
 
 
 def socket_path() -> Path | None:
@@ -236,7 +248,7 @@ def serve(path: Path, master: str) -> None:
     listener.bind(str(path))
     listener.listen(8)
     log.info("reused Spark driver for %s listening on %s", master, path)
-    jobs = 0
+    jobs, executors_as = 0, None  # the identity the executors' Python workers took from the first job
     while True:
         conn, _ = listener.accept()
         with conn:
@@ -250,6 +262,11 @@ def serve(path: Path, master: str) -> None:
             if request.get("master") != master:
                 conn.sendall(json.dumps({"refused": f"serves {master}, not {request.get('master')}"}).encode() + b"\n")
                 continue
+            if executors_as is not None and identity(request["env"]) != executors_as:
+                refused = f"its executors renew credentials as {sorted(executors_as.items())}, not as this job's"
+                conn.sendall(json.dumps({"refused": refused}).encode() + b"\n")
+                continue
+            executors_as = identity(request["env"]) if executors_as is None else executors_as
             t0 = time.monotonic()
             rc = _run(spark, request)
             jobs += 1

@@ -19,9 +19,10 @@ from imgest.services import AirflowServer
 from imgest.services.demo import run_dag, task_durations, task_results
 from imgest.services.strict_aws import StrictAws
 from tests.conftest import serve
-from tests.integration.test_strict_aws_regions import TOKEN
+from tests.integration.test_strict_aws_regions import TOKEN, sessions_of
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
+SESSION_S = 20  # each session the role gets lasts this long: the server refuses it afterwards, as AWS does
 TASKS = ("validate", "scan", "prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput")
 
 
@@ -37,7 +38,7 @@ def test_a_pods_dag_run_with_only_a_web_identity(
     replace(aws.admin(), region="us-west-2").client().create_bucket(
         Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
     )
-    role = aws.role(f"airflow-{bucket}", [bucket])
+    role = aws.role(f"airflow-{bucket}", [bucket], session_s=SESSION_S)  # the run outlives many of its sessions
     (tmp_path / "token").write_text(TOKEN)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)
@@ -53,8 +54,12 @@ def test_a_pods_dag_run_with_only_a_web_identity(
     extra = {"endpoint_url": aws.endpoint, "region_name": aws.region, "bucket": bucket}
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": extra}))
     dataset = f"irsa-{secrets.token_hex(2)}"
-    ok, _, tail = run_dag(airflow_home, {"sample": True, "target": "shards", "dataset": dataset, "shard_max_count": 8})
+    ok, seconds, tail = run_dag(
+        airflow_home, {"sample": True, "target": "shards", "dataset": dataset, "shard_max_count": 8}
+    )
     assert ok, tail
+    assert seconds > 3 * SESSION_S  # the run outlived its first sessions several times over
+    assert sessions_of(aws, role) > 3  # and its clients renewed from the web identity as each ran out
     states = {task: state for task, state, _ in task_durations(airflow_home, "ingest_imagenet")}
     for task in (*TASKS, "publish_asset", "gc", "release_lock"):
         assert states[task] == "success", (task, states)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,3 +125,47 @@ def test_settings_without_a_region_header_keep_the_connections(aws: StrictAws) -
 
     keys = aws.assume(aws.role(f"none-{secrets.token_hex(3)}", ["nothing-here"]))
     assert bucket_region(S3Settings(**{**keys.__dict__, "region": "eu-central-1"}), "not-mine") == "eu-central-1"
+
+
+def sessions_of(aws: StrictAws, role_arn: str) -> int:
+    """How many sessions the server has issued for ROLE_ARN (moto's state, /moto-api/data.json)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{aws.endpoint}/moto-api/data.json", timeout=30) as answer:
+        sessions = json.loads(answer.read()).get("sts", {}).get("AssumedRole", [])
+    return sum(1 for s in sessions if s.get("role_arn") == role_arn)
+
+
+def test_a_pods_run_outlives_its_first_credentials(
+    aws: StrictAws, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The role's sessions last 4 s and the server refuses an expired one (400 ExpiredToken, as AWS does): a pod's
+    whole run (IRSA: the token file and the role) stores, publishes and verifies, its run state in the bucket, every
+    client renewing from the web identity as its keys run out; one session for the run would have been refused."""
+    from dataclasses import replace
+
+    from botocore.exceptions import ClientError
+
+    from imgest.cli import main
+
+    dest = _bucket(aws, "short", aws.region)
+    role = aws.role(f"short-{dest}", [dest], session_s=4)
+    first = replace(aws.assume(role, seconds=3600), expires_at=None)  # its keys as they are: no renewal
+    first.client().put_object(Bucket=dest, Key="probe", Body=b"1")  # within its 4 s
+    time.sleep(5)
+    with pytest.raises(ClientError, match="ExpiredToken"):
+        first.client().put_object(Bucket=dest, Key="probe", Body=b"2")
+    tree = tmp_path / "tree"
+    write_sample(tree, SampleSpec("imagefolder", classes=3, per_class=6, val_per_class=2, seed=12))
+    pod_env(monkeypatch, aws, role, tmp_path)
+    monkeypatch.setenv("IMGEST_STATE_URL", f"s3://{dest}/_state")
+    url, began = f"s3://{dest}/ds", time.monotonic()
+    assert main(["ingest", "shards", str(tree), "--dest", url, "--work-dir", str(tmp_path / "work")]) == 0
+    assert main(["verify", "shards", url]) == 0
+    assert time.monotonic() - began > 4  # the run outlived the session it started with
+    admin = aws.client("s3")
+    manifest = json.loads(admin.get_object(Bucket=dest, Key="ds/manifest.json")["Body"].read())
+    assert sum(s["samples"] for s in manifest["shards"]) == 24
+    sessions = sessions_of(aws, role)
+    print(f"{sessions} sessions of {role} in {time.monotonic() - began:.1f} s")
+    assert sessions >= 3  # the probe's, and the renewals of the run's

@@ -1,6 +1,6 @@
 """The suite's reused Spark driver (imgest.spark.driver_server): jobs run in it, with the caller's environment
-and log file; a busy server, another master or other Spark settings go through spark-submit; a failed job
-leaves it serving."""
+and log file; a busy server, another master, other Spark settings or another identity of the executors' own go
+through spark-submit; a failed job leaves it serving."""
 
 from __future__ import annotations
 
@@ -56,6 +56,10 @@ def test_jobs_run_in_the_reused_driver_and_go_to_spark_submit_when_it_is_busy(
             assert ingest("d") == 0
         assert len(_jobs_run(sock.with_suffix(".log"))) == 3  # "d" went through spark-submit
         assert _shas(tmp_path / "d") == _shas(tmp_path / "a")
+        with monkeypatch.context() as pod:  # another identity than its executors took from the first job
+            pod.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/another-pod")
+            assert ingest("e") == 0
+        assert len(_jobs_run(sock.with_suffix(".log"))) == 3  # "e" went through spark-submit
     finally:
         assert driver_server.stop(sock)
     assert not sock.exists()
