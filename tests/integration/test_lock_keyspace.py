@@ -40,7 +40,8 @@ def test_the_keyspace_store_changes_only_what_it_read(cassandra_server: Cassandr
     transaction on the version read; a record's age is the coordinator's."""
     keyspace = f"lockks_{secrets.token_hex(3)}"
     store = _keyspace_store(cassandra_server, keyspace)
-    assert store.read("d") is None and store.names() == []  # no table yet: nothing held
+    assert store.read("d") is None
+    assert store.names() == []
     assert store.create("d", {"who": "a"})
     assert not store.create("d", {"who": "b"})  # exists: refused
     first = store.read("d")
@@ -49,18 +50,22 @@ def test_the_keyspace_store_changes_only_what_it_read(cassandra_server: Cassandr
     assert 0 <= first.age_s < 60
     time.sleep(1.2)
     aged = store.read("d")
-    assert aged is not None and aged.age_s >= 1.0  # the lease clock runs on the node
+    assert aged is not None
+    assert aged.age_s >= 1.0
     assert store.replace("d", {"who": "c"}, first.version)
     assert not store.replace("d", {"who": "e"}, first.version)  # changed since it was read: refused
     assert not store.delete("d", first.version)
     now = store.read("d")
-    assert now is not None and now.fields == {"who": "c"} and now.age_s < aged.age_s
+    assert now is not None
+    assert now.fields == {"who": "c"}
+    assert now.age_s < aged.age_s
     assert store.names() == ["d"]
     assert store.delete("d", now.version)
     assert store.read("d") is None
     with cassandra_session(_settings(cassandra_server)) as session:
         strategy = session.cluster.metadata.keyspaces[keyspace].replication_strategy
-        assert "SimpleStrategy" in type(strategy).__name__ and strategy.replication_factor == 1
+        assert "SimpleStrategy" in type(strategy).__name__
+        assert strategy.replication_factor == 1
         session.execute(f"DROP KEYSPACE {keyspace}", timeout=60)
 
 
@@ -103,7 +108,8 @@ def test_hosts_racing_for_one_keyspace_lock_exactly_one_writes(
     for rc, out in outs:
         if rc != 0:
             assert rc == 3, out
-            assert f"is being written by {who}" in out and f"cassandra://{cassandra_server.host}" in out
+            assert f"is being written by {who}" in out
+            assert f"cassandra://{cassandra_server.host}" in out
     assert _keyspace_store(cassandra_server, keyspace).read(dataset) is None  # the winner let go
     assert not list(tmp_path.glob("host-*/locks/*.json"))  # nothing in any host's own lock folder
 
@@ -148,7 +154,8 @@ def test_a_laptop_cli_and_a_cluster_run_writing_one_keyspace_share_its_lock(
         row = session.execute(
             f"SELECT status, writer FROM {keyspace}.dataset_versions WHERE dataset = %s", (dataset,)
         ).one()
-        assert row.status == "written" and row.writer.startswith(f"pid {os.getpid()} on ")
+        assert row.status == "written"
+        assert row.writer.startswith(f"pid {os.getpid()} on ")
         assert locks.read(dataset, run_stores.stores[0]) is None  # given back
         session.execute(f"DROP KEYSPACE {keyspace}", timeout=60)
     assert not (tmp_path / "laptop" / "locks").is_dir() or not list((tmp_path / "laptop" / "locks").iterdir())
@@ -164,14 +171,17 @@ def test_a_run_writing_both_targets_holds_both_locks(
     keyspace, dataset = f"lockks_{secrets.token_hex(3)}", "both"
     dest = f"s3://{s3_server.bucket}/lock-test-{secrets.token_hex(2)}/{dataset}"
     url = lock_url_for(dest, cassandra_lock_url(_settings(cassandra_server), keyspace, "SimpleStrategy:1"))
-    assert url is not None and url.startswith("cassandra://") and url.endswith("/_imgest-state")
+    assert url is not None
+    assert url.startswith("cassandra://")
+    assert url.endswith("/_imgest-state")
     both = stores_at(url, s3_server.settings(), _settings(cassandra_server))
     tables, shards = both.stores
-    assert isinstance(tables, CassandraLockStore) and isinstance(shards, S3LockStore)
+    assert isinstance(tables, CassandraLockStore)
+    assert isinstance(shards, S3LockStore)
     packer = locks.cli_holder("imgest ingest shards (another laptop)")
     assert locks.try_acquire(dataset, packer, shards) is None
     run = locks.airflow_holder("refresh_both", "scheduled__1", lease_s=600)
-    with pytest.raises(locks.DatasetBusyError, match="imgest ingest shards .another laptop."):
+    with pytest.raises(locks.DatasetBusyError, match=r"imgest ingest shards .another laptop."):
         locks.acquire(dataset, run, wait=1, poll=0.2, store=both)
     assert locks.read(dataset, tables) is None  # what it took while waiting, given back
     assert locks.release(dataset, packer, shards)
@@ -185,6 +195,7 @@ def test_a_run_writing_both_targets_holds_both_locks(
         with pytest.raises(locks.LockLostError, match="nobody holds it now"):
             locks.check_fence(dataset)
     assert locks.release(dataset, run, both)
-    assert locks.read(dataset, tables) is None and locks.read(dataset, shards) is None
+    assert locks.read(dataset, tables) is None
+    assert locks.read(dataset, shards) is None
     with cassandra_session(_settings(cassandra_server)) as session:
         session.execute(f"DROP KEYSPACE {keyspace}", timeout=60)

@@ -80,7 +80,8 @@ def test_a_task_of_an_earlier_epoch_of_the_same_run_publishes_nothing(store: Fil
     assert first is not None
     with locks.keep_alive("ds", RUN, store, locks.Attempt("pack", 1)):
         old_epoch = locks.held_by_me("ds")
-        assert old_epoch is not None and old_epoch.startswith(f"{RUN.who} epoch ")
+        assert old_epoch is not None
+        assert old_epoch.startswith(f"{RUN.who} epoch ")
         assert locks.release("ds", None, store)  # imgest locks release ds
         assert locks.try_acquire("ds", RUN, store) is None  # the same run takes it again: a new epoch
         assert locks.try_acquire("ds", RUN, store) is None  # re-entrant: the epoch stays
