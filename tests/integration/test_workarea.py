@@ -3,6 +3,8 @@ the other pulls, changes and deletions included; unchanged files move once."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 from pathlib import Path
 
@@ -77,7 +79,11 @@ def test_a_sample_run_finds_the_sample_on_every_host(tmp_path: Path, monkeypatch
 
     monkeypatch.setenv("IMGEST_STATE_URL", "local")  # no store (else the hook needs one: no spark_default here)
     monkeypatch.setenv("IMGEST_HOME", str(tmp_path / "pod"))
+    monkeypatch.setenv("IMGEST_LOCK_URL", "")  # restored after the test, whatever the hook exports
+    # the run writes Cassandra: its lock lives in the keyspace, on the cluster of the task's connection (not reached)
+    monkeypatch.setenv("AIRFLOW_CONN_CASSANDRA_DEFAULT", json.dumps({"conn_type": "cassandra", "host": "10.0.0.5"}))
     work_hooks()["pre_execute"]({"ti": TaskInstance()})
+    assert os.environ["IMGEST_LOCK_URL"].startswith("cassandra://10.0.0.5:9042/imgest?")
     root = tmp_path / "pod" / "demo" / "sampled"
     here = {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
     # what the scan's host read: the sample the scan step generates (the same spec, elsewhere)
