@@ -166,11 +166,13 @@ def dali_s3_env(settings: S3Settings) -> Iterator[None]:
     changes of the endpoint in the same process are ignored, and no connection or transfer setting is read.
     ``fn.readers.webdataset`` then issues one ranged GET per sample member, one after the other from its loader
     thread, which bounds it at the server's request rate / members per sample (docs/readback.md)."""
+    # the keys of this moment (temporary ones renewed when near expiry), not those the settings were shipped with
+    now = settings.credentials().get_frozen_credentials() if settings.access_key else None
     keys = {
         "AWS_ENDPOINT_URL": settings.endpoint_url or "",
-        "AWS_ACCESS_KEY_ID": settings.access_key or "",
-        "AWS_SECRET_ACCESS_KEY": settings.secret_key or "",
-        "AWS_SESSION_TOKEN": (settings.session_token or "") if settings.access_key else "",
+        "AWS_ACCESS_KEY_ID": now.access_key if now else "",
+        "AWS_SECRET_ACCESS_KEY": now.secret_key if now else "",
+        "AWS_SESSION_TOKEN": (now.token or "") if now else "",
         "AWS_REGION": settings.region,
         "AWS_DEFAULT_REGION": settings.region,
         "AWS_S3_ADDRESSING_STYLE": "path",

@@ -22,7 +22,7 @@ from tests.conftest import serve
 from tests.integration.test_strict_aws_regions import TOKEN, sessions_of
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-SESSION_S = 20  # each session the role gets lasts this long: the server refuses it afterwards, as AWS does
+SESSION_S = 45  # each session the role gets lasts this long: the server refuses it afterwards, as AWS does
 TASKS = ("validate", "scan", "prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput")
 
 
@@ -58,7 +58,7 @@ def test_a_pods_dag_run_with_only_a_web_identity(
         airflow_home, {"sample": True, "target": "shards", "dataset": dataset, "shard_max_count": 8}
     )
     assert ok, tail
-    assert seconds > 3 * SESSION_S  # the run outlived its first sessions several times over
+    assert seconds > 2 * SESSION_S  # the run outlived its first sessions
     assert sessions_of(aws, role) > 3  # and its clients renewed from the web identity as each ran out
     states = {task: state for task, state, _ in task_durations(airflow_home, "ingest_imagenet")}
     for task in (*TASKS, "publish_asset", "gc", "release_lock"):
