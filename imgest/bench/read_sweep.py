@@ -230,7 +230,7 @@ def epoch_row(k: int, results: list[RunResult]) -> dict[str, Any]:
         "epoch": epoch_name(k),
         "images": mid.images,
         "images_per_s": mid.epoch_rate,
-        "steady_images_per_s": statistics.median(r.steady_rate for r in results),
+        "steady_images_per_s": statistics.median(r.second_half_rate for r in results),
         "first_batch_ms": statistics.median(r.first_batch_ms for r in results),
         "min": min(r.epoch_rate for r in results),
         "max": max(r.epoch_rate for r in results),

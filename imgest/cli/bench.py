@@ -54,6 +54,11 @@ def bench_read_cmd(args: argparse.Namespace) -> int:
     from imgest.bench.read import main as bench_main
     from imgest.cli.ingest import run_ingest
 
+    if args.check_fidelity:
+        from imgest.cli.bench_fidelity import bench_fidelity
+
+        return bench_fidelity(args, run_ingest)
+
     if args.sample < 0 or args.check_seconds < 0:
         from imgest.core.errors import ConfigError
 
@@ -365,10 +370,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0,
         metavar="S",
-        help="read each round within S seconds, as the DAG's read_throughput check does (each reader its first "
-        f"{defaults.CHECK_MIN_BATCHES} batches, then what its share fits at their rate; the PyTorch datasets read "
+        help="read each round within S seconds, as the DAG's read_throughput check does (each reader its "
+        f"{defaults.CHECK_WARMUP_BATCHES} warm-up and {defaults.CHECK_WINDOW_BATCHES} measured batches, then on until "
+        "its rate is steady or its share is spent; the PyTorch datasets read "
         f"everything); 0 = no budget (the default; the DAG's is {defaults.CHECK_SECONDS})",
     )
+    from imgest.cli.bench_fidelity import register_fidelity
+
+    register_fidelity(br)
     br.set_defaults(func=bench_read_cmd)
 
     from imgest.cli.bench_plugin import register_plugin

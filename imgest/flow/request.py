@@ -277,10 +277,10 @@ class IngestRequest:
         defaults.CHECK_SECONDS,
         "Read-back seconds",
         "Checks",
-        "Required, 0 or more: the read-back check's time budget, shared by its readers, and never more than "
-        f"{defaults.CHECK_RUN_SHARE:.0%} of the run: each reader reads its first batches, then as many of the "
-        "sample as its share fits at their rate; every image read is verified and the report says which readers "
-        "the budget cut. 0: no budget (every reader reads the whole sample).",
+        f"Required, 0 or more: the read-back check's time budget (from {defaults.CHECK_SHARE_FROM_IMAGES:,} train "
+        f"images on at most {defaults.CHECK_RUN_SHARE:.0%} of the run); each reader reads its warm-up and window "
+        "batches, then on until its rate is steady or its share is spent; the report shows start-up and steady "
+        "rate apart. 0: no budget (every reader reads the whole sample).",
         minimum=0,
     )
     xnvme_loop_fs: str | None = _param(

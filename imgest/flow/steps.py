@@ -283,9 +283,8 @@ def read_throughput(
 ) -> dict[str, Any]:
     """Read a seeded, class-balanced sample of the stored train rows (request.check_sample images; 0: every row)
     back through DALI with every reader of the target, within request.check_seconds and, after RUN_SECONDS of a
-    run (None: not in one), CHECK_RUN_SHARE of the run less the SPENT seconds the task has already run; report,
-    record, verify."""
-    from imgest.readback.budget import check_seconds
+    run (None: not in one) of CHECK_SHARE_FROM_IMAGES train images or more, CHECK_RUN_SHARE of the run less the SPENT
+    seconds the task has already run (imgest.readback.budget.check_seconds); report, record, verify."""
     from imgest.readback.check import ReadCheckOptions
     from imgest.readback.step import read_throughput_step
 
@@ -294,11 +293,9 @@ def read_throughput(
         return {"skipped": "read_check is off"}
     settings = {"cassandra": cassandra, "s3": s3, "tables": request.tables(), "dataset": request.dataset}
     spent = round(spent, 2)  # as the result records it, so the budget follows from the result's own figures
-    seconds = check_seconds(request.check_seconds, run_seconds, spent=spent)
-    log.info(
-        "read-back budget %.1f s (check_seconds %d, the run so far %s s)", seconds, request.check_seconds, run_seconds
+    opts = ReadCheckOptions(
+        sample=request.check_sample, seconds=request.check_seconds, run_seconds=run_seconds, spent=spent
     )
-    opts = ReadCheckOptions(sample=request.check_sample, seconds=seconds)
     result = read_throughput_step(request.target, request.location, out_dir, settings, opts)
     return {**result, "run_seconds": run_seconds, "task_seconds_before": spent}
 

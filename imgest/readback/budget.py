@@ -1,15 +1,25 @@
-"""The read-back check's time budget: how long each reader reads, and what it says when the budget cut it short.
+"""The read-back check's time budget: how long each reader reads, what its rate was measured over, and why it stopped.
 
-The check has a budget of seconds from its start (choosing the sample included), of which its readers share all
-but its tail (``tail_seconds``: kept for the report, the plot and the task's exit). When its turn comes each reader
-gets an equal share of the time left over the readers still to run (:class:`CheckClock`), so one that ran long (a
-slow pipeline build) costs the readers after it, not the bound. A reader reads ``min_batches`` batches whatever its
-share: the first is start-up (a pipeline's first ``run()`` fills its prefetch queue), the ones after it give its
-rate; from that rate
-(:class:`ReadPlan`) it reads as many more whole batches as fit its share, and stops sooner if its share runs out
-(the rate fell). Every image it reads is verified as before; the images of the sample it did not read are counted
-(``unread``), not reported as missing, and its result says so: ``budget_cut``, ``budget_rate``, ``planned`` and
-``reason``.
+A reader's epoch has two parts. Its **start-up** is the time to its first batch (``startup_s``, its pipeline's build
+included) and its first ``warmup`` batches (a pipeline's first ``run()`` fills its prefetch queue, a reader's window
+grows). Its **steady rate** is the images of the batches after them over the time they took (``steady_rate``), and
+it is a rate only once it spans at least ``window`` batches (``steady``): a reader that stopped sooner says so
+(``rate_note``), and the report never shows such a figure as its throughput. The window sizes are the benchmark's
+(``imgest bench read --check-fidelity``, docs/readback.md "The time budget").
+
+The check has a budget of seconds from its start (choosing the sample included), of which its readers share all but
+its tail (``tail_seconds``: kept for the report, the plot and the task's exit). When its turn comes each reader gets
+an equal share of the time left over the readers still to run (:class:`CheckClock`), so time one leaves unused goes
+to the ones after it. A reader reads (:class:`ReadPlan`):
+
+- its warm-up and its window whatever its share (a slow reader's bounded sample, and it says so), but never past the
+  check's deadline (then its rate is not steady);
+- then on while its share lasts, and stops early once its rate is steady: the rate over the second half of its
+  measured batches within ``STEADY_TOLERANCE`` of the first half's;
+- never past the end of its sample.
+
+Every image it reads is verified as before; the images of the sample it did not read are counted (``unread``), not
+reported as missing; its result says why it stopped (``stop``, and ``reason`` when it did before the sample's end).
 """
 
 from __future__ import annotations
@@ -27,25 +37,40 @@ from imgest.core import defaults
 TAIL_SHARE = 0.1
 TAIL_SECONDS = 2.0
 TAIL_MAX_SHARE = 0.3
-FLOOR_SECONDS = 1.0  # the least budget a check that has one gets (0 means none): its readers read their minimum
+FLOOR_SECONDS = 1.0  # the least budget a check that has one gets (0 means none)
+STEADY_TOLERANCE = 0.1  # a rate is steady when its two halves agree within this fraction
+
+# why a reader stopped (``stop``)
+SAMPLE_READ = "sample read"
+RATE_STEADY = "rate steady"
+SHARE_SPENT = "share spent"
+CHECK_SPENT = "check's budget spent"
 
 
 @dataclass(frozen=True)
 class ReaderBudget:
-    """One reader's share of the check: SECONDS of its epoch loop (verification included; 0: its minimum only) and
-    the batches it reads whatever the share."""
+    """One reader's share of the check: SECONDS of its epoch loop (verification included) after which it stops once
+    its window is read; its WARMUP and WINDOW batches (read whatever the share); DEADLINE, the check's end for its
+    readers (``time.perf_counter()``; None: none), past which it reads nothing more."""
 
     seconds: float
-    min_batches: int = defaults.CHECK_MIN_BATCHES
+    warmup: int = defaults.CHECK_WARMUP_BATCHES
+    window: int = defaults.CHECK_WINDOW_BATCHES
+    deadline: float | None = None
 
 
 def check_seconds(
-    cap: float, run_seconds: float | None, share: float = defaults.CHECK_RUN_SHARE, spent: float = 0.0
+    cap: float,
+    run_seconds: float | None,
+    images: int = 0,
+    share: float = defaults.CHECK_RUN_SHARE,
+    spent: float = 0.0,
 ) -> float:
-    """The whole check's budget: CAP seconds (0: no budget), and after a run's RUN_SECONDS (the time before the
-    check; None: not in a run) no more than SHARE of the run with the check in it, less the SPENT seconds the
-    check's task has already run (its process start, imports), but at least FLOOR_SECONDS."""
-    if cap <= 0 or run_seconds is None:
+    """The whole check's budget: CAP seconds (0: no budget); in a run (RUN_SECONDS before the check; None: not in a
+    run) of IMAGES from CHECK_SHARE_FROM_IMAGES on, no more than SHARE of the run with the check in it, less the
+    SPENT seconds the check's task has already run (its process start, imports), but at least FLOOR_SECONDS.
+    Below that count the cap holds: a check must buy a measurement, and 10 % of a one-minute run buys none."""
+    if cap <= 0 or run_seconds is None or images < defaults.CHECK_SHARE_FROM_IMAGES:
         return max(0.0, float(cap))
     whole = min(float(cap), share / (1 - share) * max(0.0, run_seconds))
     return round(max(FLOOR_SECONDS, whole - max(0.0, spent)), 1)
@@ -62,71 +87,139 @@ def process_age() -> float:
         return 0.0
 
 
-def planned_images(read: int, elapsed: float, rate: float, seconds: float, total: int, batch_size: int) -> int:
-    """Images a reader reads in all: the READ ones (in ELAPSED seconds), then as many whole batches as RATE
-    (images/s) fits in the rest of SECONDS; never more than TOTAL, never fewer than READ."""
-    room = max(0.0, seconds - elapsed) * max(0.0, rate)
-    more = int(room // max(1, batch_size)) * max(1, batch_size)
-    return max(read, min(total, read + more))
+def window_rate(batches: list[tuple[int, float]], start: float) -> float:
+    """Images/s of BATCHES ((images, end time) each) over the time from START (the end of the batch before them)
+    to the end of the last; 0 without any."""
+    if not batches or batches[-1][1] <= start:
+        return 0.0
+    return sum(n for n, _ in batches) / (batches[-1][1] - start)
+
+
+def halves_agree(batches: list[tuple[int, float]], start: float, tolerance: float = STEADY_TOLERANCE) -> bool:
+    """Whether the rate over the first half of BATCHES (from START) and over the second agree within TOLERANCE."""
+    half = len(batches) // 2
+    if half < 1:
+        return False
+    first, second = window_rate(batches[:half], start), window_rate(batches[half:], batches[half - 1][1])
+    return first > 0 and second > 0 and abs(second - first) <= tolerance * max(first, second)
 
 
 class ReadPlan:
-    """When one reader stops: after its minimum batches, once it has read the images their rate fits in its
-    budget, or when the budget is spent; with no budget (None), at the end of the epoch."""
+    """When one reader stops, and what its rate was measured over (see the module): BUDGET None reads the whole
+    sample of TOTAL images; START is the epoch loop's start, STARTED the reader's own (before its pipeline's build)."""
 
-    def __init__(self, budget: ReaderBudget | None, total: int, start: float | None = None) -> None:
+    def __init__(
+        self, budget: ReaderBudget | None, total: int, start: float | None = None, started: float | None = None
+    ) -> None:
         self.budget, self.total = budget, total
         self.start = time.perf_counter() if start is None else start
-        self.read = self.batches = self.batch_size = 0
-        self.limit = total
-        self.rate: float | None = None
-        self.out_of_time = False
-        self._first: tuple[int, float] | None = None  # images read and the time at the end of the first batch
+        self.started = self.start if started is None else min(started, self.start)
+        self.warmup = budget.warmup if budget else defaults.CHECK_WARMUP_BATCHES
+        self.window = budget.window if budget else defaults.CHECK_WINDOW_BATCHES
+        self.batches: list[tuple[int, float]] = []  # (images, end time) of each batch
+        self.read = 0
+        self.stop = ""
 
     def more(self, n: int, now: float | None = None) -> bool:
         """Count a batch of N images that ended at NOW; whether the reader reads another."""
         now = time.perf_counter() if now is None else now
-        self.read, self.batches, self.batch_size = self.read + n, self.batches + 1, max(self.batch_size, n)
-        if self._first is None:
-            self._first = (self.read, now)
-        if self.budget is None or self.batches < max(1, self.budget.min_batches):
-            return self.read < self.total
-        elapsed = now - self.start
-        if self.rate is None:
-            self.rate = self._rate(now)
-            self.limit = planned_images(self.read, elapsed, self.rate, self.budget.seconds, self.total, self.batch_size)
-        if elapsed >= self.budget.seconds and self.read < self.limit:
-            self.limit, self.out_of_time = self.read, True
-        return self.read < self.limit
+        self.read += n
+        self.batches.append((n, now))
+        self.stop = self._why_stop(now)
+        return not self.stop
 
-    def _rate(self, now: float) -> float:
-        """Images/s since the first batch (start-up left out); over the first alone when it is the only one."""
-        first_read, first_at = self._first or (0, self.start)
-        if self.batches > 1 and now > first_at:
-            return (self.read - first_read) / (now - first_at)
-        return self.read / max(now - self.start, 1e-9)
+    def _why_stop(self, now: float) -> str:
+        if self.read >= self.total:
+            return SAMPLE_READ
+        budget = self.budget
+        if budget is None:
+            return ""
+        if budget.deadline is not None and now >= budget.deadline:
+            return CHECK_SPENT
+        measured = self.measured
+        if len(measured) < self.window:
+            return ""  # its warm-up and window whatever its share
+        if halves_agree(measured, self.warmup_end):
+            return RATE_STEADY
+        per_batch = (now - self.warmup_end) / len(measured)
+        return SHARE_SPENT if now - self.start + per_batch > budget.seconds else ""
+
+    @property
+    def measured(self) -> list[tuple[int, float]]:
+        """The batches after the warm-up: what the steady rate is measured over."""
+        return self.batches[self.warmup :]
+
+    @property
+    def warmup_end(self) -> float:
+        """When the warm-up's last batch ended (the epoch loop's start without a warm-up)."""
+        if self.warmup < 1 or not self.batches:
+            return self.start
+        return self.batches[min(self.warmup, len(self.batches)) - 1][1]
+
+    @property
+    def steady(self) -> bool:
+        """Whether the rate spans the window: a reader's throughput, not its start-up."""
+        return len(self.measured) >= self.window
+
+    @property
+    def steady_rate(self) -> float:
+        return window_rate(self.measured, self.warmup_end)
 
     @property
     def cut(self) -> bool:
-        """Whether the budget stopped the reader before the end of its sample."""
-        return self.budget is not None and self.read >= self.limit and self.limit < self.total
+        """Whether it stopped before the end of its sample."""
+        return self.stop not in ("", SAMPLE_READ) and self.read < self.total
+
+    def _window_end(self) -> float | None:
+        """When its warm-up and window had been read (None: they never were)."""
+        k = self.warmup + self.window
+        return self.batches[k - 1][1] if len(self.batches) >= k else None
+
+    def rate_note(self) -> str:
+        """Why its rate is not a throughput ('' when it is)."""
+        if self.steady:
+            return ""
+        why = "the check's budget was spent" if self.stop == CHECK_SPENT else "its sample ended"
+        return (
+            f"not a steady rate: {len(self.measured)} batches measured after its {self.warmup} warm-up batches, "
+            f"fewer than the {self.window} a steady rate needs ({why} first)"
+        )
 
     def reason(self) -> str:
-        """Why the reader stopped where it did ('' when it read everything it was given)."""
+        """Why it stopped before the end of its sample ('' when it read all of it)."""
         if not self.cut or self.budget is None:
             return ""
-        rate = f"{self.rate:.1f}" if self.rate is not None else "?"
-        why = f"its {self.budget.seconds:.1f} s budget at {rate} images/s (its first batches) fit {self.limit}"
-        fell = "; its budget ran out before that (the rate fell)" if self.out_of_time else ""
-        return f"{why} of the {self.total} images of the sample{fell}"
+        rate, k = f"{self.steady_rate:.1f}", len(self.measured)
+        why = {
+            RATE_STEADY: f"its rate was steady after {k} measured batches ({rate} images/s, halves within "
+            f"{STEADY_TOLERANCE:.0%})",
+            SHARE_SPENT: f"its {self.budget.seconds:.1f} s share was spent at {rate} images/s",
+            CHECK_SPENT: "the check's budget was spent",
+        }[self.stop]
+        text = f"{why}: read {self.read} of the {self.total} images of the sample"
+        end = self._window_end()
+        if end is not None and end - self.start > self.budget.seconds:
+            text += (
+                f"; a slow reader's bounded sample: its {self.warmup} warm-up and {self.window} measured batches "
+                f"took {end - self.start:.1f} s, over its {self.budget.seconds:.1f} s share"
+            )
+        return text
 
     def fields(self) -> dict[str, Any]:
-        """What a reader's result records of its budget."""
+        """What a reader's result records of its plan: start-up, steady rate, budget, why it stopped."""
+        first = self.batches[0][1] if self.batches else self.start
         return {
+            "startup_s": round(first - self.started, 3),
+            "warmup_s": round(self.warmup_end - self.started, 3),
+            "warmup_batches": min(self.warmup, len(self.batches)),
+            "steady_batches": len(self.measured),
+            "steady_images": sum(n for n, _ in self.measured),
+            "steady_rate": round(self.steady_rate, 1),
+            "steady": self.steady,
+            "rate_note": self.rate_note(),
             "budget_s": round(self.budget.seconds, 2) if self.budget else 0.0,
-            "budget_rate": round(self.rate, 1) if self.rate is not None else 0.0,
             "budget_cut": self.cut,
-            "planned": self.limit,
+            "stop": self.stop,
             "unread": max(0, self.total - self.read) if self.cut else 0,
             "reason": self.reason(),
         }
@@ -137,12 +230,21 @@ class CheckClock:
     readers' deadline over the readers still to run; SECONDS 0: no budget (every reader reads its whole sample)."""
 
     def __init__(
-        self, seconds: float, min_batches: int = defaults.CHECK_MIN_BATCHES, start: float | None = None
+        self,
+        seconds: float,
+        warmup: int = defaults.CHECK_WARMUP_BATCHES,
+        window: int = defaults.CHECK_WINDOW_BATCHES,
+        start: float | None = None,
     ) -> None:
-        self.seconds, self.min_batches = seconds, min_batches
+        self.warmup, self.window = warmup, window
         self.start = time.perf_counter() if start is None else start
-        self.deadline = self.start + seconds - tail_seconds(seconds)
         self.runs_left = 0
+        self.set_seconds(seconds)
+
+    def set_seconds(self, seconds: float) -> None:
+        """The check's budget, from its start, once it is known (it follows from the sample's count)."""
+        self.seconds = seconds
+        self.deadline = self.start + seconds - tail_seconds(seconds)
 
     def expect(self, runs: int) -> None:
         """RUNS more readers will ask for a share."""
@@ -155,7 +257,7 @@ class CheckClock:
         now = time.perf_counter() if now is None else now
         share = max(0.0, self.deadline - now) / max(1, self.runs_left)
         self.runs_left = max(0, self.runs_left - 1)
-        return ReaderBudget(round(share, 3), self.min_batches)
+        return ReaderBudget(round(share, 3), self.warmup, self.window, self.deadline)
 
     def elapsed(self) -> float:
         """Seconds since the check started."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,7 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
-from imgest.readback.budget import CheckClock, ReaderBudget, expect, next_budget
+from imgest.readback.budget import CheckClock, ReaderBudget, check_seconds, expect, next_budget
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
 from imgest.readback.cassandra_base import simple_batches
 from imgest.readback.datasets import ReadSet
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int], None] | None
 DALI_S3_NOTE = (
     "DALI's s3:// reader does one blocking ranged GET per sample component (.jpg, .cls, .json), one after another "
-    "from its loader thread, so it reads at the server's request rate / 3 (NVIDIA/DALI #5551; docs/readback.md)"
+    "from its loader thread, so one pipeline reads at the server's request rate / 3; the check runs several in "
+    "parallel, each over its part of the shards (NVIDIA/DALI #5551; docs/readback.md)"
 )
 
 
@@ -40,12 +42,17 @@ DALI_S3_NOTE = (
 class ReadCheckOptions:
     """What every reader of one check shares, and how much of the split it reads: a seeded class-balanced sample
     of ``sample`` train images (whole shards for shards), every row when ``sample`` is 0; in the step, within
-    ``seconds`` in all (0: no budget), each reader at least ``min_batches`` batches (imgest.readback.budget)."""
+    ``seconds`` in all (0: no budget; in a run of ``run_seconds`` before the check, of 100,000 images or more, a
+    share of it: :meth:`budget_for`), each reader its ``warmup`` and ``window`` batches at least
+    (imgest.readback.budget)."""
 
     sample: int = defaults.CHECK_SAMPLE
     sample_seed: int = defaults.CHECK_SAMPLE_SEED
     seconds: float = defaults.CHECK_SECONDS
-    min_batches: int = defaults.CHECK_MIN_BATCHES
+    warmup: int = defaults.CHECK_WARMUP_BATCHES
+    window: int = defaults.CHECK_WINDOW_BATCHES
+    run_seconds: float | None = None  # the run's time before the check (None: not in a run)
+    spent: float = 0.0  # what the check's task had run before the check (its start, its imports)
     batch_size: int = 64
     modes: tuple[str, ...] = ("raw", "train")
     num_threads: int = 2
@@ -57,8 +64,13 @@ class ReadCheckOptions:
         return PipelineSpec(self.batch_size, self.num_threads, mode, self.device_id)
 
     def clock(self) -> CheckClock:
-        """The check's budget, from now, to hand to its readers."""
-        return CheckClock(self.seconds, self.min_batches)
+        """The check's budget, from now, to hand to its readers (its seconds set by :meth:`budget_for` once the
+        sample's count is known)."""
+        return CheckClock(self.seconds, self.warmup, self.window)
+
+    def budget_for(self, images: int) -> float:
+        """The check's budget for a version of IMAGES train images (imgest.readback.budget.check_seconds)."""
+        return check_seconds(self.seconds, self.run_seconds, images, spent=self.spent)
 
 
 def cassandra_run(
@@ -87,13 +99,16 @@ def cassandra_epochs(
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
     names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
     knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
-    results = []
+    results, started = [], time.perf_counter()  # the first epoch's start-up includes the reader's connection
     with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
         for k in range(epochs):
             # the last epoch by its order, so that nothing of an epoch no one reads is requested while it drains
             last = epoch_order(rs.ids, rs.labels, copts, k) if k == epochs - 1 else None
             batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=last))
-            result = run_external("cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget)
+            result = run_external(
+                "cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
+            )
+            started = time.perf_counter()
             if reader.window_stats is not None:
                 result.settings["window"] = reader.window_stats.to_dict()
             result.settings["connections"] = reader.connections
@@ -112,11 +127,14 @@ def cassandra_simple_run(
     """The straightforward reader: one execute_concurrent_with_args per batch, nothing ahead."""
     from imgest.sinks.cassandra.client import cassandra_session
 
+    started = time.perf_counter()
     with cassandra_session(settings) as session:
         plain = simple_batches(session, rs.table, rs.ids, spec.batch_size)
         batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in plain)
         knobs = {"reader": "execute_concurrent_with_args per batch, no prefetch"}
-        return run_external("cassandra-simple", rs, spec, batches, knobs, on_batch=progress, budget=budget)
+        return run_external(
+            "cassandra-simple", rs, spec, batches, knobs, on_batch=progress, budget=budget, started=started
+        )
 
 
 def cassandra_runs(
@@ -223,7 +241,7 @@ def s3_stream_epochs(
 ) -> list[RunResult]:
     """EPOCHS epochs of one streaming shard reader (its read-ahead window carries over, as in training), each
     through its own pipeline and verified (within BUDGET each); each result records the window the epoch used."""
-    sopts = replace(sopts, batch_size=spec.batch_size)
+    sopts, started = replace(sopts, batch_size=spec.batch_size), time.perf_counter()
     dead = {f"{prefix}/{s}" if prefix else s: keys for s, keys in rs.dead.items()}
     stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts, dead)
     names = ("parallel_shards", "slow_start", "io_threads", "max_buffer_mb", "shuffle_buffer")
@@ -231,7 +249,10 @@ def s3_stream_epochs(
     results = []
     for _ in range(epochs):
         batches = s3_stream_batches(stream)
-        result = run_external("shards-s3-stream", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget)
+        result = run_external(
+            "shards-s3-stream", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
+        )
+        started = time.perf_counter()
         if stream.window_stats is not None:
             result.settings["window"] = stream.window_stats.to_dict()
         results.append(result)
@@ -248,6 +269,7 @@ def s3_webdataset_run(
     budget: ReaderBudget | None = None,
 ) -> RunResult:
     """webdataset.WebDataset streaming the same objects (one GET per shard, boto3 streaming body)."""
+    started = time.perf_counter()
     client = settings.client()
 
     def opener(url: str) -> Any:
@@ -257,25 +279,30 @@ def s3_webdataset_run(
     dead = {f"s3://{bucket}/{prefix}/{s}" if prefix else f"s3://{bucket}/{s}": keys for s, keys in rs.dead.items()}
     peer = webdataset_batches(urls, spec.batch_size, opener, dead)
     knobs = {"reader": "webdataset.WebDataset"}
-    return run_external("shards-s3-webdataset", rs, spec, peer, knobs, on_batch=progress, budget=budget)
+    return run_external(
+        "shards-s3-webdataset", rs, spec, peer, knobs, on_batch=progress, budget=budget, started=started
+    )
 
 
 def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: PipelineSpec, **kw: Any) -> RunResult:
     """DALI's own s3:// reading of the shards at LOCATION (fn.readers.webdataset with the .idx beside each shard),
-    its rate and the reason it is slow in its result (``note``) and in the log. Its batches hold at most
-    CHECK_DALI_S3_BATCH images: it reads one blocking request after another whatever the batch size."""
+    CHECK_DALI_S3_READERS pipelines in parallel, each over its part of the shards (one pipeline reads one blocking
+    request after another), its rate and the reason it is slow in its result (``note``) and in the log. Its batches
+    hold at most CHECK_DALI_S3_BATCH images per pipeline."""
     spec = replace(spec, batch_size=min(spec.batch_size, defaults.CHECK_DALI_S3_BATCH))
     from imgest.core.bucket_region import for_bucket
 
     with dali_s3_env(for_bucket(settings, location.removeprefix("s3://").split("/", 1)[0])):  # its SDK never follows
-        result = run_webdataset("shards-s3-dali", rs, spec, location, **kw)
+        result = run_webdataset("shards-s3-dali", rs, spec, location, readers=defaults.CHECK_DALI_S3_READERS, **kw)
     result.note = DALI_S3_NOTE
     if result.budget_cut:
         result.reason = f"{result.reason}; {DALI_S3_NOTE}"
+    rate = f"{result.steady_rate:.1f} images/s steady" if result.steady else "no steady rate (start-up only)"
     log.warning(
-        "shards-s3-dali (%s): %.1f images/s, %d of %d images read and verified in %.1f s (budget %.1f s%s): %s",
+        "shards-s3-dali (%s): %s, start-up %.1f s, %d of %d images read and verified in %.1f s (budget %.1f s%s): %s",
         spec.mode,
-        result.images_per_s,
+        rate,
+        result.startup_s,
         result.images,
         len(rs),
         result.seconds,

@@ -3,9 +3,10 @@
 Every sample a pipeline returns is identified (by id), its label compared with the one recorded at ingest and
 its encoded bytes hashed against the recorded sha256; each id must come exactly once per epoch and every
 id of the ReadSet (the checked sample, or every row) must come, unless a time budget stopped the epoch
-(``imgest.readback.budget``: then the ids not read are counted as ``unread``); the bookkeeping is numpy columns. The
-figures:
-images/s, MB/s, p50/p99 batch latency and CPU cores used by the process; and the epoch rate the way the
+(``imgest.readback.budget``: then the ids not read are counted as ``unread``); the bookkeeping is numpy columns.
+The figures: the reader's start-up (to its first batch, its pipeline's build included) apart from its steady rate
+(the images after its warm-up batches over their time; a throughput only over its window: ``steady``), images/s,
+MB/s, p50/p99 batch latency and CPU cores used by the process; and the epoch rate the way the
 cassandra-dali-plugin's paper states it, the harmonic mean of the batch rates (each batch's images over the time
 its ``run()`` took), which leaves out the verification done between batches. With ``verify_after`` the loop
 keeps each sample's bytes and verifies them after the epoch, so the reader's threads do not get the verification
@@ -47,8 +48,16 @@ class RunResult:
     seconds: float = 0.0
     images_per_s: float = 0.0  # images over the epoch's wall time (verification included)
     epoch_rate: float = 0.0  # harmonic mean of the batch rates (images/s), the benchmark's figure
-    steady_rate: float = 0.0  # the same over the epoch's second half only (slow start and first round trip done)
+    second_half_rate: float = 0.0  # the same over the epoch's second half only (the latency sweep's late figure)
     first_batch_ms: float = 0.0  # the epoch's first run(): what a training loop waits for at the epoch's start
+    startup_s: float = 0.0  # from the reader's start (its pipeline's build included) to its first batch
+    warmup_s: float = 0.0  # ... to the end of its warm-up batches
+    warmup_batches: int = 0
+    steady_batches: int = 0  # batches after the warm-up: what its steady rate spans
+    steady_images: int = 0
+    steady_rate: float = 0.0  # images/s after its warm-up (wall time, verification included): its throughput
+    steady: bool = False  # the steady rate spans the window (imgest.readback.budget); False: not a throughput
+    rate_note: str = ""  # why the steady rate is not a throughput ('' when it is)
     mb_per_s: float = 0.0
     batch_ms_p50: float = 0.0
     batch_ms_p99: float = 0.0
@@ -56,11 +65,12 @@ class RunResult:
     cores_per_1k: float = 0.0  # CPU cores of the process per 1,000 images/s of epoch rate
     images_verified: int = 0  # distinct images of the ReadSet read and checked (equals images when ok)
     budget_s: float = 0.0  # its share of the check's time budget (imgest.readback.budget); 0: no budget
-    budget_rate: float = 0.0  # images/s of its first batches, which sized what it read
-    budget_cut: bool = False  # the budget stopped it before the end of its sample
-    planned: int = 0  # images the budget allowed it (the sample's size when not cut)
-    unread: int = 0  # images of the sample it did not read because of the budget
-    reason: str = ""  # why it was cut ('' when not)
+    budget_cut: bool = False  # it stopped before the end of its sample
+    stop: str = ""  # why it stopped (imgest.readback.budget: sample read, rate steady, share spent, ...)
+    unread: int = 0  # images of the sample it did not read
+    reason: str = ""  # why it stopped before the end of its sample ('' when it did not)
+    batch_ends: list[float] = field(default_factory=list)  # each batch's end, seconds from the epoch loop's start
+    batch_images: list[int] = field(default_factory=list)  # each batch's images
     note: str = ""  # a known limit of this reader that its rate shows (the report and the log say it)
     ok: bool = True
     problems: list[str] = field(default_factory=list)
@@ -145,18 +155,20 @@ def measure(
     verify_after: bool = False,
     verifier: Verifier | None = None,
     budget: ReaderBudget | None = None,
+    started: float | None = None,
 ) -> RunResult:
     """Run one epoch of PIPE, verifying every sample against RS (with VERIFIER, by default a Verifier by id); the
-    wall figures include the verification (equal for all), the epoch rate does not. VERIFY_AFTER: verify after the
-    epoch (the epoch's bytes held in memory). BUDGET: stop where its time runs out (imgest.readback.budget); every
-    sample read is still verified, and the result says how much of RS was read and why."""
+        wall figures include the verification (equal for all), the epoch rate does not. VERIFY_AFTER: verify after the
+        epoch (the epoch's bytes held in memory). BUDGET: stop where its time runs out (imgest.readback.budget); every
+        sample read is still verified, and the result says how much of RS was read and why. STARTED: when the reader
+    started (``time.perf_counter()`` before its pipeline was built), from which its start-up is counted."""
     jpeg_at = 0 if mode == "raw" else 2
     verifier = verifier or Verifier(rs)
     result = RunResult(name, mode, "cpu" if pipe.device_id is None else "gpu", settings=settings or {})
     latencies: list[tuple[int, float]] = []  # (images, seconds in run()) per batch
     held: list[tuple[str, int, np.ndarray, str | None]] = []
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    plan = ReadPlan(budget, len(rs), t0)
+    plan = ReadPlan(budget, len(rs), t0, started)
     for out, n, dt in epoch_batches(pipe, total):
         latencies.append((n, dt))
         for i in range(n):
@@ -182,6 +194,8 @@ def measure(
     result.ok = not result.problems
     for field_name, value in plan.fields().items():
         setattr(result, field_name, value)
+    result.batch_ends = [round(end - t0, 5) for _, end in plan.batches]
+    result.batch_images = [n for n, _ in plan.batches]
     cpu = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
     _figures(result, latencies, cpu)
     return result
@@ -200,6 +214,6 @@ def _figures(result: RunResult, batches: list[tuple[int, float]], cpu: float) ->
     result.cpu_cores = round(cpu / result.seconds, 2) if result.seconds else 0.0
     if rates:
         result.epoch_rate = round(statistics.harmonic_mean(rates), 1)
-        result.steady_rate = round(statistics.harmonic_mean(rates[len(rates) // 2 :]), 1)
+        result.second_half_rate = round(statistics.harmonic_mean(rates[len(rates) // 2 :]), 1)
         result.cores_per_1k = round(result.cpu_cores / (result.epoch_rate / 1000), 3) if result.epoch_rate else 0.0
     result.seconds = round(result.seconds, 3)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from imgest.core.sampling import IdIndex
 from imgest.readback.datasets import ReadSet, json_meta
 from imgest.readback.measure import Identify, RunResult, measure
-from imgest.readback.pipelines import PipelineSpec, external_pipeline, file_pipeline, webdataset_pipeline
+from imgest.readback.pipelines import READER, PipelineSpec, external_pipeline, file_pipeline, webdataset_pipeline
 
 log = logging.getLogger(__name__)
 ExternalBatch = tuple[list[np.ndarray], np.ndarray, list[str], list[str | None]]  # images, labels, ids, sha256s
@@ -58,6 +59,7 @@ def run_external(
     """A reader that feeds fn.external_source; its batches are closed when the epoch ends or is cut short."""
     feed = FeedQueue(batches)
     kw.setdefault("verify_after", spec.verify_after)
+    kw.setdefault("started", time.perf_counter())
     try:
         pipe = external_pipeline(spec, feed)
         return measure(name, pipe, spec.mode, rs, feed.identify, total=len(rs), settings=settings, **kw)
@@ -67,6 +69,7 @@ def run_external(
 
 def run_files(rs: ReadSet, spec: PipelineSpec, **kw: Any) -> RunResult:
     """fn.readers.file over the files target, in ReadSet order."""
+    kw.setdefault("started", time.perf_counter())
     paths = rs.paths
     by_path = IdIndex(np.array([p.encode() for p in paths], dtype="S") if paths else np.zeros(0, "S1"))
     pipe = file_pipeline(spec, paths, rs.labels)
@@ -90,18 +93,27 @@ def _webdataset_identify(spec: PipelineSpec) -> Identify:
     return identify
 
 
-def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, **kw: Any) -> RunResult:
+def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, readers: int = 1, **kw: Any) -> RunResult:
     """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix), each with the DALI
-    index the packer wrote beside it (on S3 too: DALI then reads no tar to find its samples)."""
+    index the packer wrote beside it (on S3 too: DALI then reads no tar to find its samples); READERS pipelines, each
+    over its part of the shards, read at once as one (imgest.readback.parallel) when above 1."""
+    kw.setdefault("started", time.perf_counter())
     paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
     indexes = rs.indexes or [s[:-4] + ".idx" for s in rs.shards]  # a refresh's kept tar: the index of its live samples
     index_paths = [f"{base.rstrip('/')}/{i}" for i in indexes]
-    pipe = webdataset_pipeline(spec, paths, index_paths)
+    if readers > 1:
+        from imgest.readback.parallel import ParallelPipes
+
+        parts = [webdataset_pipeline(spec, paths, index_paths, shard_id=i, num_shards=readers) for i in range(readers)]
+        pipe: Any = ParallelPipes(parts, parts[0].reader_meta(READER)["epoch_size"])  # not padded
+    else:
+        pipe = webdataset_pipeline(spec, paths, index_paths)
     settings = {
         "reader": "fn.readers.webdataset",
         "shards": len(paths),
         "index_paths": len(index_paths),
         "batch_size": spec.batch_size,
+        "readers": readers,
     }
     kw.setdefault("verify_after", spec.verify_after)
     return measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)

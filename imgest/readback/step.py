@@ -6,12 +6,14 @@ says which: ``sample`` (requested), ``checked`` (the images of the sample: what 
 unless the budget below cut it), ``split_rows``,
 ``full_read`` and ``balance`` (images per class: min, max and the counts).
 
-It runs within a time budget (``ReadCheckOptions.seconds``, by default ``defaults.CHECK_SECONDS``; the DAG's task
-also keeps it to ``defaults.CHECK_RUN_SHARE`` of the run): each reader reads its first batches, then as many as
-its share of the budget fits at their rate (imgest.readback.budget). Every image read is verified; the report says
-per reader what it read (``images``, ``images_verified``), its ``budget_s``, ``budget_rate`` and, where the budget
-cut it short, ``budget_cut`` with the ``reason``; at the top ``budget_s``, ``seconds`` (from the check's start to
-its report) and ``budget_cut`` (the readers cut).
+It runs within a time budget (``ReadCheckOptions.seconds``, by default ``defaults.CHECK_SECONDS``; in a DAG run of
+``defaults.CHECK_SHARE_FROM_IMAGES`` train images or more also ``defaults.CHECK_RUN_SHARE`` of the run): each reader
+reads its warm-up and measured window, then on until its rate is steady or its share is spent (imgest.readback.budget).
+Every image read is verified; the report says per reader its start-up (``startup_s``, ``warmup_s``) apart from its
+steady rate (``steady_rate`` over ``steady_batches``; ``steady`` false with a ``rate_note`` when that is start-up, not
+a throughput), what it read (``images``, ``images_verified``), its ``budget_s``, why it stopped (``stop``) and, where
+it stopped before its sample's end, ``budget_cut`` with the ``reason``; at the top ``budget_s``, ``seconds`` (from the
+check's start to its report), ``budget_cut`` and ``not_steady``.
 
 Where DALI is not installed the readers that need none run in raw mode and the others are listed under
 ``skipped`` with the reason (imgest.readback.without_dali); where matplotlib is not, no plot is drawn (``plot``
@@ -51,12 +53,14 @@ COLUMNS = [
     ("reader", "reader"),
     ("mode", "mode"),
     ("images", "images"),
-    ("images_per_s", "img/s"),
-    ("mb_per_s", "MB/s"),
+    ("startup_s", "startup s"),
+    ("steady_rate", "steady img/s"),
+    ("steady_batches", "over batches"),
+    ("steady_word", "steady"),
+    ("images_per_s", "wall img/s"),
     ("batch_ms_p50", "p50 ms"),
-    ("batch_ms_p99", "p99 ms"),
     ("ok", "verified"),
-    ("budget_cut", "cut"),
+    ("stop", "stopped"),
 ]
 
 
@@ -104,24 +108,42 @@ def run_target(
     clock: CheckClock | None = None,
 ) -> tuple[list[RunResult], list[str], ReadSet]:
     """Readers of TARGET at LOCATION over the sample OPTS asks for, each within its share of CLOCK (None: no
-    budget); returns (results, skipped, what was read). Where DALI cannot be imported, the readers that need none
-    run (raw mode) and the others are skipped (imgest.readback.without_dali)."""
+    budget; its seconds set once the sample's count is known: ReadCheckOptions.budget_for); returns (results,
+    skipped, what was read)."""
     rs = read_set(target, location, settings, opts, split)
+    if clock is not None:
+        images = rs.sample.total if rs.sample else len(rs)
+        clock.set_seconds(opts.budget_for(images))
+        log.info(
+            "read-back budget %.1f s (check_seconds %s, %d %s images, the run so far %s s)",
+            clock.seconds,
+            opts.seconds,
+            images,
+            split,
+            opts.run_seconds,
+        )
+    results, skipped = run_readers(target, location, settings, opts, rs, clock)
+    return results, skipped, rs
+
+
+def run_readers(
+    target: str, location: str, settings: dict[str, Any], opts: ReadCheckOptions, rs: ReadSet, clock: CheckClock | None
+) -> tuple[list[RunResult], list[str]]:
+    """Every reader of TARGET over RS, each within its share of CLOCK; (results, skipped). Where DALI cannot be
+    imported, the readers that need none run (raw mode) and the others are skipped (imgest.readback.without_dali)."""
     reason = dali_missing()
     if reason is not None:
         from imgest.readback.without_dali import runs_without_dali
 
-        results, skipped = runs_without_dali(target, location, settings, rs, opts, reason, clock)
-        return results, skipped, rs
+        return runs_without_dali(target, location, settings, rs, opts, reason, clock)
     if target == "cassandra":
-        return cassandra_runs(settings["cassandra"], rs, opts, clock=clock), [], rs
+        return cassandra_runs(settings["cassandra"], rs, opts, clock=clock), []
     if target == "files":
-        return files_runs(rs, opts, clock=clock), [], rs
+        return files_runs(rs, opts, clock=clock), []
     if not location.startswith("s3://"):
-        return folder_shard_runs(rs, location, opts, clock=clock), [], rs
+        return folder_shard_runs(rs, location, opts, clock=clock), []
     bucket, _, prefix = location[5:].partition("/")
-    results, skipped = s3_shard_runs(rs, settings["s3"], bucket, prefix, opts, clock=clock)
-    return results, skipped, rs
+    return s3_shard_runs(rs, settings["s3"], bucket, prefix, opts, clock=clock)
 
 
 def record_check(target: str, location: str, settings: dict[str, Any], version: str, report_path: Path) -> None:
@@ -165,8 +187,9 @@ def read_throughput_step(
     target: str, location: str, out_dir: Path, settings: dict[str, Any], opts: ReadCheckOptions | None = None
 ) -> dict[str, Any]:
     """Read a sample of the stored version (every row when OPTS.sample is 0) back with every reader of TARGET, within
-    OPTS.seconds in all; write, record and summarise the report, which says how many images were checked, how
-    balanced, and what each reader read of them in its share of the budget."""
+    the check's budget (ReadCheckOptions.budget_for); write, record and summarise the report, which says how many
+    images were checked, how balanced, and per reader its start-up, its steady rate (and whether it is one) and
+    why it stopped where it did."""
     opts = opts or ReadCheckOptions()
     clock = opts.clock()
     results, skipped, rs = run_target(target, location, settings, opts, clock=clock)
@@ -174,20 +197,15 @@ def read_throughput_step(
     rows = [r.to_dict() for r in results]
     sample = rs.sample.to_dict() if rs.sample else {"sample": 0, "checked": len(rs), "full_read": True}
     cut = [f"{r['reader']}/{r['mode']}" for r in rows if r["budget_cut"]]
+    unsteady = [f"{r['reader']}/{r['mode']}" for r in rows if not r["steady"]]
     report = {"target": target, "location": location, "version": version, **sample}
-    report |= {"budget_s": opts.seconds, "seconds": round(clock.elapsed(), 1), "budget_cut": cut}
+    report |= {"budget_s": clock.seconds, "seconds": round(clock.elapsed(), 1), "budget_cut": cut}
+    report |= {"warmup_batches": opts.warmup, "window_batches": opts.window, "not_steady": unsteady}
     report |= {"readers": rows, "skipped": skipped}
     json_path = out_dir / workdir.READ_REPORT
     write_json(json_path, report)
     plot_path = optional_plot(out_dir / workdir.READ_PLOT, lambda path: _plot(path, rows))
-    log.info(
-        "read-back of %s in %.1f s (budget %s s; cut by it: %s):\n%s",
-        location,
-        report["seconds"],
-        opts.seconds or "no",
-        ", ".join(cut) or "none",
-        format_table(rows, COLUMNS),
-    )
+    _log_report(location, report, rows)
     record_check(target, location, settings, version, json_path)
     bad = [f"{r['reader']}/{r['mode']}: {'; '.join(r['problems'][:3])}" for r in rows if not r["ok"]]
     if bad:
@@ -200,20 +218,43 @@ def read_throughput_step(
         "sample": sample["sample"],
         "checked": sample["checked"],
         "full_read": sample["full_read"],
-        "readers": {f"{r['reader']}/{r['mode']}": r["images_per_s"] for r in rows},
+        # per reader its steady rate (None where it is not one: start-up, never shown as a throughput) and start-up
+        "readers": {
+            f"{r['reader']}/{r['mode']}": {"steady_rate": r["steady_rate"] if r["steady"] else None, **_startup(r)}
+            for r in rows
+        },
         "skipped": skipped,
-        "budget_s": opts.seconds,
+        "budget_s": clock.seconds,
         "seconds": report["seconds"],
         "budget_cut": cut,
+        "not_steady": unsteady,
     }
+
+
+def _startup(row: dict[str, Any]) -> dict[str, Any]:
+    return {"startup_s": row["startup_s"], "images": row["images"]}
+
+
+def _log_report(location: str, report: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """The task log: the table (start-up and steady rate apart), then one line per reader whose rate is not one."""
+    table = [{**r, "steady_word": "yes" if r["steady"] else "NO"} for r in rows]
+    log.info(
+        "read-back of %s in %.1f s (budget %s s; %d warm-up batches, a steady rate over at least %d more; stopped "
+        "before the sample's end: %s):\n%s",
+        location,
+        report["seconds"],
+        report["budget_s"] or "no",
+        report["warmup_batches"],
+        report["window_batches"],
+        ", ".join(report["budget_cut"]) or "none",
+        format_table(table, COLUMNS),
+    )
+    for r in rows:
+        if not r["steady"]:
+            log.warning("%s/%s: %.1f images/s is %s", r["reader"], r["mode"], r["steady_rate"], r["rate_note"])
 
 
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
-    from imgest.core.report import bar_chart
+    from imgest.readback.report_plot import plot_check
 
-    readers = list(dict.fromkeys(r["reader"] for r in rows))
-    series = {
-        mode: [next((r["images_per_s"] for r in rows if r["reader"] == n and r["mode"] == mode), 0.0) for n in readers]
-        for mode in dict.fromkeys(r["mode"] for r in rows)
-    }
-    bar_chart(path, "Read-back throughput (images/s, verified)", readers, series, "images/s")
+    plot_check(path, rows)

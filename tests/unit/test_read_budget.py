@@ -5,21 +5,15 @@ verifying every image it read."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from imgest.core import defaults
-from imgest.readback.budget import (
-    CheckClock,
-    ReaderBudget,
-    ReadPlan,
-    check_seconds,
-    planned_images,
-    process_age,
-    tail_seconds,
-)
+from imgest.readback import budget
+from imgest.readback.budget import CheckClock, ReaderBudget, ReadPlan, check_seconds, process_age, tail_seconds
 from imgest.readback.datasets import ReadSet
 from imgest.readback.pipelines import PipelineSpec
 from imgest.readback.readers import ExternalBatch, run_external
@@ -27,106 +21,135 @@ from imgest.readback.readers import ExternalBatch, run_external
 BATCH = 64
 
 
+W, M = 2, 8  # warm-up and window batches of these tests
+
+
 def _feed(plan: ReadPlan, times: list[float], n: int = BATCH) -> list[bool]:
     """What PLAN answers after a batch of N images ending at each of TIMES."""
     return [plan.more(n, now=t) for t in times]
 
 
-def test_the_check_is_bounded_by_its_cap_and_by_its_share_of_the_run() -> None:
+def _budget(seconds: float, deadline: float | None = None) -> ReaderBudget:
+    return ReaderBudget(seconds, warmup=W, window=M, deadline=deadline)
+
+
+def test_the_check_is_bounded_by_its_cap_and_from_100k_images_by_its_share_of_the_run() -> None:
     assert check_seconds(60, None) == 60.0  # not in a DAG run: the cap
-    assert check_seconds(60, 1043.8) == 60.0  # 1.33 M images into Cassandra: 10 % would be 116 s
-    assert check_seconds(60, 81.0) == 9.0  # 133 k small images into shards: 9 s is 10 % of the 90 s run
-    assert check_seconds(60, 0.0) == 1.0  # at least a second (0 would mean no budget): readers read their minimum
-    assert check_seconds(0, 900.0) == 0.0  # 0: no budget at all
-    assert check_seconds(60, 81.0, spent=1.5) == 7.5  # the task's own start-up counts in the run's 10 %
-    assert check_seconds(60, None, spent=1.5) == 60.0  # not in a run: the cap, whatever the start-up took
-    assert check_seconds(60, 5.0, spent=3.0) == 1.0  # never under the floor
-    assert check_seconds(60, 81.0, share=0.5) == 60.0
+    assert check_seconds(60, 52.0, images=55_000) == 60.0  # below 100 k images the cap: 10 % would buy nothing
+    assert check_seconds(60, 52.0, images=99_999) == 60.0
+    assert check_seconds(60, 1043.8, images=1_281_167) == 60.0  # 1.33 M images into Cassandra: 10 % is 116 s
+    assert check_seconds(60, 81.0, images=133_000) == 9.0  # 133 k small images into shards: 10 % of the 90 s run
+    assert check_seconds(60, 0.0, images=100_000) == 1.0  # at least a second (0 would mean no budget)
+    assert check_seconds(0, 900.0, images=1_000_000) == 0.0  # 0: no budget at all
+    assert check_seconds(60, 81.0, images=133_000, spent=1.5) == 7.5  # the task's own start-up counts in the 10 %
+    assert check_seconds(60, None, images=133_000, spent=1.5) == 60.0  # not in a run: the cap
+    assert check_seconds(60, 5.0, images=133_000, spent=3.0) == 1.0  # never under the floor
+    assert check_seconds(60, 81.0, images=133_000, share=0.5) == 60.0
     assert defaults.CHECK_SECONDS == 60
     assert defaults.CHECK_RUN_SHARE == 0.1
+    assert defaults.CHECK_SHARE_FROM_IMAGES == 100_000
 
 
-def test_planned_images_are_whole_batches_the_rate_fits() -> None:
-    # 128 read in 1 s; 4 s left at 100 images/s fit 400 images: 6 whole batches more
-    assert planned_images(128, 1.0, 100.0, 5.0, 10_000, BATCH) == 128 + 6 * BATCH
-    assert planned_images(128, 1.0, 100.0, 5.0, 300, BATCH) == 300  # never more than the sample
-    assert planned_images(128, 6.0, 100.0, 5.0, 10_000, BATCH) == 128  # over budget already: what was read
-    assert planned_images(128, 1.0, 0.0, 5.0, 10_000, BATCH) == 128  # no rate: nothing more
-
-
-def test_plan_sizes_the_sample_from_the_rate_after_the_first_batch() -> None:
-    plan = ReadPlan(ReaderBudget(5.0, min_batches=2), total=10_000, start=0.0)
-    # the first batch is start-up (1 s); the second took 0.5 s: 128 images/s, 3.5 s left fit 448 images
-    assert _feed(plan, [1.0, 1.5]) == [True, True]
-    assert plan.rate == 128.0
-    assert plan.limit == 2 * BATCH + 7 * BATCH
-    more = _feed(plan, [2.0 + 0.5 * k for k in range(7)])
-    assert more == [True] * 6 + [False]  # stops at the planned count, within the budget
-    assert plan.read == 9 * BATCH
-    assert plan.cut
+def test_a_slow_start_is_start_up_and_the_rate_is_measured_after_it() -> None:
+    """The first batch took 5 s (a pipeline filling its queue), the rest 0.1 s each: the steady rate is 640
+    images/s, its start-up 5 s, and it stops once the two halves of its window agree."""
+    plan = ReadPlan(_budget(60.0), total=10_000, start=0.0, started=-1.0)
+    times = [5.0, 5.1] + [5.1 + 0.1 * k for k in range(1, M + 1)]
+    assert _feed(plan, times) == [True] * (W + M - 1) + [False]
+    assert plan.stop == budget.RATE_STEADY
     fields = plan.fields()
+    assert fields["startup_s"] == 6.0  # from the reader's start (its pipeline's build) to its first batch
+    assert fields["warmup_s"] == 6.1
+    assert fields["steady_rate"] == pytest.approx(640.0)
+    assert fields["steady_batches"] == M
+    assert fields["steady_images"] == M * BATCH
+    assert fields["steady"] is True
+    assert fields["rate_note"] == ""
     assert fields["budget_cut"] is True
-    assert fields["budget_rate"] == 128.0
-    assert fields["planned"] == 9 * BATCH
-    assert fields["unread"] == 10_000 - 9 * BATCH
-    assert fields["budget_s"] == 5.0
-    assert "128.0 images/s" in fields["reason"]
-    assert f"fit {9 * BATCH} of the 10000 images" in fields["reason"]
+    assert fields["unread"] == 10_000 - (W + M) * BATCH
+    assert fields["reason"].startswith(f"its rate was steady after {M} measured batches (640.0 images/s")
 
 
-def test_plan_reads_its_minimum_batches_whatever_the_budget() -> None:
-    plan = ReadPlan(ReaderBudget(0.0, min_batches=3), total=10_000, start=0.0)
-    assert _feed(plan, [4.0, 8.0, 12.0]) == [True, True, False]  # three batches, then nothing fits
-    assert plan.read == 3 * BATCH
-    assert plan.cut
-    assert plan.fields()["planned"] == 3 * BATCH
+def test_a_varying_rate_reads_on_until_its_share_is_spent() -> None:
+    plan = ReadPlan(_budget(3.0), total=10_000, start=0.0)
+    ends, t = [], 0.0
+    for k in range(40):  # each batch slower than the one before: the halves never agree
+        t += 0.01 * (k + 1)
+        ends.append(t)
+    more = _feed(plan, ends)
+    stopped = more.index(False)
+    assert stopped + 1 > W + M
+    assert plan.stop == budget.SHARE_SPENT
+    assert plan.steady  # its window was read: a rate, though a falling one
+    assert ends[stopped] <= 3.0
+    assert "3.0 s share was spent" in plan.reason()
 
 
-def test_plan_that_reads_everything_is_not_cut() -> None:
-    plan = ReadPlan(ReaderBudget(5.0, min_batches=2), total=150, start=0.0)
+def test_a_slow_reader_reads_its_bounded_sample_and_says_so() -> None:
+    plan = ReadPlan(_budget(0.5), total=10_000, start=0.0)
+    times = [1.0 * k for k in range(1, W + M + 1)]  # a batch a second: its window alone takes 10 s
+    more = _feed(plan, times)
+    assert more == [True] * (W + M - 1) + [False]
+    assert plan.steady
+    assert plan.fields()["steady_rate"] == pytest.approx(BATCH / 1.0)
+    assert "bounded sample" in plan.reason()
+    assert "took 10.0 s, over its 0.5 s share" in plan.reason()
+
+
+def test_the_check_s_deadline_stops_a_reader_before_its_window_and_its_rate_is_not_one() -> None:
+    plan = ReadPlan(_budget(60.0, deadline=3.5), total=10_000, start=0.0)
+    assert _feed(plan, [1.0, 2.0, 3.0, 4.0]) == [True, True, True, False]
+    assert plan.stop == budget.CHECK_SPENT
+    fields = plan.fields()
+    assert fields["steady"] is False
+    assert fields["steady_batches"] == 2
+    assert fields["rate_note"].startswith("not a steady rate: 2 batches measured after its 2 warm-up batches")
+    assert "the check's budget was spent first" in fields["rate_note"]
+
+
+def test_a_reader_that_reads_its_whole_small_sample_is_not_cut_and_not_steady() -> None:
+    plan = ReadPlan(_budget(5.0), total=150, start=0.0)
     assert _feed(plan, [0.1, 0.2]) == [True, True]
     assert plan.more(22, now=0.3) is False  # the sample's end: every image read
     assert not plan.cut
-    assert plan.fields() | {"budget_rate": 0} == {
-        "budget_s": 5.0,
-        "budget_rate": 0,
-        "budget_cut": False,
-        "planned": 150,
-        "unread": 0,
-        "reason": "",
-    }
+    assert plan.stop == budget.SAMPLE_READ
+    fields = plan.fields()
+    assert fields["reason"] == ""
+    assert fields["unread"] == 0
+    assert fields["steady"] is False  # one batch after its warm-up: start-up, not a throughput
+    assert "its sample ended first" in fields["rate_note"]
 
 
-def test_plan_stops_when_its_budget_runs_out_before_the_planned_count() -> None:
-    plan = ReadPlan(ReaderBudget(2.0, min_batches=2), total=10_000, start=0.0)
-    assert _feed(plan, [0.1, 0.2]) == [True, True]  # 640 images/s: 1.8 s fit 1,152 more
-    assert plan.limit == 2 * BATCH + 18 * BATCH
-    assert _feed(plan, [1.0, 2.5]) == [True, False]  # then the server slowed down: out of time
-    assert plan.cut
-    assert plan.out_of_time
-    assert plan.fields()["planned"] == 4 * BATCH
-    assert "ran out" in plan.reason()
-
-
-def test_no_budget_reads_the_whole_sample() -> None:
-    plan = ReadPlan(None, total=200, start=0.0)
-    assert _feed(plan, [100.0, 200.0, 300.0]) == [True, True, True]
-    assert plan.more(8, now=400.0) is False
+def test_no_budget_reads_the_whole_sample_and_measures_after_the_warm_up() -> None:
+    plan = ReadPlan(None, total=12 * BATCH, start=0.0)
+    times = [10.0, 11.0] + [11.0 + 0.5 * k for k in range(1, 11)]
+    assert _feed(plan, times) == [True] * 11 + [False]
     assert not plan.cut
-    assert plan.fields()["budget_s"] == 0.0
-    assert plan.fields()["reason"] == ""
+    fields = plan.fields()
+    assert fields["budget_s"] == 0.0
+    assert fields["steady_rate"] == pytest.approx(10 * BATCH / 5.0)
+    assert fields["steady"] is True
+
+
+def test_halves_agree_only_within_the_tolerance() -> None:
+    even = [(64, 0.1 * k) for k in range(1, 9)]
+    assert budget.halves_agree(even, 0.0)
+    slowing = [(64, t) for t in (0.1, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 1.2)]
+    assert not budget.halves_agree(slowing, 0.0)  # 640 then 320 images/s
+    assert not budget.halves_agree(even[:1], 0.0)
 
 
 def test_clock_shares_what_is_left_between_the_readers_still_to_run() -> None:
-    clock = CheckClock(10.0, min_batches=2, start=0.0)  # 8 s for readers, 2 s kept for the report and the exit
+    clock = CheckClock(10.0, warmup=W, window=M, start=0.0)  # 8 s for readers, 2 s kept for the report and the exit
     clock.expect(4)
-    first = clock.next(now=0.0)
-    assert first == ReaderBudget(2.0, 2)
-    assert clock.next(now=5.0) == ReaderBudget(1.0, 2)  # the first ran long: the others share the rest
-    assert clock.next(now=6.0) == ReaderBudget(1.0, 2)
-    assert clock.next(now=7.5) == ReaderBudget(0.5, 2)
+    assert clock.next(now=0.0) == ReaderBudget(2.0, W, M, 8.0)
+    assert clock.next(now=5.0) == ReaderBudget(1.0, W, M, 8.0)  # the first ran long: the others share the rest
+    assert clock.next(now=6.0) == ReaderBudget(1.0, W, M, 8.0)
+    assert clock.next(now=7.5) == ReaderBudget(0.5, W, M, 8.0)
     clock.expect(1)
-    assert clock.next(now=12.0) == ReaderBudget(0.0, 2)  # past the deadline: the minimum batches only
+    assert clock.next(now=12.0) == ReaderBudget(0.0, W, M, 8.0)  # past the deadline
+    clock.set_seconds(20.0)  # the sample's count known: the budget it allows
+    assert clock.deadline == pytest.approx(18.0)
     assert CheckClock(0.0).next() is None  # no budget
 
 
@@ -163,12 +186,11 @@ def test_a_cut_reader_verifies_every_image_it_read(bad: bool) -> None:
     closed: list[bool] = []
     spec = PipelineSpec(batch_size=8, num_threads=1, mode="raw")
     batches = _batches(rs, images, 8, closed)
-    result = run_external("cassandra", rs, spec, batches, {}, budget=ReaderBudget(0.0, min_batches=2))
-    assert result.images == 16  # its two minimum batches, then its budget was spent
+    result = run_external("cassandra", rs, spec, batches, {}, budget=ReaderBudget(0.0, W, M))
+    assert result.images == (W + M) * 8  # its warm-up and window whatever its share, then it stopped
     assert result.budget_cut
-    assert result.unread == 84
-    assert result.planned == 16
-    assert result.reason.startswith("its 0.0 s budget")
+    assert result.unread == 100 - (W + M) * 8
+    assert f"read {(W + M) * 8} of the 100 images of the sample" in result.reason
     assert closed == [True]  # the reader behind the batches was stopped
     if bad:
         assert not result.ok
@@ -177,6 +199,32 @@ def test_a_cut_reader_verifies_every_image_it_read(bad: bool) -> None:
         assert result.ok, result.problems
         assert result.images_verified == result.images  # every image read, checked; the unread not missing
         assert result.problems == []
+
+
+def _slow_first(batches: Iterator[ExternalBatch], delay: float) -> Iterator[ExternalBatch]:
+    """BATCHES with DELAY seconds before the first (a reader's slow start: a connection, a pipeline's queue)."""
+    time.sleep(delay)
+    yield from batches
+
+
+def test_a_reader_with_a_slow_first_batch_is_reported_at_its_steady_rate() -> None:
+    """0.5 s injected before the first batch: it is start-up (startup_s), not in the steady rate, and the steady
+    rate (what the report shows as the reader's throughput) is above the epoch's wall rate, which includes it."""
+    rs, images = _read_set(200)
+    closed: list[bool] = []
+    spec = PipelineSpec(batch_size=8, num_threads=1, mode="raw")
+    batches = _slow_first(_batches(rs, images, 8, closed), 0.5)
+    result = run_external("cassandra", rs, spec, batches, {}, budget=ReaderBudget(60.0, W, M))
+    assert result.ok, result.problems
+    assert result.startup_s >= 0.5
+    assert result.warmup_batches == W
+    assert result.steady
+    assert result.steady_batches >= M
+    measured_s = result.steady_images / result.steady_rate
+    assert measured_s <= result.seconds - 0.5  # the window left the delay out
+    assert result.steady_rate > result.images_per_s
+    assert result.batch_images[:W] == [8, 8]
+    assert len(result.batch_ends) == result.images // 8
 
 
 def test_without_a_budget_every_id_must_come() -> None:

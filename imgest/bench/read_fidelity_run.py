@@ -1,0 +1,163 @@
+"""The check-fidelity benchmark's run, its printed tables, JSON and plot (imgest.bench.read_fidelity measures)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from imgest.bench.read_data import Ingest
+from imgest.bench.read_fidelity import TOLERANCE, WINDOWS, compare, dali_s3, one_round, prepare
+from imgest.core import defaults
+from imgest.core.report import format_table, write_json
+
+log = logging.getLogger(__name__)
+TARGETS = ("cassandra", "shards")
+COLUMNS = [
+    ("size", "size"),
+    ("target", "target"),
+    ("reader", "reader"),
+    ("mode", "mode"),
+    ("check_images", "check imgs"),
+    ("check_rate", "check img/s"),
+    ("full_rate", "full img/s"),
+    ("ratio", "ratio"),
+    ("within", "<=20%"),
+    ("check_startup_s", "startup s"),
+    ("full_wall_rate", "full wall img/s"),
+]
+DALI_COLUMNS = [
+    ("reader", "reader"),
+    ("mode", "mode"),
+    ("pipelines", "pipelines"),
+    ("images", "images"),
+    ("steady_rate", "steady img/s"),
+    ("wall_rate", "wall img/s"),
+    ("startup_s", "startup s"),
+    ("cpu_cores", "cores"),
+]
+
+
+def measure(labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int) -> dict[str, Any]:
+    """Every size of LABELS, ROUNDS rounds per target, then the DALI s3:// part over DALI_SAMPLE images of the
+    first size's S3 copy; the machine's quietness recorded over the reads (not the ingests)."""
+    from imgest.bench.machine import machine_info
+    from imgest.bench.measure import QuietWatch, server_pids
+    from imgest.bench.read_fidelity import _settings
+    from imgest.core.settings import CassandraSettings, S3Settings
+    from imgest.services import CassandraServer, S3Server
+
+    for service in (CassandraServer.default(), S3Server.default()):
+        service.up()
+    cassandra, s3 = CassandraSettings.from_env(), S3Settings.from_env()
+    stored = [prepare(label, ingest) for label in labels]
+    sizes: list[dict[str, Any]] = []
+    with QuietWatch(server_pids()) as watch:
+        for where in stored:
+            settings = _settings(where, cassandra, s3)
+            for target in TARGETS:
+                runs = [one_round(target, where, settings) for _ in range(rounds)]
+                sizes.append(_size_row(where, target, runs))
+        dali = dali_s3(stored[0], s3, dali_sample, ("raw", "train")) if dali_sample else []
+    return {
+        "machine": machine_info(),
+        "quiet": watch.result.to_dict(),
+        "method": "per size and target, ROUNDS times: the DAG's check (budget from the ingest run's seconds, "
+        "10,000-image sample, every reader in both modes), then a full read of the same sample by the same readers "
+        "without a budget; rates are steady rates (images after the warm-up batches over their wall time, "
+        "verification included), medians of the rounds; window_spread: per window size k, the worst |rate over "
+        "the k batches after the warm-up - the full read's steady rate| / that rate over the full reads",
+        "tolerance": TOLERANCE,
+        "warmup_batches": defaults.CHECK_WARMUP_BATCHES,
+        "window_batches": defaults.CHECK_WINDOW_BATCHES,
+        "rounds": rounds,
+        "sizes": sizes,
+        "window_spread": _spread(sizes),
+        "dali_s3": dali,
+    }
+
+
+def _size_row(where: dict[str, Any], target: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    budget = runs[0]["budget_s"]
+    return {
+        "size": where["label"],
+        "images": where["images"],
+        "target": target,
+        "run_seconds": where[f"{target}_run_seconds"],
+        "train_images": runs[0]["train_images"],
+        "checked": runs[0]["checked"],
+        "budget_s": budget,
+        "check_seconds": [r["check_seconds"] for r in runs],
+        "within_budget": all(r["check_seconds"] <= budget for r in runs),
+        "readers": compare(runs),
+        "skipped": sorted({s for r in runs for s in r["skipped"]}),
+    }
+
+
+def _spread(sizes: list[dict[str, Any]]) -> dict[str, float]:
+    """Per window size: the worst error over every reader, mode, size and round."""
+    worst: dict[str, float] = {}
+    for size in sizes:
+        for row in size["readers"]:
+            for k, err in row["window_spread"].items():
+                worst[k] = max(worst.get(k, 0.0), err)
+    return {str(k): worst[str(k)] for k in WINDOWS if str(k) in worst}
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = [{"size": s["size"], "target": s["target"], **r} for s in report["sizes"] for r in s["readers"]]
+    print(format_table(rows, COLUMNS))
+    for s in report["sizes"]:
+        print(
+            f"{s['size']} {s['target']}: run {s['run_seconds']} s, budget {s['budget_s']} s, check took "
+            f"{s['check_seconds']} s ({'within' if s['within_budget'] else 'OVER'} its budget), "
+            f"{s['checked']} of {s['train_images']} train images sampled"
+        )
+    print("window spread (worst error of the rate over k batches after the warm-up):", report["window_spread"])
+    if report["dali_s3"]:
+        print(format_table(report["dali_s3"], DALI_COLUMNS))
+    quiet = report["quiet"]
+    print(f"machine: load {quiet.get('load_start')} at the start, other processes {quiet.get('other_cores')} cores")
+
+
+def plot(path: Path, report: dict[str, Any]) -> None:
+    """Left: the check's rate over the full read's per reader (1 = equal; the band is the tolerance). Right: the
+    spread of the rate against the window size."""
+    from imgest.core.report import pyplot, save_figure
+
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    labels, ratios, colors = [], [], []
+    for s in report["sizes"]:
+        for r in s["readers"]:
+            labels.append(f"{s['size']} {r['reader']}/{r['mode']}")
+            ratios.append(r["ratio"])
+            colors.append("tab:blue" if r["within"] else "tab:red")
+    left.bar(range(len(ratios)), ratios, color=colors)
+    left.axhspan(1 - TOLERANCE, 1 + TOLERANCE, color="tab:green", alpha=0.15)
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+    left.set_ylabel("check's steady rate / full read's")
+    left.set_title("The DAG's check against a full read (band: within 20 %)", fontsize=9)
+    ks = [int(k) for k in report["window_spread"]]
+    right.plot(ks, [report["window_spread"][str(k)] * 100 for k in ks], marker="o")
+    right.axvline(report["window_batches"], color="tab:green", linestyle="--", label="chosen window")
+    right.axhline(TOLERANCE * 100, color="tab:red", linestyle=":", label="tolerance")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("window (batches after the warm-up)")
+    right.set_ylabel("worst error against the full read, %")
+    right.set_title("Spread of the rate against the window", fontsize=9)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def main(
+    json_out: Path, plot_out: Path | None, labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int
+) -> dict[str, Any]:
+    report = measure(labels, rounds, ingest, dali_sample)
+    print_report(report)
+    write_json(json_out, report)
+    if plot_out:
+        plot(plot_out, report)
+    return report

@@ -1,0 +1,46 @@
+"""DALI's webdataset reader as several pipelines read as one (imgest.readback.parallel): over shards in a folder and
+on the real S3 server, every sample of the split comes exactly once, verified against its recorded sha256 and
+label, whatever the number of pipelines (parts of unequal size included: 60 samples over 7 pipelines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from imgest.core.settings import S3Settings
+from imgest.readback.check import dali_s3_env
+from imgest.readback.datasets import shards_set
+from imgest.readback.pipelines import PipelineSpec, dali_available
+from imgest.readback.readers import run_webdataset
+from imgest.sinks.shards.store import open_store
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def _dali() -> None:
+    if not dali_available():
+        pytest.skip("DALI's readers are what this test reads with: pip install 'imgest[dali]'")
+
+
+@pytest.mark.parametrize("readers", [1, 2, 7])
+@pytest.mark.parametrize("mode", ["raw", "train"])
+def test_parallel_pipelines_read_every_sample_once_from_a_folder(
+    stored: dict[str, Any], readers: int, mode: str
+) -> None:
+    rs = shards_set(open_store(str(stored["shards"])))
+    result = run_webdataset("shards-folder", rs, PipelineSpec(4, 1, mode), str(stored["shards"]), readers=readers)
+    assert result.ok, result.problems
+    assert result.images == result.images_verified == stored["train"]
+    assert result.settings["readers"] == readers
+
+
+def test_parallel_pipelines_read_every_sample_once_from_s3(stored: dict[str, Any]) -> None:
+    settings: S3Settings = stored["s3_settings"]
+    rs = shards_set(open_store(stored["s3"], settings))
+    with dali_s3_env(settings):
+        result = run_webdataset("shards-s3-dali", rs, PipelineSpec(4, 1, "raw"), stored["s3"], readers=3)
+    assert result.ok, result.problems
+    assert result.images == result.images_verified == stored["train"]
+    assert result.settings["readers"] == 3
