@@ -10,7 +10,9 @@ from imgest.readback.measure import RunResult
 
 
 def _run(rate: float, first_ms: float = 5.0) -> RunResult:
-    return RunResult("cassandra", "raw", "cpu", images=1000, epoch_rate=rate, second_half_rate=rate, first_batch_ms=first_ms)
+    return RunResult(
+        "cassandra", "raw", "cpu", images=1000, epoch_rate=rate, second_half_rate=rate, first_batch_ms=first_ms
+    )
 
 
 def _rows(condition: str, rounds: list[list[RunResult]]) -> list[dict]:
