@@ -30,39 +30,40 @@ from imgest.readback.check import ReadCheckOptions
 from imgest.readback.measure import RunResult
 
 log = logging.getLogger(__name__)
-SIZES = {"55k": 0.0413, "143k": 0.1075, "1.33M": 1.0}  # fractions of the count set (train + val images)
+SIZES = {"55k": 0.0413, "133k": 0.1, "143k": 0.1075, "1.33M": 1.0}  # fractions of the count set (train + val)
 TOLERANCE = 0.2  # the check's steady rate within 20 % of the full read's
 WINDOWS = (1, 2, 4, 8, 16, 32)  # window sizes (batches after the warm-up) whose spread is shown
+TIME_WINDOWS = (0.25, 0.5, 1.0, 2.0, 4.0)  # ... and in seconds after the warm-up
 DALI_S3_READERS = (1, 2, 4, 8)
 
 
 def prepare(label: str, ingest: Ingest) -> dict[str, Any]:
-    """The count set's LABEL size stored in Cassandra and as shards on S3 by INGEST (cached: a size whose stores
-    still hold it is not ingested again), with each run's seconds."""
+    """The count set's LABEL size stored in Cassandra and as shards on S3: the stores `imgest bench scale --dag`
+    left (with the budget their DAG runs gave their checks) where they still hold, else ingested by INGEST (cached:
+    a size whose stores still hold it is not ingested again) with each run's seconds."""
     from imgest.bench.read_data import stores_hold
-    from imgest.bench.scale import prepare_datasets
 
-    fraction = SIZES[label]
-    _, source, images = prepare_datasets("count", [fraction])[0]
+    reused = dag_stores(label)
+    if reused is not None:
+        return reused
     tag = label.replace(".", "").lower()
     root = state_dir() / "bench" / f"fidelity-{tag}"
     marker = root / "prepared.json"
-    where: dict[str, Any] = {
-        "label": label,
-        "images": images,
-        "src": str(source),
-        "dataset": f"fidelity{tag}",
-        "keyspace": f"bench_fidelity_{tag}",
-        "s3": f"s3://imgest/bench/fidelity-{tag}",
-    }
     if marker.is_file():
         known = json.loads(marker.read_text())
         if stores_hold(known):
-            return known
-    base = [str(source), "--layout", "cls-loc", "--work-dir", str(root / "work"), "--dataset", where["dataset"]]
+            return dict(known)
+    from imgest.bench.scale import prepare_datasets
+
+    _, source, images = prepare_datasets("count", [SIZES[label]])[0]
+    dataset = f"fidelity{tag}"
+    where: dict[str, Any] = {"label": label, "images": images, "src": str(source), "from": "imgest ingest"}
+    where |= {"keyspace": f"bench_fidelity_{tag}", "s3": f"s3://imgest/bench/fidelity-{tag}"}
+    where |= {"cassandra_dataset": dataset, "shards_dataset": dataset}
+    base = [str(source), "--layout", "cls-loc", "--work-dir", str(root / "work"), "--dataset", dataset]
     runs = {
         "cassandra": ["ingest", "cassandra", *base, "--keyspace", where["keyspace"], "--verify"],
-        "shards": ["ingest", "shards", *base, "--dest", where["s3"], "--verify"],
+        "shards": ["ingest", "shards", *base, "--dest", where["s3"]],
     }
     for target, argv in runs.items():
         t0 = time.perf_counter()
@@ -74,10 +75,33 @@ def prepare(label: str, ingest: Ingest) -> dict[str, Any]:
     return where
 
 
+def dag_stores(label: str) -> dict[str, Any] | None:
+    """The stores `imgest bench scale --dag` left at LABEL's size (dag-<pct>-cassandra, dag-<pct>-shards), where
+    both still hold and both DAG runs' checks recorded their budget: the run seconds are those that give that
+    budget (9 x budget: the check's share is 10 % of the run with it); None otherwise."""
+    from imgest.bench.read_data import stores_hold
+    from imgest.core import workdir
+
+    pct = {"1.33M": "100pct", "133k": "10pct"}.get(label)
+    if pct is None:
+        return None
+    checks = {t: workdir.dataset_workdir(f"dag-{pct}-{t}") / workdir.READ_REPORT for t in ("cassandra", "shards")}
+    if not all(p.is_file() for p in checks.values()):
+        return None
+    reports = {t: json.loads(p.read_text()) for t, p in checks.items()}
+    where: dict[str, Any] = {"label": label, "from": f"imgest bench scale --dag ({pct})"}
+    where |= {"keyspace": f"dag_{pct}_cassandra", "s3": reports["shards"]["location"]}
+    where |= {"cassandra_dataset": f"dag-{pct}-cassandra", "shards_dataset": f"dag-{pct}-shards"}
+    where |= {f"{t}_run_seconds": round(9 * r["budget_s"], 1) for t, r in reports.items()}
+    where["images"] = reports["shards"]["split_rows"]
+    return where if stores_hold(where) else None
+
+
 def _settings(where: dict[str, Any], cassandra: CassandraSettings, s3: S3Settings) -> dict[str, Any]:
     from imgest.sinks.cassandra.schema import TableLayout
 
-    return {"cassandra": cassandra, "s3": s3, "tables": TableLayout(where["keyspace"]), "dataset": where["dataset"]}
+    tables = TableLayout(where["keyspace"])
+    return {"cassandra": cassandra, "s3": s3, "tables": tables, "dataset": where["cassandra_dataset"]}
 
 
 def one_round(target: str, where: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -114,6 +138,23 @@ def window_errors(run: RunResult, full_rate: float, warmup: int) -> dict[int, fl
     return errors
 
 
+def time_window_errors(run: RunResult, full_rate: float, warmup: int) -> dict[float, float]:
+    """For each window of t seconds: |the rate over the batches after RUN's warm-up that end within t seconds of
+    it - FULL_RATE| / FULL_RATE (windows the read did not last are left out)."""
+    ends, sizes = run.batch_ends, run.batch_images
+    errors: dict[float, float] = {}
+    if len(ends) <= warmup or full_rate <= 0:
+        return errors
+    start = ends[warmup - 1] if warmup else 0.0
+    for t in TIME_WINDOWS:
+        last = max((i for i in range(warmup, len(ends)) if ends[i] - start <= t), default=None)
+        if last is None or ends[-1] - start < t:
+            continue
+        rate = sum(sizes[warmup : last + 1]) / max(ends[last] - start, 1e-9)
+        errors[t] = abs(rate - full_rate) / full_rate
+    return errors
+
+
 def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per reader and mode: the check's steady rate and the full read's (medians of the rounds), their ratio,
     whether within TOLERANCE, and the window spread over the full reads."""
@@ -124,9 +165,12 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
         check_rate = statistics.median(c.steady_rate for c in checks)
         full_rate = statistics.median(f.steady_rate for f in fulls)
         spread: dict[int, float] = {}
+        spread_s: dict[float, float] = {}
         for f in fulls:
             for k, err in window_errors(f, f.steady_rate, f.warmup_batches).items():
                 spread[k] = max(spread.get(k, 0.0), err)
+            for t, err in time_window_errors(f, f.steady_rate, f.warmup_batches).items():
+                spread_s[t] = max(spread_s.get(t, 0.0), err)
         ratio = check_rate / full_rate if full_rate else 0.0
         rows.append(
             {
@@ -145,6 +189,7 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ratio": round(ratio, 3),
                 "within": abs(ratio - 1) <= TOLERANCE,
                 "window_spread": {str(k): round(v, 3) for k, v in sorted(spread.items())},
+                "window_spread_s": {str(t): round(v, 3) for t, v in sorted(spread_s.items())},
                 "verified": all(r.ok for r in (*checks, *fulls)),
             }
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.bench.read_data import Ingest
-from imgest.bench.read_fidelity import TOLERANCE, WINDOWS, compare, dali_s3, one_round, prepare
+from imgest.bench.read_fidelity import TIME_WINDOWS, TOLERANCE, WINDOWS, compare, dali_s3, one_round, prepare
 from imgest.core import defaults
 from imgest.core.report import format_table, write_json
 
@@ -74,6 +74,8 @@ def measure(labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int
         "rounds": rounds,
         "sizes": sizes,
         "window_spread": _spread(sizes),
+        "window_spread_s": _spread(sizes, "window_spread_s", TIME_WINDOWS),
+        "window_seconds": defaults.CHECK_WINDOW_SECONDS,
         "dali_s3": dali,
     }
 
@@ -95,14 +97,16 @@ def _size_row(where: dict[str, Any], target: str, runs: list[dict[str, Any]]) ->
     }
 
 
-def _spread(sizes: list[dict[str, Any]]) -> dict[str, float]:
+def _spread(
+    sizes: list[dict[str, Any]], key: str = "window_spread", windows: Sequence[float] = WINDOWS
+) -> dict[str, float]:
     """Per window size: the worst error over every reader, mode, size and round."""
     worst: dict[str, float] = {}
     for size in sizes:
         for row in size["readers"]:
-            for k, err in row["window_spread"].items():
+            for k, err in row[key].items():
                 worst[k] = max(worst.get(k, 0.0), err)
-    return {str(k): worst[str(k)] for k in WINDOWS if str(k) in worst}
+    return {str(k): worst[str(k)] for k in windows if str(k) in worst}
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -115,6 +119,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{s['checked']} of {s['train_images']} train images sampled"
         )
     print("window spread (worst error of the rate over k batches after the warm-up):", report["window_spread"])
+    print("window spread over t seconds after the warm-up:", report["window_spread_s"])
     if report["dali_s3"]:
         print(format_table(report["dali_s3"], DALI_COLUMNS))
     quiet = report["quiet"]
@@ -156,8 +161,8 @@ def main(
     json_out: Path, plot_out: Path | None, labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int
 ) -> dict[str, Any]:
     report = measure(labels, rounds, ingest, dali_sample)
-    print_report(report)
     write_json(json_out, report)
+    print_report(report)
     if plot_out:
         plot(plot_out, report)
     return report

@@ -14,8 +14,9 @@ to the ones after it. A reader reads (:class:`ReadPlan`):
 
 - its warm-up and its window whatever its share (a slow reader's bounded sample, and it says so), but never past the
   check's deadline (then its rate is not steady);
-- then on while its share lasts, and stops early once its rate is steady: the rate over the second half of its
-  measured batches within ``STEADY_TOLERANCE`` of the first half's;
+- then on while its share lasts, and stops early once its rate is steady: its measured batches span at least
+  ``window_seconds`` (batches of a few milliseconds measure the scheduler, not the reader) and the rate over their
+  second half is within ``STEADY_TOLERANCE`` of the first half's;
 - never past the end of its sample.
 
 Every image it reads is verified as before; the images of the sample it did not read are counted (``unread``), not
@@ -51,12 +52,14 @@ CHECK_SPENT = "check's budget spent"
 class ReaderBudget:
     """One reader's share of the check: SECONDS of its epoch loop (verification included) after which it stops once
     its window is read; its WARMUP and WINDOW batches (read whatever the share); DEADLINE, the check's end for its
-    readers (``time.perf_counter()``; None: none), past which it reads nothing more."""
+    readers (``time.perf_counter()``; None: none), past which it reads nothing more; WINDOW_SECONDS, the least time
+    its measured batches span before a steady rate stops it early."""
 
     seconds: float
     warmup: int = defaults.CHECK_WARMUP_BATCHES
     window: int = defaults.CHECK_WINDOW_BATCHES
     deadline: float | None = None
+    window_seconds: float = defaults.CHECK_WINDOW_SECONDS
 
 
 def check_seconds(
@@ -139,10 +142,11 @@ class ReadPlan:
         measured = self.measured
         if len(measured) < self.window:
             return ""  # its warm-up and window whatever its share
-        if halves_agree(measured, self.warmup_end):
-            return RATE_STEADY
         per_batch = (now - self.warmup_end) / len(measured)
-        return SHARE_SPENT if now - self.start + per_batch > budget.seconds else ""
+        if now - self.start + per_batch > budget.seconds:
+            return SHARE_SPENT
+        long_enough = now - self.warmup_end >= budget.window_seconds  # batches of a few ms: noise, not a rate
+        return RATE_STEADY if long_enough and halves_agree(measured, self.warmup_end) else ""
 
     @property
     def measured(self) -> list[tuple[int, float]]:
@@ -235,8 +239,10 @@ class CheckClock:
         warmup: int = defaults.CHECK_WARMUP_BATCHES,
         window: int = defaults.CHECK_WINDOW_BATCHES,
         start: float | None = None,
+        window_seconds: float = defaults.CHECK_WINDOW_SECONDS,
     ) -> None:
         self.warmup, self.window = warmup, window
+        self.window_seconds = window_seconds
         self.start = time.perf_counter() if start is None else start
         self.runs_left = 0
         self.set_seconds(seconds)
@@ -257,7 +263,7 @@ class CheckClock:
         now = time.perf_counter() if now is None else now
         share = max(0.0, self.deadline - now) / max(1, self.runs_left)
         self.runs_left = max(0, self.runs_left - 1)
-        return ReaderBudget(round(share, 3), self.warmup, self.window, self.deadline)
+        return ReaderBudget(round(share, 3), self.warmup, self.window, self.deadline, self.window_seconds)
 
     def elapsed(self) -> float:
         """Seconds since the check started."""

@@ -34,7 +34,8 @@ Progress = Callable[[int], None] | None
 DALI_S3_NOTE = (
     "DALI's s3:// reader does one blocking ranged GET per sample component (.jpg, .cls, .json), one after another "
     "from its loader thread, so one pipeline reads at the server's request rate / 3; the check runs several in "
-    "parallel, each over its part of the shards (NVIDIA/DALI #5551; docs/readback.md)"
+    "parallel, each over its part of the shards; on the embedded SeaweedFS its rate varies up to 10x with the "
+    "position in the shards, so a window of it is the rate where it read (NVIDIA/DALI #5551; docs/readback.md)"
 )
 
 

@@ -29,8 +29,8 @@ def _feed(plan: ReadPlan, times: list[float], n: int = BATCH) -> list[bool]:
     return [plan.more(n, now=t) for t in times]
 
 
-def _budget(seconds: float, deadline: float | None = None) -> ReaderBudget:
-    return ReaderBudget(seconds, warmup=W, window=M, deadline=deadline)
+def _budget(seconds: float, deadline: float | None = None, window_seconds: float = 0.5) -> ReaderBudget:
+    return ReaderBudget(seconds, warmup=W, window=M, deadline=deadline, window_seconds=window_seconds)
 
 
 def test_the_check_is_bounded_by_its_cap_and_from_100k_images_by_its_share_of_the_run() -> None:
@@ -68,6 +68,17 @@ def test_a_slow_start_is_start_up_and_the_rate_is_measured_after_it() -> None:
     assert fields["budget_cut"] is True
     assert fields["unread"] == 10_000 - (W + M) * BATCH
     assert fields["reason"].startswith(f"its rate was steady after {M} measured batches (640.0 images/s")
+
+
+def test_a_steady_rate_over_a_window_shorter_than_its_seconds_reads_on() -> None:
+    """Batches of 10 ms: eight of them are 80 ms of scheduler noise; it reads on until its window spans 0.5 s."""
+    plan = ReadPlan(_budget(60.0), total=100_000, start=0.0)
+    times = [0.5, 0.6] + [0.6 + 0.01 * k for k in range(1, 61)]
+    more = _feed(plan, times)
+    stopped = more.index(False)
+    assert plan.stop == budget.RATE_STEADY
+    assert times[stopped] - 0.6 >= 0.5 - 1e-9
+    assert stopped + 1 - W == 50  # measured batches when it stopped: 0.5 s of them
 
 
 def test_a_varying_rate_reads_on_until_its_share_is_spent() -> None:

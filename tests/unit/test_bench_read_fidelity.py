@@ -1,0 +1,60 @@
+"""The check-fidelity benchmark's arithmetic (imgest.bench.read_fidelity): the check's steady rate against the full
+read's, the tolerance, and the spread of the rate against the window size from a full read's batch times."""
+
+from __future__ import annotations
+
+import pytest
+
+from imgest.bench.read_fidelity import TOLERANCE, compare, window_errors
+from imgest.bench.read_fidelity_run import _spread
+from imgest.readback.measure import RunResult
+
+
+def _run(rate: float, ends: list[float], steady: bool = True, images: int = 64) -> RunResult:
+    return RunResult(
+        "shards-s3-stream",
+        "raw",
+        "cpu",
+        images=images * len(ends),
+        steady_rate=rate,
+        steady=steady,
+        warmup_batches=2,
+        batch_ends=ends,
+        batch_images=[images] * len(ends),
+    )
+
+
+def test_window_errors_are_the_rate_over_k_batches_after_the_warm_up_against_the_full_rate() -> None:
+    # warm-up ends at 1.0 s; then batches of 64 every 0.1 s (640/s) for 4, then every 0.2 s (320/s)
+    ends = [0.5, 1.0, 1.1, 1.2, 1.3, 1.4, 1.6, 1.8, 2.0, 2.2]
+    errors = window_errors(_run(0.0, ends), 640.0, warmup=2)
+    assert errors[1] == pytest.approx(0.0)
+    assert errors[4] == pytest.approx(0.0)
+    assert errors[8] == pytest.approx(abs(8 * 64 / 1.2 - 640) / 640)
+    assert 16 not in errors  # the read had fewer batches than that
+
+
+def test_compare_takes_medians_and_says_whether_the_check_is_within_the_tolerance() -> None:
+    ends = [0.5, 1.0] + [1.0 + 0.1 * k for k in range(1, 11)]
+    rounds = [
+        {"check": [_run(rate, ends[:10])], "full": [_run(full, ends)]}
+        for rate, full in ((600.0, 640.0), (500.0, 650.0), (610.0, 630.0))
+    ]
+    row = compare(rounds)[0]
+    assert row["check_rate"] == 600.0
+    assert row["full_rate"] == 640.0
+    assert row["full_rates"] == [640.0, 650.0, 630.0]
+    assert row["ratio"] == pytest.approx(600 / 640, abs=1e-3)
+    assert row["within"] is True
+    assert row["check_steady"] is True
+    low = [{"check": [_run(400.0, ends[:10])], "full": [_run(640.0, ends)]}]
+    assert compare(low)[0]["within"] is (abs(400 / 640 - 1) <= TOLERANCE)
+    assert compare(low)[0]["within"] is False
+
+
+def test_the_spread_is_the_worst_error_per_window_over_every_size_and_reader() -> None:
+    sizes = [
+        {"readers": [{"window_spread": {"2": 0.3, "8": 0.05}}, {"window_spread": {"2": 0.1, "8": 0.12}}]},
+        {"readers": [{"window_spread": {"2": 0.2, "8": 0.02, "16": 0.01}}]},
+    ]
+    assert _spread(sizes) == {"2": 0.3, "8": 0.12, "16": 0.01}
