@@ -30,8 +30,8 @@ def task_seconds(context: Any) -> float:
 
 class ReadThroughputOperator(RequestOperator):
     """Read the stored version back with every reader of its target (without imgest[dali], those that need no
-    DALI, the others listed as skipped), within the request's check_seconds and a share of the run so far; fail on
-    any byte or label mismatch."""
+    DALI, the others listed as skipped), within the request's check_seconds and, from 100,000 train images on, a
+    share of the run so far; each reader's start-up and steady rate apart; fail on any byte or label mismatch."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from imgest.flow.steps import read_throughput

@@ -81,6 +81,9 @@ def medians(rounds: list[list[RunResult]]) -> list[dict[str, Any]]:
                 "cpu_cores": statistics.median(r.cpu_cores for r in runs),
                 "cores_per_1k": statistics.median(r.cores_per_1k for r in runs),
                 "first_batch_ms": statistics.median(r.first_batch_ms for r in runs),
+                "startup_s": statistics.median(r.startup_s for r in runs),  # to the first batch, build included
+                "steady_rate": statistics.median(r.steady_rate for r in runs),  # after the warm-up, wall time
+                "steady": all(r.steady for r in runs),
                 "verified": all(r.ok for r in runs),
                 "budget_cut": any(r.budget_cut for r in runs),  # --check-seconds stopped it in some round
                 "problems": [p for r in runs for p in r.problems][:5],

@@ -127,32 +127,39 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def plot(path: Path, report: dict[str, Any]) -> None:
-    """Left: the check's rate over the full read's per reader (1 = equal; the band is the tolerance). Right: the
-    spread of the rate against the window size."""
+    """Left: the check's steady rate over the full read's per size, reader and mode (1 = equal; the band is the
+    tolerance), each bar labelled with both absolute rates. Right: per reader and mode, the worst error of the rate
+    over the first t seconds after the warm-up against the full read's, over every size and round."""
     from imgest.core.report import pyplot, save_figure
 
-    fig, (left, right) = pyplot().subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    labels, ratios, colors = [], [], []
-    for s in report["sizes"]:
-        for r in s["readers"]:
-            labels.append(f"{s['size']} {r['reader']}/{r['mode']}")
-            ratios.append(r["ratio"])
-            colors.append("tab:blue" if r["within"] else "tab:red")
-    left.bar(range(len(ratios)), ratios, color=colors)
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    rows = [(s["size"], r) for s in report["sizes"] for r in s["readers"]]
+    colors = ["tab:blue" if r["within"] else "tab:red" for _, r in rows]
+    bars = left.bar(range(len(rows)), [r["ratio"] for _, r in rows], color=colors)
+    for bar, (_, r) in zip(bars, rows, strict=True):
+        text = f"{r['check_rate']:,.0f}\n{r['full_rate']:,.0f}"
+        left.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", fontsize=5)
     left.axhspan(1 - TOLERANCE, 1 + TOLERANCE, color="tab:green", alpha=0.15)
     left.axhline(1.0, color="black", linewidth=0.8)
+    labels = [f"{size} {r['reader']}/{r['mode']}" for size, r in rows]
     left.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
     left.set_ylabel("check's steady rate / full read's")
-    left.set_title("The DAG's check against a full read (band: within 20 %)", fontsize=9)
-    ks = [int(k) for k in report["window_spread"]]
-    right.plot(ks, [report["window_spread"][str(k)] * 100 for k in ks], marker="o")
-    right.axvline(report["window_batches"], color="tab:green", linestyle="--", label="chosen window")
+    left.set_title("The DAG's check against a full read (band: within 20 %; labels: check / full img/s)", fontsize=9)
+    worst: dict[str, dict[float, float]] = {}
+    for _, r in rows:
+        line = worst.setdefault(f"{r['reader']}/{r['mode']}", {})
+        for t, err in r["window_spread_s"].items():
+            line[float(t)] = max(line.get(float(t), 0.0), err)
+    for name, line in worst.items():
+        ts = sorted(line)
+        right.plot(ts, [line[t] * 100 for t in ts], marker="o", label=name, linewidth=1)
+    right.axvline(report["window_seconds"], color="tab:green", linestyle="--", label="window (s)")
     right.axhline(TOLERANCE * 100, color="tab:red", linestyle=":", label="tolerance")
     right.set_xscale("log", base=2)
-    right.set_xlabel("window (batches after the warm-up)")
+    right.set_xlabel("window (seconds after the warm-up)")
     right.set_ylabel("worst error against the full read, %")
-    right.set_title("Spread of the rate against the window", fontsize=9)
-    right.legend(fontsize=8)
+    right.set_title("Spread of the rate against the window (worst over sizes and rounds)", fontsize=9)
+    right.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     save_figure(fig, path)
 

@@ -123,6 +123,8 @@ READER_COLUMNS = [
     ("images_per_s", "img/s"),
     ("min", "min"),
     ("max", "max"),
+    ("steady_rate", "steady img/s"),
+    ("startup_s", "startup s"),
     ("mb_per_s", "MB/s"),
     ("batch_ms_p50", "p50 ms"),
     ("batch_ms_p99", "p99 ms"),

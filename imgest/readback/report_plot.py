@@ -20,12 +20,16 @@ def plot_check(path: Path, rows: list[dict[str, Any]], title: str = "Read-back c
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     by = {(r["reader"], r["mode"]): r for r in rows}
     fig, (rate_ax, start_ax) = pyplot().subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    from matplotlib.patches import Patch
+
     width = 0.8 / max(1, len(modes))
+    handles = []
     for i, mode in enumerate(modes):
         xs = [g + i * width for g in range(len(readers))]
         got = [by.get((name, mode)) for name in readers]
         rates = [max(r["steady_rate"], 0.1) if r else 0.0 for r in got]
         bars = rate_ax.bar(xs, rates, width, label=mode)
+        handles.append(Patch(color=bars.patches[0].get_facecolor(), label=mode))
         for bar, r in zip(bars, got, strict=True):
             if r is None:
                 continue
@@ -39,9 +43,12 @@ def plot_check(path: Path, rows: list[dict[str, Any]], title: str = "Read-back c
     ticks = [g + width * (len(modes) - 1) / 2 for g in range(len(readers))]
     rate_ax.set_xticks(ticks, readers, rotation=20, ha="right", fontsize=8)
     rate_ax.set_yscale("log")
+    lowest = min((max(r["steady_rate"], 0.1) for r in rows), default=1.0)
+    rate_ax.set_ylim(bottom=max(0.1, lowest / 5))
     rate_ax.set_ylabel("steady rate, images/s (verified)")
     rate_ax.set_title(f"{title}: steady rate after warm-up (hatched: not steady)", fontsize=9)
-    rate_ax.legend(fontsize=8)
+    handles.append(Patch(facecolor="white", edgecolor="grey", hatch="//", label="not steady (start-up)"))
+    rate_ax.legend(handles=handles, fontsize=8)
     start_ax.set_yticks(ticks, readers, fontsize=8)
     start_ax.set_xlabel("seconds to the first batch (pipeline build included)")
     start_ax.set_title("start-up", fontsize=9)
