@@ -16,7 +16,8 @@ to the ones after it. A reader reads (:class:`ReadPlan`):
   check's deadline (then its rate is not steady);
 - then on while its share lasts, and stops early once its rate is steady: its measured batches span at least
   ``window_seconds`` (batches of a few milliseconds measure the scheduler, not the reader) and the rate over their
-  second half is within ``STEADY_TOLERANCE`` of the first half's;
+  second half is within ``STEADY_TOLERANCE`` of the first half's (a reader whose rate varies with where in its
+  sample it reads, DALI's ``s3://`` reader, reads its whole share instead: a window of it is that place's rate);
 - never past the end of its sample.
 
 Every image it reads is verified as before; the images of the sample it did not read are counted (``unread``), not
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from imgest.core import defaults
@@ -53,13 +54,15 @@ class ReaderBudget:
     """One reader's share of the check: SECONDS of its epoch loop (verification included) after which it stops once
     its window is read; its WARMUP and WINDOW batches (read whatever the share); DEADLINE, the check's end for its
     readers (``time.perf_counter()``; None: none), past which it reads nothing more; WINDOW_SECONDS, the least time
-    its measured batches span before a steady rate stops it early."""
+    its measured batches span before a steady rate stops it early; STOP_WHEN_STEADY False for a reader whose rate
+    varies with where in its sample it reads (its window is the rate of that place): it reads its whole share."""
 
     seconds: float
     warmup: int = defaults.CHECK_WARMUP_BATCHES
     window: int = defaults.CHECK_WINDOW_BATCHES
     deadline: float | None = None
     window_seconds: float = defaults.CHECK_WINDOW_SECONDS
+    stop_when_steady: bool = True
 
 
 def check_seconds(
@@ -145,6 +148,8 @@ class ReadPlan:
         per_batch = (now - self.warmup_end) / len(measured)
         if now - self.start + per_batch > budget.seconds:
             return SHARE_SPENT
+        if not budget.stop_when_steady:
+            return ""
         long_enough = now - self.warmup_end >= budget.window_seconds  # batches of a few ms: noise, not a rate
         return RATE_STEADY if long_enough and halves_agree(measured, self.warmup_end) else ""
 
@@ -281,6 +286,7 @@ def expect(clock: CheckClock | None, runs: int) -> None:
         clock.expect(runs)
 
 
-def next_budget(clock: CheckClock | None) -> ReaderBudget | None:
-    """The next reader's budget from CLOCK; None without a clock (no budget)."""
-    return clock.next() if clock is not None else None
+def next_budget(clock: CheckClock | None, stop_when_steady: bool = True) -> ReaderBudget | None:
+    """The next reader's budget from CLOCK; None without a clock (no budget). STOP_WHEN_STEADY: see ReaderBudget."""
+    budget = clock.next() if clock is not None else None
+    return replace(budget, stop_when_steady=False) if budget is not None and not stop_when_steady else budget

@@ -39,6 +39,8 @@ def _check_cut(report: dict[str, Any], readers: tuple[str, ...], modes: tuple[st
     as not a steady one."""
     rows = report["readers"]
     assert {(r["reader"], r["mode"]) for r in rows} == {(n, m) for n in readers for m in modes}
+    if "shards-s3-dali" in readers:  # last, over the time the others left (it reads its whole share)
+        assert [r["reader"] for r in rows][-len(modes) :] == ["shards-s3-dali"] * len(modes)
     assert report["skipped"] == []
     assert report["budget_s"] == TINY.seconds
     everyone = sorted(f"{n}/{m}" for n in readers for m in modes)
@@ -47,7 +49,8 @@ def _check_cut(report: dict[str, Any], readers: tuple[str, ...], modes: tuple[st
     for r in rows:
         where = (r["reader"], r["mode"], r["problems"])
         assert r["ok"], where
-        batch = r["settings"].get("batch_size", BATCH)
+        # one batch: DALI's s3:// reader's is one of each of its pipelines (4 parts of 15 train images)
+        batch = r["settings"].get("batch_size", BATCH) * r["settings"].get("readers", 1)
         assert r["images"] == r["images_verified"] == batch, where  # what it read, each image checked
         assert r["budget_cut"] is True, where
         assert r["stop"] == budget.CHECK_SPENT, where
@@ -82,7 +85,7 @@ def test_s3_shard_check_within_a_tiny_budget(
             assert row["note"] == ""
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shards-s3-dali (")]
     assert len(logged) == len(TINY.modes)
-    assert all("no steady rate" in line and "8 of 60 images" in line and "cut" in line for line in logged), logged
+    assert all("no steady rate" in line and "32 of 60 images" in line and "cut" in line for line in logged), logged
     unsteady = [r.getMessage() for r in caplog.records if "is not a steady rate" in r.getMessage()]
     assert len(unsteady) == len(S3_READERS) * len(TINY.modes)  # the task log says which figures are start-up
 
@@ -99,7 +102,9 @@ def test_dali_s3_reader_reads_small_batches(stored: dict[str, Any], tmp_path: Pa
     rows = {r["reader"]: r for r in _report(tmp_path)["readers"]}
     dali = rows["shards-s3-dali"]
     assert dali["settings"]["batch_size"] == defaults.CHECK_DALI_S3_BATCH
-    assert dali["images"] == dali["images_verified"] == defaults.CHECK_DALI_S3_BATCH
+    parts = [15] * defaults.CHECK_DALI_S3_READERS  # its pipelines' parts of the 60 train images
+    assert dali["settings"]["readers"] == len(parts)
+    assert dali["images"] == dali["images_verified"] == sum(min(defaults.CHECK_DALI_S3_BATCH, p) for p in parts)
     assert rows["shards-s3-stream"]["images"] == big
 
 
@@ -143,9 +148,10 @@ def test_the_dag_step_keeps_the_check_to_its_share_of_the_run_only_from_its_imag
 def test_with_room_every_reader_reads_its_window_and_reports_a_steady_rate(
     stored: dict[str, Any], tmp_path: Path, target: str
 ) -> None:
-    """Batches of 4 over the 60 train images: 15 batches, more than a warm-up and a window; with a minute each
-    reader reads both, and its steady rate spans at least the window, measured after its start-up."""
-    small = replace(TINY, batch_size=4, seconds=60.0, modes=("raw",))
+    """Batches of 1 over the 60 train images (DALI's s3:// reader: 1 of each of its 4 pipelines): 15 batches or
+    more, over a warm-up and a window; with a minute each reader reads both, and its steady rate spans at least the
+    window, measured after its start-up."""
+    small = replace(TINY, batch_size=1, seconds=60.0, modes=("raw",))
     where = ("shards", stored["s3"]) if target == "shards-s3" else ("cassandra", "")
     out = read_throughput_step(*where, tmp_path, step_settings(stored), small)
     report = _report(tmp_path)
@@ -154,12 +160,12 @@ def test_with_room_every_reader_reads_its_window_and_reports_a_steady_rate(
     assert report["readers"]
     for r in report["readers"]:
         where_ = (r["reader"], r["stop"], r["problems"])
-        size = r["settings"].get("batch_size", 4)
+        size = r["settings"].get("batch_size", 1) * r["settings"].get("readers", 1)
         assert r["ok"], where_
         assert r["steady"], where_
         assert r["warmup_batches"] == defaults.CHECK_WARMUP_BATCHES, where_
         assert r["steady_batches"] >= defaults.CHECK_WINDOW_BATCHES, where_
-        assert r["images"] >= (defaults.CHECK_WARMUP_BATCHES + defaults.CHECK_WINDOW_BATCHES) * min(size, 4), where_
+        assert r["images"] >= (defaults.CHECK_WARMUP_BATCHES + defaults.CHECK_WINDOW_BATCHES) * size, where_
         assert r["stop"] in (budget.RATE_STEADY, budget.SAMPLE_READ), where_
         assert r["steady_rate"] > 0, where_
         assert r["startup_s"] > 0, where_

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -94,6 +95,21 @@ def test_a_varying_rate_reads_on_until_its_share_is_spent() -> None:
     assert plan.steady  # its window was read: a rate, though a falling one
     assert ends[stopped] <= 3.0
     assert "3.0 s share was spent" in plan.reason()
+
+
+def test_a_reader_whose_rate_varies_with_the_place_reads_its_whole_share() -> None:
+    """DALI's s3:// reader (its rate depends on where in the shards it reads): an even rate does not stop it, its
+    share does; the check's clock hands it that share like any other's."""
+    even = [0.5, 0.6] + [0.6 + 0.1 * k for k in range(1, 60)]
+    plan = ReadPlan(replace(_budget(3.0), stop_when_steady=False), total=10_000, start=0.0)
+    stopped = _feed(plan, even).index(False)
+    assert plan.stop == budget.SHARE_SPENT
+    assert even[stopped] <= 3.0 < even[stopped] + 0.1 + 0.1  # read until one more batch would pass its share
+    clock = CheckClock(10.0, W, M, start=0.0)
+    clock.expect(2)
+    assert budget.next_budget(clock).stop_when_steady is True
+    assert budget.next_budget(clock, stop_when_steady=False).stop_when_steady is False
+    assert budget.next_budget(None, stop_when_steady=False) is None  # no clock: no budget
 
 
 def test_a_slow_reader_reads_its_bounded_sample_and_says_so() -> None:
