@@ -159,10 +159,13 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per reader and mode: the check's steady rate and the full read's (medians of the rounds), their ratio,
     whether within TOLERANCE, and the window spread over the full reads."""
     rows = []
-    for i, first in enumerate(rounds[0]["check"]):
-        checks = [r["check"][i] for r in rounds]
-        fulls = [r["full"][i] for r in rounds]
-        check_rate = statistics.median(c.steady_rate for c in checks)
+    for first in rounds[0]["full"]:
+        key = (first.reader, first.mode)
+        fulls = [f for r in rounds for f in r["full"] if (f.reader, f.mode) == key]
+        checks = [c for r in rounds for c in r["check"] if (c.reader, c.mode) == key]  # none where it was not run
+        if len(checks) < len(rounds):  # a round's check did not run it (its budget was spent before its turn)
+            checks = []
+        check_rate = statistics.median(c.steady_rate for c in checks) if checks else 0.0
         full_rate = statistics.median(f.steady_rate for f in fulls)
         spread: dict[int, float] = {}
         spread_s: dict[float, float] = {}
@@ -176,11 +179,11 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "reader": first.reader,
                 "mode": first.mode,
-                "check_images": statistics.median(c.images for c in checks),
-                "check_steady": all(c.steady for c in checks),
+                "check_images": statistics.median(c.images for c in checks) if checks else 0,
+                "check_steady": bool(checks) and all(c.steady for c in checks),
                 "check_rate": round(check_rate, 1),
-                "check_startup_s": round(statistics.median(c.startup_s for c in checks), 2),
-                "check_stops": sorted({c.stop for c in checks}),
+                "check_startup_s": round(statistics.median(c.startup_s for c in checks), 2) if checks else None,
+                "check_stops": sorted({c.stop for c in checks}) if checks else ["not run"],
                 "full_images": fulls[0].images,
                 "full_rate": round(full_rate, 1),
                 "full_rates": [round(f.steady_rate, 1) for f in fulls],

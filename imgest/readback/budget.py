@@ -286,6 +286,23 @@ def expect(clock: CheckClock | None, runs: int) -> None:
         clock.expect(runs)
 
 
+def spent_before(budget: ReaderBudget | None, now: float | None = None) -> bool:
+    """Whether the check's deadline passed before BUDGET's reader started: a reader whose start-up takes seconds
+    (DALI's s3:// pipelines, webdataset's torch) is then not run, so the check keeps to its budget."""
+    if budget is None or budget.deadline is None:
+        return False
+    return (time.perf_counter() if now is None else now) >= budget.deadline
+
+
+def not_run(reader: str, mode: str, clock: CheckClock | None) -> str:
+    """The ``skipped`` line of a reader spent_before its turn."""
+    seconds = clock.seconds if clock is not None else 0.0
+    return (
+        f"{reader} ({mode}): not run: the check's {seconds:.1f} s budget was spent before its turn (a larger "
+        "check_seconds, or from 100,000 images a longer run, buys it a measurement)"
+    )
+
+
 def next_budget(clock: CheckClock | None, stop_when_steady: bool = True) -> ReaderBudget | None:
     """The next reader's budget from CLOCK; None without a clock (no budget). STOP_WHEN_STEADY: see ReaderBudget."""
     budget = clock.next() if clock is not None else None

@@ -20,7 +20,15 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
-from imgest.readback.budget import CheckClock, ReaderBudget, check_seconds, expect, next_budget
+from imgest.readback.budget import (
+    CheckClock,
+    ReaderBudget,
+    check_seconds,
+    expect,
+    next_budget,
+    not_run,
+    spent_before,
+)
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
 from imgest.readback.cassandra_base import simple_batches
 from imgest.readback.datasets import ReadSet
@@ -350,12 +358,19 @@ def s3_shard_runs(
         spec = opts.spec(mode)
         sopts = replace(opts.s3, shuffle_buffer=0)
         results.append(s3_stream_run(rs, settings, bucket, prefix, spec, sopts, progress, next_budget(clock)))
-        results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, next_budget(clock)))
+        budget = next_budget(clock)
+        if spent_before(budget):  # its torch import alone takes seconds
+            skipped.append(not_run("shards-s3-webdataset", mode, clock))
+            continue
+        results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
     for mode in opts.modes:  # last, over what the others left: its rate varies with the place, it reads its share
         spec = opts.spec(mode)
+        budget = next_budget(clock, stop_when_steady=False)
+        if spent_before(budget):  # its pipelines' build alone takes seconds
+            skipped.append(not_run("shards-s3-dali", mode, clock))
+            continue
         try:
             where = f"s3://{bucket}/{prefix}"
-            budget = next_budget(clock, stop_when_steady=False)
             results.append(s3_dali_run(rs, settings, where, spec, on_batch=progress, budget=budget))
         except Exception as exc:  # DALI raises RuntimeError subclasses from its C++ readers: record why, go on
             skipped.append(f"shards-s3-dali ({mode}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")

@@ -3,6 +3,8 @@ read's, the tolerance, and the spread of the rate against the window size from a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from imgest.bench.read_fidelity import TOLERANCE, compare, window_errors
@@ -58,3 +60,19 @@ def test_the_spread_is_the_worst_error_per_window_over_every_size_and_reader() -
         {"readers": [{"window_spread": {"2": 0.2, "8": 0.02, "16": 0.01}}]},
     ]
     assert _spread(sizes) == {"2": 0.3, "8": 0.12, "16": 0.01}
+
+
+def test_a_reader_the_check_did_not_run_is_matched_by_name_and_missed() -> None:
+    """The check skipped DALI's reader (its budget spent before its turn): the full read's other rows still pair
+    with their own check rows, and the skipped one is a miss with no rate."""
+    ends = [0.5, 1.0] + [1.0 + 0.1 * k for k in range(1, 11)]
+    dali = replace(_run(200.0, ends), reader="shards-s3-dali")
+    rounds = [{"check": [_run(600.0, ends)], "full": [dali, _run(640.0, ends)]}]
+    rows = {r["reader"]: r for r in compare(rounds)}
+    assert rows["shards-s3-stream"]["check_rate"] == 600.0
+    assert rows["shards-s3-stream"]["full_rate"] == 640.0
+    assert rows["shards-s3-dali"]["check_stops"] == ["not run"]
+    assert rows["shards-s3-dali"]["check_rate"] == 0.0
+    assert rows["shards-s3-dali"]["within"] is False
+    assert rows["shards-s3-dali"]["check_steady"] is False
+    assert rows["shards-s3-dali"]["full_rate"] == 200.0

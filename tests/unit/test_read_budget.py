@@ -275,3 +275,16 @@ def test_process_age_counts_from_the_process_s_own_start() -> None:
     code = "import time; time.sleep(0.5); from imgest.readback.budget import process_age; print(process_age())"
     child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 0.4 < child < process_age()  # a fresh process: its half-second sleep, less than this test process's age
+
+
+def test_a_reader_whose_turn_comes_after_the_deadline_is_not_started() -> None:
+    """DALI's s3:// pipelines take seconds to build: past the check's deadline the check does not start them (it
+    keeps to its budget) and says why in its ``skipped`` line."""
+    clock = CheckClock(4.9, W, M, start=0.0)
+    clock.expect(1)
+    share = budget.next_budget(clock)
+    assert not budget.spent_before(share, now=clock.deadline - 0.01)
+    assert budget.spent_before(share, now=clock.deadline)
+    assert not budget.spent_before(None, now=1e9)  # no budget: every reader runs
+    line = budget.not_run("shards-s3-dali", "train", clock)
+    assert line.startswith("shards-s3-dali (train): not run: the check's 4.9 s budget was spent before its turn")
