@@ -137,8 +137,13 @@ def plot(path: Path, report: dict[str, Any]) -> None:
     colors = ["tab:blue" if r["within"] else "tab:red" for _, r in rows]
     bars = left.bar(range(len(rows)), [r["ratio"] for _, r in rows], color=colors)
     for bar, (_, r) in zip(bars, rows, strict=True):
+        x = bar.get_x() + bar.get_width() / 2
+        if not r["check_steady"]:  # the check gave it no rate: say so where its bar would be
+            why = "not run" if r["check_stops"] == ["not run"] else "not steady"
+            left.annotate(f"{why}\nfull {r['full_rate']:,.0f}", (x, 0.02), ha="center", fontsize=5, rotation=90)
+            continue
         text = f"{r['check_rate']:,.0f}\n{r['full_rate']:,.0f}"
-        left.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", fontsize=5)
+        left.annotate(text, (x, bar.get_height()), ha="center", fontsize=5)
     left.axhspan(1 - TOLERANCE, 1 + TOLERANCE, color="tab:green", alpha=0.15)
     left.axhline(1.0, color="black", linewidth=0.8)
     labels = [f"{size} {r['reader']}/{r['mode']}" for size, r in rows]

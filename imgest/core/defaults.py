@@ -113,6 +113,9 @@ CHECK_DALI_S3_BATCH: Final = 16
 # ... and the check runs this many of its pipelines in parallel, each over its part of the shards (each keeps one
 # request in flight): `imgest bench read --check-fidelity`'s dali_s3 part measures 1 to 8.
 CHECK_DALI_S3_READERS: Final = 4
+# ... whose build and first batch take 1-3 s (the fidelity benchmark: 1.0-1.3 s at 55 k, 2.1-2.7 s at 143 k): the
+# check does not start them with less than this left before its deadline (it would overrun its budget)
+CHECK_DALI_S3_STARTUP_S: Final = 2.0
 
 XNVME_LOOP_FS: Final = "ext4"  # the DAG's xNVMe check copies the files target onto a loop-mounted filesystem
 

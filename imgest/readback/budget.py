@@ -286,20 +286,22 @@ def expect(clock: CheckClock | None, runs: int) -> None:
         clock.expect(runs)
 
 
-def spent_before(budget: ReaderBudget | None, now: float | None = None) -> bool:
-    """Whether the check's deadline passed before BUDGET's reader started: a reader whose start-up takes seconds
-    (DALI's s3:// pipelines, webdataset's torch) is then not run, so the check keeps to its budget."""
+def spent_before(budget: ReaderBudget | None, now: float | None = None, startup: float = 0.0) -> bool:
+    """Whether less than STARTUP seconds were left before the check's deadline when BUDGET's reader's turn came: a
+    reader whose start-up takes seconds (DALI's s3:// pipelines, webdataset's torch) is then not run, so the check
+    keeps to its budget."""
     if budget is None or budget.deadline is None:
         return False
-    return (time.perf_counter() if now is None else now) >= budget.deadline
+    return (time.perf_counter() if now is None else now) + startup >= budget.deadline
 
 
 def not_run(reader: str, mode: str, clock: CheckClock | None) -> str:
     """The ``skipped`` line of a reader spent_before its turn."""
     seconds = clock.seconds if clock is not None else 0.0
     return (
-        f"{reader} ({mode}): not run: the check's {seconds:.1f} s budget was spent before its turn (a larger "
-        "check_seconds, or from 100,000 images a longer run, buys it a measurement)"
+        f"{reader} ({mode}): not run: the check's {seconds:.1f} s budget was spent before its turn, or what was "
+        "left would not cover its start-up (a larger check_seconds, or from 100,000 images a longer run, buys it a "
+        "measurement)"
     )
 
 

@@ -366,7 +366,7 @@ def s3_shard_runs(
     for mode in opts.modes:  # last, over what the others left: its rate varies with the place, it reads its share
         spec = opts.spec(mode)
         budget = next_budget(clock, stop_when_steady=False)
-        if spent_before(budget):  # its pipelines' build alone takes seconds
+        if spent_before(budget, startup=defaults.CHECK_DALI_S3_STARTUP_S):  # its pipelines' build takes seconds
             skipped.append(not_run("shards-s3-dali", mode, clock))
             continue
         try:

@@ -285,6 +285,8 @@ def test_a_reader_whose_turn_comes_after_the_deadline_is_not_started() -> None:
     share = budget.next_budget(clock)
     assert not budget.spent_before(share, now=clock.deadline - 0.01)
     assert budget.spent_before(share, now=clock.deadline)
+    assert budget.spent_before(share, now=clock.deadline - 1.9, startup=2.0)  # left: less than its start-up
+    assert not budget.spent_before(share, now=clock.deadline - 2.1, startup=2.0)
     assert not budget.spent_before(None, now=1e9)  # no budget: every reader runs
     line = budget.not_run("shards-s3-dali", "train", clock)
-    assert line.startswith("shards-s3-dali (train): not run: the check's 4.9 s budget was spent before its turn")
+    assert line.startswith("shards-s3-dali (train): not run: the check's 4.9 s budget was spent before its turn, or")
