@@ -390,6 +390,19 @@ def _one_cluster_user(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_process_cassandra_left() -> Iterator[None]:
+    """The Cassandra settings a CLI command gives its process's lock stores (``lock_stores.use_cassandra``) end with
+    the test: a later test's lock store in the same worker would otherwise reach the earlier test's node (the TLS
+    node on 9242, stopped by then) whatever its URL names."""
+    from imgest.core import lock_stores
+
+    before = dict(lock_stores._PROCESS)
+    yield
+    lock_stores._PROCESS.clear()
+    lock_stores._PROCESS.update(before)
+
+
 @pytest.fixture(scope="session")
 def cassandra_role(cassandra_auth_server: CassandraServer) -> tuple[CassandraSettings, str]:
     """A login role with a random password on the password-checking node: (settings, password)."""

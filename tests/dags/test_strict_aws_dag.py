@@ -54,9 +54,10 @@ def test_a_pods_dag_run_with_only_a_web_identity(
     extra = {"endpoint_url": aws.endpoint, "region_name": aws.region, "bucket": bucket}
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": extra}))
     dataset = f"irsa-{secrets.token_hex(2)}"
-    ok, seconds, tail = run_dag(
-        airflow_home, {"sample": True, "target": "shards", "dataset": dataset, "shard_max_count": 8}
-    )
+    # no budget for the read-back check: every reader, DALI's s3:// one last, reads with the role's renewed keys
+    # (within 60 s, on this server's signed and renewed requests, the first readers can leave DALI's no time)
+    conf = {"sample": True, "target": "shards", "dataset": dataset, "shard_max_count": 8, "check_seconds": 0}
+    ok, seconds, tail = run_dag(airflow_home, conf)
     assert ok, tail
     assert seconds > 2 * SESSION_S  # the run outlived its first sessions
     assert sessions_of(aws, role) > 3  # and its clients renewed from the web identity as each ran out
