@@ -113,6 +113,11 @@ CHECK_DALI_S3_BATCH: Final = 16
 # ... and the check runs this many of its pipelines in parallel, each over its part of the shards (each keeps one
 # request in flight): `imgest bench read --check-fidelity`'s dali_s3 part measures 1 to 8.
 CHECK_DALI_S3_READERS: Final = 4
+# ... over blocks of this many consecutive samples of each shard, in a seeded random order (imgest.readback.blocks):
+# a read cut by the budget is then spread over the whole sample. 64 samples are ~0.5 MiB of a 4 MiB SeaweedFS
+# chunk; opening a block costs DALI no more than its ranged reads (55 k, 4 pipelines: 228 img/s over blocks,
+# 208 in shard order).
+CHECK_DALI_S3_BLOCK: Final = 64
 # ... whose build and first batch take 1-3 s (the fidelity benchmark: 1.0-1.3 s at 55 k, 2.1-2.7 s at 143 k): the
 # check does not start them with less than this left before its deadline (it would overrun its budget)
 CHECK_DALI_S3_STARTUP_S: Final = 2.0

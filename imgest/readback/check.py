@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from imgest.core import defaults
@@ -42,8 +43,9 @@ Progress = Callable[[int], None] | None
 DALI_S3_NOTE = (
     "DALI's s3:// reader does one blocking ranged GET per sample component (.jpg, .cls, .json), one after another "
     "from its loader thread, so one pipeline reads at the server's request rate / 3; the check runs several in "
-    "parallel, each over its part of the shards; on the embedded SeaweedFS its rate varies up to 10x with the "
-    "position in the shards, so a window of it is the rate where it read (NVIDIA/DALI #5551; docs/readback.md)"
+    "parallel over 64-sample blocks of the shards in a random order, as its rate varies with the place it reads "
+    "(the embedded SeaweedFS inflates a whole gzipped 4 MiB chunk per read: up to 13x slower there) "
+    "(NVIDIA/DALI #5551; docs/readback.md)"
 )
 
 
@@ -294,15 +296,28 @@ def s3_webdataset_run(
 
 
 def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: PipelineSpec, **kw: Any) -> RunResult:
-    """DALI's own s3:// reading of the shards at LOCATION (fn.readers.webdataset with the .idx beside each shard),
-    CHECK_DALI_S3_READERS pipelines in parallel, each over its part of the shards (one pipeline reads one blocking
-    request after another), its rate and the reason it is slow in its result (``note``) and in the log. Its batches
-    hold at most CHECK_DALI_S3_BATCH images per pipeline."""
-    spec = replace(spec, batch_size=min(spec.batch_size, defaults.CHECK_DALI_S3_BATCH))
-    from imgest.core.bucket_region import for_bucket
+    """DALI's own s3:// reading of the shards at LOCATION (fn.readers.webdataset, each shard's .idx split into blocks
+    of CHECK_DALI_S3_BLOCK samples read in a seeded random order: imgest.readback.blocks), CHECK_DALI_S3_READERS
+    pipelines in parallel, each over its part of the blocks (one pipeline reads one blocking request after another),
+    its rate and the reason it is slow in its result (``note``) and in the log. Its batches hold at most
+    CHECK_DALI_S3_BATCH images per pipeline."""
+    import tempfile
 
-    with dali_s3_env(for_bucket(settings, location.removeprefix("s3://").split("/", 1)[0])):  # its SDK never follows
-        result = run_webdataset("shards-s3-dali", rs, spec, location, readers=defaults.CHECK_DALI_S3_READERS, **kw)
+    from imgest.core.bucket_region import for_bucket
+    from imgest.readback.blocks import block_lists, index_reader
+    from imgest.readback.readers import shard_indexes
+    from imgest.sinks.shards.store import open_store
+
+    spec = replace(spec, batch_size=min(spec.batch_size, defaults.CHECK_DALI_S3_BATCH))
+    settings = for_bucket(settings, location.removeprefix("s3://").split("/", 1)[0])  # its SDK never follows
+    store = open_store(location, settings)
+    kw.setdefault("started", time.perf_counter())  # reading the indexes is part of its start-up
+    with tempfile.TemporaryDirectory(prefix="imgest-dali-blocks-") as folder, dali_s3_env(settings):
+        block = defaults.CHECK_DALI_S3_BLOCK
+        lists = block_lists(index_reader(store), location, rs.shards, shard_indexes(rs), Path(folder), block)
+        readers = defaults.CHECK_DALI_S3_READERS
+        result = run_webdataset("shards-s3-dali", rs, spec, location, readers=readers, lists=lists, **kw)
+    result.settings |= {"order": f"blocks of {block} samples, seeded random order", "blocks": len(lists[0])}
     result.note = DALI_S3_NOTE
     if result.budget_cut:
         result.reason = f"{result.reason}; {DALI_S3_NOTE}"

@@ -93,14 +93,29 @@ def _webdataset_identify(spec: PipelineSpec) -> Identify:
     return identify
 
 
-def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, readers: int = 1, **kw: Any) -> RunResult:
+def shard_indexes(rs: ReadSet) -> list[str]:
+    """The DALI index of each of RS's shards: beside it, or for a refresh's kept tar the index of its live samples."""
+    return list(rs.indexes) if rs.indexes else [s[:-4] + ".idx" for s in rs.shards]
+
+
+def run_webdataset(
+    name: str,
+    rs: ReadSet,
+    spec: PipelineSpec,
+    base: str,
+    readers: int = 1,
+    lists: tuple[list[str], list[str]] | None = None,
+    **kw: Any,
+) -> RunResult:
     """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix), each with the DALI
-    index the packer wrote beside it (on S3 too: DALI then reads no tar to find its samples); READERS pipelines, each
-    over its part of the shards, read at once as one (imgest.readback.parallel) when above 1."""
+    index the packer wrote beside it (on S3 too: DALI then reads no tar to find its samples), or over LISTS (paths,
+    index paths: imgest.readback.blocks); READERS pipelines, each over its part of the list, read at once as one
+    (imgest.readback.parallel) when above 1."""
     kw.setdefault("started", time.perf_counter())
     paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
-    indexes = rs.indexes or [s[:-4] + ".idx" for s in rs.shards]  # a refresh's kept tar: the index of its live samples
-    index_paths = [f"{base.rstrip('/')}/{i}" for i in indexes]
+    index_paths = [f"{base.rstrip('/')}/{i}" for i in shard_indexes(rs)]
+    if lists is not None:
+        paths, index_paths = lists
     if readers > 1:
         from imgest.readback.parallel import ParallelPipes
 
@@ -110,7 +125,7 @@ def run_webdataset(name: str, rs: ReadSet, spec: PipelineSpec, base: str, reader
         pipe = webdataset_pipeline(spec, paths, index_paths)
     settings = {
         "reader": "fn.readers.webdataset",
-        "shards": len(paths),
+        "shards": len(rs.shards),
         "index_paths": len(index_paths),
         "batch_size": spec.batch_size,
         "readers": readers,

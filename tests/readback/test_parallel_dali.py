@@ -44,3 +44,27 @@ def test_parallel_pipelines_read_every_sample_once_from_s3(stored: dict[str, Any
     assert result.ok, result.problems
     assert result.images == result.images_verified == stored["train"]
     assert result.settings["readers"] == 3
+
+
+def test_the_checks_dali_s3_reader_reads_every_sample_once_over_shuffled_blocks(
+    stored: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's DALI s3:// reader (s3_dali_run) reads the shards as 5-sample blocks, each an index file of its own
+    beside the same tar on S3, in a shuffled order: still every sample exactly once, verified."""
+    from imgest.core import defaults
+    from imgest.readback.blocks import index_reader, parse_index
+    from imgest.readback.check import s3_dali_run
+    from imgest.readback.readers import shard_indexes
+
+    monkeypatch.setattr(defaults, "CHECK_DALI_S3_BLOCK", 5)
+    settings: S3Settings = stored["s3_settings"]
+    store = open_store(stored["s3"], settings)
+    rs = shards_set(store)
+    sizes = [len(parse_index(index_reader(store)(i), i)[1]) for i in shard_indexes(rs)]
+    assert len(sizes) > 1
+    assert sum(sizes) == stored["train"]
+    result = s3_dali_run(rs, settings, stored["s3"], PipelineSpec(4, 1, "raw"))
+    assert result.ok, result.problems
+    assert result.images == result.images_verified == stored["train"]
+    assert result.settings["blocks"] == sum(-(-n // 5) for n in sizes)
+    assert result.settings["readers"] == defaults.CHECK_DALI_S3_READERS
