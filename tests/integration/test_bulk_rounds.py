@@ -45,6 +45,13 @@ def target(cassandra_server: CassandraServer) -> Iterator[tuple[Any, CassandraSe
     bulk_helper._close_all()
 
 
+@pytest.fixture(autouse=True)
+def _empty_tables(target: tuple[Any, Any, Any]) -> None:
+    """Each test starts from empty tables: what a test reads back is what it wrote, whatever ran before it."""
+    for table in ("data", "metadata"):
+        target[2].execute(f"TRUNCATE {KS}.{table}", timeout=120)
+
+
 def _row(i: int) -> Row:
     data = hashlib.sha256(str(i).encode()).digest() * (ROW_BYTES // 32)
     rid = uuid.uuid5(uuid.NAMESPACE_URL, f"bulk-rounds/{i}")
@@ -150,7 +157,9 @@ def test_the_built_helper_maps_its_class_data_archive_and_a_shipped_copy_runs_wi
 def _no_live_writer(archive: Path, limit_s: float = 120.0) -> None:
     """Wait until no running JVM (another test's helper, on the other xdist worker) writes ARCHIVE."""
     deadline = time.monotonic() + limit_s
-    while jvmcds.live_writer(archive) and time.monotonic() < deadline:
+    while jvmcds.live_writer(archive):
+        if time.monotonic() > deadline:
+            pytest.fail(f"a JVM still writes {archive} after {limit_s:.0f} s (its .pid markers beside it)")
         time.sleep(0.2)
 
 

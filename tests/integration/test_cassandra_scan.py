@@ -175,22 +175,20 @@ def test_split_builder_gives_the_same_split_as_before(session: Any, tmp_path: Pa
     assert np.array_equal(new.part(1)[0], old.part(1)[0])  # in memory too: parts give UUID strings
 
 
-def _peak(session: Any, split: str | None, tries: int = 5) -> tuple[int, int]:
-    """(rows, peak traced bytes) of building the rows of SPLIT (None: the whole version) in pages of 100, one range
-    in flight: the least of TRIES builds. One page in flight keeps the driver's share of the peak small and fixed
-    (with 4 in flight, how many pages its thread held at the peak swung the figure by a megabyte with the machine's
-    load); a busy machine adds pages, never columns."""
+def _peak(session: Any, split: str | None) -> tuple[int, int]:
+    """(rows, peak traced bytes) of one build of the rows of SPLIT (None: the whole version) in pages of 100, one
+    range in flight, after a build that prepared the statements. One page in flight keeps the driver's share of the
+    peak small and fixed (with 4 in flight, how many pages its thread held at the peak swung the figure by a megabyte
+    with the machine's load); a busy machine adds pages, never columns."""
     knobs = {"ranges": 64, "page_size": 100, "concurrency": 1}
     from_cassandra(session, META, f"{TABLES.keyspace}.data", split, "big", **knobs)  # statements prepared, warm
-    peaks = []
-    for _ in range(tries):
-        tracemalloc.start()
-        try:
-            rows = from_cassandra(session, META, f"{TABLES.keyspace}.data", split, "big", **knobs)
-            peaks.append(tracemalloc.get_traced_memory()[1])
-        finally:
-            tracemalloc.stop()
-    return len(rows.ids), min(peaks)
+    tracemalloc.start()
+    try:
+        rows = from_cassandra(session, META, f"{TABLES.keyspace}.data", split, "big", **knobs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return len(rows.ids), peak
 
 
 def test_split_builder_memory_grows_by_columns_not_objects(session: Any) -> None:

@@ -39,6 +39,13 @@ def target(cassandra_server: CassandraServer) -> Iterator[tuple[BulkTarget, Cass
     bulk_helper._close_all()
 
 
+@pytest.fixture(autouse=True)
+def _empty_tables(target: tuple[Any, Any, Any]) -> None:
+    """Each test starts from empty tables: what a test reads back is what it wrote, whatever ran before it."""
+    for table in ("data", "metadata"):
+        target[2].execute(f"TRUNCATE {KS}.{table}", timeout=120)
+
+
 def _row(i: int, size: int = ROW_BYTES, width: Any = 1) -> Row:
     data = hashlib.sha256(str(i).encode()).digest() * (size // 32)
     rid = uuid.uuid5(uuid.NAMESPACE_URL, f"cql-helper/{i}")

@@ -3,7 +3,6 @@ neither records its version's counts nor completes it; the version record stays 
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest, manifest_metadata
 from imgest.sources.scan import scan_to_dir
 from imgest.transform.image import TransformSpec
+from tests.lock_wait import take_over
 
 pytestmark = pytest.mark.services
 TABLES = TableLayout("imgest_test_fence")
@@ -54,9 +54,8 @@ def test_a_taken_over_holder_neither_records_nor_completes(cassandra_server: Cas
             total = ingest_partition(iter_manifest(manifest / "manifest.parquet"), cfg)
         finish_version(session, cfgs[0], total, ["n0", "n1"])
         written = _record(session, "v1")
-        time.sleep(first.lease_s + 0.1)  # the holder stalls past its lease; another run takes the lock over
         second = locks.airflow_holder("ingest_imagenet", "manual__second", lease_s=600)
-        assert locks.try_acquire("fenced", second, store) is None
+        take_over("fenced", second, store)  # the holder stalls past its lease; another run takes the lock over
         with pytest.raises(locks.LockLostError, match="held by Airflow DAG ingest_imagenet run manual__second"):
             verify(session, manifest, TABLES, "fenced", "v1", sample=2)  # matches, but may not complete it
         with pytest.raises(locks.LockLostError):
@@ -87,8 +86,7 @@ def test_the_version_record_names_its_writer_and_a_zombie_advances_nothing(
         assert locks.try_acquire("zombie", a, store) is None
         with locks.holding("zombie", a, store):
             claim_version(session, ks, "zombie", "v1", tabs, "{}")
-        time.sleep(0.4)  # A stalls past its lease; B takes the lock and claims the version
-        assert locks.try_acquire("zombie", b, store) is None
+        take_over("zombie", b, store)  # A stalls past its lease; B takes the lock and claims the version
         with locks.holding("zombie", b, store):
             claim_version(session, ks, "zombie", "v1", tabs, "{}")
         with locks.holding("zombie", a, store), pytest.raises(locks.LockLostError, match="manual__b"):
@@ -97,9 +95,8 @@ def test_the_version_record_names_its_writer_and_a_zombie_advances_nothing(
         assert (row.status, row.writer) == ("writing", b.who)
         with locks.holding("zombie", b, store):
             assert advance_status(session, ks, "zombie", "v1", "written", ("writing",))
-        time.sleep(0.4)  # B is gone; a CLI verify takes the lock and completes B's version
         cli = locks.cli_holder("imgest verify cassandra", lease_s=600)
-        assert locks.try_acquire("zombie", cli, store) is None
+        take_over("zombie", cli, store)  # B is gone; a CLI verify takes the lock and completes B's version
         with locks.holding("zombie", cli, store):
             assert advance_status(session, ks, "zombie", "v1", "complete", ("written",))
         row = session.execute(f"SELECT status, writer FROM {ks}.dataset_versions WHERE dataset = 'zombie'").one()

@@ -4,7 +4,6 @@ job writes its images but publishes nothing, and its last line names the new hol
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from imgest.sources.scan import scan_to_dir
 from imgest.spark.failures import last_error_sentence
 from imgest.spark.submit import run_submit, submit_command
 from tests.jobs.conftest import MASTER
+from tests.lock_wait import take_over
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -29,9 +29,8 @@ def test_a_driver_of_a_lost_lock_publishes_nothing(tmp_path: Path) -> None:
     first = locks.cli_holder("imgest ingest files", lease_s=0.3)
     assert locks.try_acquire("fencejob", first, store) is None
     with locks.holding("fencejob", first, store):  # what dataset_lock registers for the CLI's command
-        time.sleep(first.lease_s + 0.1)  # stalled past its lease: another run takes the lock over
         second = locks.airflow_holder("ingest_imagenet", "manual__other", lease_s=600)
-        assert locks.try_acquire("fencejob", second, store) is None
+        take_over("fencejob", second, store)  # stalled past its lease: another run takes the lock over
         rc = run_submit(submit_command("write_files", args, MASTER), log)
     assert rc != 0
     sentence = last_error_sentence(log) or ""

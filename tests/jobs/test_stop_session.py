@@ -1,5 +1,6 @@
-"""stop_session: a job's session ends as spark.stop() ends it, without PySpark's wait for its accumulator server;
-the reused driver's session is left running."""
+"""stop_session: a job's session ends as spark.stop() ends it, without PySpark's wait for its accumulator server
+(its ``shutdown()``, which a plain ``spark.stop()`` calls, is never called); the reused driver's session is left
+running."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ SCRIPT = textwrap.dedent(
     sc.parallelize(range(10), 2).foreach(lambda x: acc.add(x))
     assert acc.value == 45, acc.value  # the server took the tasks' updates
     server = sc._accumulatorServer
+    waited = []
+    shutdown = server.shutdown
+    server.shutdown = lambda: (waited.append("shutdown"), shutdown())  # spark.stop()'s wait of up to a second
     if sys.argv[1] == "reused":
         setattr(spark, REUSED, True)
         stop_session(spark)
@@ -32,7 +36,8 @@ SCRIPT = textwrap.dedent(
     else:
         stop_session(spark)
         assert SparkContext._active_spark_context is None and sc._jsc is None
-        assert server.server_shutdown and sc._accumulatorServer is None
+        assert server.server_shutdown and sc._accumulatorServer is None  # its handler leaves at its next poll
+        assert waited == [], waited  # a plain spark.stop() waits in shutdown(): this one did not
         print("stopped")
     """
 )

@@ -36,6 +36,10 @@ LEGS = {
     "3.1": {"airflow": "apache-airflow==3.1.*", "resolution": "lowest-direct", "extras": ""},
     "3.3": {"airflow": "apache-airflow==3.3.*", "resolution": "lock", "extras": "[dali,plots]"},
 }
+# The generated sample (DEMO_SAMPLE): 10 classes of 20 train images, and in class 0 the 8 planted images that are
+# kept (5 more are quarantined, 3 junk files skipped); 8:2 per class: 28 -> [22, 6], 20 -> [16, 4].
+DEMO_TRAIN = 10 * 20 + 8
+DEMO_SPLIT = [22 + 9 * 16, 6 + 9 * 4]
 # Airflow 3.2 is in the range but not a leg: 3.2.2 installed without Airflow's constraints file fails its own
 # execution API (pydantic: TITerminalStatePayload needs a discriminator) on any DAG, imgest's or a one-task one.
 
@@ -172,8 +176,11 @@ def test_dag_files_import_without_errors_or_deprecations(platform: Platform, s3_
     assert bag["import_errors"] == {}
     assert set(bag["dags"]) == {"ingest_imagenet", "check_datasets", "smoke_services"}  # no datasets file: no refresh
     assert bag["dags"]["ingest_imagenet"]["fileloc"] == str(platform.home / "dags" / "imgest_ingest_imagenet.py")
-    ours = [w for w in bag["warnings"] if "Deprecat" in w["category"] and "/imgest/" in w["filename"]]
-    assert ours == []
+    from tests.dags.dagbag_report import deprecations
+
+    package = [str(p) for p in platform.venv.glob("lib/python3.*/site-packages/imgest")]
+    assert package
+    assert deprecations(bag, [str(platform.home / "dags"), *package]) == []  # removals and parse-time ones included
 
 
 def test_wheel_runs_cli_and_loads_schema_and_dags(platform: Platform, tmp_path: Path) -> None:
@@ -242,7 +249,7 @@ def test_the_sample_dag_runs_against_the_stores(
     client = s3_server.settings().client()
     doc = json.loads(client.get_object(Bucket="imgest", Key=f"{prefix}/manifest.json")["Body"].read())
     train = doc["samples"]["train"]
-    assert train > 0
+    assert train == DEMO_TRAIN
     assert all(s["samples"] <= 10 for s in doc["shards"])
     pages = client.get_paginator("list_objects_v2").paginate(Bucket="imgest", Prefix=f"{prefix}/")
     listed = {o["Key"].removeprefix(f"{prefix}/") for page in pages for o in page.get("Contents", [])}
@@ -251,7 +258,7 @@ def test_the_sample_dag_runs_against_the_stores(
     assert (gc["current"], gc["kept"][0], gc["keep_versions"]) == (doc["key"], doc["key"], 1)
     work = platform.home / "imgest" / "work" / dataset
     split = load_split(work / "split-shards.npz")
-    assert sum(len(p) for p in split.parts) == train  # every train sample in a part
+    assert [len(p) for p in split.parts] == DEMO_SPLIT  # every train sample in a part, cut 8:2 per class
     assert split.source["location"] == conf["s3_dest"]
 
     read = _xcom(db, "read_throughput")

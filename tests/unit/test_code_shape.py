@@ -234,11 +234,17 @@ def test_every_allowance_still_names_a_long_function() -> None:
         assert function in dict(long_functions(ROOT / rel)), f"{entry} is no longer over the limit: drop it"
 
 
+def unplaced_packages(root: Path = ROOT) -> list[str]:
+    """The first-level packages of imgest under ROOT (and the shipped dags/operators/jobs) that LAYERS and BESIDE
+    do not place."""
+    placed = {p for layer in LAYERS for p in layer} | set(BESIDE)
+    return sorted({package_of(m) for m in module_files(root)} - {""} - placed)
+
+
 def test_every_package_is_placed() -> None:
     """Each first-level package of imgest (and the shipped dags/operators/jobs) has its place in LAYERS or BESIDE."""
-    placed = {p for layer in LAYERS for p in layer} | set(BESIDE)
-    shipped = {package_of(m) for m in module_files()} - {""}
-    assert shipped <= placed, f"place these in LAYERS or BESIDE: {sorted(shipped - placed)}"
+    found = unplaced_packages()
+    assert not found, f"place these in LAYERS or BESIDE: {found}"
 
 
 def _plant(root: Path, files: dict[str, str]) -> None:
@@ -251,7 +257,8 @@ def _plant(root: Path, files: dict[str, str]) -> None:
 def test_the_checks_fail_on_planted_faults(tmp_path: Path) -> None:
     """The checks the tests above run, over a tree with each fault planted: a circle through a lazy import, a circle
     through operators/ and jobs/ as the code imports them (imgest.operators.*), a two-way package import, an upward
-    import, the runtime importing a tool, a long module and a long function."""
+    import, the runtime importing a tool, a tool importing the CLI, a package no layer places (importing and
+    imported), a long module and a long function: every kind of fault each check reports."""
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     _plant(
         tmp_path,
@@ -266,6 +273,10 @@ def test_the_checks_fail_on_planted_faults(tmp_path: Path) -> None:
             "imgest/sinks/write.py": "import imgest.sources.scan\n\nput = 1\n",
             "imgest/readback/step.py": "from imgest.bench.report import table\n",
             "imgest/bench/report.py": "from imgest.core.a import f\n\ntable = f\n",
+            "imgest/bench/run.py": "from imgest.cli.main import main\n",
+            "imgest/cli/main.py": "main = 1\n",
+            "imgest/mystery/x.py": "from imgest.core.a import f\n",
+            "imgest/flow/y.py": "from imgest.mystery.x import f\n",
             "operators/__init__.py": "",
             "operators/ingest.py": "from . import hooks\n" + "\n" * MAX_MODULE_LINES,
             "operators/hooks.py": "from imgest.jobs.pack import run\n",
@@ -288,10 +299,14 @@ def test_the_checks_fail_on_planted_faults(tmp_path: Path) -> None:
     ]
     faults = layer_faults_of(tmp_path)
     assert [f.split(":")[0] for f in faults] == [
+        "bench -> cli (a tool imports the CLI)",
+        "flow -> mystery (not placed in LAYERS or BESIDE)",
         "jobs -> operators (upward)",
+        "mystery -> core (not placed in LAYERS or BESIDE)",
         "readback -> bench (the runtime imports a tool beside it)",
         "sources -> sinks (upward)",
     ]
+    assert unplaced_packages(tmp_path) == ["mystery"]
     assert sorted(size_faults(tmp_path)) == [
         f"imgest/core/b.py:g {MAX_FUNCTION_LINES + 4} lines",
         f"operators/ingest.py: {MAX_MODULE_LINES + 1} lines",

@@ -17,6 +17,7 @@ from imgest.sinks.files.layout import staging_dir
 from imgest.sinks.files.write import publish as publish_files
 from imgest.sinks.shards.pack_publish import publish as publish_shards
 from imgest.sinks.shards.store import open_store
+from tests.lock_wait import take_over, wait_lost
 
 
 @pytest.fixture
@@ -26,9 +27,8 @@ def store(tmp_path: Path) -> FileLockStore:
 
 def _taken_over(dataset: str, first: locks.Holder, store: FileLockStore) -> locks.Holder:
     """FIRST's lease runs out (it renews nothing: a stalled host) and another run takes the lock over."""
-    time.sleep(first.lease_s + 0.05)
     second = locks.airflow_holder("ingest_imagenet", "manual__second", lease_s=600)
-    assert locks.try_acquire(dataset, second, store) is None
+    take_over(dataset, second, store)
     return second
 
 
@@ -86,7 +86,7 @@ def test_a_loss_seen_by_keep_alive_stays_lost(store: FileLockStore) -> None:
     with locks.keep_alive("handfree", holder, store):
         locks.check_fence("handfree")
         assert locks.release("handfree", store=store)  # imgest locks release handfree
-        time.sleep(0.3)
+        wait_lost("handfree")  # its next renewal finds the lock gone
         assert locks.try_acquire("handfree", holder, store) is None
         with pytest.raises(LockLostError, match=r"lost the write lock of dataset 'handfree'"):
             locks.check_fence("handfree")
@@ -161,7 +161,7 @@ def test_a_lease_that_ran_out_unrenewed_publishes_nothing_even_when_the_store_is
         time.sleep(0.5)
         locks.check_fence("away")
         store.away = True
-        time.sleep(2.0)  # the lease ran out with no renewal through
+        wait_lost("away")  # the lease runs out with no renewal through
         store.away = False
         with pytest.raises(LockLostError, match=r"lost the write lock of dataset 'away'"):
             locks.check_fence("away")
