@@ -109,8 +109,9 @@ def hosts_file(net: Network) -> str:
 @dataclass(frozen=True)
 class HostView:
     """What a host's processes see: STATE (the root machine's state folder) replaced by OWN (the host's folder),
-    OWN also at its own path, /etc/hosts from HOSTS_FILE, /tmp from OWN/tmp (unless the state folder is inside
-    /tmp) and each (source, target) of READ_ONLY (TARGET inside OWN) bound read-only."""
+    OWN also at its own path, /etc/hosts from HOSTS_FILE, /tmp from OWN/tmp and each (source, target) of READ_ONLY
+    (TARGET inside OWN) bound read-only. A state folder inside /tmp (a checkout there) stays reachable: the host's
+    view of it is bound into OWN/tmp at its place under /tmp before OWN/tmp covers /tmp."""
 
     state: Path
     own: Path
@@ -122,16 +123,16 @@ class HostView:
         return self.own / "tmp"
 
     @property
-    def covers_tmp(self) -> bool:
-        """Whether /tmp is replaced (not when the state folder lies in /tmp: covering it would hide the host's
-        own folder too)."""
-        return not self.state.is_relative_to("/tmp")
+    def kept_in_tmp(self) -> Path | None:
+        """Where in OWN/tmp the state folder is bound when it lies in /tmp (None otherwise)."""
+        return self.tmp / self.state.relative_to("/tmp") if self.state.is_relative_to("/tmp") else None
 
     def mountpoints(self) -> list[Path]:
-        """Folders (root view) that must exist before the mounts: OWN's copy of its own path, the tmp folder and
-        the read-only targets."""
+        """Folders (root view) that must exist before the mounts: OWN's copy of its own path, the tmp folder, the
+        state folder's place in it (when in /tmp) and the read-only targets."""
         mirror = self.own / self.own.relative_to(self.state)
-        return [mirror, self.tmp, *(target for _, target in self.read_only)]
+        kept = [self.kept_in_tmp] if self.kept_in_tmp else []
+        return [mirror, self.tmp, *kept, *(target for _, target in self.read_only)]
 
 
 def mount_script(hostname: str, view: HostView) -> str:
@@ -142,8 +143,9 @@ def mount_script(hostname: str, view: HostView) -> str:
     steps = [f"hostname {q(hostname)}", f"mount --bind {q(str(view.hosts_file))} /etc/hosts"]
     steps += [f"mount --bind -o ro {q(str(src))} {q(str(dst))}" for src, dst in view.read_only]
     steps += [f"mount --rbind {own} {state}", f"mount --rbind {state} {own}"]
-    if view.covers_tmp:
-        steps.append(f"mount --bind {q(str(view.tmp))} /tmp")
+    if view.kept_in_tmp:  # the host's view of the state folder, where /tmp's cover would hide it
+        steps.append(f"mount --rbind {state} {q(str(view.kept_in_tmp))}")
+    steps.append(f"mount --rbind {q(str(view.tmp))} /tmp")  # with the state folder bound inside, if it is
     return " && ".join([*steps, 'exec "$@"'])
 
 

@@ -83,14 +83,22 @@ def test_a_host_sees_its_own_disk_in_place_of_the_state_folder() -> None:
     # the read-only jars go into its own folder before that folder covers the state folder, then its own folder
     # is also placed at its own path (paths the root machine computed for this host mean the same inside it)
     assert steps[2:5] == [ro, f"mount --rbind {own} {state}", f"mount --rbind {state} {own}"]
-    assert steps[5:] == [f"mount --bind {q(str(view.own / 'tmp'))} /tmp", 'exec "$@"']
+    assert steps[5:] == [f"mount --rbind {q(str(view.own / 'tmp'))} /tmp", 'exec "$@"']
     assert view.own / "hosts" / "store" / "home" in view.mountpoints()
 
 
-def test_tmp_is_not_covered_when_the_state_folder_lies_in_it() -> None:
-    view = _view(Path("/tmp/state"))
-    assert not view.covers_tmp
-    assert " /tmp " not in mount_script("store", view) + " "
+def test_a_state_folder_in_tmp_is_bound_into_the_hosts_tmp_before_it_covers_tmp() -> None:
+    view = _view(Path("/tmp/co/.imgest"))
+    kept = view.own / "tmp" / "co" / ".imgest"
+    assert view.kept_in_tmp == kept
+    assert kept in view.mountpoints()
+    steps = mount_script("store", view).split(" && ")
+    assert steps[-3:] == [
+        f"mount --rbind /tmp/co/.imgest {kept}",
+        f"mount --rbind {view.own / 'tmp'} /tmp",
+        'exec "$@"',
+    ]
+    assert _view(Path("/srv/state")).kept_in_tmp is None
 
 
 def test_a_command_runs_in_the_hosts_namespaces_then_the_mounts() -> None:
