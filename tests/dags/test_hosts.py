@@ -154,15 +154,31 @@ def _trigger(hosts: SimulatedHosts, dag_id: str, conf: dict[str, Any], name: str
     return run_id
 
 
-def _wait(hosts: SimulatedHosts, run_ids: list[str], timeout: float = 1200) -> dict[str, str | None]:
-    """Each run's final state (None: still running at TIMEOUT)."""
+def _wait(hosts: SimulatedHosts, run_ids: list[str], timeout: float = 720) -> dict[str, str]:
+    """Each run's final state; a run still going at TIMEOUT (inside pytest's 900 s, with room for the test's checks)
+    fails the test loudly, with every task's state and the end of each of the run's task logs."""
     deadline, states = time.monotonic() + timeout, dict.fromkeys(run_ids)
-    while time.monotonic() < deadline and any(s not in ("success", "failed") for s in states.values()):
+    while any(s not in ("success", "failed") for s in states.values()):
+        if time.monotonic() > deadline:
+            going = [r for r, s in states.items() if s not in ("success", "failed")]
+            report = "\n".join(f"{r}: {_tasks(hosts, r)}\n{_log_tails(hosts, r)}" for r in going)
+            pytest.fail(f"runs still going after {timeout:.0f} s: {states}\n{report}")
         for run_id in run_ids:
             rows = _sql(hosts, "SELECT state FROM dag_run WHERE run_id = %s", run_id)
             states[run_id] = rows[0][0] if rows else None
         time.sleep(5)
-    return states
+    return {r: str(s) for r, s in states.items()}
+
+
+def _log_tails(hosts: SimulatedHosts, run_id: str, lines: int = 15) -> str:
+    """The last LINES lines of each task log of RUN_ID (any DAG), from the disk of the worker host that wrote it."""
+    out = []
+    for host in WORKER_HOSTS:
+        for folder in (hosts.own(host) / "airflow" / "logs").glob(f"dag_id=*/run_id={run_id}"):
+            for path in sorted(folder.rglob("*.log")):
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {host}: {path.relative_to(folder)}\n" + "\n".join(ln[:2000] for ln in tail))
+    return "\n".join(out) or "(no task log written yet)"
 
 
 def _tasks(hosts: SimulatedHosts, run_id: str) -> dict[str, tuple[Any, ...]]:
@@ -214,15 +230,16 @@ def _executor_apps(hosts: SimulatedHosts, host: str) -> set[str]:
 
 
 def _assert_ran_on_the_cluster(hosts: SimulatedHosts, before: set[str], jobs: int) -> None:
-    """JOBS new applications completed on the standalone master, and executors of them ran on each Spark worker
-    host (each worker's own page lists them)."""
+    """JOBS new applications completed on the standalone master, and each of them had executors on each Spark
+    worker host (each worker's own page lists them)."""
     state_doc = hosts.spark_master().master_state() or {}
     addresses = {hosts.address(h) for h in SPARK_WORKER_HOSTS}
     assert {w["host"] for w in state_doc["workers"] if w["state"] == "ALIVE"} == addresses
     new = _completed_apps(hosts) - before
     assert len(new) == jobs, f"{len(new)} applications completed on the master, not {jobs}: {new}"
-    for host in SPARK_WORKER_HOSTS:
-        assert _executor_apps(hosts, host) & new, f"no executor of {new} ran on {host}"
+    for host in SPARK_WORKER_HOSTS:  # every new application, not just one of them, had executors there
+        missing = new - _executor_apps(hosts, host)
+        assert not missing, f"no executor of {sorted(missing)} ran on {host}"
 
 
 def _shard_manifest(hosts: SimulatedHosts, dest: str) -> dict[str, Any]:
@@ -253,7 +270,7 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
     shards = {**source, "target": "shards", "dataset": "hs3", "s3_dest": "s3://imgest/hs3", "read_check": False}
     confs = {
         "hsample": {"sample": True, "target": "shards", "dataset": "hsample", "s3_dest": "s3://imgest/hsample"},
-        "hs3c": {**source, "target": "cassandra", "dataset": "hs3c", "keyspace": "hs3c"},
+        "hs3c": {**source, "target": "cassandra", "dataset": "hs3c", "keyspace": "hs3c", "write_path": "bulk"},
         "hs3": shards,
         "hs3-again": shards,
     }
@@ -286,6 +303,8 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
         assert session.execute("SELECT count(*) FROM hs3c.data").one()[0] == DEMO_STORED
         status = session.execute("SELECT status FROM hs3c.dataset_versions").one().status
     assert status == "complete"  # verify_cassandra read the S3 source through the run's connection
+    # the bulk path: its helper and class archives shipped to and built on hosts whose disks held none of them
+    assert "write path: bulk" in _task_log(hosts, runs["hs3c"], "ingest_cassandra")
     _assert_ran_on_the_cluster(hosts, before, jobs=5)
 
 
