@@ -87,6 +87,12 @@ class ClusterWatch:
         """Executor JVMs seen: pid -> environment."""
         return {p: env for p, (cmd, env) in self.envs.items() if "CoarseGrainedExecutorBackend" in cmd}
 
+    def helpers(self) -> dict[int, str]:
+        """Bulk-load helper JVMs seen below the workers (started by the executors' Python): pid -> command line."""
+        from imgest.sinks.cassandra.bulk_helper import MAIN_CLASS
+
+        return {p: cmd for p, (cmd, _) in self.envs.items() if MAIN_CLASS in cmd}
+
     def python_workers(self) -> dict[int, dict[str, str]]:
         """Python worker processes seen (pyspark.daemon and its forks): pid -> environment."""
         return {p: env for p, (cmd, env) in self.envs.items() if "pyspark" in cmd or "python" in cmd}

@@ -1,7 +1,8 @@
 """`airflow dags test ingest_imagenet` with `spark_default` pointing at the Spark standalone cluster: the Cassandra
 target runs there unchanged, from a source that exists only on S3 (read through `source_conn_id`: no file system
 is shared), executors' environments stay clean, and no secret of the connections (Cassandra's password, S3's
-keys) reaches a log, the Spark event log or the process list. The read-back check is off: it runs in the Airflow
+keys) reaches a log, the Spark event log or the process list (the bulk path's helper JVMs on the executors
+included: their command lines are read from /proc while they run). The read-back check is off: it runs in the Airflow
 task, not on the cluster, and tests/dags/test_ingest_dag.py runs it for each target. The shard pack on the
 cluster from an S3 source the workers reach only through the task is tests/jobs/test_s3_sources.py's, the DAG's
 shard branch tests/dags/test_ingest_dag.py's: one DAG run on the cluster covers what the DAG adds (the
@@ -83,7 +84,7 @@ def test_cassandra_target_on_the_cluster(
     conn |= {"password": password, "extra": {"consistency": "ONE", "local_dc": "datacenter1"}}
     monkeypatch.setenv("AIRFLOW_CONN_CASSANDRA_DEFAULT", json.dumps(conn))
     dag_conf = {"target": "cassandra", "source": source, "dataset": "dagcluster-c", "keyspace": ks, "read_check": False}
-    dag_conf["source_conn_id"] = "aws_default"
+    dag_conf |= {"source_conn_id": "aws_default", "write_path": "bulk"}  # helper JVMs on the executors hold a login
     # the cluster's workers run on this machine and see its disk: the run's state may stay there (without this, a
     # Cassandra run on a cluster master, with no S3 destination, is refused by validate: tests/unit/test_run_state.py)
     monkeypatch.setenv("IMGEST_STATE_URL", "local")
@@ -99,3 +100,6 @@ def test_cassandra_target_on_the_cluster(
     assert (record.status, record.quarantine_count) == ("complete", QUARANTINED)
     logs = [airflow_home.home / "logs", state_dir() / "work" / "dagcluster-c", event_log]
     assert_clean(watch, on_cluster, [password, *s3_server.credentials()], logs)
+    helpers = watch.helpers()  # their command lines, read from /proc while they ran, hold none of the secrets
+    assert helpers, "no bulk-load helper JVM was seen below the workers"
+    assert not [c for c in helpers.values() if password in c or any(k in c for k in s3_server.credentials())]

@@ -68,3 +68,24 @@ def test_the_checks_dali_s3_reader_reads_every_sample_once_over_shuffled_blocks(
     assert result.images == result.images_verified == stored["train"]
     assert result.settings["blocks"] == sum(-(-n // 5) for n in sizes)
     assert result.settings["readers"] == defaults.CHECK_DALI_S3_READERS
+
+
+def test_a_cut_dali_s3_reader_says_how_many_images_it_read_and_why(stored: dict[str, Any]) -> None:
+    """Its share spent after its warm-up and window (1 + 1 batches of 4 per pipeline here, of 60 images): the
+    result is cut, its reason gives the images read of the sample, why it stopped and why this reader is slow."""
+    from imgest.readback.budget import SHARE_SPENT, ReaderBudget
+    from imgest.readback.check import DALI_S3_NOTE, s3_dali_run
+
+    settings: S3Settings = stored["s3_settings"]
+    rs = shards_set(open_store(stored["s3"], settings))
+    budget = ReaderBudget(seconds=0.001, warmup=1, window=1, stop_when_steady=False)
+    result = s3_dali_run(rs, settings, stored["s3"], PipelineSpec(1, 1, "raw"), budget=budget)
+    assert result.ok, result.problems
+    assert result.budget_cut
+    assert result.stop == SHARE_SPENT
+    assert result.images == result.images_verified < stored["train"]
+    assert result.unread == stored["train"] - result.images
+    assert result.reason.startswith("its 0.0 s share was spent at ")
+    assert f": read {result.images} of the {stored['train']} images of the sample; " in result.reason
+    assert result.reason.endswith(DALI_S3_NOTE)
+    assert "a slow reader's bounded sample: its 1 warm-up and 1 measured batches took" in result.reason
