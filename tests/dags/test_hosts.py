@@ -306,6 +306,12 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
     # the bulk path: its helper and class archives shipped to and built on hosts whose disks held none of them
     assert "write path: bulk" in _task_log(hosts, runs["hs3c"], "ingest_cassandra")
     _assert_ran_on_the_cluster(hosts, before, jobs=5)
+    from imgest.sources.s3objects import list_objects
+
+    bucket, _, state = STATE_URL.removeprefix("s3://").partition("/")
+    client = hosts.aws().client("s3")
+    assert list(list_objects(client, bucket, f"{state}/staging/")) == []  # every run's staged files collected
+    assert list(list_objects(client, bucket, f"{state}/locks/")) == []  # and every dataset lock let go
 
 
 def test_refresh_of_a_changed_s3_source_through_the_scheduler(hosts: SimulatedHosts) -> None:
