@@ -1,6 +1,7 @@
 """A Spark job submitted by a holder of the dataset's lock (run_submit, as the CLI submits) fences its publishing in
 the driver with that lock: submitted after the holder's lease ran out and another run took the lock over, the files
-job writes its images but publishes nothing, and its last line names the new holder."""
+job writes its images but publishes nothing, and its last line names the new holder. It goes through spark-submit
+(not the suite's reused driver): the lock holder reaches the driver in spark-submit's environment."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_a_driver_of_a_lost_lock_publishes_nothing(tmp_path: Path) -> None:
     with locks.holding("fencejob", first, store):  # what dataset_lock registers for the CLI's command
         second = locks.airflow_holder("ingest_imagenet", "manual__other", lease_s=600)
         take_over("fencejob", second, store)  # stalled past its lease: another run takes the lock over
-        rc = run_submit(submit_command("write_files", args, MASTER), log)
+        rc = run_submit(submit_command("write_files", args, MASTER), log, reuse=False)  # spark-submit's environment
     assert rc != 0
     sentence = last_error_sentence(log) or ""
     assert "lost the write lock of dataset 'fencejob'" in sentence, log.read_text()[-3000:]
