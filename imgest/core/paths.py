@@ -28,17 +28,22 @@ def repo_root() -> Path | None:
     return root if (root / "pyproject.toml").is_file() and (root / "dags").is_dir() else None
 
 
+def state_path() -> Path:
+    """Where state_dir() is, made or not: what a reader of one file there (the datasets file at DAG parse time)
+    uses, so that it writes nothing (a worker image's home may be read-only)."""
+    env = os.environ.get("IMGEST_HOME")
+    if env:
+        return Path(env).expanduser()
+    root = repo_root()
+    return root / ".imgest" if root else Path.home() / ".imgest"
+
+
 def state_dir() -> Path:
-    """Folder for jars, service data, logs, PID files, work folders and AIRFLOW_HOME.
+    """Folder for jars, service data, logs, PID files, work folders and AIRFLOW_HOME (made, private).
 
     ``$IMGEST_HOME`` when set; otherwise ``.imgest/`` in the checkout (git-ignored), or ``~/.imgest``.
     """
-    env = os.environ.get("IMGEST_HOME")
-    if env:
-        path = Path(env).expanduser()
-    else:
-        root = repo_root()
-        path = root / ".imgest" if root else Path.home() / ".imgest"
+    path = state_path()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     private(path)
     return path.resolve()

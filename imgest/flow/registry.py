@@ -25,7 +25,7 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.errors import ConfigError
-from imgest.core.paths import state_dir
+from imgest.core.paths import state_path
 
 ENV = "IMGEST_DATASETS_FILE"
 PRESETS = ("@once", "@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@continuous")
@@ -35,7 +35,7 @@ REFRESH_TARGETS = ("cassandra", "shards")  # the targets an incremental refresh 
 
 def datasets_file() -> Path:
     """The datasets file: $IMGEST_DATASETS_FILE, else $IMGEST_HOME/datasets.toml."""
-    return Path(os.environ.get(ENV) or state_dir() / "datasets.toml").expanduser()
+    return Path(os.environ.get(ENV) or state_path() / "datasets.toml").expanduser()
 
 
 @dataclass(frozen=True)

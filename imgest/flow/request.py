@@ -13,9 +13,9 @@ from typing import Any
 from imgest.core import defaults
 from imgest.core.errors import ConfigError
 from imgest.sinks.cassandra.schema import IDENTIFIER, TableLayout, replication
-from imgest.sinks.shards.plan import ShardSpec
-from imgest.transform.image import TransformSpec
+from imgest.sinks.shards.shard_spec import ShardSpec  # light modules: parsing a DAG file loads no numpy, PIL
 from imgest.transform.revisions import DECODER_FORM
+from imgest.transform.spec import TransformSpec
 
 S3_URL_PATTERN = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?"
 S3_URL = re.compile(f"^{S3_URL_PATTERN}$")

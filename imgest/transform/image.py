@@ -36,20 +36,18 @@ from __future__ import annotations
 
 import io
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from imgest.core import defaults
-from imgest.core.errors import ConfigError
 from imgest.core.quarantine import BadImage, Reason
 from imgest.transform import fastjpeg
-from imgest.transform.revisions import ONE_CALL_DECODERS, REGION_DECODERS, REGION_SETTINGS, Decoder, resolve_decoder
+from imgest.transform.revisions import ONE_CALL_DECODERS, REGION_DECODERS, REGION_SETTINGS
+from imgest.transform.spec import Check, Mode, TransformSpec  # re-exported: callers name it imgest.transform.image's
 
-Mode = Literal["jpeg", "unchanged"]
-Check = Literal["decode", "header"]
+__all__ = ["Check", "Mode", "TransformSpec", "Transformed", "transform_image"]
+
 # A complete file's last marker and the bytes that must follow it (PNG: the IEND chunk's CRC); more bytes
 # after it (padding, appended data) are tolerated.
 END_MARKERS = {"JPEG": (b"\xff\xd9", 0), "PNG": (b"IEND", 4)}
@@ -66,65 +64,6 @@ ORIENTATION_FIX = {
     8: Image.Transpose.ROTATE_90,
 }
 RESAMPLE = Image.Resampling.BILINEAR  # torchvision's Resize default, antialiased when downscaling
-
-
-@dataclass(frozen=True)
-class TransformSpec:
-    """Transform settings; recorded with every dataset version."""
-
-    mode: Mode = defaults.IMAGE_MODE
-    resize: int = defaults.RESIZE
-    crop: int = defaults.CROP
-    quality: int = defaults.QUALITY
-    max_pixels: int = defaults.MAX_PIXELS
-    dct_scaling: bool = True
-    # UNCHANGED mode only: "decode" decodes every file (JPEG: all entropy-coded data is read);
-    # "header" parses the header and checks the end marker (JPEG EOI, PNG IEND) without decoding pixels.
-    unchanged_check: Check = defaults.UNCHANGED_CHECK  # type: ignore[assignment]
-    # Which code decodes JPEG sources: "region4" (imgest's compiled libjpeg-turbo region decode, the default where
-    # it is built), "region3" (the same with the bilinear kernel), "region2" / "region" (earlier revisions, for
-    # versions they wrote) or "pillow". Recorded because each produces different output bytes.
-    jpeg_decoder: Decoder = field(default_factory=fastjpeg.default_decoder)
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("jpeg", "unchanged"):
-            raise ConfigError(f"image mode {self.mode!r} is not one of 'jpeg', 'unchanged'")
-        if self.unchanged_check not in ("decode", "header"):
-            raise ConfigError(f"unchanged check {self.unchanged_check!r} is not one of 'decode', 'header'")
-        if not 1 <= self.crop <= self.resize:
-            raise ConfigError(f"crop {self.crop} must be between 1 and resize {self.resize}")
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(f"JPEG quality {self.quality} must be between 1 and 100")
-        if self.max_pixels < 1:
-            raise ConfigError(f"max_pixels {self.max_pixels} must be positive")
-        object.__setattr__(self, "jpeg_decoder", resolve_decoder(self.jpeg_decoder))  # "fast" -> the revision
-        if self.jpeg_decoder in REGION_DECODERS and not fastjpeg.available():
-            raise ConfigError(
-                f"the JPEG decoder {self.jpeg_decoder!r} is not built in this installation: {fastjpeg.BUILD_HINT}"
-            )
-
-    @classmethod
-    def from_args(cls, args: Any) -> TransformSpec:
-        """The spec of a job's or command's TRANSFORM_OPTIONS (imgest.spark.job_options); no --jpeg-decoder: the
-        default."""
-        decoder = getattr(args, "jpeg_decoder", None)
-        return cls(
-            args.mode,
-            args.resize,
-            args.crop,
-            args.quality,
-            args.max_pixels,
-            unchanged_check=args.unchanged_check,
-            **({"jpeg_decoder": decoder} if decoder else {}),
-        )
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> TransformSpec:
-        """The spec a dataset version recorded (records from before jpeg_decoder existed used Pillow)."""
-        return cls(**{"jpeg_decoder": "pillow", **record})
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

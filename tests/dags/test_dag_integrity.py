@@ -82,3 +82,35 @@ def test_the_deprecation_check_catches_airflows_removal_warnings(airflow_home: A
     assert "Deprecat" not in found[0]["category"]
     reemitted = [w for w in bag["warnings"] if "email" in w["message"] and w["category"] != found[0]["category"]]
     assert {w["category"] for w in reemitted} <= {"UserWarning"}  # all that Python's warnings saw of it
+
+
+PARSE_PROBE = """
+import json, sys
+from tests.dags.dagbag_report import report
+before = set(sys.modules)
+bag = report(sys.argv[1])
+heavy = sorted(m for m in ("numpy", "pyarrow", "PIL", "pyspark", "torch") if m in sys.modules and m not in before)
+print(json.dumps({"dags": sorted(bag["dags"]), "errors": bag["import_errors"], "heavy": heavy}))
+"""
+
+
+def test_parsing_the_dags_imports_no_data_libraries_and_writes_nothing(
+    airflow_home: AirflowServer, tmp_path: Path
+) -> None:
+    """A DAG processor parses every file often: with a home and an imgest home that do not exist (a worker image's
+    read-only home), every DAG loads, none of numpy, pyarrow, PIL, pyspark or torch is imported, and neither folder
+    is made."""
+    home, state = tmp_path / "home", tmp_path / "imgest-home"
+    env = {**airflow_home.env(), "HOME": str(home), "IMGEST_HOME": str(state)}
+    env["IMGEST_DATASETS_FILE"] = str(EXAMPLE_DATASETS)
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    run = subprocess.run(
+        [sys.executable, "-c", PARSE_PROBE, str(dags_dir())], env=env, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["errors"] == {}
+    assert {"ingest_imagenet", "check_datasets"} <= set(got["dags"])
+    assert got["heavy"] == []
+    assert not home.exists()
+    assert not state.exists()

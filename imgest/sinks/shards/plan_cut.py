@@ -3,33 +3,15 @@ of samples into shards by count and bytes (imgest.sinks.shards.plan buckets the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from imgest.core import defaults
-from imgest.core.errors import ConfigError
+from imgest.sinks.shards.shard_spec import ShardSpec  # re-exported: callers name it plan_cut's or plan's
 from imgest.sinks.shards.tar_writer import BLOCK, member_overhead
 from imgest.transform.image import TransformSpec
 
 JSON_BOUND = 1024  # the .json member of a sample stays below this
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    """How to cut shards."""
-
-    max_count: int = defaults.SHARD_MAX_COUNT
-    max_bytes: int = defaults.SHARD_MAX_BYTES
-    seed: int = defaults.SHUFFLE_SEED
-
-    def __post_init__(self) -> None:
-        if self.max_count < 1:
-            raise ConfigError(f"shard max count {self.max_count} must be at least 1")
-        if self.max_bytes < 64 * 1024:
-            raise ConfigError(f"shard max bytes {self.max_bytes} must be at least 64 KiB")
 
 
 def image_bound(size: int, spec: TransformSpec) -> int:
