@@ -37,7 +37,8 @@ def test_a_state_folder_in_tmp_stays_the_hosts_own_and_tmp_is_its_own(in_tmp: Pa
     own.mkdir(parents=True)
     (state / "on-the-root-machine").write_text("root")
     (own / "on-the-host").write_text("host\n")
-    outside = Path("/tmp") / f"imgest-view-root-only-{secrets.token_hex(4)}"
+    token = secrets.token_hex(4)
+    outside = Path("/tmp") / f"imgest-view-root-only-{token}"
     outside.write_text("root's /tmp")
     view = HostView(state, own, state / "hosts" / "store" / "etc-hosts")
     prepare_view(NET, view)
@@ -47,7 +48,7 @@ def test_a_state_folder_in_tmp_stays_the_hosts_own_and_tmp_is_its_own(in_tmp: Pa
             f"test -e {state}/on-the-root-machine && echo root-state-visible || echo root-state-hidden",
             f"cat {own}/on-the-host",  # its own folder at its own path too
             f"test -e {outside} && echo root-tmp-visible || echo root-tmp-hidden",
-            "echo written > /tmp/by-the-host",
+            f"echo written > /tmp/by-the-host-{token}",
             "hostname",
         ]
     )
@@ -64,5 +65,5 @@ def test_a_state_folder_in_tmp_stays_the_hosts_own_and_tmp_is_its_own(in_tmp: Pa
         outside.unlink()
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["host", "root-state-hidden", "host", "root-tmp-hidden", "store"], run.stderr
-    assert (own / "tmp" / "by-the-host").read_text() == "written\n"  # the host's /tmp is its own folder's
-    assert not Path("/tmp/by-the-host").exists()
+    assert (own / "tmp" / f"by-the-host-{token}").read_text() == "written\n"  # the host's /tmp is its own folder's
+    assert not Path(f"/tmp/by-the-host-{token}").exists()
