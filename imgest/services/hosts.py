@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from imgest.core.errors import ServiceError
-from imgest.core.paths import state_dir
+from imgest.core.paths import repo_root, state_dir
 from imgest.services.airflow import SPARK_POOL
 from imgest.services.airflow_celery import COMPONENTS
 from imgest.services.base import ServiceStatus, UpResult
@@ -100,7 +101,8 @@ class SimulatedHosts:
         own, jars, moto = self.own(host), jars_dir(), moto_binary().parent.parent
         installed = (jars, moto) if host == "store" else ()  # read-only, as installed packages are
         binds = tuple((p, own / p.relative_to(self.state)) for p in installed if p.is_relative_to(self.state))
-        return HostView(self.state, own, self.root / host / "etc-hosts", binds)
+        visible = (repo_root() or self.state, Path(sys.prefix))  # a checkout in /tmp: the code and venv it runs
+        return HostView(self.state, own, self.root / host / "etc-hosts", binds, visible)
 
     def prefix(self, host: str) -> tuple[str, ...]:
         """The command prefix that runs a program inside HOST."""

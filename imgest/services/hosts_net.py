@@ -110,29 +110,36 @@ def hosts_file(net: Network) -> str:
 class HostView:
     """What a host's processes see: STATE (the root machine's state folder) replaced by OWN (the host's folder),
     OWN also at its own path, /etc/hosts from HOSTS_FILE, /tmp from OWN/tmp and each (source, target) of READ_ONLY
-    (TARGET inside OWN) bound read-only. A state folder inside /tmp (a checkout there) stays reachable: the host's
-    view of it is bound into OWN/tmp at its place under /tmp before OWN/tmp covers /tmp."""
+    (TARGET inside OWN) bound read-only. What lies in /tmp and must stay visible (the state folder, and VISIBLE: the
+    checkout and the Python environment the hosts run, when a checkout lies in /tmp) is bound into OWN/tmp at its
+    place, by its first folder under /tmp, before OWN/tmp covers /tmp: the host sees them, and no other host's /tmp."""
 
     state: Path
     own: Path
     hosts_file: Path
     read_only: tuple[tuple[Path, Path], ...] = ()
+    visible: tuple[Path, ...] = ()
 
     @property
     def tmp(self) -> Path:
         return self.own / "tmp"
 
-    @property
-    def kept_in_tmp(self) -> Path | None:
-        """Where in OWN/tmp the state folder is bound when it lies in /tmp (None otherwise)."""
-        return self.tmp / self.state.relative_to("/tmp") if self.state.is_relative_to("/tmp") else None
+    def kept_in_tmp(self) -> list[Path]:
+        """The first folders under /tmp of the state folder and of VISIBLE (those that lie in /tmp), each once."""
+        tops = [Path("/tmp") / p.relative_to("/tmp").parts[0] for p in (self.state, *self.visible) if in_tmp(p)]
+        return list(dict.fromkeys(tops))
 
     def mountpoints(self) -> list[Path]:
         """Folders (root view) that must exist before the mounts: OWN's copy of its own path, the tmp folder, the
-        state folder's place in it (when in /tmp) and the read-only targets."""
+        places in it of what stays visible, and the read-only targets."""
         mirror = self.own / self.own.relative_to(self.state)
-        kept = [self.kept_in_tmp] if self.kept_in_tmp else []
+        kept = [self.tmp / top.name for top in self.kept_in_tmp()]
         return [mirror, self.tmp, *kept, *(target for _, target in self.read_only)]
+
+
+def in_tmp(path: Path) -> bool:
+    """Whether PATH lies inside /tmp (not /tmp itself)."""
+    return path.is_relative_to("/tmp") and path != Path("/tmp")
 
 
 def mount_script(hostname: str, view: HostView) -> str:
@@ -143,9 +150,9 @@ def mount_script(hostname: str, view: HostView) -> str:
     steps = [f"hostname {q(hostname)}", f"mount --bind {q(str(view.hosts_file))} /etc/hosts"]
     steps += [f"mount --bind -o ro {q(str(src))} {q(str(dst))}" for src, dst in view.read_only]
     steps += [f"mount --rbind {own} {state}", f"mount --rbind {state} {own}"]
-    if view.kept_in_tmp:  # the host's view of the state folder, where /tmp's cover would hide it
-        steps.append(f"mount --rbind {state} {q(str(view.kept_in_tmp))}")
-    steps.append(f"mount --rbind {q(str(view.tmp))} /tmp")  # with the state folder bound inside, if it is
+    # what stays visible in /tmp, as this host sees it now (its own folder in place of the state folder)
+    steps += [f"mount --rbind {q(str(top))} {q(str(view.tmp / top.name))}" for top in view.kept_in_tmp()]
+    steps.append(f"mount --rbind {q(str(view.tmp))} /tmp")
     return " && ".join([*steps, 'exec "$@"'])
 
 

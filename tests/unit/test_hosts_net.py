@@ -87,18 +87,22 @@ def test_a_host_sees_its_own_disk_in_place_of_the_state_folder() -> None:
     assert view.own / "hosts" / "store" / "home" in view.mountpoints()
 
 
-def test_a_state_folder_in_tmp_is_bound_into_the_hosts_tmp_before_it_covers_tmp() -> None:
-    view = _view(Path("/tmp/co/.imgest"))
-    kept = view.own / "tmp" / "co" / ".imgest"
-    assert view.kept_in_tmp == kept
-    assert kept in view.mountpoints()
+def test_what_lies_in_tmp_is_bound_into_the_hosts_tmp_by_its_first_folder_before_it_covers_tmp() -> None:
+    """A checkout in /tmp (state folder, code and venv in it), and a venv elsewhere in /tmp: each first folder under
+    /tmp once, bound before the host's own tmp covers /tmp; outside /tmp nothing is."""
+    state = Path("/tmp/co/.imgest")
+    own = state / "hosts" / "store" / "home"
+    view = HostView(state, own, state / "hosts" / "store" / "etc-hosts", (), (Path("/tmp/co"), Path("/tmp/env/v")))
+    assert view.kept_in_tmp() == [Path("/tmp/co"), Path("/tmp/env")]
+    assert {own / "tmp" / "co", own / "tmp" / "env"} <= set(view.mountpoints())
     steps = mount_script("store", view).split(" && ")
-    assert steps[-3:] == [
-        f"mount --rbind /tmp/co/.imgest {kept}",
-        f"mount --rbind {view.own / 'tmp'} /tmp",
+    assert steps[-4:] == [
+        f"mount --rbind /tmp/co {own / 'tmp' / 'co'}",
+        f"mount --rbind /tmp/env {own / 'tmp' / 'env'}",
+        f"mount --rbind {own / 'tmp'} /tmp",
         'exec "$@"',
     ]
-    assert _view(Path("/srv/state")).kept_in_tmp is None
+    assert _view(Path("/srv/state")).kept_in_tmp() == []
 
 
 def test_a_command_runs_in_the_hosts_namespaces_then_the_mounts() -> None:
