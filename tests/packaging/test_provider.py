@@ -143,7 +143,7 @@ def test_the_platform_keeps_its_airflow_and_providers(platform: Platform) -> Non
     added = set(after) - set(before)
     if platform.leg == "3.1":  # the platform has the providers, at the lowest the ranges allow (so they are tested)
         assert added == {"imgest"}
-        assert before["apache-airflow-providers-apache-spark"] == "5.3.0"
+        assert before["apache-airflow-providers-apache-spark"] == "5.3.1"
         assert before["apache-airflow-providers-apache-cassandra"] == "3.8.0"
         assert before["apache-airflow-providers-amazon"] == "9.14.0"
         assert "nvidia-dali-cuda130" not in after
