@@ -112,10 +112,8 @@ def run_webdataset(
     index paths: imgest.readback.blocks); READERS pipelines, each over its part of the list, read at once as one
     (imgest.readback.parallel) when above 1."""
     kw.setdefault("started", time.perf_counter())
-    paths = [f"{base.rstrip('/')}/{s}" for s in rs.shards]
-    index_paths = [f"{base.rstrip('/')}/{i}" for i in shard_indexes(rs)]
-    if lists is not None:
-        paths, index_paths = lists
+    root = base.rstrip("/")
+    paths, index_paths = lists or ([f"{root}/{s}" for s in rs.shards], [f"{root}/{i}" for i in shard_indexes(rs)])
     if readers > 1:
         from imgest.readback.parallel import ParallelPipes
 
