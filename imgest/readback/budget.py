@@ -250,6 +250,7 @@ class CheckClock:
         self.window_seconds = window_seconds
         self.start = time.perf_counter() if start is None else start
         self.runs_left = 0
+        self.reserved = 0.0  # of the time left, kept for readers still to run that asked for a reserve
         self.set_seconds(seconds)
 
     def set_seconds(self, seconds: float) -> None:
@@ -257,17 +258,25 @@ class CheckClock:
         self.seconds = seconds
         self.deadline = self.start + seconds - tail_seconds(seconds)
 
-    def expect(self, runs: int) -> None:
-        """RUNS more readers will ask for a share."""
+    def expect(self, runs: int, reserve: float = 0.0) -> None:
+        """RUNS more readers will ask for a share, each keeping RESERVE seconds of the time left for itself: the
+        readers before it share only what is left beyond the reserves (a reader that runs last and whose start-up
+        takes seconds, DALI's s3:// one, is not starved by the ones before it reading their whole shares)."""
         self.runs_left += runs
+        self.reserved += runs * max(0.0, reserve)
 
-    def next(self, now: float | None = None) -> ReaderBudget | None:
-        """The next reader's budget (None: no budget)."""
+    def next(self, now: float | None = None, reserve: float = 0.0) -> ReaderBudget | None:
+        """The next reader's budget (None: no budget): its RESERVE (what it asked for in :meth:`expect`) and an
+        equal share of the time left beyond every reserve."""
         if self.seconds <= 0:
             return None
         now = time.perf_counter() if now is None else now
-        share = max(0.0, self.deadline - now) / max(1, self.runs_left)
+        free = max(0.0, self.deadline - now - self.reserved)
+        own = min(max(0.0, reserve), self.reserved)
+        share = own + free / max(1, self.runs_left)
         self.runs_left = max(0, self.runs_left - 1)
+        self.reserved -= own
+        share = min(share, max(0.0, self.deadline - now))
         return ReaderBudget(round(share, 3), self.warmup, self.window, self.deadline, self.window_seconds)
 
     def elapsed(self) -> float:
@@ -280,10 +289,10 @@ def tail_seconds(seconds: float) -> float:
     return min(max(TAIL_SHARE * seconds, TAIL_SECONDS), TAIL_MAX_SHARE * seconds)
 
 
-def expect(clock: CheckClock | None, runs: int) -> None:
-    """Tell CLOCK (if any) that RUNS readers will ask for a share."""
+def expect(clock: CheckClock | None, runs: int, reserve: float = 0.0) -> None:
+    """Tell CLOCK (if any) that RUNS readers will ask for a share, each keeping RESERVE seconds (CheckClock.expect)."""
     if clock is not None:
-        clock.expect(runs)
+        clock.expect(runs, reserve)
 
 
 def spent_before(budget: ReaderBudget | None, now: float | None = None, startup: float = 0.0) -> bool:
@@ -305,7 +314,8 @@ def not_run(reader: str, mode: str, clock: CheckClock | None) -> str:
     )
 
 
-def next_budget(clock: CheckClock | None, stop_when_steady: bool = True) -> ReaderBudget | None:
-    """The next reader's budget from CLOCK; None without a clock (no budget). STOP_WHEN_STEADY: see ReaderBudget."""
-    budget = clock.next() if clock is not None else None
+def next_budget(clock: CheckClock | None, stop_when_steady: bool = True, reserve: float = 0.0) -> ReaderBudget | None:
+    """The next reader's budget from CLOCK; None without a clock (no budget). STOP_WHEN_STEADY: see ReaderBudget;
+    RESERVE: what this reader kept for itself when it was expected (CheckClock.expect)."""
+    budget = clock.next(reserve=reserve) if clock is not None else None
     return replace(budget, stop_when_steady=False) if budget is not None and not stop_when_steady else budget

@@ -367,7 +367,8 @@ def s3_shard_runs(
     CLOCK; with the results, DALI's failures (one line each): a report records them and goes on, a test asserts
     there are none."""
     results, skipped = [], []
-    expect(clock, 3 * len(opts.modes))
+    expect(clock, 2 * len(opts.modes))
+    expect(clock, len(opts.modes), reserve=defaults.CHECK_DALI_S3_RESERVE_S)  # DALI last, not starved
     importing = import_ahead("webdataset")  # 3 s of imports (torch): done while the stream reader reads
     for mode in opts.modes:
         spec = opts.spec(mode)
@@ -380,7 +381,7 @@ def s3_shard_runs(
         results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
     for mode in opts.modes:  # last, over what the others left: its rate varies with the place, it reads its share
         spec = opts.spec(mode)
-        budget = next_budget(clock, stop_when_steady=False)
+        budget = next_budget(clock, stop_when_steady=False, reserve=defaults.CHECK_DALI_S3_RESERVE_S)
         if spent_before(budget, startup=defaults.CHECK_DALI_S3_STARTUP_S):  # its pipelines' build takes seconds
             skipped.append(not_run("shards-s3-dali", mode, clock))
             continue

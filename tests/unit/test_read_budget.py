@@ -180,6 +180,35 @@ def test_clock_shares_what_is_left_between_the_readers_still_to_run() -> None:
     assert CheckClock(0.0).next() is None  # no budget
 
 
+def test_a_last_reader_keeps_its_reserve_when_the_readers_before_it_spend_their_shares() -> None:
+    """DALI's s3:// reader runs last and takes seconds to start: its reserve is kept out of the shares of the four
+    readers before it, so that reading their whole shares (or overrunning them a little) leaves it its start-up and
+    window."""
+    clock = CheckClock(10.0, warmup=W, window=M, start=0.0)  # 8 s for readers
+    clock.expect(4)
+    clock.expect(1, reserve=3.0)
+    first = clock.next(now=0.0)
+    assert first.seconds == pytest.approx(1.0)  # (8 - 3) / 5
+    now = 0.0
+    for _ in range(3):  # each reads its whole share and a little more
+        now += first.seconds + 0.1
+        clock.next(now=now)
+    now = 4.6
+    last = clock.next(now=now, reserve=3.0)
+    assert last.seconds == pytest.approx(3.0 + (8.0 - 4.6 - 3.0))  # its reserve and what the others left of theirs
+    assert budget.spent_before(last, now=now, startup=2.0) is False
+    unreserved = CheckClock(10.0, warmup=W, window=M, start=0.0)
+    unreserved.expect(5)
+    for k in range(4):
+        unreserved.next(now=k * 1.7)
+    assert unreserved.next(now=7.0).seconds == pytest.approx(1.0)  # without the reserve: starved
+    late = CheckClock(10.0, warmup=W, window=M, start=0.0)
+    late.expect(1)
+    late.expect(1, reserve=3.0)
+    late.next(now=0.0)
+    assert late.next(now=7.0, reserve=3.0).seconds == pytest.approx(1.0)  # never past the deadline
+
+
 def test_tail_kept_for_the_report_and_the_exit() -> None:
     """10 % of a long budget, at least 2 s of a short one, never more than 30 % of it."""
     assert tail_seconds(60.0) == pytest.approx(6.0)

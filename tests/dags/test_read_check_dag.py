@@ -1,0 +1,61 @@
+"""The read-back check inside a DAG run of 55,000 images: every reader's rate is a measurement, not its start-up.
+
+Issue #64's user run: 55 k ImageNet-layout images into shards on S3 through `airflow dags test ingest_imagenet`.
+Below 100,000 images the check's budget is its 60 s cap (10 % of a one-minute run buys no measurement), and every
+reader of the target, in both modes, reads at least its warm-up and its measured window.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from imgest.core import defaults
+from imgest.core.paths import state_dir
+from imgest.services import AirflowServer, S3Server
+from imgest.services.demo import run_dag, task_durations, task_results
+from imgest.sources.devdata.countscale import CountScaleSpec, counts_of, write_count_scale
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+SPEC = CountScaleSpec(train=53_223, val=3_000)  # the fidelity benchmark's 55 k size: 4.13 % of ImageNet's count
+READERS = {f"shards-s3-{r}/{m}" for r in ("stream", "webdataset", "dali") for m in ("raw", "train")}
+
+
+@pytest.fixture(scope="module")
+def count_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = write_count_scale(tmp_path_factory.mktemp("count55k"), SPEC)
+    assert counts_of(root) == {"train": SPEC.train, "val": SPEC.val}
+    return root
+
+
+def test_55k_run_s_check_measures_every_reader_over_its_window(
+    airflow_home: AirflowServer, s3_server: S3Server, count_set: Path
+) -> None:
+    dataset = "dagcheck55k"
+    conf = {"source": str(count_set), "target": "shards", "dataset": dataset, "s3_dest": f"s3://imgest/{dataset}"}
+    ok, _, tail = run_dag(airflow_home, conf)
+    assert ok, tail
+    states = {task: state for task, state, _ in task_durations(airflow_home, "ingest_imagenet")}
+    assert states["read_throughput"] == "success", states
+    read = task_results(airflow_home, "ingest_imagenet", ("read_throughput",))["read_throughput"]
+    assert read["budget_s"] == defaults.CHECK_SECONDS  # below 100,000 images: the cap, not 10 % of the run
+    assert read["seconds"] <= read["budget_s"]
+    assert read["skipped"] == []
+    report = json.loads((state_dir() / "work" / dataset / "read_throughput.json").read_text())
+    readers = {f"{r['reader']}/{r['mode']}": r for r in report["readers"]}
+    assert set(readers) == READERS
+    window = defaults.CHECK_WINDOW_BATCHES
+    for name, r in readers.items():
+        assert r["ok"], (name, r)
+        assert r["images_verified"] == r["images"], (name, r)
+        assert r["steady"] is True, (name, r)
+        assert r["rate_note"] == "", (name, r)
+        assert r["warmup_batches"] == defaults.CHECK_WARMUP_BATCHES, (name, r)
+        assert r["steady_batches"] >= window, (name, r)  # no reader below the window
+        assert len(r["batch_images"]) == r["warmup_batches"] + r["steady_batches"], (name, r)
+        assert r["steady_images"] == sum(r["batch_images"][r["warmup_batches"] :]), (name, r)
+        assert r["steady_rate"] > 0, (name, r)
+        assert r["images"] + r["unread"] == read["checked"], (name, r)  # what it did not read is counted
