@@ -39,9 +39,11 @@ DALI_COLUMNS = [
 ]
 
 
-def measure(labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int) -> dict[str, Any]:
-    """Every size of LABELS, ROUNDS rounds per target, then the DALI s3:// part over DALI_SAMPLE images of the
-    first size's S3 copy; the machine's quietness recorded over the reads (not the ingests)."""
+def measure(
+    labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int, targets: Sequence[str] = TARGETS
+) -> dict[str, Any]:
+    """Every size of LABELS, ROUNDS rounds per target of TARGETS, then the DALI s3:// part over DALI_SAMPLE images of
+    the first size's S3 copy; the machine's quietness recorded over the reads (not the ingests)."""
     from imgest.bench.machine import machine_info
     from imgest.bench.measure import QuietWatch, server_pids
     from imgest.bench.read_fidelity import _settings
@@ -56,18 +58,20 @@ def measure(labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int
     with QuietWatch(server_pids()) as watch:
         for where in stored:
             settings = _settings(where, cassandra, s3)
-            for target in TARGETS:
+            for target in targets:
+                one_round(target, where, settings)  # not counted: warms the server (a JVM just started: its JIT)
                 runs = [one_round(target, where, settings) for _ in range(rounds)]
                 sizes.append(_size_row(where, target, runs))
         dali = dali_s3(stored[0], s3, dali_sample, ("raw", "train")) if dali_sample else []
     return {
         "machine": machine_info(),
         "quiet": watch.result.to_dict(),
-        "method": "per size and target, ROUNDS times: the DAG's check (budget from the ingest run's seconds, "
-        "10,000-image sample, every reader in both modes), then a full read of the same sample by the same readers "
-        "without a budget; rates are steady rates (images after the warm-up batches over their wall time, "
-        "verification included), medians of the rounds; window_spread: per window size k, the worst |rate over "
-        "the k batches after the warm-up - the full read's steady rate| / that rate over the full reads",
+        "method": "per size and target, after one round not counted (it warms the servers), ROUNDS times: the DAG's "
+        "check (budget from the ingest run's seconds, 10,000-image sample, every reader in both modes), then a full "
+        "read of the same sample by the same readers without a budget; rates are steady rates (images after the "
+        "warm-up batches over their wall time, verification included), medians of the rounds; window_spread: per "
+        "window size k, the worst |rate over the k batches after the warm-up - the full read's steady rate| / that "
+        "rate over the full reads",
         "tolerance": TOLERANCE,
         "warmup_batches": defaults.CHECK_WARMUP_BATCHES,
         "window_batches": defaults.CHECK_WINDOW_BATCHES,
@@ -170,9 +174,15 @@ def plot(path: Path, report: dict[str, Any]) -> None:
 
 
 def main(
-    json_out: Path, plot_out: Path | None, labels: Sequence[str], rounds: int, ingest: Ingest, dali_sample: int
+    json_out: Path,
+    plot_out: Path | None,
+    labels: Sequence[str],
+    rounds: int,
+    ingest: Ingest,
+    dali_sample: int,
+    targets: Sequence[str] = TARGETS,
 ) -> dict[str, Any]:
-    report = measure(labels, rounds, ingest, dali_sample)
+    report = measure(labels, rounds, ingest, dali_sample, targets)
     write_json(json_out, report)
     print_report(report)
     if plot_out:

@@ -23,6 +23,11 @@ def register_fidelity(br: Any) -> None:
         help="sizes of the count set for --check-fidelity (default 55k,143k,1.33M; each ingested once, cached)",
     )
     br.add_argument(
+        "--fidelity-targets",
+        default="cassandra,shards",
+        help="targets for --check-fidelity (default cassandra,shards; one alone re-measures its points)",
+    )
+    br.add_argument(
         "--dali-s3-sample",
         type=int,
         default=2000,
@@ -34,6 +39,7 @@ def register_fidelity(br: Any) -> None:
 def bench_fidelity(args: argparse.Namespace, ingest: Any) -> int:
     """`imgest bench read --check-fidelity`: the DAG's check against a full read, per size and target."""
     from imgest.bench.read_fidelity import SIZES
+    from imgest.bench.read_fidelity_run import TARGETS
     from imgest.bench.read_fidelity_run import main as fidelity_main
     from imgest.core.errors import ConfigError
 
@@ -41,7 +47,10 @@ def bench_fidelity(args: argparse.Namespace, ingest: Any) -> int:
     unknown = [x for x in labels if x not in SIZES]
     if unknown or not labels:
         raise ConfigError(f"--fidelity-sizes {args.fidelity_sizes}: give some of {', '.join(SIZES)}")
-    report = fidelity_main(args.json, args.plot, labels, args.rounds, ingest, args.dali_s3_sample)
+    targets = [x.strip() for x in args.fidelity_targets.split(",") if x.strip()]
+    if not targets or set(targets) - set(TARGETS):
+        raise ConfigError(f"--fidelity-targets {args.fidelity_targets}: give some of {', '.join(TARGETS)}")
+    report = fidelity_main(args.json, args.plot, labels, args.rounds, ingest, args.dali_s3_sample, targets)
     unverified = [r["reader"] for s in report["sizes"] for r in s["readers"] if not r["verified"]]
     if unverified:
         print(f"imgest: error: read-back did not match the recorded bytes for {', '.join(sorted(set(unverified)))}")

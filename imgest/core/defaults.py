@@ -106,7 +106,7 @@ CHECK_RUN_SHARE: Final = 0.1
 CHECK_SHARE_FROM_IMAGES: Final = 100_000
 CHECK_WARMUP_BATCHES: Final = 2
 CHECK_WINDOW_BATCHES: Final = 8
-CHECK_WINDOW_SECONDS: Final = 1.0  # ... and before its rate being steady stops it early, its window spans this long
+CHECK_WINDOW_SECONDS: Final = 2.0  # ... and before its rate being steady stops it early, its window spans this long
 # DALI's own s3:// reader reads one sample component per blocking request, so its rate does not depend on its batch
 # size: it reads batches of at most this many, so that its warm-up and window take seconds, not tens of seconds.
 CHECK_DALI_S3_BATCH: Final = 16

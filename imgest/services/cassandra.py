@@ -99,6 +99,7 @@ class CassandraServer:
     tls: bool = False  # TLS required on the native port, with a CA and certificate made in <home>/tls
     broadcast_rpc: str = ""  # the address clients are told to use for this node (a proxy in front of it); "": host
     heap: int = SMALL_NODE_HEAP  # bytes of heap and as much direct memory (cassandra_memory); main node: by machine
+    jvm_flags: tuple[str, ...] = ()  # more JVM flags (system properties) of this node's daemon
 
     @classmethod
     def default(cls, auth: bool = False, tls: bool = False) -> CassandraServer:
@@ -160,6 +161,17 @@ class CassandraServer:
             fh.write(text)
         return path
 
+    def runs_with_flags(self) -> bool:
+        """Whether the running daemon (if any) was started with this node's JVM_FLAGS (its /proc cmdline)."""
+        pid = self.process.pid()
+        if pid is None or not self.jvm_flags:
+            return True
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return True  # no /proc: nothing to compare against
+        return set(self.jvm_flags) <= set(argv)
+
     def advertised(self) -> str:
         """The broadcast_rpc_address of the config this node was last started with ("": its own address)."""
         conf = self.home / "cassandra.yaml"
@@ -202,6 +214,7 @@ class CassandraServer:
             *memory_flags(self.heap),
             *jvm_options(),
             *extra,
+            *self.jvm_flags,
             *os.environ.get("IMGEST_CASSANDRA_JAVA_OPTIONS", "").split(),
             f"-javaagent:{jamm[0]}",
             f"-Dcassandra.config={config.as_uri()}",

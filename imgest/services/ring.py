@@ -9,6 +9,11 @@ starts new and empty: every node gets fixed, interleaved tokens (``ring_tokens``
 (nothing to stream). The seed starts first; the other nodes then start together, since none of them waits on
 another's bootstrap (the allocator's one-node-at-a-time joins took a minute of the test suite).
 
+Every node allows ``NODE_LOCAL`` reads (``-Dcassandra.enable_nodelocal_queries=true``): the node that receives such
+a query answers from its own data, asking no replica and repairing nothing, so that a check reads each replica
+alone (:func:`imgest.sinks.cassandra.replicas.node_local_rows`). That is a ring for tests and local trials; a
+production cluster leaves it off.
+
 ``IMGEST_CASSANDRA_RING_ADVERTISE`` (one address per node) makes each node tell clients another address than its
 own (``broadcast_rpc_address``): a proxy in front of it, so that a driver which discovers the ring's nodes from
 ``system.peers`` connects to every node through that proxy (``imgest bench plugin --parts ring``).
@@ -38,6 +43,7 @@ NODETOOL_CLASS = "org.apache.cassandra.tools.NodeTool"
 STATUS_LINE = re.compile(r"^([UD][NLJM])\s+(\d+\.\d+\.\d+\.\d+)")
 VNODES = 16  # num_tokens of cassandra.yaml
 MIN_TOKEN, TOKEN_SPACE = -(2**63), 2**64  # Murmur3Partitioner
+NODE_LOCAL_QUERIES = "-Dcassandra.enable_nodelocal_queries=true"  # each replica read alone (the module's note)
 
 
 def ring_tokens(nodes: int, vnodes: int = VNODES) -> list[tuple[int, ...]]:
@@ -98,6 +104,7 @@ class CassandraRing:
                 initial_tokens=tokens[i - 1],
                 ring_delay_ms=10_000,  # 1 s (the single node's) is too short to reach the seed from a busy box
                 broadcast_rpc=advertise[i - 1] if advertise else "",
+                jvm_flags=(NODE_LOCAL_QUERIES,),
             )
             for i, host in enumerate(hosts, start=1)
         )
@@ -117,9 +124,13 @@ class CassandraRing:
         t0 = time.monotonic()
         started = False
         seed, others = self.nodes[0], self.nodes[1:]
-        stale = [n for n in self.nodes if n.process.pid() is not None and n.advertised() != n.broadcast_rpc]
-        if stale:  # running with another client address (IMGEST_CASSANDRA_RING_ADVERTISE changed): restart them
-            log.info("restarting %s: the address they give clients changed", ", ".join(n.name for n in stale))
+        stale = [
+            n
+            for n in self.nodes
+            if n.process.pid() is not None and (n.advertised() != n.broadcast_rpc or not n.runs_with_flags())
+        ]
+        if stale:  # another client address (IMGEST_CASSANDRA_RING_ADVERTISE changed) or other flags: restart them
+            log.info("restarting %s: their client address or JVM flags changed", ", ".join(n.name for n in stale))
             stop_all([n.process for n in stale], timeout=60)
         try:
             result = seed.up(timeout)

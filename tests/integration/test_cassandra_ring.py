@@ -1,6 +1,10 @@
 """A real three-node ring on 127.0.0.2-4: the reader sends each row request to the node holding the rows;
-replication 3, an ingest at QUORUM that survives a node killed partway (SIGKILL of its JVM), repair, every row
-readable at ALL; two nodes down fail with a clear message."""
+replication 3, every write path (CQL, cql-helper, bulk) putting every row on every replica, an ingest at QUORUM that
+survives a node killed partway (SIGKILL of its JVM), repair; two nodes down fail with a clear message.
+
+Replicas are read one by one (imgest.sinks.cassandra.replicas: a NODE_LOCAL read answered by that node from its own
+data): a read at ALL repairs a replica that lacks rows while it reads, so it would pass a load that reached only one
+replica (test_a_read_at_all_hides_a_missing_replica_that_a_node_local_read_finds shows it)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from imgest.core.settings import CassandraSettings
 from imgest.services.ring import CassandraRing
 from imgest.sinks.cassandra.client import cassandra_session
+from imgest.sinks.cassandra.replicas import NODE_LOCAL, node_session, replica_rows
 from imgest.sinks.cassandra.schema import TableLayout
 from imgest.sinks.cassandra.verify import verify
 from imgest.sources.devdata.sample import SampleSpec, write_sample
@@ -63,6 +68,19 @@ def _job_args(ring: CassandraRing, manifest: Path, out: Path, consistency: str) 
         *("--manifest-dir", str(manifest), "--keyspace", KS, "--replication", "SimpleStrategy:3"),
         *("--hosts", ",".join(ring.hosts), "--consistency", consistency, "--summary-json", str(out)),
     ]
+
+
+def _every_replica_holds(ring: CassandraRing, ks: str, expected: int) -> dict[str, str]:
+    """Each node read alone holds the same EXPECTED rows of KS, each data row's bytes as its recorded sha256; returns
+    id -> sha256."""
+    settings = _settings(ring, "ONE")
+    replicas = [replica_rows(settings, host, ks) for host in ring.hosts]
+    reference = replicas[0].metadata
+    assert len(reference) == expected, (ring.hosts[0], len(reference), expected)
+    for replica in replicas:
+        assert replica.missing(reference) == {"metadata": [], "data": []}, replica.host
+        assert len(replica.metadata) == len(replica.data) == expected, replica.host
+    return reference
 
 
 def _restart(ring: CassandraRing, *indexes: int) -> None:
@@ -161,26 +179,67 @@ def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing) -> Non
         )
         read = n * size
         moved: dict[bool, int] = {}
-        for routed in (True, False):
+        for routed in (True, False):  # one read each, once the ring is quiet (a ring that just started gossips)
             opts = CassandraReadOptions(batch_size=64, ooo=routed, seed=None, route_by_owner=routed)
-            for _attempt in range(3):  # a ring that just started still pulls schema and gossips: wait, then retry
-                before = _quiet_internode_bytes(ring, session)
-                with CassandraReader(settings, f"{READS_KS}.data", ids, [k % 7 for k in range(n)], opts) as reader:
-                    assert (reader.router is not None) == routed
-                    if routed:
-                        assert len(reader.router.nodes) == 3
-                    got = {
-                        i: bytes(a) for batch in reader.epoch_batches() for a, i in zip(batch[0], batch[2], strict=True)
-                    }
-                sent = _internode_bytes(ring, session) - before
-                moved[routed] = min(moved.get(routed, sent), sent)
-                assert got == dict(zip(ids, blobs, strict=True)), (
-                    f"route_by_owner={routed}: rows differ from what was written"
-                )
-                if not routed or moved[routed] < 0.1 * read:
-                    break
+            before = _quiet_internode_bytes(ring, session)
+            with CassandraReader(settings, f"{READS_KS}.data", ids, [k % 7 for k in range(n)], opts) as reader:
+                assert (reader.router is not None) == routed
+                if routed:
+                    assert len(reader.router.nodes) == 3
+                got = {i: bytes(a) for batch in reader.epoch_batches() for a, i in zip(batch[0], batch[2], strict=True)}
+            moved[routed] = _internode_bytes(ring, session) - before
+            assert got == dict(zip(ids, blobs, strict=True)), f"route_by_owner={routed}: rows differ from those written"
     assert moved[True] < 0.1 * read, f"routed reads moved {moved[True]} bytes between nodes for {read} bytes read"
     assert moved[False] > 0.4 * read, f"the probe saw {moved[False]} bytes between nodes for unrouted reads"
+
+
+@pytest.mark.parametrize("path", ["cql", "cql-helper"])
+def test_write_path_puts_every_row_on_every_replica(ring: CassandraRing, tmp_path: Path, path: str) -> None:
+    """CQL and the cql-helper at QUORUM on the RF 3 ring: each node read alone holds every row (bulk: below)."""
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=3, per_class=12, val_per_class=2, seed=17))
+    manifest = tmp_path / "manifest"
+    scan_to_dir(tmp_path / "src", manifest)
+    expected = sum(1 for _ in iter_manifest(manifest / "manifest.parquet"))
+    ks = f"{KS}_{path.replace('-', '_')}"
+    with cassandra_session(_settings(ring, "ONE")) as admin:
+        admin.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=120)
+    args = _job_args(ring, manifest, tmp_path / "s.json", "QUORUM")
+    args[args.index(KS)] = ks
+    rc, log = run_job("ingest_cassandra", [*args, "--write-path", path], None, 600)
+    assert rc == 0, log[-4000:]
+    assert read_summary(tmp_path / "s.json")["write_path"]["path"] == path
+    _every_replica_holds(ring, ks, expected)
+
+
+def test_a_read_at_all_hides_a_missing_replica_that_a_node_local_read_finds(ring: CassandraRing) -> None:
+    """Why the checks above read each node alone: a row on one replica only (written NODE_LOCAL to the first node)
+    is missing from the others read alone; one read of it at ALL repairs them (read repair at its blocking
+    default), so a check at ALL would have passed a load that reached one replica."""
+    ks = f"{KS}_planted"
+    settings = _settings(ring, "ONE")
+    row = uuid.uuid4()
+    with cassandra_session(settings) as admin:
+        admin.execute(f"DROP KEYSPACE IF EXISTS {ks}", timeout=120)
+        rf3 = "{'class': 'SimpleStrategy', 'replication_factor': 3}"
+        admin.execute(f"CREATE KEYSPACE {ks} WITH replication = {rf3}", timeout=120)
+        for table in ("metadata (id uuid PRIMARY KEY, sha256 text)", "data (id uuid PRIMARY KEY, data blob)"):
+            admin.execute(f"CREATE TABLE {ks}.{table}", timeout=120)
+        assert admin.cluster.control_connection.wait_for_schema_agreement(wait_time=120), "no schema agreement"
+    with node_session(settings, ring.hosts[0]) as first:
+        from cassandra.query import SimpleStatement
+
+        for cql, values in (
+            (f"INSERT INTO {ks}.metadata (id, sha256) VALUES (%s, %s)", (row, hashlib.sha256(b"x").hexdigest())),
+            (f"INSERT INTO {ks}.data (id, data) VALUES (%s, %s)", (row, b"x")),
+        ):
+            first.execute(SimpleStatement(cql, consistency_level=NODE_LOCAL), values, timeout=60)
+    alone = [replica_rows(settings, host, ks) for host in ring.hosts]
+    assert [len(r.metadata) for r in alone] == [1, 0, 0]
+    assert alone[1].missing(alone[0].metadata) == {"metadata": [str(row)], "data": [str(row)]}
+    with cassandra_session(_settings(ring, "ALL")) as session:
+        for table in ("metadata", "data"):
+            assert session.execute(f"SELECT id FROM {ks}.{table} WHERE id = %s", (row,), timeout=60).one() is not None
+    assert [len(replica_rows(settings, host, ks).data) for host in ring.hosts] == [1, 1, 1]  # repaired by the read
 
 
 def test_quorum_ingest_survives_a_killed_node_then_repair_gives_all(ring: CassandraRing, tmp_path: Path) -> None:
@@ -205,6 +264,8 @@ def test_quorum_ingest_survives_a_killed_node_then_repair_gives_all(ring: Cassan
     assert _wait_state(ring, ring.hosts[2], "DN") == "DN"  # gossip convicts the killed node
 
     _restart(ring, 2)
+    killed_alone = replica_rows(_settings(ring, "ONE"), ring.hosts[2], KS)  # before any read could repair it
+    assert len(killed_alone.metadata) < expected  # it missed what was written while it was down (no hints) ...
     tables = TableLayout(KS)
     with cassandra_session(_settings(ring, "QUORUM")) as session:
         report = verify(session, manifest, tables, None, summary["version"], sample=8)
@@ -212,15 +273,12 @@ def test_quorum_ingest_survives_a_killed_node_then_repair_gives_all(ring: Cassan
     assert sum(report.found.values()) == expected
 
     ring.nodetool("repair", "--full", KS, node=0)
-    with cassandra_session(_settings(ring, "ALL")) as session:
-        meta = {r.id: r.sha256 for r in session.execute(f"SELECT id, sha256 FROM {KS}.metadata", timeout=120)}
-        data = {r.id: hashlib.sha256(r.data).hexdigest() for r in session.execute(f"SELECT id, data FROM {KS}.data")}
+    with cassandra_session(_settings(ring, "ONE")) as session:
         replication = session.execute(
             "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = %s", (KS,)
         ).one()
     assert replication.replication["replication_factor"] == "3"
-    assert len(meta) == expected
-    assert data == meta  # every row at ALL, every byte as its recorded sha256
+    _every_replica_holds(ring, KS, expected)  # ... and repair gave it every row: each node read alone
 
 
 def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: CassandraRing, tmp_path: Path) -> None:
@@ -245,12 +303,7 @@ def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: Cas
     assert rc == 0, log[-4000:]
     assert read_summary(tmp_path / "a.json")["write_path"]["path"] == "bulk"
     assert "the helpers stream by this driver's view of the ring (48 ranges)" in log  # 3 nodes x 16 tokens
-    with cassandra_session(_settings(ring, "ALL")) as session:  # every replica answers, each with every row
-        meta = {r.id: r.sha256 for r in session.execute(f"SELECT id, sha256 FROM {kss[0]}.metadata", timeout=120)}
-        rows = session.execute(f"SELECT id, data FROM {kss[0]}.data", timeout=120)
-        data = {r.id: hashlib.sha256(r.data).hexdigest() for r in rows}
-    assert len(meta) == expected
-    assert data == meta
+    _every_replica_holds(ring, kss[0], expected)
 
     ring.kill(2)
     try:
@@ -261,6 +314,8 @@ def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: Cas
         with cassandra_session(_settings(ring, "QUORUM")) as session:
             report = verify(session, manifest, TableLayout(kss[1]), None, read_summary(tmp_path / "b.json")["version"])
         assert report.ok, report.to_dict()
+        for host in ring.hosts[:2]:  # the two live replicas, each read alone, hold every row
+            assert len(replica_rows(_settings(ring, "ONE"), host, kss[1]).data) == expected, host
         rc, log = job(kss[2], "ALL", tmp_path / "c.json")
         assert rc != 0
         # the version record's write at ALL refuses first; the loader's own check says the same in its words
@@ -268,8 +323,13 @@ def test_bulk_load_streams_to_every_replica_and_leaves_out_a_dead_node(ring: Cas
         assert re.search(wording, log), log[-3000:]
         assert "ingesting" not in log  # stopped before any Spark work
     finally:
-        if not _killed_at_end():
-            _restart(ring, 2)
+        _restart(ring, 2)
+    with cassandra_session(_settings(ring, "ONE")) as session:  # node 3 learns of the tables made while it was down
+        assert session.cluster.control_connection.wait_for_schema_agreement(wait_time=120), "no schema agreement"
+    # the node left out came back with none of the rows loaded while it was down; repair gives it every one
+    assert replica_rows(_settings(ring, "ONE"), ring.hosts[2], kss[1]).data == {}
+    ring.nodetool("repair", "--full", kss[1], node=0)
+    _every_replica_holds(ring, kss[1], expected)
 
 
 def test_two_nodes_down_fail_naming_level_and_live_replicas(ring: CassandraRing, tmp_path: Path) -> None:

@@ -81,7 +81,8 @@ class CassandraAuthError(CassandraConnectError, AuthenticationError):
 
 
 def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
-    """A driver Cluster: token-aware routing, the native protocol and consistency level of SETTINGS, auth, SSL."""
+    """A driver Cluster: token-aware routing (or OVERRIDES' load_balancing_policy), the native protocol and
+    consistency level of SETTINGS, auth, SSL."""
     from cassandra import ConsistencyLevel
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
@@ -99,7 +100,9 @@ def build_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
     from cassandra.query import named_tuple_factory
 
     profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
+        load_balancing_policy=overrides.pop(
+            "load_balancing_policy", TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc))
+        ),
         request_timeout=overrides.pop("request_timeout", defaults.REQUEST_TIMEOUT_S),
         row_factory=overrides.pop("row_factory", named_tuple_factory),
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
