@@ -1,135 +1,17 @@
-"""refresh_<name>: one scheduled DAG per dataset of the datasets file (`$IMGEST_DATASETS_FILE`).
+"""refresh_<name>: one scheduled Airflow DAG per dataset of the datasets file (`$IMGEST_DATASETS_FILE`).
 
-Parsing reads that one small TOML file and nothing else. Each run takes the dataset's write lock, scans the
-source again and, per target, compares with the last complete version: no change, no Spark job and no new
-version; otherwise the added and changed images are ingested, removed ones deleted (Cassandra) or marked dead in
-their kept shards (shards), the new version verified and announced as an Asset, which triggers `check_datasets`.
-Malformed entries are reported by `refresh_datasets_errors.py` (an import error naming entry and field); the
-valid entries' DAGs still load from this file.
+Parsing reads that one small TOML file and nothing else. Each DAG is built by imgest's factory
+(imgest.operators.refresh_dag.build_refresh_dag) with the default connection ids: each run takes the dataset's write
+lock, scans the source again and ingests only what changed since the last complete version (no change: no Spark job,
+no version), verifies and announces the new version as an Asset, which triggers `check_datasets`. Malformed entries
+are reported by `refresh_datasets_errors.py` (an import error naming entry and field); the valid entries' DAGs still
+load from this file.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Any
-
-from airflow.sdk import DAG, TaskGroup, task
-
-from imgest.flow.registry import DatasetEntry, load_registry
-from imgest.operators.cassandra import ApplyCqlSchemaOperator
-from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
-from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
-from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
-from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
-from imgest.operators.workarea import work_hooks
-
-
-def _doc(entry: DatasetEntry) -> str:
-    targets = ", ".join(entry.targets)
-    return (
-        f"### Refresh `{entry.name}`\n\n{entry.description}\n\nSchedule `{entry.schedule}`, targets {targets}, "
-        f"settings `{entry.settings}` (from the datasets file). Each run ingests only what changed since the last "
-        "complete version; a run that finds no change starts no Spark job and records no version."
-    )
-
-
-def _target_group(entry: DatasetEntry, target: str, scanned: Any) -> Any:
-    """plan -> changed? -> prepare -> ingest (Spark) -> finish -> publish (-> gc for shards), for one target."""
-    conf = entry.conf(target)
-    plan_args = "{{ ti.xcom_pull(task_ids='" + target + ".plan')['job_args'] }}"
-
-    @task(task_id="plan", doc_md="Scan vs the last complete version: added, changed, removed, unchanged.")
-    def plan(scan_result: dict[str, Any]) -> dict[str, Any]:
-        from imgest.operators.refresh import plan_target
-
-        return plan_target(conf, scan_result["manifest_dir"])
-
-    @task.short_circuit(
-        task_id="changed",
-        ignore_downstream_trigger_rules=False,
-        doc_md="No change: the rest of this target is skipped (no Spark job).",
-    )
-    def changed(result: dict[str, Any]) -> bool:
-        return bool(result["changed"])
-
-    @task(task_id="publish", outlets=[DATASETS], doc_md="Announces the new version as an Asset.")
-    def publish(result: dict[str, Any], *, outlet_events: Any = None) -> str:
-        extra = {"dataset": entry.name, "target": target, "version": result["version"], "conf": conf}
-        return announce(conf, {**extra, "changes": result["counts"]}, outlet_events)
-
-    with TaskGroup(target):
-        planned = plan(scanned)
-        job = {"task_id": "ingest", "application_args": plan_args, "source_conn_id": SOURCE_CONN}
-        if target == "cassandra":
-            prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
-            ingest = CassandraIngestSubmitOperator(**job, lock_dataset=entry.name)
-        else:
-            from imgest.flow.request import IngestRequest
-
-            prepare = EnsureBucketOperator(task_id="prepare", dest=IngestRequest.from_conf(conf).shard_dest)
-            ingest = PackShardsSubmitOperator(**job, lock_dataset=entry.name)
-        finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
-        changed(planned) >> prepare >> ingest >> finish
-        last = publish(finish.output)
-        if target == "shards":
-            gc = CollectGarbageOperator(
-                task_id="gc",
-                request=conf,
-                manifest_dir=MANIFEST_DIR,
-                doc_md="Deletes the shard versions older than the published one and keep_versions before it (the "
-                "datasets file's setting, default 1); never what manifest.json names. Returns what it removed.",
-            )
-            last >> gc
-            last = gc
-    return last
-
-
-def _source_of(entry: DatasetEntry) -> dict[str, Any]:
-    """The entry's source and its connection (aws_default unless the entry names one), for every task."""
-    conf = entry.conf(entry.targets[0])
-    return {"source": conf.get("source"), "source_conn_id": conf.get("source_conn_id") or "aws_default"}
-
-
-def build_refresh_dag(entry: DatasetEntry) -> DAG:
-    with DAG(
-        dag_id=f"refresh_{entry.name}",
-        description=f"Incremental refresh of {entry.name} ({', '.join(entry.targets)})",
-        doc_md=_doc(entry),
-        schedule=entry.schedule,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        render_template_as_native_obj=True,
-        tags=["imgest", "refresh"],
-        default_args={
-            "retries": 2,
-            "retry_delay": timedelta(seconds=30),
-            "execution_timeout": timedelta(hours=12),
-            # the work folder follows the run through $IMGEST_STATE_URL (or beside its S3 destination when the
-            # deployment spans hosts); the source's connection too
-            **work_hooks(entry.name, _source_of(entry), confs=[entry.conf(t) for t in entry.targets]),
-        },
-    ) as dag:
-        lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")
-        release = DatasetLockOperator(task_id="release_lock", dataset=entry.name, release=True, retries=3)
-
-        @task(task_id="scan", doc_md="Scans the source into the dataset's work folder.")
-        def scan() -> dict[str, Any]:
-            from imgest.flow.steps import scan_step
-            from imgest.operators.failures import fail_without_retry
-            from imgest.operators.hooks import source_settings
-
-            conf = entry.conf(entry.targets[0])
-            with fail_without_retry():
-                return scan_step(conf, source_settings(conf.get("source"), conf.get("source_conn_id", "aws_default")))
-
-        scanned = scan()
-        lock >> scanned
-        for target in entry.targets:
-            _target_group(entry, target, scanned) >> release
-        release.as_teardown(setups=lock)  # runs whatever happened; does not decide the run's state
-    return dag
-
+from imgest.flow.registry import load_registry
+from imgest.operators.refresh_dag import build_refresh_dag
 
 REGISTRY = load_registry()
 for _entry in REGISTRY.entries:

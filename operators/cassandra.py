@@ -42,11 +42,13 @@ class VerifyCassandraOperator(BaseOperator):
         manifest_dir: str,
         sample: int = 32,
         cassandra_conn_id: str = "cassandra_default",
+        aws_conn_id: str = "aws_default",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.request, self.manifest_dir, self.sample = request, manifest_dir, sample
         self.cassandra_conn_id = cassandra_conn_id
+        self.aws_conn_id = aws_conn_id  # an S3 store of the run's lock ($IMGEST_STATE_URL)
 
     def execute(self, context: Any) -> dict[str, Any]:
         from imgest.flow.steps import verify_cassandra

@@ -14,19 +14,21 @@ MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
 SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"  # an s3:// source's connection
 
 
-def announce(conf: dict[str, Any], extra: dict[str, Any], outlet_events: Any) -> str:
+def announce(conf: dict[str, Any], extra: dict[str, Any], outlet_events: Any, connections: Any = None) -> str:
     """Add the Asset of the dataset CONF describes (its Cassandra tables, shard prefix or folder) to the
-    `imgest-datasets` alias with EXTRA; returns its URI. Only the Cassandra target reads the Cassandra connection
-    (its address names the tables), so a shards-only deployment needs none."""
+    `imgest-datasets` alias with EXTRA and the DAG's CONNECTIONS (a DagConnections; the defaults when None: what
+    check_datasets reads the version through); returns its URI. Only the Cassandra target reads the Cassandra
+    connection (its address names the tables), so a shards-only deployment needs none."""
     from imgest.flow.request import IngestRequest
     from imgest.flow.steps import asset_uri
+    from imgest.operators.dag_connections import DEFAULT
 
     address = ""
     if IngestRequest.from_conf(conf).target == "cassandra":
         from imgest.operators.hooks import ImgestCassandraHook
 
-        settings = ImgestCassandraHook().settings()
+        settings = ImgestCassandraHook((connections or DEFAULT).cassandra).settings()
         address = f"{settings.hosts[0]}:{settings.port}"
     uri = asset_uri(conf, address)
-    outlet_events[DATASETS].add(Asset(uri), extra=extra)
+    outlet_events[DATASETS].add(Asset(uri), extra={**extra, "connections": (connections or DEFAULT).to_extra()})
     return uri

@@ -28,11 +28,13 @@ class DatasetLockOperator(BaseOperator):
         wait: float | None = None,
         poll: float = 5,
         cassandra_conn_id: str = "cassandra_default",
+        aws_conn_id: str = "aws_default",
         **kw: Any,
     ):
         super().__init__(**kw)
         self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
         self.cassandra_conn_id = cassandra_conn_id  # the cluster of a keyspace that keeps the lock
+        self.aws_conn_id = aws_conn_id  # the S3 store that keeps it otherwise
 
     def execute(self, context: Any) -> str:
         from imgest.core import locks
@@ -41,7 +43,7 @@ class DatasetLockOperator(BaseOperator):
         holder = locks.airflow_holder(self.dag_id, context["run_id"])
         if not self.dataset:  # the run failed before the dataset was known: nothing was taken
             return "no dataset"
-        store = lock_store(cassandra_conn_id=self.cassandra_conn_id)
+        store = lock_store(aws_conn_id=self.aws_conn_id, cassandra_conn_id=self.cassandra_conn_id)
         if self.release:
             freed = locks.release(self.dataset, holder, store)
             return f"released {self.dataset}" if freed else f"{self.dataset} was not held by this run"
@@ -54,13 +56,15 @@ class DatasetLockOperator(BaseOperator):
         return f"{holder.who} holds {self.dataset} (lock store {store.location})"
 
 
-def plan_target(conf: dict[str, Any], manifest_dir: str) -> dict[str, Any]:
+def plan_target(
+    conf: dict[str, Any], manifest_dir: str, cassandra_conn_id: str = "cassandra_default"
+) -> dict[str, Any]:
     """The plan task of a refresh DAG's target: plan_refresh, with the Cassandra target's connection (where its
     ingest recorded each image's source sha256)."""
     from imgest.flow.refresh import plan_refresh
     from imgest.operators.hooks import ImgestCassandraHook
 
-    cassandra = ImgestCassandraHook().settings() if conf.get("target") == "cassandra" else None
+    cassandra = ImgestCassandraHook(cassandra_conn_id).settings() if conf.get("target") == "cassandra" else None
     return plan_refresh(conf, Path(manifest_dir), cassandra)
 
 
@@ -99,14 +103,16 @@ class CheckVersionsOperator(BaseOperator):
         from imgest.core import locks
         from imgest.flow.checks import check_version
         from imgest.flow.request import IngestRequest
+        from imgest.operators.dag_connections import DagConnections
         from imgest.operators.hooks import ImgestCassandraHook, lock_store, store_settings
         from imgest.operators.state import run_lease, use_run_state
 
-        request = IngestRequest.from_conf(extra["conf"])
-        use_run_state([extra["conf"]])  # where this dataset's writers keep their lock and work files
-        cassandra = ImgestCassandraHook().settings() if request.target == "cassandra" else None
-        s3 = store_settings(request.shard_dest, "aws_default") if request.target == "shards" else None
-        holder, store = locks.airflow_holder(self.dag_id, context["run_id"]), lock_store()
+        request, conns = IngestRequest.from_conf(extra["conf"]), DagConnections.from_extra(extra)  # its DAG's ids
+        use_run_state([extra["conf"]], conns.cassandra)  # where this dataset's writers keep their lock and work files
+        cassandra = ImgestCassandraHook(conns.cassandra).settings() if request.target == "cassandra" else None
+        s3 = store_settings(request.shard_dest, conns.aws) if request.target == "shards" else None
+        holder = locks.airflow_holder(self.dag_id, context["run_id"])
+        store = lock_store(aws_conn_id=conns.aws, cassandra_conn_id=conns.cassandra)
         locks.acquire(
             request.dataset,
             holder,
@@ -115,7 +121,8 @@ class CheckVersionsOperator(BaseOperator):
             store=store,
         )
         try:
-            with run_lease(self.dag_id, context["run_id"], request.dataset, context.get("ti")):
+            ids = {"aws_conn_id": conns.aws, "cassandra_conn_id": conns.cassandra}
+            with run_lease(self.dag_id, context["run_id"], request.dataset, context.get("ti"), **ids):
                 return check_version(extra, cassandra, s3)
         finally:
             locks.release(request.dataset, holder, store)

@@ -21,7 +21,9 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
     job: ClassVar[str]
     template_fields = (*SparkSubmitOperator.template_fields, "source_conn_id", "lock_dataset")
 
-    def __init__(self, *, source_conn_id: str = "", lock_dataset: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, *, source_conn_id: str = "", lock_dataset: str = "", state_conn_id: str = "aws_default", **kwargs: Any
+    ) -> None:
         from imgest.spark.submit import job_path
 
         kwargs.setdefault("conn_id", "spark_default")
@@ -32,6 +34,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         super().__init__(application=str(job_path(self.job)), **kwargs)
         self.source_conn_id = source_conn_id  # an s3:// source's connection ('' for a local source)
         self.lock_dataset = lock_dataset  # the dataset whose lock this run holds: its lease is renewed while we run
+        self.state_conn_id = state_conn_id  # the connection of the run's state store (and of an S3 lock store)
 
     def source_env(self) -> dict[str, str]:
         """IMGEST_SOURCE_* variables from the source's connection (none for a local source)."""
@@ -47,14 +50,14 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         return {}
 
     def state_env(self) -> dict[str, str]:
-        """The keys of $IMGEST_STATE_URL's store (aws_default), where the driver stages the job's files."""
+        """The keys of $IMGEST_STATE_URL's store (STATE_CONN_ID), where the driver stages the job's files."""
         from imgest.core.lock_stores import state_url
 
         if state_url() is None:
             return {}
         from imgest.operators.hooks import ImgestS3Hook
 
-        return ImgestS3Hook(aws_conn_id="aws_default").spark_env()
+        return ImgestS3Hook(aws_conn_id=self.state_conn_id).spark_env()
 
     def master(self) -> str:
         """The master named by the Spark connection (its host, with port when given)."""
@@ -106,7 +109,8 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
 
         if not self.lock_dataset:
             return nullcontext()
-        return run_lease(self.dag_id, context["run_id"], self.lock_dataset, context.get("ti"))
+        ti = context.get("ti")
+        return run_lease(self.dag_id, context["run_id"], self.lock_dataset, ti, aws_conn_id=self.state_conn_id)
 
     def _in_reused_driver(self, master: str) -> bool:
         """Run the job in the reused local driver when $IMGEST_SPARK_DRIVER_SOCKET names one (the test suite's,

@@ -40,19 +40,21 @@ def task_deployment(spark_conn_id: str = "spark_default") -> Deployment:
     return Deployment(conf.get("core", "executor"), spark_master(spark_conn_id))
 
 
-def use_run_state(confs: Sequence[dict[str, Any]], cassandra_conn_id: str = "cassandra_default") -> str | None:
+def use_run_state(
+    confs: Sequence[dict[str, Any]], cassandra_conn_id: str = "cassandra_default", spark_conn_id: str = "spark_default"
+) -> str | None:
     """Decide where the run of CONFS (its request, or each target's conf) keeps its state and export a derived URL
     as $IMGEST_STATE_URL for this task; returns the URL (None: the local state folder). ConfigError naming
     IMGEST_STATE_URL when the run spans hosts and no store every host reaches is known. The lock's stores (the
     keyspace a Cassandra target writes, on the cluster of CASSANDRA_CONN_ID; beside an S3 destination) go to
-    $IMGEST_LOCK_URL, as the CLI's."""
+    $IMGEST_LOCK_URL, as the CLI's. Whether the run spans hosts follows from the master of SPARK_CONN_ID."""
     from imgest.core.lock_stores import LOCK_URL_ENV, STATE_URL_ENV, lock_url_for, state_setting
     from imgest.core.run_state import state_url_for
     from imgest.flow.steps import s3_destination
 
     dests = [d for d in (s3_destination(c) for c in confs if c) if d]
     configured = state_setting()
-    url = state_url_for(task_deployment(), dests[0] if dests else None, configured)
+    url = state_url_for(task_deployment(spark_conn_id), dests[0] if dests else None, configured)
     lock = lock_url_for(dests[0] if dests else None, _tables_lock(confs, cassandra_conn_id))
     if lock:
         os.environ[LOCK_URL_ENV] = lock
@@ -64,10 +66,16 @@ def use_run_state(confs: Sequence[dict[str, Any]], cassandra_conn_id: str = "cas
     return url
 
 
-def cassandra_conn_of(task: Any) -> str:
-    """The Cassandra connection id of TASK (an operator, or a task instance: its task's), else cassandra_default."""
+def aws_conn_of(task: Any, default: str = "aws_default") -> str:
+    """The AWS connection id of TASK (an operator, or a task instance: its task's), else DEFAULT (the DAG's)."""
     task = getattr(task, "task", task)
-    return str(getattr(task, "cassandra_conn_id", None) or "cassandra_default")
+    return str(getattr(task, "aws_conn_id", None) or default)
+
+
+def cassandra_conn_of(task: Any, default: str = "cassandra_default") -> str:
+    """The Cassandra connection id of TASK (an operator, or a task instance: its task's), else DEFAULT (the DAG's)."""
+    task = getattr(task, "task", task)
+    return str(getattr(task, "cassandra_conn_id", None) or default)
 
 
 def _tables_lock(confs: Sequence[dict[str, Any]], cassandra_conn_id: str) -> str | None:
@@ -85,11 +93,19 @@ def _tables_lock(confs: Sequence[dict[str, Any]], cassandra_conn_id: str) -> str
 
 
 @contextmanager
-def run_lease(dag_id: str, run_id: str, dataset: str, ti: Any = None) -> Iterator[None]:
+def run_lease(
+    dag_id: str,
+    run_id: str,
+    dataset: str,
+    ti: Any = None,
+    aws_conn_id: str | None = None,
+    cassandra_conn_id: str | None = None,
+) -> Iterator[None]:
     """This run's hold of DATASET's lock while the block runs: its lease renewed, the block's publishing fenced
     against it (imgest.core.locks), and a lost lock (LockLostError) failing the task without retries. With TI (the
     task instance), this attempt claims the lock for its task first: an older attempt still running somewhere (a
-    zombie whose worker Airflow gave up on) publishes nothing from then on."""
+    zombie whose worker Airflow gave up on) publishes nothing from then on. The lock's stores are reached through
+    AWS_CONN_ID and CASSANDRA_CONN_ID, else the task's connections."""
     from imgest.core import locks
     from imgest.operators.compat import fail_exception
     from imgest.operators.hooks import lock_store
@@ -97,7 +113,10 @@ def run_lease(dag_id: str, run_id: str, dataset: str, ti: Any = None) -> Iterato
     holder = locks.airflow_holder(dag_id, run_id)
     attempt = locks.Attempt(str(ti.task_id), int(ti.try_number)) if ti is not None else None
     try:
-        with locks.keep_alive(dataset, holder, lock_store(cassandra_conn_id=cassandra_conn_of(ti)), attempt):
+        store = lock_store(
+            aws_conn_id=aws_conn_id or aws_conn_of(ti), cassandra_conn_id=cassandra_conn_id or cassandra_conn_of(ti)
+        )
+        with locks.keep_alive(dataset, holder, store, attempt):
             yield
     except locks.LockLostError as exc:  # retrying cannot give the lock back
         raise fail_exception()(str(exc)) from None

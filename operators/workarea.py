@@ -4,9 +4,9 @@ Every task of the imgest DAGs runs ``pull_work`` before it executes and ``push_w
 (``work_hooks``, in each DAG's ``default_args``), so a task may run on another worker or pod than the one
 before it: it finds the manifest, plans, reports, split files and refresh state the earlier tasks wrote. Without
 ``$IMGEST_STATE_URL`` both do nothing (one machine, or a work folder every worker mounts). The store is reached
-through the ``aws_default`` connection. ``pull_work`` first decides where the run's state lives
-(``imgest.operators.state.use_run_state``): on a deployment across hosts without ``$IMGEST_STATE_URL``, next to
-the run's S3 destination, or the task fails without retries naming the variable.
+through the DAG's AWS connection (``aws_default`` unless its factory names another). ``pull_work`` first decides
+where the run's state lives (``imgest.operators.state.use_run_state``): on a deployment across hosts without
+``$IMGEST_STATE_URL``, next to the run's S3 destination, or the task fails without retries naming the variable.
 """
 
 from __future__ import annotations
@@ -48,17 +48,22 @@ def _ensure_sample(context: Any) -> None:
         ensure_sample(state_dir() / "demo" / str(request["dataset"]), DEMO_SAMPLE)
 
 
-def _use_run_state(confs: Sequence[dict[str, Any]], context: Any) -> None:
+def _use_run_state(
+    confs: Sequence[dict[str, Any]],
+    context: Any,
+    cassandra_conn_id: str = "cassandra_default",
+    spark_conn_id: str = "spark_default",
+) -> None:
     """Where this run keeps its state (exported for the task when derived); no retries when it has nowhere. The
     keyspace's lock store is reached through the task's Cassandra connection."""
     from imgest.operators.failures import fail_without_retry
     from imgest.operators.state import cassandra_conn_of, use_run_state
 
     with fail_without_retry():
-        use_run_state(confs, cassandra_conn_of(context.get("task")))
+        use_run_state(confs, cassandra_conn_of(context.get("task"), cassandra_conn_id), spark_conn_id)
 
 
-def _area(context: Any, dataset: str) -> Any:
+def _area(context: Any, dataset: str, aws_conn_id: str = "aws_default") -> Any:
     from imgest.core.lock_stores import state_url
     from imgest.core.workarea import work_area
 
@@ -67,17 +72,24 @@ def _area(context: Any, dataset: str) -> Any:
         return None
     from imgest.operators.hooks import store_settings
 
-    return work_area(dataset, store_settings(url, "aws_default"))
+    return work_area(dataset, store_settings(url, aws_conn_id))
 
 
 def work_hooks(
-    dataset: str | None = None, source: dict[str, Any] | None = None, *, confs: Sequence[dict[str, Any]] | None = None
+    dataset: str | None = None,
+    source: dict[str, Any] | None = None,
+    *,
+    confs: Sequence[dict[str, Any]] | None = None,
+    aws_conn_id: str = "aws_default",
+    cassandra_conn_id: str = "cassandra_default",
+    spark_conn_id: str = "spark_default",
 ) -> dict[str, Callable[..., None]]:
     """``pre_execute`` / ``post_execute`` for a DAG's default_args; DATASET for a DAG of one dataset, else the
     dataset the run's ``validate`` task resolved. Each task also reads an ``s3://`` source through the run's
     source connection: SOURCE's ``source`` / ``source_conn_id`` (a DAG of one dataset), else the request's. The
     run's state lives next to the S3 destination of CONFS (a DAG of one dataset: its targets' confs), else the
-    request's, when the deployment spans hosts and ``$IMGEST_STATE_URL`` is unset."""
+    request's, when the deployment spans hosts and ``$IMGEST_STATE_URL`` is unset. The state store is reached
+    through AWS_CONN_ID; a keyspace's lock store through the task's Cassandra connection, else CASSANDRA_CONN_ID."""
     from imgest.core.workarea import ephemeral
 
     def pull_work(context: Any) -> None:
@@ -88,14 +100,15 @@ def work_hooks(
         register_run_source(scanned.get("source_root"), scanned.get("source_conn_id"))
         name = _dataset(context, dataset)
         if name:  # (validate decides it with the request it validates)
-            _use_run_state(confs if confs is not None else [_request(context)], context)
+            conns = (cassandra_conn_id, spark_conn_id)
+            _use_run_state(confs if confs is not None else [_request(context)], context, *conns)
         if name and ephemeral():  # this task starts on an empty disk, as a fresh pod does
             import shutil
 
             from imgest.core.workdir import dataset_workdir
 
             shutil.rmtree(dataset_workdir(name), ignore_errors=True)
-        area = _area(context, name)
+        area = _area(context, name, aws_conn_id)
         if area is not None:
             from imgest.operators.task_reads import task_reads
 
@@ -105,7 +118,7 @@ def work_hooks(
             _ensure_sample(context)
 
     def push_work(context: Any, result: Any = None) -> None:
-        area = _area(context, _dataset(context, dataset))
+        area = _area(context, _dataset(context, dataset), aws_conn_id)
         if area is None:
             return
         sent, deleted = area.push()

@@ -32,14 +32,38 @@ def stub(module: str) -> str:
     )
 
 
-def install(folder: Path, force: bool = False) -> list[Path]:
+def factory_file(dag_id: str, connections: dict[str, str], spark_pool: str | None) -> str:
+    """A DAG file that builds ingest_imagenet under DAG_ID with the connection ids CONNECTIONS (cassandra, aws,
+    source, spark: those not given keep their defaults) and SPARK_POOL, through imgest's factory."""
+    conns = ", ".join(f"{k}={json.dumps(v)}" for k, v in connections.items())
+    pool = f", spark_pool={json.dumps(spark_pool)}" if spark_pool else ""
+    return (
+        f'"""{dag_id}: an Airflow DAG file building imgest\'s ingest DAG (`imgest dags install --dag-id`)."""\n'
+        "\n"
+        "from imgest.operators.dag_connections import DagConnections\n"
+        "from imgest.operators.ingest_dag import ingest_imagenet_dag\n"
+        "\n"
+        f"dag = ingest_imagenet_dag({json.dumps(dag_id)}, connections=DagConnections({conns}){pool})\n"
+    )
+
+
+def install(
+    folder: Path,
+    force: bool = False,
+    dag_id: str | None = None,
+    connections: dict[str, str] | None = None,
+    spark_pool: str | None = None,
+) -> list[Path]:
     """Write one DAG file per shipped DAG module into FOLDER (imgest_<name>.py); an existing file that differs is
-    kept unless FORCE. Returns the files written."""
+    kept unless FORCE. Returns the files written. With DAG_ID, instead one file, imgest_<DAG_ID>.py, building the
+    ingest DAG under that id with CONNECTIONS and SPARK_POOL (factory_file)."""
     folder.mkdir(parents=True, exist_ok=True)
+    files = {f"imgest_{m.rpartition('.')[2]}.py": stub(m) for m in dag_modules()}
+    if dag_id:
+        files = {f"imgest_{dag_id}.py": factory_file(dag_id, connections or {}, spark_pool)}
     written = []
-    for module in dag_modules():
-        path = folder / f"imgest_{module.rpartition('.')[2]}.py"
-        text = stub(module)
+    for name, text in files.items():
+        path = folder / name
         if path.exists() and path.read_text() != text and not force:
             raise FileExistsError(f"{path} exists and differs from imgest's DAG file: move it, or give --force")
         path.write_text(text)
@@ -59,13 +83,24 @@ def bundle_entry(name: str = "imgest") -> dict[str, object]:
 
 
 def install_cmd(args: argparse.Namespace) -> int:
+    from imgest.core.errors import ConfigError
+
+    conns = {
+        k: getattr(args, f"{k}_conn") for k in ("cassandra", "aws", "source", "spark") if getattr(args, f"{k}_conn")
+    }
+    if (conns or args.spark_pool) and not args.dag_id:
+        raise ConfigError("connection ids and --spark-pool go with --dag-id (a DAG of its own)")
     try:
-        written = install(args.folder, force=args.force)
+        written = install(
+            args.folder, force=args.force, dag_id=args.dag_id, connections=conns, spark_pool=args.spark_pool
+        )
     except FileExistsError as exc:
         print(f"imgest dags install: {exc}")
         return 1
     for path in written:
         print(f"wrote {path}")
+    if args.dag_id:
+        print(f"{args.dag_id} reads the connections {', '.join(f'{k}: {v}' for k, v in conns.items()) or 'by default'}")
     print(NEEDS)
     return 0
 
@@ -90,6 +125,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "folder", type=Path, metavar="FOLDER", help="the deployment's DAG folder (e.g. $AIRFLOW_HOME/dags)"
     )
     inst.add_argument("--force", action="store_true", help="overwrite files of the same name that differ")
+    inst.add_argument(
+        "--dag-id",
+        metavar="ID",
+        help="instead: one file building the ingest DAG under this id through imgest's factory, with the connection "
+        "ids below (a DAG beside ingest_imagenet, e.g. for another team's stores)",
+    )
+    for kind, default in (("cassandra", "cassandra_default"), ("aws", "aws_default"), ("spark", "spark_default")):
+        inst.add_argument(f"--{kind}-conn", metavar="CONN_ID", help=f"with --dag-id: its {kind} connection ({default})")
+    inst.add_argument(
+        "--source-conn",
+        metavar="CONN_ID",
+        help="with --dag-id: the default connection of an s3:// source (aws_default)",
+    )
+    inst.add_argument("--spark-pool", metavar="POOL", help="with --dag-id: the pool of its Spark jobs")
     inst.set_defaults(func=install_cmd)
     bun = dags_sub.add_parser(
         "bundle",
