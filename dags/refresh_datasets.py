@@ -11,8 +11,10 @@ load from this file.
 from __future__ import annotations
 
 from imgest.flow.registry import load_registry
+from imgest.operators.config_options import export_section
 from imgest.operators.refresh_dag import build_refresh_dag
 
+export_section()  # [imgest] datasets_file of Airflow's configuration, unless $IMGEST_DATASETS_FILE is set
 REGISTRY = load_registry()
 for _entry in REGISTRY.entries:
     globals()[f"refresh_{_entry.name}"] = build_refresh_dag(_entry)

@@ -22,6 +22,7 @@ from airflow.sdk import DAG, Param, task
 
 from imgest.flow.request_form import param_specs
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
+from imgest.operators.config_options import export_section
 from imgest.operators.dag_connections import DEFAULT, DagConnections, caller_file
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
@@ -108,6 +109,7 @@ def ingest_imagenet_dag(
     connection of its own and Spark through CONNECTIONS; its Spark jobs in SPARK_POOL (None: $IMGEST_SPARK_POOL, else
     default_pool); TAGS; DEFAULT_ARGS over imgest's (retries, timeouts, the work-folder hooks); MAX_ACTIVE_RUNS
     (runs of different datasets proceed together; the dataset lock keeps one writer each); DAG_KWARGS to the DAG."""
+    export_section()  # [imgest] of Airflow's configuration (its spark_pool, ...), as the variables not set
     conns = connections
     spark = {"conn_id": conns.spark, **({"pool": spark_pool} if spark_pool else {})}
     hooks = work_hooks(aws_conn_id=conns.aws, cassandra_conn_id=conns.cassandra, spark_conn_id=conns.spark)

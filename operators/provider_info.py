@@ -6,6 +6,8 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
+from imgest.operators.config_options import provider_config
+
 INTEGRATION = "imgest"
 HOOKS = ["imgest.operators.hooks"]
 OPERATORS = [
@@ -49,4 +51,5 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": INTEGRATION, "python-modules": HOOKS}],
         "operators": [{"integration-name": INTEGRATION, "python-modules": OPERATORS}],
         "dags": DAGS,
+        "config": provider_config(),  # [imgest] in airflow.cfg / AIRFLOW__IMGEST__*: `airflow config list`
     }

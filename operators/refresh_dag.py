@@ -18,6 +18,7 @@ from airflow.sdk import DAG, TaskGroup, task
 
 from imgest.flow.registry import DatasetEntry
 from imgest.operators.cassandra import ApplyCqlSchemaOperator
+from imgest.operators.config_options import export_section
 from imgest.operators.dag_connections import DEFAULT, DagConnections, caller_file
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
@@ -104,6 +105,7 @@ def build_refresh_dag(
     """The refresh DAG of ENTRY (a datasets file's entry) under DAG_ID (default ``refresh_<name>``), reaching its
     stores, its source (unless the entry names a connection) and Spark through CONNECTIONS; its Spark job in
     SPARK_POOL (None: $IMGEST_SPARK_POOL, else default_pool); TAGS; DEFAULT_ARGS over imgest's."""
+    export_section()  # [imgest] of Airflow's configuration (its spark_pool, ...), as the variables not set
     conns = connections
     spark = {"conn_id": conns.spark, **({"pool": spark_pool} if spark_pool else {})}
     ids = {"aws_conn_id": conns.aws, "cassandra_conn_id": conns.cassandra, "state_conn_id": conns.aws}

@@ -68,10 +68,17 @@ class CollectGarbageOperator(BaseOperator):
     template_fields: Sequence[str] = ("request", "manifest_dir")
 
     def __init__(
-        self, *, request: dict[str, Any] | str, manifest_dir: str = "", aws_conn_id: str = "aws_default", **kwargs: Any
+        self,
+        *,
+        request: dict[str, Any] | str,
+        manifest_dir: str = "",
+        aws_conn_id: str = "aws_default",
+        cassandra_conn_id: str = "cassandra_default",
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.request, self.manifest_dir, self.aws_conn_id = request, manifest_dir, aws_conn_id
+        self.cassandra_conn_id = cassandra_conn_id  # a keyspace's lock store, held while it runs
 
     def execute(self, context: Any) -> dict[str, Any]:
         from pathlib import Path

@@ -93,8 +93,10 @@ def work_hooks(
     from imgest.core.workarea import ephemeral
 
     def pull_work(context: Any) -> None:
+        from imgest.operators.config_options import export_section
         from imgest.operators.connections import register_request_source, register_run_source
 
+        export_section()  # [imgest] of Airflow's configuration, as the IMGEST_* variables this task lacks
         register_request_source(source if source is not None else _request(context))
         scanned = _scanned(context)  # where the scan found the source (the sample's copy in the store, too)
         register_run_source(scanned.get("source_root"), scanned.get("source_conn_id"))
