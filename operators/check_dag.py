@@ -11,12 +11,11 @@ checked (ingest_imagenet reads back inline) are skipped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG
 
-from imgest.operators.dag_connections import caller_file
+from imgest.operators.dag_connections import START_DATE, caller_file, dag_defaults
 from imgest.operators.publish import DATASETS
 from imgest.operators.refresh import CheckVersionsOperator
 
@@ -35,16 +34,11 @@ def check_datasets_dag(
         description="Read-back and xNVMe checks of each newly published dataset version",
         doc_md=__doc__,
         schedule=[DATASETS],
-        start_date=datetime(2026, 1, 1),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=max_active_runs,
         tags=list(tags),
-        default_args={
-            "retries": 2,
-            "retry_delay": timedelta(seconds=30),
-            "execution_timeout": timedelta(hours=6),
-            **(default_args or {}),
-        },
+        default_args=dag_defaults(6, default_args),
     ) as dag:
         dag.fileloc = caller_file()  # the DAG file that called the factory (caller_file says why)
         CheckVersionsOperator(task_id="check_versions", doc_md="Read back every announced version; record the reports.")

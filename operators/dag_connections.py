@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from typing import Any
+
+START_DATE = datetime(2026, 1, 1)  # every imgest DAG's (none catches up)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,11 @@ class DagConnections:
     source: str = "aws_default"
     spark: str = "spark_default"
 
+    def task_ids(self) -> dict[str, str]:
+        """The default arguments that hand them to every operator whose signature takes them (Airflow applies a
+        default argument only there): the stores' ids and the Spark jobs' state store."""
+        return {"aws_conn_id": self.aws, "cassandra_conn_id": self.cassandra, "state_conn_id": self.aws}
+
     def to_extra(self) -> dict[str, str]:
         """What an Asset event's extra records of them."""
         return asdict(self)
@@ -36,6 +44,19 @@ class DagConnections:
 
 
 DEFAULT = DagConnections()
+
+
+def dag_defaults(hours: float, *layers: dict[str, Any] | None) -> dict[str, Any]:
+    """An imgest DAG's default arguments: two retries 30 s apart, a timeout of HOURS, then each of LAYERS over them
+    (the work-folder hooks, the connection ids, the caller's own default_args)."""
+    merged: dict[str, Any] = {
+        "retries": 2,
+        "retry_delay": timedelta(seconds=30),
+        "execution_timeout": timedelta(hours=hours),
+    }
+    for layer in layers:
+        merged |= layer or {}
+    return merged
 
 
 def caller_file(depth: int = 2) -> str:

@@ -15,7 +15,6 @@ Trigger from the UI's form or: airflow dags trigger <dag_id> --conf '{"sample": 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, task
@@ -23,7 +22,7 @@ from airflow.sdk import DAG, Param, task
 from imgest.flow.request_form import param_specs
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from imgest.operators.config_options import export_section
-from imgest.operators.dag_connections import DEFAULT, DagConnections, caller_file
+from imgest.operators.dag_connections import DEFAULT, START_DATE, DagConnections, caller_file, dag_defaults
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
 from imgest.operators.refresh import DatasetLockOperator
@@ -113,27 +112,17 @@ def ingest_imagenet_dag(
     conns = connections
     spark = {"conn_id": conns.spark, **({"pool": spark_pool} if spark_pool else {})}
     hooks = work_hooks(aws_conn_id=conns.aws, cassandra_conn_id=conns.cassandra, spark_conn_id=conns.spark)
-    # every operator that takes them gets the DAG's connection ids (Airflow applies a default argument only where
-    # the operator's signature has it)
-    ids = {"aws_conn_id": conns.aws, "cassandra_conn_id": conns.cassandra, "state_conn_id": conns.aws}
     with DAG(
         dag_id=dag_id,
         description="ImageNet-style dataset -> Cassandra tables or webdataset shards, verified",
         doc_md=DOC,
         schedule=None,
-        start_date=datetime(2026, 1, 1),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=max_active_runs,
         render_template_as_native_obj=True,
         tags=list(tags),
-        default_args={
-            "retries": 2,
-            "retry_delay": timedelta(seconds=30),
-            "execution_timeout": timedelta(hours=12),
-            **hooks,  # the work folder follows the run through $IMGEST_STATE_URL when set
-            **ids,
-            **(default_args or {}),
-        },
+        default_args=dag_defaults(12, hooks, conns.task_ids(), default_args),  # hooks: the work folder's travel
         params=_params(conns),
         **dag_kwargs,
     ) as dag:

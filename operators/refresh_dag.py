@@ -11,7 +11,6 @@ Asset, which triggers ``check_datasets``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, TaskGroup, task
@@ -19,7 +18,7 @@ from airflow.sdk import DAG, TaskGroup, task
 from imgest.flow.registry import DatasetEntry
 from imgest.operators.cassandra import ApplyCqlSchemaOperator
 from imgest.operators.config_options import export_section
-from imgest.operators.dag_connections import DEFAULT, DagConnections, caller_file
+from imgest.operators.dag_connections import DEFAULT, START_DATE, DagConnections, caller_file, dag_defaults
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
 from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
@@ -108,34 +107,27 @@ def build_refresh_dag(
     export_section()  # [imgest] of Airflow's configuration (its spark_pool, ...), as the variables not set
     conns = connections
     spark = {"conn_id": conns.spark, **({"pool": spark_pool} if spark_pool else {})}
-    ids = {"aws_conn_id": conns.aws, "cassandra_conn_id": conns.cassandra, "state_conn_id": conns.aws}
+    # the work folder follows the run through $IMGEST_STATE_URL (or beside its S3 destination when the deployment
+    # spans hosts); the source's connection too
+    hooks = work_hooks(
+        entry.name,
+        _source_of(entry, conns),
+        confs=[entry.conf(t) for t in entry.targets],
+        aws_conn_id=conns.aws,
+        cassandra_conn_id=conns.cassandra,
+        spark_conn_id=conns.spark,
+    )
     with DAG(
         dag_id=dag_id or f"refresh_{entry.name}",
         description=f"Incremental refresh of {entry.name} ({', '.join(entry.targets)})",
         doc_md=_doc(entry),
         schedule=entry.schedule,
-        start_date=datetime(2026, 1, 1),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         render_template_as_native_obj=True,
         tags=list(tags),
-        default_args={
-            "retries": 2,
-            "retry_delay": timedelta(seconds=30),
-            "execution_timeout": timedelta(hours=12),
-            # the work folder follows the run through $IMGEST_STATE_URL (or beside its S3 destination when the
-            # deployment spans hosts); the source's connection too
-            **work_hooks(
-                entry.name,
-                _source_of(entry, conns),
-                confs=[entry.conf(t) for t in entry.targets],
-                aws_conn_id=conns.aws,
-                cassandra_conn_id=conns.cassandra,
-                spark_conn_id=conns.spark,
-            ),
-            **ids,  # to every operator whose signature takes them
-            **(default_args or {}),
-        },
+        default_args=dag_defaults(12, hooks, conns.task_ids(), default_args),
     ) as dag:
         dag.fileloc = caller_file()  # the DAG file that called the factory (caller_file says why)
         lock = DatasetLockOperator(task_id="lock", dataset=entry.name, doc_md="One writer per dataset: waits.")
