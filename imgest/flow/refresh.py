@@ -62,6 +62,33 @@ def version_name(request: IngestRequest, number: int) -> str:
     return f"t-{transform_key(request.transform())}-r{number}"
 
 
+def compiled_decoder_of(previous_version: str, request: IngestRequest) -> str | None:
+    """The region decoder revision PREVIOUS_VERSION was written with, where REQUEST leaves the decoder to ``auto`` on
+    an installation without the compiled decoder (there ``auto`` means Pillow: other bytes); else None."""
+    from imgest.sinks.cassandra.ingest import key_of_fields
+    from imgest.transform import fastjpeg
+    from imgest.transform.revisions import REGION_DECODERS
+
+    if request.jpeg_decoder != "auto" or fastjpeg.available():
+        return None
+    fields, prefix = request.transform().as_dict(), previous_version.rsplit("-r", 1)[0]
+    return next((r for r in REGION_DECODERS if prefix == f"t-{key_of_fields({**fields, 'jpeg_decoder': r})}"), None)
+
+
+def _refuse_silent_pillow(previous_version: str, request: IngestRequest) -> None:
+    """ConfigError when ``auto`` would quietly re-transform a dataset the compiled decoder wrote with Pillow."""
+    from imgest.transform.fastjpeg import BUILD_HINT
+
+    revision = compiled_decoder_of(previous_version, request)
+    if revision:
+        raise ConfigError(
+            f"{request.dataset}/{request.target}: version {previous_version} was written with imgest's compiled JPEG "
+            f"decoder ({revision}), which this installation lacks ({BUILD_HINT}); jpeg_decoder 'auto' would mean "
+            "Pillow here and re-transform every image. Install imgest with its compiled decoder (the wheel has it), "
+            "or set jpeg_decoder to 'pillow' to re-transform on purpose."
+        )
+
+
 def _transform_changed(previous_version: str, request: IngestRequest) -> bool:
     """Whether REQUEST's transform differs from the one PREVIOUS_VERSION (t-<transform key>-r<N>) was written with:
     then no stored image can be kept (an upgrade that changes the JPEG decoder counts too)."""
@@ -106,6 +133,8 @@ def _plan(request: IngestRequest, manifest_dir: Path, known: KnownHashes | None)
     manifest = manifest_dir / workdir.MANIFEST
     root = Path(manifest_metadata(manifest)["root"])
     scanned = rdir / SCANNED_BASELINE
+    if state:
+        _refuse_silent_pillow(state["version"], request)
     changes = diff_manifest(manifest, rdir / BASELINE if state else None, root, scanned, known=known)
     if state and _transform_changed(state["version"], request):
         log.warning(

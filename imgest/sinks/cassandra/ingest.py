@@ -54,7 +54,13 @@ META_COLUMNS = (
 
 def transform_key(spec: TransformSpec) -> str:
     """Short stable digest of the transform settings (part of the default version name)."""
-    return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+    return key_of_fields(spec.as_dict())
+
+
+def key_of_fields(fields: dict[str, Any]) -> str:
+    """transform_key of a transform's FIELDS (TransformSpec.as_dict), also for a spec this installation cannot build
+    (a region decoder where the compiled module is missing)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
