@@ -44,6 +44,7 @@ FILES_ARGS = "{{ ti.xcom_pull(task_ids='scan')['files_args'] }}"
 SHARD_DEST = "{{ ti.xcom_pull(task_ids='validate')['s3_dest'] or 's3://imgest/' ~ params.dataset }}"
 FILES_DEST = "{{ ti.xcom_pull(task_ids='scan')['files_dest'] }}"
 DATASET = "{{ (ti.xcom_pull(task_ids='validate') or {}).get('dataset', '') }}"
+CHECK_SAMPLE = "{{ ti.xcom_pull(task_ids='validate')['check_sample'] }}"
 
 DOC = """
 ### Ingest an ImageNet-style dataset
@@ -127,158 +128,193 @@ def ingest_imagenet_dag(
         **dag_kwargs,
     ) as dag:
         dag.fileloc = caller_file()  # the DAG file that called the factory (caller_file says why)
-
-        @task(doc_md=VALIDATE_DOC)
-        def validate(params: dict[str, Any] | None = None) -> dict[str, Any]:
-            """Reject bad conf with every problem listed, before any Spark work (AirflowFailException: no retries)."""
-            import logging
-
-            from imgest.core.errors import ConfigError
-            from imgest.flow.steps import validate_conf
-            from imgest.operators.compat import fail_exception
-            from imgest.operators.hooks import connection_bucket
-            from imgest.operators.state import task_deployment
-
-            try:  # a run across hosts also needs a store for its state (IMGEST_STATE_URL, or its S3 destination)
-                deployment, bucket = task_deployment(conns.spark), connection_bucket(conns.aws)
-                return validate_conf(dict(params or {}), deployment, bucket=bucket)
-            except ConfigError as exc:
-                # The first line of this task's log, and the failure shown for the run: what to fix, nothing else.
-                logging.getLogger(__name__).error("%s", exc)
-                raise fail_exception()(str(exc)) from None
-
-        @task(doc_md="Lists images, labels and ids into `manifest.parquet` in `$IMGEST_HOME/work/<dataset>/`.")
-        def scan(request: dict[str, Any]) -> dict[str, Any]:
-            """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
-            from imgest.flow.steps import scan_step
-            from imgest.operators.failures import fail_without_retry
-            from imgest.operators.hooks import source_settings, state_store
-
-            with fail_without_retry():
-                source = source_settings(request.get("source"), request.get("source_conn_id", ""))
-                return scan_step(request, source, state_store(conns.aws))
-
-        @task.branch(doc_md="Follows the Target: the other branch's tasks are skipped, not failed.")
-        def choose_target(request: dict[str, Any]) -> str:
-            return {"cassandra": "prepare_cassandra", "shards": "prepare_bucket", "files": "ingest_files"}[
-                request["target"]
-            ]
-
-        prepare_cassandra = ApplyCqlSchemaOperator(
-            task_id="prepare_cassandra",
-            request=REQUEST,
-            manifest_dir=MANIFEST_DIR,
-            doc_md="Creates the keyspace (replication from the form) and the tables from `sql/*.cql`.",
-        )
-        ingest_cassandra = CassandraIngestSubmitOperator(
-            task_id="ingest_cassandra",
-            source_conn_id=SOURCE_CONN,
-            lock_dataset=DATASET,
-            application_args=CASSANDRA_ARGS,
-            doc_md=f"Spark job `jobs/ingest_cassandra.py` on `{conns.spark}`: transforms and writes the rows.",
-            **spark,
-        )
-        verify_cassandra = VerifyCassandraOperator(
-            task_id="verify_cassandra",
-            request=REQUEST,
-            manifest_dir=MANIFEST_DIR,
-            doc_md="Checks counts per split and label and byte-equal samples; marks the version `complete`.",
-        )
-        prepare_bucket = EnsureBucketOperator(
-            task_id="prepare_bucket",
-            dest=SHARD_DEST,
-            doc_md=f"Checks the keys of `{conns.aws}` and creates the bucket (skipped for a folder).",
-        )
-        ingest_shards = PackShardsSubmitOperator(
-            task_id="ingest_shards",
-            source_conn_id=SOURCE_CONN,
-            lock_dataset=DATASET,
-            application_args=SHARDS_ARGS,
-            **spark,
-            doc_md="Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing "
-            "`manifest.json`.",
-        )
-        verify_shards = VerifyShardsOperator(
-            task_id="verify_shards",
-            dest=SHARD_DEST,
-            doc_md="Checks every shard of `manifest.json` is there with its sha256.",
-        )
-        ingest_files = WriteFilesSubmitOperator(
-            task_id="ingest_files",
-            source_conn_id=SOURCE_CONN,
-            lock_dataset=DATASET,
-            application_args=FILES_ARGS,
-            **spark,
-            doc_md="Spark job: write <split>/<wnid>/<id>.jpg files.",
-        )
-        verify_files = VerifyFilesOperator(
-            task_id="verify_files",
-            dest=FILES_DEST,
-            sample="{{ ti.xcom_pull(task_ids='validate')['check_sample'] }}",
-            doc_md="Counts match; every file is there with its size; a seeded sample (Images checked) has its sha256.",
-        )
-        build_split = BuildSplitOperator(
-            task_id="build_split",
-            request=REQUEST,
-            out_dir=MANIFEST_DIR,
-            trigger_rule="none_failed_min_one_success",
-            doc_md="Writes split-<target>.npz (ratios, balance, seed) from the ingested train rows.",
-        )
-
-        read_throughput = ReadThroughputOperator(
-            task_id="read_throughput",
-            request=REQUEST,
-            out_dir=MANIFEST_DIR,
-            doc_md="DALI read-back of the stored train rows, every reader of the target; every byte and label checked.",
-        )
-
-        @task.short_circuit(
-            ignore_downstream_trigger_rules=False, doc_md="The xNVMe check applies to the files target."
-        )
-        def xnvme_applies(request: dict[str, Any]) -> bool:
-            return request["target"] == "files"
-
-        validate_xnvme = ValidateXnvmeOperator(
-            task_id="validate_xnvme",
-            dataset_dir=FILES_DEST,
-            out_dir=MANIFEST_DIR,
-            loop_fs="{{ ti.xcom_pull(task_ids='validate')['xnvme_loop_fs'] or '' }}",
-            sample="{{ ti.xcom_pull(task_ids='validate')['check_sample'] }}",
-            doc_md="DALI file reader vs Python file API vs xNVMe file and block APIs, byte-exact.",
-        )
-
-        @task(outlets=[DATASETS], doc_md="Announces the verified dataset as an Asset (tables, shard prefix or folder).")
-        def publish_asset(request: dict[str, Any], *, outlet_events: Any = None) -> str:
-            """Announce the verified dataset as an Asset (keyspace/table or S3 prefix)."""
-            extra = {"dataset": request["dataset"], "target": request["target"], "checked": True}  # read back above
-            return announce(request, extra, outlet_events, conns)
-
-        gc = CollectGarbageOperator(
-            task_id="gc",
-            request=REQUEST,
-            manifest_dir=MANIFEST_DIR,
-            doc_md="Deletes the stored versions older than the published one and *Earlier versions kept* before it "
-            "(never what manifest.json names); returns what it removed. The Cassandra target keeps its versions in its "
-            "tables: nothing to collect.",
-        )
-
-        lock = DatasetLockOperator(
-            task_id="lock", dataset=DATASET, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
-        )
-        release = DatasetLockOperator(task_id="release_lock", dataset=DATASET, release=True, retries=3)
-        request = validate()
-        scanned = scan(request)
-        request >> lock >> scanned
-        branch = choose_target(request)
+        request, scanned, lock = _front(conns)
+        branch = _choose_target(request)
         scanned >> branch
-        branch >> prepare_cassandra >> ingest_cassandra >> verify_cassandra
-        branch >> prepare_bucket >> ingest_shards >> verify_shards
-        branch >> ingest_files >> verify_files
-        published = publish_asset(request)
-        [verify_cassandra, verify_shards, verify_files] >> build_split >> read_throughput >> published
-        read_throughput >> xnvme_applies(request) >> validate_xnvme
-        published >> gc
-        [published, validate_xnvme, gc] >> release.as_teardown(
-            setups=lock
-        )  # runs whatever happened; not the run's state
+        verified = [
+            _cassandra_branch(branch, spark),
+            _shards_branch(branch, spark, conns),
+            _files_branch(branch, spark),
+        ]
+        _after(request, verified, lock, conns)
     return dag
+
+
+def _front(conns: DagConnections) -> tuple[Any, Any, Any]:
+    """validate -> lock -> scan: the run's request, the scan's result and the lock task."""
+
+    @task(doc_md=VALIDATE_DOC)
+    def validate(params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Reject bad conf with every problem listed, before any Spark work (AirflowFailException: no retries)."""
+        import logging
+
+        from imgest.core.errors import ConfigError
+        from imgest.flow.steps import validate_conf
+        from imgest.operators.compat import fail_exception
+        from imgest.operators.hooks import connection_bucket
+        from imgest.operators.state import task_deployment
+
+        try:  # a run across hosts also needs a store for its state (IMGEST_STATE_URL, or its S3 destination)
+            deployment, bucket = task_deployment(conns.spark), connection_bucket(conns.aws)
+            return validate_conf(dict(params or {}), deployment, bucket=bucket)
+        except ConfigError as exc:
+            # The first line of this task's log, and the failure shown for the run: what to fix, nothing else.
+            logging.getLogger(__name__).error("%s", exc)
+            raise fail_exception()(str(exc)) from None
+
+    @task(doc_md="Lists images, labels and ids into `manifest.parquet` in `$IMGEST_HOME/work/<dataset>/`.")
+    def scan(request: dict[str, Any]) -> dict[str, Any]:
+        """Scan the source; nothing ingestible fails at once (no retries), naming the quarantine list."""
+        from imgest.flow.steps import scan_step
+        from imgest.operators.failures import fail_without_retry
+        from imgest.operators.hooks import source_settings, state_store
+
+        with fail_without_retry():
+            source = source_settings(request.get("source"), request.get("source_conn_id", ""))
+            return scan_step(request, source, state_store(conns.aws))
+
+    lock = DatasetLockOperator(
+        task_id="lock", dataset=DATASET, doc_md="One writer per dataset (DAG runs and CLI): waits for the holder."
+    )
+    request = validate()
+    scanned = scan(request)
+    request >> lock >> scanned
+    return request, scanned, lock
+
+
+@task.branch(task_id="choose_target", doc_md="Follows the Target: the other branch's tasks are skipped, not failed.")
+def _choose_target(request: dict[str, Any]) -> str:
+    return {"cassandra": "prepare_cassandra", "shards": "prepare_bucket", "files": "ingest_files"}[request["target"]]
+
+
+def _cassandra_branch(branch: Any, spark: dict[str, Any]) -> Any:
+    """prepare_cassandra -> ingest_cassandra -> verify_cassandra; returns the last."""
+    prepare = ApplyCqlSchemaOperator(
+        task_id="prepare_cassandra",
+        request=REQUEST,
+        manifest_dir=MANIFEST_DIR,
+        doc_md="Creates the keyspace (replication from the form) and the tables from `sql/*.cql`.",
+    )
+    ingest = CassandraIngestSubmitOperator(
+        task_id="ingest_cassandra",
+        source_conn_id=SOURCE_CONN,
+        lock_dataset=DATASET,
+        application_args=CASSANDRA_ARGS,
+        doc_md=f"Spark job `jobs/ingest_cassandra.py` on `{spark['conn_id']}`: transforms and writes the rows.",
+        **spark,
+    )
+    verify = VerifyCassandraOperator(
+        task_id="verify_cassandra",
+        request=REQUEST,
+        manifest_dir=MANIFEST_DIR,
+        doc_md="Checks counts per split and label and byte-equal samples; marks the version `complete`.",
+    )
+    branch >> prepare >> ingest >> verify
+    return verify
+
+
+def _shards_branch(branch: Any, spark: dict[str, Any], conns: DagConnections) -> Any:
+    """prepare_bucket -> ingest_shards -> verify_shards; returns the last."""
+    prepare = EnsureBucketOperator(
+        task_id="prepare_bucket",
+        dest=SHARD_DEST,
+        doc_md=f"Checks the keys of `{conns.aws}` and creates the bucket (skipped for a folder).",
+    )
+    ingest = PackShardsSubmitOperator(
+        task_id="ingest_shards",
+        source_conn_id=SOURCE_CONN,
+        lock_dataset=DATASET,
+        application_args=SHARDS_ARGS,
+        doc_md="Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`.",
+        **spark,
+    )
+    verify = VerifyShardsOperator(
+        task_id="verify_shards",
+        dest=SHARD_DEST,
+        doc_md="Checks every shard of `manifest.json` is there with its sha256.",
+    )
+    branch >> prepare >> ingest >> verify
+    return verify
+
+
+def _files_branch(branch: Any, spark: dict[str, Any]) -> Any:
+    """ingest_files -> verify_files; returns the last."""
+    ingest = WriteFilesSubmitOperator(
+        task_id="ingest_files",
+        source_conn_id=SOURCE_CONN,
+        lock_dataset=DATASET,
+        application_args=FILES_ARGS,
+        doc_md="Spark job: write <split>/<wnid>/<id>.jpg files.",
+        **spark,
+    )
+    verify = VerifyFilesOperator(
+        task_id="verify_files",
+        dest=FILES_DEST,
+        sample=CHECK_SAMPLE,
+        doc_md="Counts match; every file is there with its size; a seeded sample (Images checked) has its sha256.",
+    )
+    branch >> ingest >> verify
+    return verify
+
+
+def _after(request: Any, verified: list[Any], lock: Any, conns: DagConnections) -> None:
+    """build_split -> read_throughput -> publish_asset -> gc, the files target's xNVMe check, and release_lock as the
+    teardown of lock (it runs whatever happened)."""
+    build_split = BuildSplitOperator(
+        task_id="build_split",
+        request=REQUEST,
+        out_dir=MANIFEST_DIR,
+        trigger_rule="none_failed_min_one_success",
+        doc_md="Writes split-<target>.npz (ratios, balance, seed) from the ingested train rows.",
+    )
+    read_throughput = ReadThroughputOperator(
+        task_id="read_throughput",
+        request=REQUEST,
+        out_dir=MANIFEST_DIR,
+        doc_md="DALI read-back of the stored train rows, every reader of the target; every byte and label checked.",
+    )
+    validate_xnvme = ValidateXnvmeOperator(
+        task_id="validate_xnvme",
+        dataset_dir=FILES_DEST,
+        out_dir=MANIFEST_DIR,
+        loop_fs="{{ ti.xcom_pull(task_ids='validate')['xnvme_loop_fs'] or '' }}",
+        sample=CHECK_SAMPLE,
+        doc_md="DALI file reader vs Python file API vs xNVMe file and block APIs, byte-exact.",
+    )
+    gc = CollectGarbageOperator(
+        task_id="gc",
+        request=REQUEST,
+        manifest_dir=MANIFEST_DIR,
+        doc_md="Deletes the stored versions older than the published one and *Earlier versions kept* before it "
+        "(never what manifest.json names); returns what it removed. The Cassandra target keeps its versions in its "
+        "tables: nothing to collect.",
+    )
+    release = DatasetLockOperator(task_id="release_lock", dataset=DATASET, release=True, retries=3)
+    published = _publish_asset(request, conns)
+    verified >> build_split >> read_throughput >> published
+    read_throughput >> _xnvme_applies(request) >> validate_xnvme
+    published >> gc
+    [published, validate_xnvme, gc] >> release.as_teardown(setups=lock)  # runs whatever happened; not the run's state
+
+
+@task.short_circuit(
+    task_id="xnvme_applies",
+    ignore_downstream_trigger_rules=False,
+    doc_md="The xNVMe check applies to the files target.",
+)
+def _xnvme_applies(request: dict[str, Any]) -> bool:
+    return request["target"] == "files"
+
+
+def _publish_asset(request: Any, conns: DagConnections) -> Any:
+    @task(
+        task_id="publish_asset",
+        outlets=[DATASETS],
+        doc_md="Announces the verified dataset as an Asset (tables, shard prefix or folder).",
+    )
+    def publish_asset(request: dict[str, Any], *, outlet_events: Any = None) -> str:
+        """Announce the verified dataset as an Asset (keyspace/table or S3 prefix)."""
+        extra = {"dataset": request["dataset"], "target": request["target"], "checked": True}  # read back above
+        return announce(request, extra, outlet_events, conns)
+
+    return publish_asset(request)
