@@ -2,7 +2,11 @@
 
 Issue #64's user run: 55 k ImageNet-layout images into shards on S3 through `airflow dags test ingest_imagenet`.
 Below 100,000 images the check's budget is its 60 s cap (10 % of a one-minute run buys no measurement), and every
-reader of the target, in both modes, reads at least its warm-up and its measured window.
+reader of the target, in both modes, reads at least its warm-up and its measured window: on a quiet machine all six
+(imgest's stream and webdataset readers, DALI's `s3://` reader; docs/readback.md). What holds on any machine, and is
+asserted: imgest's four readers are steady over their window, and a reader the check's deadline stopped before its
+window (DALI's, on a machine busy enough to slow it from 200 to 30 images/s) is reported as not steady, saying why,
+never with a rate.
 """
 
 from __future__ import annotations
@@ -51,11 +55,17 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
     for name, r in readers.items():
         assert r["ok"], (name, r)
         assert r["images_verified"] == r["images"], (name, r)
-        assert r["steady"] is True, (name, r)
-        assert r["rate_note"] == "", (name, r)
         assert r["warmup_batches"] == defaults.CHECK_WARMUP_BATCHES, (name, r)
-        assert r["steady_batches"] >= window, (name, r)  # no reader below the window
         assert len(r["batch_images"]) == r["warmup_batches"] + r["steady_batches"], (name, r)
         assert r["steady_images"] == sum(r["batch_images"][r["warmup_batches"] :]), (name, r)
-        assert r["steady_rate"] > 0, (name, r)
         assert r["images"] + r["unread"] == read["checked"], (name, r)  # what it did not read is counted
+        if r["steady"] or not name.startswith("shards-s3-dali/"):  # imgest's readers always reach their window
+            assert r["steady"] is True, (name, r)
+            assert r["steady_batches"] >= window, (name, r)  # no reader below the window
+            assert (r["rate_note"], r["steady_rate"] > 0) == ("", True), (name, r)
+            continue
+        assert r["stop"] == "check's budget spent", (name, r)  # only the deadline stops a reader before its window
+        assert r["steady_batches"] < window, (name, r)
+        assert "fewer than the 8 a steady rate needs (the check's budget was spent first)" in r["rate_note"], r
+        assert name in report["not_steady"], report["not_steady"]
+        assert read["readers"][name]["steady_rate"] is None, read["readers"][name]  # never shown as its throughput
