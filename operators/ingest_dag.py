@@ -187,6 +187,14 @@ def _choose_target(request: dict[str, Any]) -> str:
     return {"cassandra": "prepare_cassandra", "shards": "prepare_bucket", "files": "ingest_files"}[request["target"]]
 
 
+def _spark_job(kind: type, task_id: str, args: str, doc: str, spark: dict[str, Any]) -> Any:
+    """A target's Spark job: its source's connection, the dataset whose lock it holds, its arguments from the scan,
+    the DAG's Spark connection and pool."""
+    return kind(
+        task_id=task_id, source_conn_id=SOURCE_CONN, lock_dataset=DATASET, application_args=args, doc_md=doc, **spark
+    )
+
+
 def _cassandra_branch(branch: Any, spark: dict[str, Any]) -> Any:
     """prepare_cassandra -> ingest_cassandra -> verify_cassandra; returns the last."""
     prepare = ApplyCqlSchemaOperator(
@@ -195,14 +203,8 @@ def _cassandra_branch(branch: Any, spark: dict[str, Any]) -> Any:
         manifest_dir=MANIFEST_DIR,
         doc_md="Creates the keyspace (replication from the form) and the tables from `sql/*.cql`.",
     )
-    ingest = CassandraIngestSubmitOperator(
-        task_id="ingest_cassandra",
-        source_conn_id=SOURCE_CONN,
-        lock_dataset=DATASET,
-        application_args=CASSANDRA_ARGS,
-        doc_md=f"Spark job `jobs/ingest_cassandra.py` on `{spark['conn_id']}`: transforms and writes the rows.",
-        **spark,
-    )
+    doc = f"Spark job `jobs/ingest_cassandra.py` on `{spark['conn_id']}`: transforms and writes the rows."
+    ingest = _spark_job(CassandraIngestSubmitOperator, "ingest_cassandra", CASSANDRA_ARGS, doc, spark)
     verify = VerifyCassandraOperator(
         task_id="verify_cassandra",
         request=REQUEST,
@@ -220,14 +222,8 @@ def _shards_branch(branch: Any, spark: dict[str, Any], conns: DagConnections) ->
         dest=SHARD_DEST,
         doc_md=f"Checks the keys of `{conns.aws}` and creates the bucket (skipped for a folder).",
     )
-    ingest = PackShardsSubmitOperator(
-        task_id="ingest_shards",
-        source_conn_id=SOURCE_CONN,
-        lock_dataset=DATASET,
-        application_args=SHARDS_ARGS,
-        doc_md="Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`.",
-        **spark,
-    )
+    doc = "Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`."
+    ingest = _spark_job(PackShardsSubmitOperator, "ingest_shards", SHARDS_ARGS, doc, spark)
     verify = VerifyShardsOperator(
         task_id="verify_shards",
         dest=SHARD_DEST,
@@ -239,14 +235,8 @@ def _shards_branch(branch: Any, spark: dict[str, Any], conns: DagConnections) ->
 
 def _files_branch(branch: Any, spark: dict[str, Any]) -> Any:
     """ingest_files -> verify_files; returns the last."""
-    ingest = WriteFilesSubmitOperator(
-        task_id="ingest_files",
-        source_conn_id=SOURCE_CONN,
-        lock_dataset=DATASET,
-        application_args=FILES_ARGS,
-        doc_md="Spark job: write <split>/<wnid>/<id>.jpg files.",
-        **spark,
-    )
+    doc = "Spark job: write <split>/<wnid>/<id>.jpg files."
+    ingest = _spark_job(WriteFilesSubmitOperator, "ingest_files", FILES_ARGS, doc, spark)
     verify = VerifyFilesOperator(
         task_id="verify_files",
         dest=FILES_DEST,
