@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 SECTION = "imgest"
-VERSION_ADDED = "0.40.0"
+VERSION_ADDED = "0.1.0"  # the package version that added the section
 
 # option -> (variable, type, example, description)
 OPTIONS: dict[str, tuple[str, str, str, str]] = {

@@ -3,9 +3,12 @@ announces a stored dataset version as an Asset (ingest_imagenet, refresh_<name>;
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, AssetAlias
+
+if TYPE_CHECKING:
+    from imgest.operators.dag_connections import DagConnections
 
 DATASETS_ALIAS = "imgest-datasets"
 DATASETS = AssetAlias(DATASETS_ALIAS)
@@ -14,7 +17,9 @@ MANIFEST_DIR = "{{ ti.xcom_pull(task_ids='scan')['manifest_dir'] }}"
 SOURCE_CONN = "{{ ti.xcom_pull(task_ids='scan').get('source_conn_id', '') }}"  # an s3:// source's connection
 
 
-def announce(conf: dict[str, Any], extra: dict[str, Any], outlet_events: Any, connections: Any = None) -> str:
+def announce(
+    conf: dict[str, Any], extra: dict[str, Any], outlet_events: Any, connections: DagConnections | None = None
+) -> str:
     """Add the Asset of the dataset CONF describes (its Cassandra tables, shard prefix or folder) to the
     `imgest-datasets` alias with EXTRA and the DAG's CONNECTIONS (a DagConnections; the defaults when None: what
     check_datasets reads the version through); returns its URI. Only the Cassandra target reads the Cassandra

@@ -108,7 +108,7 @@ class CheckVersionsOperator(BaseOperator):
         from imgest.operators.state import run_lease, use_run_state
 
         request, conns = IngestRequest.from_conf(extra["conf"]), DagConnections.from_extra(extra)  # its DAG's ids
-        use_run_state([extra["conf"]], conns.cassandra)  # where this dataset's writers keep their lock and work files
+        use_run_state([extra["conf"]], conns.cassandra, conns.spark)  # where its writers keep their lock and work files
         cassandra = ImgestCassandraHook(conns.cassandra).settings() if request.target == "cassandra" else None
         s3 = store_settings(request.shard_dest, conns.aws) if request.target == "shards" else None
         holder = locks.airflow_holder(self.dag_id, context["run_id"])
