@@ -256,3 +256,26 @@ def test_a_table_made_by_another_process_since_the_sessions_last_look_is_found(
     assert sum(b.num_rows for b in scan_columns(session, table, ["id", "label"])) == 1
     with pytest.raises(ScanError, match="does not exist"):
         arrow_schema(session, f"{TABLES.keyspace}.never_made", ["id"])
+
+
+def test_a_keyspace_made_by_another_process_since_the_sessions_last_look_is_found(
+    session: Any, cassandra_server: CassandraServer
+) -> None:
+    """The keyspace too is new to this session (dropped here, made again by an ingest elsewhere): the driver drops a
+    table's refresh for a keyspace it does not know, so the scan refreshes the keyspace first (CI run of stop 74:
+    `table imgest_test_apart.metadata does not exist` right after the ingest that made it)."""
+    from imgest.sinks.cassandra.scan import arrow_schema
+
+    keyspace = "imgest_test_made_elsewhere"
+    session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)
+    with cassandra_session(CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)) as s:
+        s.execute(
+            f"CREATE KEYSPACE {keyspace} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}",
+            timeout=60,
+        )
+        s.execute(f"CREATE TABLE {keyspace}.meta (id uuid PRIMARY KEY, label int)", timeout=60)
+    session.cluster.metadata.keyspaces.pop(keyspace, None)  # the stale view, certain
+    try:
+        assert arrow_schema(session, f"{keyspace}.meta", ["id", "label"]).names == ["id", "label"]
+    finally:
+        session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=60)

@@ -82,6 +82,8 @@ def _table_meta(session: Any, table: str) -> Any:
     meta = ks.tables.get(name) if ks is not None else None
     if meta is None:  # made since this session's last look (another process's ingest; schema events come debounced)
         with contextlib.suppress(Exception):  # no such keyspace: the error below says so
+            if ks is None:  # the driver drops a table's refresh when it does not know the keyspace yet
+                session.cluster.refresh_keyspace_metadata(keyspace)
             session.cluster.refresh_table_metadata(keyspace, name)
         ks = session.cluster.metadata.keyspaces.get(keyspace)
         meta = ks.tables.get(name) if ks is not None else None
