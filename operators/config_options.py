@@ -68,6 +68,13 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
         "3600",
         "How long a run waits for another writer's lock on its dataset before it fails; empty: 6 hours.",
     ),
+    "lock_deferrable": (
+        "IMGEST_LOCK_DEFERRABLE",
+        "boolean",
+        "0",
+        "A run that finds its dataset's lock held waits deferred to the triggerer, its worker slot free; 0: it waits "
+        "in the worker (a deployment without a triggerer). Empty: 1.",
+    ),
     "lock_lease_s": (
         "IMGEST_LOCK_LEASE_S",
         "integer",

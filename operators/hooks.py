@@ -165,9 +165,22 @@ def lock_store(aws_conn_id: str = "aws_default", cassandra_conn_id: str = "cassa
     from imgest.core.lock_stores import default_stores, lock_url
 
     url = lock_url() or ""
+    return default_stores(*_lock_settings(url, aws_conn_id, cassandra_conn_id))
+
+
+def lock_stores_at(location: str, aws_conn_id: str = "aws_default", cassandra_conn_id: str = "cassandra_default"):
+    """The lock stores a holder names by LOCATION (``LockStores.location``: a process that watches the lock another
+    one took, as the lock's trigger does), reached through AWS_CONN_ID and CASSANDRA_CONN_ID."""
+    from imgest.core.lock_stores import stores_at
+
+    return stores_at(location, *_lock_settings(location, aws_conn_id, cassandra_conn_id))
+
+
+def _lock_settings(url: str, aws_conn_id: str, cassandra_conn_id: str) -> tuple[Any, Any]:
+    """(S3 settings, Cassandra settings) of the lock stores URL names: each None where URL names no such store."""
     s3 = next((store_settings(u.strip(), aws_conn_id) for u in url.split("|") if u.strip().startswith("s3://")), None)
     cassandra = ImgestCassandraHook(cassandra_conn_id).settings() if "cassandra://" in url else None
-    return default_stores(s3, cassandra)
+    return s3, cassandra
 
 
 def state_store(aws_conn_id: str = "aws_default"):  # -> imgest.flow.steps.StateStore | None

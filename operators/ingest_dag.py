@@ -23,9 +23,9 @@ from imgest.flow.request_form import param_specs
 from imgest.operators.cassandra import ApplyCqlSchemaOperator, VerifyCassandraOperator
 from imgest.operators.config_options import export_section
 from imgest.operators.dag_connections import DEFAULT, START_DATE, DagConnections, caller_file, dag_defaults
+from imgest.operators.dataset_lock import DatasetLockOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
-from imgest.operators.refresh import DatasetLockOperator
 from imgest.operators.s3 import (
     CollectGarbageOperator,
     EnsureBucketOperator,

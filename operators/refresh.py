@@ -1,9 +1,9 @@
-"""Operators of the refresh and check DAGs: the dataset lock, finishing a refresh, checking a new version."""
+"""Operators of the refresh and check DAGs: finishing a refresh, checking a new version (the dataset lock:
+``imgest.operators.dataset_lock``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,48 +12,6 @@ from airflow.sdk import BaseOperator
 from imgest.operators.base import RequestOperator
 
 log = logging.getLogger(__name__)
-
-
-class DatasetLockOperator(BaseOperator):
-    """Take (or, with ``release=True``, give back) the dataset's write lock for this DAG run. Taking it waits
-    up to ``wait`` seconds for the run or CLI process that holds it, naming it in the log; then fails naming it."""
-
-    template_fields: Sequence[str] = ("dataset",)
-
-    def __init__(
-        self,
-        *,
-        dataset: str,
-        release: bool = False,
-        wait: float | None = None,
-        poll: float = 5,
-        cassandra_conn_id: str = "cassandra_default",
-        aws_conn_id: str = "aws_default",
-        **kw: Any,
-    ):
-        super().__init__(**kw)
-        self.dataset, self.release, self.wait, self.poll = dataset, release, wait, poll
-        self.cassandra_conn_id = cassandra_conn_id  # the cluster of a keyspace that keeps the lock
-        self.aws_conn_id = aws_conn_id  # the S3 store that keeps it otherwise
-
-    def execute(self, context: Any) -> str:
-        from imgest.core import locks
-        from imgest.operators.hooks import lock_store
-
-        holder = locks.airflow_holder(self.dag_id, context["run_id"])
-        if not self.dataset:  # the run failed before the dataset was known: nothing was taken
-            return "no dataset"
-        store = lock_store(aws_conn_id=self.aws_conn_id, cassandra_conn_id=self.cassandra_conn_id)
-        if self.release:
-            freed = locks.release(self.dataset, holder, store)
-            return f"released {self.dataset}" if freed else f"{self.dataset} was not held by this run"
-
-        def waiting(other: locks.Holder) -> None:
-            log.info("dataset %s is being written by %s (since %s): waiting", self.dataset, other.who, other.since)
-
-        wait = self.wait if self.wait is not None else locks.default_wait()
-        locks.acquire(self.dataset, holder, wait, self.poll, on_wait=waiting, store=store)
-        return f"{holder.who} holds {self.dataset} (lock store {store.location})"
 
 
 def plan_target(

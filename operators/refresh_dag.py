@@ -19,8 +19,9 @@ from imgest.flow.registry import DatasetEntry
 from imgest.operators.cassandra import ApplyCqlSchemaOperator
 from imgest.operators.config_options import export_section
 from imgest.operators.dag_connections import DEFAULT, START_DATE, DagConnections, caller_file, dag_defaults
+from imgest.operators.dataset_lock import DatasetLockOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
-from imgest.operators.refresh import DatasetLockOperator, FinishRefreshOperator
+from imgest.operators.refresh import FinishRefreshOperator
 from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
 from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
 from imgest.operators.workarea import work_hooks

@@ -113,15 +113,34 @@ def _acquire_one(
     deadline = time.monotonic() + wait
     while (other := try_acquire(dataset, holder, store)) is not None:
         if time.monotonic() >= deadline:
-            waited = f" after waiting {wait:.0f}s" if wait else ""
-            raise DatasetBusyError(
-                f"dataset {dataset!r} is being written by {other.who} (since {other.since or '?'}){waited}; "
-                f"wait for it to finish (CLI: --wait-lock SECONDS), or if it is gone: imgest locks release {dataset}"
-                f" (lock store {store.location})"
-            )
+            raise busy_error(dataset, other, wait, store.location)
         if on_wait:
             on_wait(other)
         time.sleep(min(poll, max(0.1, deadline - time.monotonic())))
+
+
+def busy_error(dataset: str, other: Holder, waited_s: float, location: str) -> DatasetBusyError:
+    """The error of a writer that did not get DATASET's lock from OTHER (after WAITED_S seconds) in the store at
+    LOCATION."""
+    waited = f" after waiting {waited_s:.0f}s" if waited_s else ""
+    return DatasetBusyError(
+        f"dataset {dataset!r} is being written by {other.who} (since {other.since or '?'}){waited}; "
+        f"wait for it to finish (CLI: --wait-lock SECONDS), or if it is gone: imgest locks release {dataset}"
+        f" (lock store {location})"
+    )
+
+
+def blocker(dataset: str, who: str, store: LockStore | LockStores) -> tuple[Holder, str] | None:
+    """Who keeps WHO (a holder's ``who``) from DATASET's lock in STORE's stores, and where: a live holder other than
+    WHO itself (None: free, WHO's own, or stale, which the next try takes over). Reads only: a waiter's poll."""
+    for one in _each(store):
+        record = one.read(dataset)
+        if record is None:
+            continue
+        other = _held(record)
+        if other.holder.who != who and not other.stale():
+            return other.holder, one.location
+    return None
 
 
 def _ours(record: Record | None, holder: Holder, attempt: Attempt | None = None, epoch: str | None = None) -> bool:

@@ -52,6 +52,8 @@ from imgest.core.lock_records import (  # re-exported: callers name them as lock
     _each,
     _held,
     acquire,
+    blocker,
+    busy_error,
     claim,
     current,
     fence,
@@ -67,9 +69,26 @@ from imgest.core.lock_stores import LockStore, LockStores, Record, default_store
 
 log = logging.getLogger(__name__)
 __all__ = [
-    "LEASE_ENV", "WAIT_ENV", "Attempt", "DatasetBusyError", "Held", "LockLostError", "_now", "acquire",
-    "airflow_holder", "cli_holder", "current", "default_lease", "default_wait", "held", "lock_dir", "lock_path",
-    "read", "try_acquire",
+    "LEASE_ENV",
+    "WAIT_ENV",
+    "Attempt",
+    "DatasetBusyError",
+    "Held",
+    "LockLostError",
+    "_now",
+    "acquire",
+    "airflow_holder",
+    "blocker",
+    "busy_error",
+    "cli_holder",
+    "current",
+    "default_lease",
+    "default_wait",
+    "held",
+    "lock_dir",
+    "lock_path",
+    "read",
+    "try_acquire",
 ]  # fmt: skip
 
 
