@@ -211,3 +211,56 @@ def test_postgres_restarted_between_tasks_and_a_task_cleared_from_the_ui(
     assert tasks["lock"][2] >= 2, tasks
     assert tasks["release_lock"][2] >= 2, tasks
     assert _published(s3_server, conf["dataset"]) == before  # idempotent: the same tars, nothing stray
+
+
+def _lock_states(celery: CeleryAirflow, runs: list[str]) -> dict[str, str | None]:
+    return {r: (_tasks(celery, r).get("lock") or (None,))[0] for r in runs}
+
+
+def test_runs_waiting_on_locks_are_deferred_and_hold_no_worker_slot(
+    celery: CeleryAirflow, s3_server: S3Server, source: Path
+) -> None:
+    """Four runs whose datasets another writer holds: each lock task defers to the triggerer (a DatasetLockTrigger
+    it runs), so the four Celery slots (two workers x 2) stay free: a fifth run goes through all its tasks meanwhile.
+    Let go, a waiting run takes the lock and publishes; the others are stopped from the API."""
+    from imgest.core import locks
+    from imgest.core.lock_stores import store_at
+
+    store = store_at(celery.state_url(), s3_server.settings())  # the lock store the runs use (IMGEST_STATE_URL)
+    holder = locks.cli_holder("imgest ingest shards (this test, holding)", lease_s=900)
+    suffix = str(time.time_ns())[-6:]
+    datasets = [f"celery-w{i}-{suffix}" for i in range(4)]
+    for dataset in datasets:
+        assert locks.try_acquire(dataset, holder, store) is None
+    try:
+        waiting = [_trigger(celery, {"source": str(source), "target": "shards", "dataset": d, "read_check": False})
+                   for d in datasets]  # fmt: skip
+        deadline = time.monotonic() + 300
+        while set(_lock_states(celery, waiting).values()) != {"deferred"}:
+            assert time.monotonic() < deadline, _lock_states(celery, waiting)
+            time.sleep(1)
+        triggers = _sql(
+            celery,
+            "SELECT t.classpath, t.kwargs FROM task_instance ti JOIN trigger t ON ti.trigger_id = t.id "
+            "WHERE ti.task_id = 'lock' AND ti.run_id = ANY(%s)",
+            waiting,
+        )
+        assert [t[0] for t in triggers] == ["imgest.operators.lock_trigger.DatasetLockTrigger"] * 4
+        assert not _sql(celery, "SELECT task_id FROM task_instance WHERE run_id = ANY(%s) AND state = 'running'",
+                        waiting)  # fmt: skip
+
+        free = {"source": str(source), "target": "shards", "dataset": f"celery-free-{suffix}", "read_check": False}
+        other = _trigger(celery, free)
+        assert _wait(celery, [other], timeout=600)[other] == "success", _tasks(celery, other)
+        assert set(_lock_states(celery, waiting).values()) == {"deferred"}  # still waiting, all along
+
+        locks.release(datasets[0], holder, store)
+        for run in waiting[1:]:  # stopped as a user would, from the UI's API
+            _api(celery, "PATCH", f"/api/v2/dags/ingest_imagenet/dagRuns/{run}", {"state": "failed"})
+        assert _wait(celery, [waiting[0]], timeout=600)[waiting[0]] == "success", _tasks(celery, waiting[0])
+    finally:
+        for dataset in datasets:
+            locks.release(dataset, holder, store)
+    assert _tasks(celery, waiting[0])["lock"][0] == "success"
+    assert len(_published(s3_server, datasets[0])[0]) >= 2  # it wrote its shards once it had the lock
+    assert locks.current(datasets[0], store) is None  # and gave the lock back
