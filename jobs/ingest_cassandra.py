@@ -46,10 +46,11 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import CASSANDRA_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.manifest_rdd import candidate_rdd, manifest_rows
+from imgest.spark.manifest_rdd import Candidates, candidate_rdd, manifest_rows, run_candidates
+from imgest.spark.partitions import connected, parallelism
 from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.scan_handoff import wait_for_scan
-from imgest.spark.submit import emit_summary, progress_log, stop_session
+from imgest.spark.submit import emit_summary, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -101,26 +102,20 @@ def connection_settings(args: argparse.Namespace) -> CassandraSettings:
     ).shippable()
 
 
-def load(candidates: Any, cfg: CassandraIngestConfig, rows: int, source_bytes: list[int] | None) -> PartitionResult:
-    """Run ingest_partition on every partition (told its source bytes where SOURCE_BYTES has them, by partition
-    index); log rows/s and MB/s while it runs."""
+def load(spark: Any, candidates: Candidates, cfg: CassandraIngestConfig) -> PartitionResult:
+    """Run ingest_partition on every partition (told its source bytes where the candidates have them, by partition
+    index); log progress while it runs."""
     where = f"{cfg.tables.keyspace} ({cfg.tables.layout}) at {cfg.consistency}"
-    log.info("ingesting %d rows of %s version %s into %s", rows, cfg.dataset, cfg.version, where)
-    sc = candidates.context
-    done, nbytes = sc.accumulator(0), sc.accumulator(0)
+    log.info("ingesting %d rows of %s version %s into %s", candidates.rows, cfg.dataset, cfg.version, where)
+    source_bytes = candidates.source_bytes
 
-    def partition(index: int, it: Any) -> list[PartitionResult]:
-        def on_row(size: int) -> None:
-            done.add(1)
-            nbytes.add(size)
+    def partition(index: int, it: Any, on_row: Any) -> PartitionResult:
+        return ingest_partition(it, cfg, on_row, source_bytes[index] if source_bytes else None)
 
-        return [ingest_partition(it, cfg, on_row, source_bytes[index] if source_bytes else None)]
-
-    with progress_log(log, "ingest", done, nbytes, rows):
-        total = PartitionResult()
-        for part in candidates.mapPartitionsWithIndex(partition).collect():
-            total.merge(part)
-        return total
+    total = PartitionResult()
+    for part in run_candidates(spark, candidates, partition, log, "ingest"):
+        total.merge(part)
+    return total
 
 
 @submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
@@ -220,9 +215,10 @@ def write_rows(
     t0 = time.monotonic()
     with Stager.from_env(cfg.dataset) as stager:  # executors elsewhere read the manifest from the store
         partitions = args.partitions or partitions_for(cfg, spark, args.manifest_dir)
-        candidates, rows, source_bytes = candidate_rdd(spark, args.manifest_dir, partitions, stager)
+        candidates = candidate_rdd(spark, args.manifest_dir, partitions, stager)
+        rows = candidates.rows
         phases.lap("manifest")
-        total = load(candidates, cfg, rows, source_bytes)
+        total = load(spark, candidates, cfg)
     seconds = time.monotonic() - t0
     phases.lap("write")
     accounted = total.stored + total.skipped + len(total.quarantine)
@@ -281,16 +277,20 @@ def partitions_for(cfg: CassandraIngestConfig, spark: Any, manifest_dir: Path) -
     if cfg.bulk is None or cfg.bulk.mode != "bulk":
         return 0
     rows = manifest_rows(manifest_dir / workdir.MANIFEST)
-    return write_path.bulk_partitions(rows, spark.sparkContext.defaultParallelism)
+    return write_path.bulk_partitions(rows, parallelism(spark))
 
 
 def ship_helper(spark: Any, target: BulkTarget) -> BulkTarget:
     """TARGET with the helper where executors find it: the driver's folder on a local master, else shipped by
-    Spark as an archive it unpacks on every executor (SparkFiles), which may share nothing with this host."""
-    if spark.sparkContext.master.startswith("local"):
+    Spark as an archive it unpacks on every executor (SparkFiles), which may share nothing with this host; through
+    Spark Connect, as an archive artifact of the session."""
+    if not connected(spark) and spark.sparkContext.master.startswith("local"):
         return target
     archive = helper_archive(Path(target.helper))
-    spark.sparkContext.addArchive(str(archive))
+    if connected(spark):
+        spark.addArtifacts(str(archive), archive=True)
+    else:
+        spark.sparkContext.addArchive(str(archive))
     return replace(target, helper=f"sparkfiles:{archive.name}")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from imgest.core import workdir
-from imgest.core.errors import ImgestError
+from imgest.core.errors import ConfigError, ImgestError
 from imgest.core.locks import submitter_holdings
 from imgest.core.quarantine import QuarantineLog
 from imgest.core.settings import S3Settings
@@ -48,6 +48,7 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
+from imgest.spark.partitions import connected, parallelism, run_partitions
 from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.submit import emit_summary, progress_log, stop_session
 from imgest.transform.image import TransformSpec
@@ -126,17 +127,25 @@ def load(
     """Write every shard of ITEMS (plan_items: each task reads its shards' row groups and gets their live entries as
     its data), in the plan's order (each shard reads its samples where they lie, no shuffle) or in the source's
     (pack_ordered); log progress while it runs."""
-    sc = spark.sparkContext
-    done, nbytes = sc.accumulator(0), sc.accumulator(0)
-    forward = args.read_order == "source"  # auto resolved by main
     log.info("reading the source in the %s's order", args.read_order)
-    with progress_log(log, "pack", done, nbytes, rows):
-        if forward:
+    if args.read_order == "source":  # auto resolved by main
+        if connected(spark):
+            raise ConfigError(
+                "--read-order source packs through an RDD shuffle, which Spark Connect does not run: use "
+                "--read-order plan (each shard reads its own samples), or spark-submit for this source"
+            )
+        sc = spark.sparkContext
+        done, nbytes = sc.accumulator(0), sc.accumulator(0)
+        with progress_log(log, "pack", done, nbytes, rows):
             store_factory = _store_factory(cfg)
             return pack_in_source_order(sc, plan_path, items, cfg, store_factory, rows, _counter(done, nbytes))
-        slices = max(1, min(len(items), args.partitions or 4 * sc.defaultParallelism))
-        task = shard_task(plan_path, cfg, done, nbytes)
-        return list(sc.parallelize(items, slices).mapPartitions(task).collect())
+    slices = max(1, min(len(items), args.partitions or 4 * parallelism(spark)))
+    chunks = [items[i * len(items) // slices : (i + 1) * len(items) // slices] for i in range(slices)]
+
+    def partition(index: int, on_sample: Callable[[int], None]) -> list[ShardRecord]:
+        return pack_planned(plan_path, iter(chunks[index]), cfg, _store_factory(cfg), on_sample)
+
+    return run_partitions(spark, slices, partition, log, "pack", rows)
 
 
 def read_order(args: argparse.Namespace, cfg: PackConfig) -> str:

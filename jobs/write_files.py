@@ -41,9 +41,9 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.manifest_rdd import candidate_rdd
+from imgest.spark.manifest_rdd import Candidates, candidate_rdd, run_candidates
 from imgest.spark.pypath import prefer_installed_pyspark
-from imgest.spark.submit import emit_summary, progress_log, stop_session
+from imgest.spark.submit import emit_summary, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.write_files")
@@ -63,24 +63,17 @@ def build_config(args: argparse.Namespace) -> FilesConfig:
     return FilesConfig(shippable_root(meta["root"]), dataset, str(args.dest.resolve()), spec, key)
 
 
-def load(candidates: Any, cfg: FilesConfig, rows: int) -> FilesPartResult:
+def load(spark: Any, candidates: Candidates, cfg: FilesConfig) -> FilesPartResult:
     """Stage every image and each partition's part of samples.parquet; the driver gets one small summary per
-    partition. Logs images/s and MB/s while it runs."""
-    sc = candidates.context
-    done, nbytes = sc.accumulator(0), sc.accumulator(0)
+    partition. Logs progress while it runs."""
 
-    def partition(index: int, it: Any) -> list[FilesPartResult]:
-        def on_image(size: int) -> None:
-            done.add(1)
-            nbytes.add(size)
+    def partition(index: int, it: Any, on_image: Any) -> FilesPartResult:
+        return write_partition(index, it, cfg, on_image)
 
-        return [write_partition(index, it, cfg, on_image)]
-
-    with progress_log(log, "write", done, nbytes, rows):
-        total = FilesPartResult()
-        for part in candidates.mapPartitionsWithIndex(partition).collect():
-            total.merge(part)
-        return total
+    total = FilesPartResult()
+    for part in run_candidates(spark, candidates, partition, log, "write"):
+        total.merge(part)
+    return total
 
 
 def merge_samples(total: FilesPartResult, cfg: FilesConfig, staged: Path) -> None:
@@ -109,11 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark = build_session("imgest-write-files")
         t0 = time.monotonic()
         stager = Stager.from_env(cfg.dataset)
-        candidates, rows, _ = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
+        candidates = candidate_rdd(spark, args.manifest_dir, args.partitions, stager)
+        rows = candidates.rows
         log.info("writing %d images of %s as files under %s (version folder %s)", rows, cfg.dataset, cfg.dest, cfg.key)
         with staging(Path(cfg.dest), cfg.key) as staged:
             with stager:
-                total = load(candidates, cfg, rows)
+                total = load(spark, candidates, cfg)
             if total.rows + len(total.quarantine) != rows:
                 raise ImgestError(
                     f"counts do not reconcile: {rows} manifest rows, {total.rows} written and "

@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="cassandra, cassandra-auth (PasswordAuthenticator), cassandra-tls (TLS only, own CA), "
             "cassandra-ring (3 nodes on 127.0.0.2-4), s3, "
             "airflow, airflow-celery (CeleryExecutor, PostgreSQL, Redis, 2 workers), latency-proxy (Toxiproxy), "
-            "spark (standalone master + 2 workers), hosts (the whole deployment on 7 network-namespace hosts "
+            "spark (standalone master + 2 workers), spark-connect (a Spark Connect server, sc://127.0.0.1:15002, on "
+            "that cluster), hosts (the whole deployment on 7 network-namespace hosts "
             "that share nothing; root)",
         )
         p.set_defaults(func=services_cmd)

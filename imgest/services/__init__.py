@@ -19,6 +19,7 @@ ALL_SERVICE_NAMES = (
     "airflow-celery",
     "latency-proxy",
     "aws",
+    "spark-connect",
     "spark",
     "hosts",
 )  # what `down` stops
@@ -54,6 +55,12 @@ def _spark() -> Service:
     return SparkCluster.default()
 
 
+def _spark_connect() -> Service:
+    from imgest.services.spark_connect import SparkConnectServer
+
+    return SparkConnectServer.default()
+
+
 def _hosts() -> Service:
     from imgest.services.hosts import SimulatedHosts
 
@@ -62,7 +69,7 @@ def _hosts() -> Service:
 
 def get_service(name: str) -> Service:
     """The embedded service called NAME (cassandra, cassandra-auth, cassandra-tls, cassandra-ring, s3, airflow,
-    airflow-celery, latency-proxy, aws, spark, hosts)."""
+    airflow-celery, latency-proxy, aws, spark, spark-connect, hosts)."""
     factories = {
         "cassandra": CassandraServer.default,
         "cassandra-auth": lambda: CassandraServer.default(auth=True),
@@ -74,6 +81,7 @@ def get_service(name: str) -> Service:
         "latency-proxy": _latency_proxy,
         "aws": _strict_aws,
         "spark": _spark,
+        "spark-connect": _spark_connect,
         "hosts": _hosts,
     }
     if name not in factories:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 from imgest.core import defaults
+from imgest.spark.partitions import REMOTE_ENV, REMOTE_OPTION
 from imgest.transform.revisions import DECODER_ALIASES, DECODER_CHOICES, decoder_help
 
 # (flag, argparse keyword arguments)
@@ -222,11 +224,26 @@ SHARD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+class _RemoteAction(argparse.Action):
+    """--spark-remote: sets $SPARK_REMOTE, which the job's session builder (imgest.spark.submit) follows."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, _: Any = None):
+        setattr(namespace, self.dest, values)
+        os.environ[REMOTE_ENV] = str(values)
+
+
 def job_parser(prog: str, doc: str | None, *groups: list[tuple[str, dict[str, Any]]]) -> argparse.ArgumentParser:
     """The argument parser of a Spark job: --manifest-dir, --summary-json and the option GROUPS."""
     p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
     p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
+    p.add_argument(
+        REMOTE_OPTION,
+        metavar="sc://HOST:PORT",
+        action=_RemoteAction,
+        help="run through Spark Connect at this endpoint: this process is the session's thin client (no JVM); a "
+        "token comes from $SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    )
     for group in groups:
         add_options(p, group)
     return p

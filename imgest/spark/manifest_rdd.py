@@ -1,4 +1,4 @@
-"""The manifest as Spark partitions of candidates.
+"""The manifest as Spark partitions of candidates (through either Spark route: imgest.spark.partitions).
 
 When the scan wrote the manifest in (container, offset, rel_path) order, which every scan does, each task
 reads its own range of rows from the Parquet file (only the row groups it overlaps): no JVM read, no count
@@ -12,9 +12,9 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from imgest.core.staging import Staged, Stager
 from imgest.sources.manifest import BATCH_ROWS, Candidate
@@ -22,6 +22,7 @@ from imgest.sources.manifest import BATCH_ROWS, Candidate
 log = logging.getLogger(__name__)
 ORDER = ("container", "offset", "rel_path")
 ROWS_PER_PARTITION = 1000
+R = TypeVar("R")
 
 
 def manifest_rows(path: Path) -> int:
@@ -82,12 +83,23 @@ def default_partitions(rows: int, parallelism: int) -> int:
 
 
 class Candidates(NamedTuple):
-    """The candidates' RDD, the manifest's row count and, when each partition is a range of the manifest, the
-    source bytes (sum of ``size``) of each partition's rows, in partition order (None otherwise)."""
+    """The manifest's rows as Spark partitions: COUNT partitions, each a range of the manifest that its task reads
+    itself (RANGES and WHERE: the manifest's place, the staged copy for executors elsewhere), or, for a manifest out
+    of order, an RDD Spark range-partitioned (spark-submit only); the row count, and each range's source bytes (sum of
+    ``size``, None for the RDD)."""
 
-    rdd: Any
+    count: int
     rows: int
     source_bytes: list[int] | None
+    ranges: list[tuple[int, int]] | None = None
+    where: Staged | None = None
+    rdd: Any = None
+
+    def read(self, index: int) -> Iterator[Candidate]:
+        """The candidates of partition INDEX (a range's; not for the RDD)."""
+        assert self.ranges is not None
+        assert self.where is not None
+        return read_rows(self.where, *self.ranges[index])
 
 
 def range_bytes(path: Path, ranges: list[tuple[int, int]]) -> list[int]:
@@ -111,27 +123,46 @@ def range_bytes(path: Path, ranges: list[tuple[int, int]]) -> list[int]:
 
 
 def candidate_rdd(spark: Any, manifest_dir: Path, partitions: int, stager: Stager | None = None) -> Candidates:
-    """An RDD of Candidate (PARTITIONS partitions, 0: default_partitions), the manifest's row count and each
-    partition's source bytes. With a STAGER that stages in object storage, tasks read the manifest from there (no
-    shared folder needed)."""
+    """The manifest as Candidates (PARTITIONS partitions, 0: default_partitions). With a STAGER that stages in
+    object storage, tasks read the manifest from there (no shared folder needed). Through Spark Connect only a
+    manifest in ORDER (every scan writes one) is read: ConfigError otherwise."""
     from imgest.core import workdir
     from imgest.core.errors import ConfigError
+    from imgest.spark.partitions import connected, parallelism
 
     path = (manifest_dir / workdir.MANIFEST).resolve()
-    sc = spark.sparkContext
     rows = manifest_rows(path)
-    n = partitions or default_partitions(rows, sc.defaultParallelism)
+    n = partitions or default_partitions(rows, parallelism(spark))
     if in_order(path):
         ranges = row_ranges(rows, n)
         where = stager.stage(path) if stager else Staged(str(path))
-        rdd = sc.parallelize(ranges, len(ranges)).flatMap(lambda r: read_rows(where, *r))
-        return Candidates(rdd, rows, range_bytes(path, ranges))
-    if stager and stager.state_url:
+        return Candidates(len(ranges), rows, range_bytes(path, ranges), ranges, where)
+    if (stager and stager.state_url) or connected(spark):
+        reader = f"executors reading it from {stager.state_url}" if stager and stager.state_url else "Spark Connect"
         raise ConfigError(
-            f"manifest {path} is not in {ORDER} order, which executors reading it from {stager.state_url} need "
-            "(Spark's own reader would need the path on every node): scan the source again (imgest scan)"
+            f"manifest {path} is not in {ORDER} order, which {reader} need (Spark's own reader would need the path "
+            "on every node): scan the source again (imgest scan)"
         )
     log.info("manifest %s is not in %s order: Spark range-partitions it (a sampling job and a shuffle)", path, ORDER)
     df = spark.read.parquet(str(path))
     ordered = df.repartitionByRange(max(1, min(n, rows)), *ORDER).sortWithinPartitions(*ORDER)
-    return Candidates(ordered.rdd.map(lambda r: Candidate(**r.asDict())), rows, None)
+    rdd = ordered.rdd.map(lambda r: Candidate(**r.asDict()))
+    return Candidates(rdd.getNumPartitions(), rows, None, rdd=rdd)
+
+
+def run_candidates(
+    spark: Any,
+    candidates: Candidates,
+    work: Callable[[int, Iterator[Candidate], Callable[[int], None]], R],
+    log: logging.Logger,
+    what: str,
+) -> list[R]:
+    """WORK(index, the partition's candidates, on_item) for every partition of CANDIDATES, through the session's
+    route (imgest.spark.partitions), in partition order; logs WHAT's progress."""
+    from imgest.spark.partitions import run_partitions, run_rdd_partitions
+
+    if candidates.rdd is not None:
+        return run_rdd_partitions(candidates.rdd, lambda i, it, on: [work(i, it, on)], log, what, candidates.rows)
+    return run_partitions(
+        spark, candidates.count, lambda i, on: [work(i, candidates.read(i), on)], log, what, candidates.rows
+    )

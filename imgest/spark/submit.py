@@ -19,14 +19,19 @@ from imgest.core.defaults import LOCAL_MASTER, TASK_MAX_FAILURES
 from imgest.core.errors import ImgestError
 from imgest.core.paths import PACKAGE_DIR, jobs_dir, sql_dir, state_dir
 from imgest.spark.conf import needs_shipping, spark_conf, submit_env
+from imgest.spark.partitions import REMOTE_ENV, REMOTE_OPTION, is_connect
 
 log = logging.getLogger(__name__)
 
 
 def build_session(app_name: str) -> Any:
-    """The job's SparkSession; the master and resources come from spark-submit, never from here."""
+    """The job's SparkSession; the master and resources come from spark-submit, never from here. Run through Spark
+    Connect ($SPARK_REMOTE, set by run_submit for an ``sc://`` master), a Connect session: no JVM in this process."""
     from pyspark.sql import SparkSession
 
+    remote = os.environ.get(REMOTE_ENV)
+    if remote:
+        return connect_session(remote, app_name)
     spark = (
         SparkSession.builder.appName(app_name)
         .config("spark.ui.showConsoleProgress", "false")
@@ -37,13 +42,36 @@ def build_session(app_name: str) -> Any:
     return spark
 
 
+def connect_session(remote: str, app_name: str) -> Any:
+    """A Spark Connect session at REMOTE (``sc://host:port``; a token from $SPARK_CONNECT_AUTHENTICATE_TOKEN, never
+    in the URL a command line shows), tagged with APP_NAME; ConfigError naming the endpoint when it does not answer."""
+    from pyspark.sql import SparkSession
+
+    from imgest.core.errors import ConfigError
+
+    try:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.addTag(app_name)
+        spark.range(1).collect()  # the server answers (the builder connects lazily)
+    except Exception as exc:
+        raise ConfigError(
+            f"Spark Connect at {remote} did not answer ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); is "
+            "the server running (`imgest services up spark-connect`), and is the Spark connection's host right?"
+        ) from None
+    return spark
+
+
 def stop_session(spark: Any) -> None:
     """End a job's session as ``spark.stop()`` does, without PySpark's wait for its accumulator server: the server's
     handler polls its socket once a second, so ``shutdown`` waited up to a second (0.93 s measured) after every
     job. The server's thread is a daemon; its handler leaves at its next poll or with the process. The reused
     driver's session (driver_server) is left running."""
     from imgest.spark.driver_server import REUSED
+    from imgest.spark.partitions import connected
 
+    if connected(spark):  # the server's session ends; the server and its executors stay
+        spark.stop()
+        return
     if getattr(spark, REUSED, False) or getattr(spark.sparkContext, REUSED, False):
         return
     sc = spark.sparkContext
@@ -75,9 +103,12 @@ class ContextSession:
         self.sparkContext.stop()
 
 
-def build_context(app_name: str) -> ContextSession:
+def build_context(app_name: str) -> Any:
     """The job's SparkContext (as ContextSession); the master and resources come from spark-submit, never from here.
-    In the reused local driver (driver_server) the server's running context."""
+    In the reused local driver (driver_server) the server's running context; through Spark Connect ($SPARK_REMOTE)
+    a Connect session (jobs run their partitions through imgest.spark.partitions, which takes either)."""
+    if os.environ.get(REMOTE_ENV):
+        return connect_session(os.environ[REMOTE_ENV], app_name)
     from pyspark import SparkConf, SparkContext
 
     conf = SparkConf().setAppName(app_name).set("spark.ui.showConsoleProgress", "false")
@@ -119,7 +150,11 @@ def package_zip() -> Path:
 def submit_command(
     job: str, job_args: list[str], master: str = LOCAL_MASTER, conf: dict[str, str] | None = None
 ) -> list[str]:
-    """The spark-submit argv for jobs/JOB.py (pure apart from building the --py-files zip for clusters)."""
+    """The spark-submit argv for jobs/JOB.py (pure apart from building the --py-files zip for clusters). For a Spark
+    Connect MASTER (``sc://host:port``) the job itself, run by this Python as the session's thin client (no
+    spark-submit, no JVM); its settings are the server's (CONF is refused: a Connect session cannot set them)."""
+    if is_connect(master):
+        return connect_command(job, job_args, master, conf)
     spark_submit = str(Path(sys.executable).parent / "spark-submit")
     cmd = [spark_submit, "--master", with_task_retries(master), "--name", f"imgest-{job}"]
     for key, value in spark_conf(conf, master).items():
@@ -127,6 +162,24 @@ def submit_command(
     if needs_shipping(master):
         cmd += ["--py-files", str(package_zip())]
     return [*cmd, str(job_path(job)), *job_args]
+
+
+def connect_command(job: str, job_args: list[str], master: str, conf: dict[str, str] | None = None) -> list[str]:
+    """The argv of jobs/JOB.py through Spark Connect at MASTER. ConfigError for a token inside MASTER (it would show
+    on the command line and in logs: SPARK_CONNECT_AUTHENTICATE_TOKEN carries it) or Spark settings in CONF."""
+    from imgest.core.errors import ConfigError
+
+    if "token=" in master.lower():
+        raise ConfigError(
+            f"the Spark Connect URL {master.split(';', 1)[0]};... carries a token: give it as the Spark connection's "
+            "password or SPARK_CONNECT_AUTHENTICATE_TOKEN, never in the URL (command lines and logs show it)"
+        )
+    if conf:
+        raise ConfigError(
+            f"Spark settings {sorted(conf)} cannot be set for a Spark Connect session: set them on the server "
+            f"({master})"
+        )
+    return [sys.executable, str(job_path(job)), REMOTE_OPTION, master, *job_args]
 
 
 def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True) -> int:
@@ -140,7 +193,8 @@ def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True)
     from imgest.core.locks import holder_env
 
     held = holder_env()
-    if log_file is not None and reuse:
+    connect = REMOTE_OPTION in cmd[:4]
+    if log_file is not None and reuse and not connect:
         from imgest.spark import driver_server
 
         rc = driver_server.submit(cmd, log_file, held)
@@ -153,7 +207,7 @@ def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True)
             return rc
     log.info("running %s", " ".join([*cmd[:4], "...", cmd[-1]]))
     master = cmd[cmd.index("--master") + 1] if "--master" in cmd else LOCAL_MASTER
-    env = {**submit_env(master), **held}
+    env = {**(dict(os.environ) if connect else submit_env(master)), **held}
     if log_file is None:
         return subprocess.run(cmd, env=env, check=False).returncode
     log_file.parent.mkdir(parents=True, exist_ok=True)
