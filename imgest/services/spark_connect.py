@@ -23,6 +23,7 @@ from imgest.services.spark_cluster import SparkCluster, clean_env, spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 IDLE_TIMEOUT_S = 15  # an executor idle this long is given back to the cluster
+DETACHED_TIMEOUT_S = 30  # an execution whose client is gone this long is interrupted
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class SparkConnectServer:
             "spark.dynamicAllocation.shuffleTracking.enabled": "true",
             "spark.dynamicAllocation.executorIdleTimeout": f"{IDLE_TIMEOUT_S}s",
             "spark.dynamicAllocation.minExecutors": "0",
+            # a job whose client died (a killed Airflow task): its execution is interrupted once it stayed detached
+            # this long (default 5 min), not left writing beside the re-run (which is idempotent either way)
+            "spark.connect.execute.manager.detachedTimeout": f"{DETACHED_TIMEOUT_S}s",
+            "spark.connect.execute.manager.maintenanceInterval": "5s",
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",
         }
