@@ -48,9 +48,9 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.partitions import connected, parallelism, run_partitions
+from imgest.spark.partitions import connected, parallelism, progress_log, run_partitions
 from imgest.spark.pypath import prefer_installed_pyspark
-from imgest.spark.submit import emit_summary, progress_log, stop_session
+from imgest.spark.submit import emit_summary, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.pack_shards")

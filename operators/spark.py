@@ -68,9 +68,20 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from imgest.core import locks
         from imgest.spark.conf import needs_shipping, spark_conf, submit_env
+        from imgest.spark.partitions import is_connect
         from imgest.spark.submit import package_zip
 
         master = self.master()
+        if is_connect(master):  # the job is the Connect session's thin client: no spark-submit, no JVM here
+            self.env_vars = {**(self.env_vars or {}), **self.state_env(), **self.job_env(), **self.source_env()}
+            with self._lease(context):
+                self.env_vars = {**self.env_vars, **locks.holder_env()}
+                try:
+                    self._run_connect(master)
+                except Exception:
+                    self._fail_if_lock_lost()
+                    raise
+            return
         keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
         env = {k: v for k, v in submit_env(master).items() if k in keep}
         self.env_vars = {**(self.env_vars or {}), **env, **self.state_env(), **self.job_env(), **self.source_env()}
@@ -85,6 +96,39 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
             except Exception:
                 self._fail_if_lock_lost()
                 raise
+
+    def _run_connect(self, master: str) -> None:
+        """Run the job through Spark Connect at MASTER as a child of this task (its output in the task's log, its
+        settings and secrets in its environment only; the connection's password as its Connect token)."""
+        import subprocess
+
+        from airflow.sdk.exceptions import AirflowException
+
+        from imgest.operators.compat import connection_or_none
+        from imgest.spark.submit import connect_command
+
+        conn = connection_or_none(self._conn_id)
+        token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": conn.password} if conn is not None and conn.password else {}
+        cmd = connect_command(self.job, [str(a) for a in self.application_args or []], master)
+        self.log.info("running %s through Spark Connect at %s (no JVM in this worker)", self.job, master)
+        env = {**os.environ, **(self.env_vars or {}), **token}
+        self._connect_proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        for line in self._connect_proc.stdout or ():
+            self.log.info("%s", line.rstrip())
+        rc = self._connect_proc.wait()
+        if rc != 0:
+            raise AirflowException(f"Cannot execute: {self.job} through Spark Connect at {master}. Exit code: {rc}.")
+
+    def on_kill(self) -> None:
+        proc = getattr(self, "_connect_proc", None)
+        if proc is not None and proc.poll() is None:
+            import signal
+
+            os.killpg(proc.pid, signal.SIGTERM)
+            return
+        super().on_kill()
 
     def _fail_if_lock_lost(self) -> None:
         """After a failed job: LockLostError when the run lost its dataset's lock (a driver that found it lost

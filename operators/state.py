@@ -29,8 +29,24 @@ def spark_master(conn_id: str = "spark_default") -> str:
     conn = connection_or_none(conn_id)
     if conn is None:
         return "yarn"
+    if conn.conn_type == "spark_connect":  # the provider's Spark Connect connection: sc://host:port (its token apart)
+        return connect_master(conn)
     host = conn.host or "local[*]"
     return f"{host}:{conn.port}" if conn.port else host
+
+
+def connect_master(conn: Any) -> str:
+    """The ``sc://host:port`` endpoint of a Spark Connect connection (port 15002 when it names none), with its
+    ``user_id`` (login) and ``use_ssl`` (extra) but never its token (the password: the job gets it as
+    SPARK_CONNECT_AUTHENTICATE_TOKEN, kept off command lines and logs)."""
+    host = str(conn.host or "")
+    host = host if "://" in host else f"sc://{host}"
+    url = f"{host.rstrip('/')}:{conn.port or 15002}" if host.count(":") < 2 else host.rstrip("/")
+    params = [f"user_id={conn.login}"] if conn.login else []
+    use_ssl = (conn.extra_dejson or {}).get("use_ssl")
+    if use_ssl is not None:
+        params.append(f"use_ssl={str(use_ssl).lower()}")
+    return f"{url}/;{';'.join(params)}" if params else url
 
 
 def task_deployment(spark_conn_id: str = "spark_default") -> Deployment:

@@ -70,8 +70,6 @@ def run_partitions(spark: Any, count: int, work: Work[R], log: logging.Logger, w
 
         return work(index, on_item)
 
-    from imgest.spark.submit import progress_log
-
     with progress_log(log, what, done, nbytes, total):
         return list(sc.parallelize(range(count), count).mapPartitionsWithIndex(partition).collect())
 
@@ -88,8 +86,6 @@ def run_rdd_partitions(rdd: Any, work: Callable[[int, Iterator[Any], OnItem], It
             nbytes.add(size)
 
         return work(index, it, on_item)
-
-    from imgest.spark.submit import progress_log
 
     with progress_log(log, what, done, nbytes, total):
         return list(rdd.mapPartitionsWithIndex(partition).collect())
@@ -141,3 +137,31 @@ def connect_progress(spark: Any, log: logging.Logger, what: str, count: int, eve
         stop.set()
         thread.join()
         spark.removeProgressHandler(handler)
+
+
+@contextmanager
+def progress_log(
+    logger: logging.Logger, what: str, done: Any, nbytes: Any, total: int, every: float = 5.0
+) -> Iterator[None]:
+    """Log 'WHAT progress: n/total, rows/s, MB/s' every EVERY seconds from two Spark accumulators."""
+    stop, t0 = threading.Event(), time.monotonic()
+
+    def report() -> None:
+        while not stop.wait(every):
+            secs = time.monotonic() - t0
+            logger.info(
+                "%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s",
+                what,
+                done.value,
+                total,
+                done.value / secs,
+                nbytes.value / 1e6 / secs,
+            )
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

@@ -7,11 +7,7 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import time
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -236,34 +232,6 @@ def with_task_retries(master: str) -> str:
     """
     match = LOCAL.match(master)
     return f"local[{match.group(1) or 1},{TASK_MAX_FAILURES}]" if match else master
-
-
-@contextmanager
-def progress_log(
-    logger: logging.Logger, what: str, done: Any, nbytes: Any, total: int, every: float = 5.0
-) -> Iterator[None]:
-    """Log 'WHAT progress: n/total, rows/s, MB/s' every EVERY seconds from two Spark accumulators."""
-    stop, t0 = threading.Event(), time.monotonic()
-
-    def report() -> None:
-        while not stop.wait(every):
-            secs = time.monotonic() - t0
-            logger.info(
-                "%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s",
-                what,
-                done.value,
-                total,
-                done.value / secs,
-                nbytes.value / 1e6 / secs,
-            )
-
-    thread = threading.Thread(target=report, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def emit_summary(summary: dict[str, Any], path: Path | None) -> None:
