@@ -50,6 +50,13 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
         "/opt/imgest-env.tar.gz",
         "A packed Python environment (conda-pack or venv-pack) shipped to executors that lack imgest's.",
     ),
+    "k8s_secret": (
+        "IMGEST_K8S_SECRET",
+        "string",
+        "imgest-job-secrets",
+        "The Kubernetes Secret a spark-submit job in cluster deploy mode on a k8s:// master takes its secrets from "
+        "(spark.kubernetes.driver.secretKeyRef.*; keys: the variables' names in lower case, '-' for '_').",
+    ),
     "executor_python": (
         "IMGEST_EXECUTOR_PYTHON",
         "string",

@@ -67,37 +67,56 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         from imgest.core import locks
-        from imgest.spark.conf import needs_shipping, spark_conf, submit_env
         from imgest.spark.partitions import is_connect
-        from imgest.spark.submit import package_zip
 
         master = self.master()
-        if is_connect(master):  # the job is the Connect session's thin client: no spark-submit, no JVM here
-            self.env_vars = {**(self.env_vars or {}), **self.state_env(), **self.job_env(), **self.source_env()}
-            with self._lease(context):
-                self.env_vars = {**self.env_vars, **locks.holder_env()}
-                try:
-                    self._run_connect(master)
-                except Exception:
-                    self._fail_if_lock_lost()
-                    raise
-            return
-        keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
-        env = {k: v for k, v in submit_env(master).items() if k in keep}
-        self.env_vars = {**(self.env_vars or {}), **env, **self.state_env(), **self.job_env(), **self.source_env()}
-        self.conf = {**spark_conf(master=master), **(self.conf or {})}
-        if needs_shipping(master) and not self.py_files:
-            self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
+        env = {**(self.env_vars or {}), **self.state_env(), **self.job_env(), **self.source_env()}
+        if not is_connect(master):  # through Connect the job is the session's thin client: no spark-submit here
+            env = self._prepare_submit(master, env)
         with self._lease(context):
-            self.env_vars = {**self.env_vars, **locks.holder_env()}  # the driver fences its publishing with it
+            env = {**env, **locks.holder_env()}  # the driver fences its publishing with it
             try:
-                if not self._in_reused_driver(master):
-                    super().execute(context)
+                if is_connect(master):
+                    self._run_connect(master, env)
+                elif not self._in_reused_driver(master, env):
+                    before = dict(os.environ)
+                    try:
+                        self.submission(master, env)
+                        super().execute(context)
+                    finally:  # what spark-submit inherited leaves with it (`dags test` runs every task in one process)
+                        os.environ.clear()
+                        os.environ.update(before)
             except Exception:
                 self._fail_if_lock_lost()
                 raise
 
-    def _run_connect(self, master: str) -> None:
+    def _prepare_submit(self, master: str, env: dict[str, str]) -> dict[str, str]:
+        """imgest's Spark settings and, on a cluster, the package as --py-files; returns ENV with the driver's
+        Python and address."""
+        from imgest.spark.conf import needs_shipping, spark_conf, submit_env
+        from imgest.spark.submit import package_zip
+
+        keep = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
+        self.conf = {**spark_conf(master=master), **(self.conf or {})}
+        if needs_shipping(master) and not self.py_files:
+            self.py_files = str(package_zip())  # executors elsewhere import imgest from the submission
+        return {**{k: v for k, v in submit_env(master).items() if k in keep}, **env}
+
+    def submission(self, master: str, env: dict[str, str]) -> list[str]:
+        """Hand ENV to the job the way its master and deploy mode allow (operators.spark_env: the task's own
+        environment, which spark-submit inherits, or Spark settings that name no secret's value), never as the
+        provider's env_vars; returns the command line spark-submit runs with."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        from imgest.operators.spark_env import K8S_SECRET_ENV, route_env
+
+        mode = SparkSubmitHook(conn_id=self._conn_id, deploy_mode=self._deploy_mode)._connection["deploy_mode"]
+        confs, process = route_env(master, mode or "client", env, os.environ.get(K8S_SECRET_ENV, ""))
+        self.conf, self.env_vars = {**(self.conf or {}), **confs}, {}
+        os.environ.update(process)  # this task's process is the job's alone
+        return self._get_hook()._build_spark_submit_command(self.application)
+
+    def _run_connect(self, master: str, job_env: dict[str, str]) -> None:
         """Run the job through Spark Connect at MASTER as a child of this task (its output in the task's log, its
         settings and secrets in its environment only; the connection's password as its Connect token)."""
         import subprocess
@@ -111,7 +130,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": conn.password} if conn is not None and conn.password else {}
         cmd = connect_command(self.job, [str(a) for a in self.application_args or []], master)
         self.log.info("running %s through Spark Connect at %s (no JVM in this worker)", self.job, master)
-        env = {**os.environ, **(self.env_vars or {}), **token}
+        env = {**os.environ, **job_env, **token}
         self._connect_proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
@@ -156,7 +175,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         ti = context.get("ti")
         return run_lease(self.dag_id, context["run_id"], self.lock_dataset, ti, aws_conn_id=self.state_conn_id)
 
-    def _in_reused_driver(self, master: str) -> bool:
+    def _in_reused_driver(self, master: str, env: dict[str, str]) -> bool:
         """Run the job in the reused local driver when $IMGEST_SPARK_DRIVER_SOCKET names one (the test suite's,
         imgest.spark.driver_server) and the job would run there as submitted; True when it ran and succeeded."""
         import tempfile
@@ -173,7 +192,7 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         with tempfile.TemporaryDirectory(prefix="imgest-job-") as tmp:
             out = Path(tmp) / "job.log"
             cmd = submit_command(self.job, [str(a) for a in self.application_args or []], master)
-            rc = driver_server.submit(cmd, out, self.env_vars)
+            rc = driver_server.submit(cmd, out, env)
             if rc is None:
                 return False
             for line in out.read_text(errors="replace").splitlines():
