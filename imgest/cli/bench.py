@@ -384,5 +384,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     register_plugin(bench_parser)
     register_cluster(bench_parser)
+    from imgest.cli.bench_connect import register_connect
+
+    register_connect(bench_parser)
     register_scale(bench_parser)
     register_source(bench_parser)

@@ -1,0 +1,43 @@
+"""`imgest bench connect` end to end at its tiny size: both routes run each job on the same cluster and input, and
+the report holds what each measured (figures, not times, are asserted: the submitting side of spark-submit holds
+the driver JVM, the Connect client does not)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from imgest.services import CassandraServer, S3Server
+from imgest.services.spark_cluster import SparkCluster
+from imgest.services.spark_connect import SparkConnectServer
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+@pytest.fixture
+def connect(spark_cluster: SparkCluster) -> Iterator[SparkConnectServer]:
+    server = SparkConnectServer.default()
+    started = not server.answers() and server.up().started
+    yield server
+    if started:
+        server.down()
+
+
+def test_bench_connect_reports_both_routes(
+    connect: SparkConnectServer, cassandra_server: CassandraServer, s3_server: S3Server, tmp_path: Path
+) -> None:
+    from imgest.cli import main
+
+    out = tmp_path / "connect.json"
+    assert main(["bench", "connect", "--sizes", "tiny", "--targets", "shards", "--json", str(out)]) == 0
+    rows = {r["route"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"spark-submit", "connect"}
+    for row in rows.values():
+        assert row["images"] == 1000
+        assert row["images_per_s"] > 0
+        assert row["worker_cpu_s"] > 0
+        assert "other_cores" in row["quiet"]
+    assert rows["spark-submit"]["worker_peak_rss_mb"] > rows["connect"]["worker_peak_rss_mb"]  # the driver JVM
