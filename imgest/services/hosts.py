@@ -38,6 +38,7 @@ from imgest.services.hosts_servers import (
     HostCassandra,
     HostPostgres,
     HostRedis,
+    HostSparkConnect,
     HostSparkMaster,
     HostSparkWorker,
     venv_path,
@@ -51,14 +52,14 @@ LAYOUT = (  # name, last octet of its address, what runs there
     ("control", 11, "Airflow api-server :8080, scheduler, dag-processor, triggerer (CeleryExecutor)"),
     ("worker-a", 21, "Celery worker (Spark driver, client mode)"),
     ("worker-b", 22, "Celery worker (Spark driver, client mode)"),
-    ("spark-master", 30, "Spark standalone master :7077, UI :8090"),
+    ("spark-master", 30, "Spark standalone master :7077, UI :8090, Spark Connect :15002"),
     ("spark-1", 31, "Spark worker, 1 core, UI :8091"),
     ("spark-2", 32, "Spark worker, 1 core, UI :8091"),
 )
 WORKER_HOSTS = ("worker-a", "worker-b")
 SPARK_WORKER_HOSTS = ("spark-1", "spark-2")
 AIRFLOW_PORT, CASSANDRA_PORT, AWS_PORT, PG_PORT, REDIS_PORT = 8080, 9042, 5050, 5432, 6379
-SPARK_PORT, SPARK_UI_PORT, SPARK_WORKER_UI_PORT = 7077, 8090, 8091
+SPARK_PORT, SPARK_UI_PORT, SPARK_WORKER_UI_PORT, CONNECT_PORT = 7077, 8090, 8091, 15002
 STATE_URL = "s3://imgest/_hosts"
 DATASETS_FILE = "config/datasets.toml"  # under each Airflow host's own state folder
 PASSED_ON = ("JAVA_HOME", "IMGEST_SPARK_JAVA_OPTIONS", "IMGEST_JVM_CDS")  # the deployer's JVM settings, no address
@@ -72,6 +73,7 @@ class SimulatedHosts:
     subnet: str = "10.213.0"
     bridge: str = "imgest-hosts"
     name: str = "hosts"
+    spark_route: str = "spark"  # what the Airflow hosts' spark_default names: "spark" (spark-submit) or "connect"
 
     @classmethod
     def default(cls) -> SimulatedHosts:
@@ -149,7 +151,9 @@ class SimulatedHosts:
                 "host": f"spark://{self.address('spark-master')}",
                 "port": SPARK_PORT,
                 "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
-            },
+            }
+            if self.spark_route == "spark"
+            else {"conn_type": "spark_connect", "host": self.address("spark-master"), "port": CONNECT_PORT},
         }
 
     def run_in(
@@ -235,6 +239,10 @@ class SimulatedHosts:
             home, SPARK_PORT, SPARK_UI_PORT, len(SPARK_WORKER_HOSTS), host=master, **self._in("spark-master")
         )
 
+    def spark_connect(self) -> HostSparkConnect:
+        home, master = self.own("spark-master") / "spark-connect", self.spark_master()
+        return HostSparkConnect(home, master, CONNECT_PORT, master.host, **self._in("spark-master"))
+
     def spark_worker(self, host: str) -> HostSparkWorker:
         home = self.own(host) / "spark-worker"
         url = self.spark_master().master_url
@@ -245,6 +253,7 @@ class SimulatedHosts:
         procs = [self.airflow(h).process_of(CELERY_WORKER) for h in WORKER_HOSTS]
         procs += [self.airflow().process_of(c) for c in COMPONENTS]
         procs += [self.spark_worker(h).process for h in SPARK_WORKER_HOSTS]
+        procs.append(self.spark_connect().process)
         return [*procs, self.spark_master().process(), self.aws().process, self.cassandra().process]
 
     # ---------------------------------------------------------------------------------------------- lifecycle
@@ -290,10 +299,20 @@ class SimulatedHosts:
         master.process().wait_ready(lambda: master.master_state() is not None, 120, "on its web UI")
         for host in SPARK_WORKER_HOSTS:
             self.spark_worker(host).start()
+        self.spark_connect().start()
 
     def _wait_spark(self, timeout: float) -> None:
         master = self.spark_master()
         master.process().wait_ready(master.answers, timeout, "with both workers registered")
+        connect = self.spark_connect()
+        connect.process.wait_ready(connect.answers, timeout, f"on {connect.url}")
+
+    def restart_celery_workers(self) -> None:
+        """Stop each Celery worker and start it again with this deployment's environment (its spark_route)."""
+        for host in WORKER_HOSTS:
+            worker = self.airflow(host)
+            worker.process_of(CELERY_WORKER).stop(timeout=60)
+            worker.process_of(CELERY_WORKER).start(worker.command(CELERY_WORKER), cwd=worker.home)
 
     def _start_airflow(self, timeout: float) -> None:
         control = self.airflow()

@@ -24,6 +24,7 @@ from imgest.services.cassandra import CassandraServer
 from imgest.services.metadb import PostgresServer, RedisServer, pg_mountpoint
 from imgest.services.process import ManagedProcess
 from imgest.services.spark_cluster import WORKER_CLASS, SparkCluster, clean_env, spark_home
+from imgest.services.spark_connect import SparkConnectServer
 
 CELERY_WORKER = "celery-worker"
 
@@ -177,6 +178,18 @@ class HostSparkMaster(SparkCluster, InHost):
             base = spark_folder(self.home / "master")
             env = clean_env(base, {"SPARK_LOCAL_IP": self.host, "SPARK_LOCAL_HOSTNAME": self.host})
             self.process().start(self.master_command(), env=env, cwd=base)
+
+
+@dataclass(frozen=True)
+class HostSparkConnect(SparkConnectServer, InHost):
+    """The Spark Connect server inside the master's host, on the standalone cluster there (CLUSTER)."""
+
+    @property
+    def process(self) -> ManagedProcess:
+        return self.moved(super().process)
+
+    def server_env(self) -> dict[str, str]:
+        return {**super().server_env(), "SPARK_LOCAL_IP": self.host, "SPARK_LOCAL_HOSTNAME": self.host}
 
 
 @dataclass(frozen=True)

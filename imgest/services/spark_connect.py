@@ -82,17 +82,26 @@ class SparkConnectServer:
         except OSError:
             return False
 
+    def server_env(self) -> dict[str, str]:
+        """The server's whole environment: clean, with the Python its executors run for Connect's functions."""
+        env = clean_env(self.home, {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"})
+        env["SPARK_HOME"] = str(spark_home())
+        env["PYSPARK_PYTHON"] = sys.executable  # Connect's Python functions run what the server's environment names
+        return env
+
+    def start(self) -> None:
+        """Start the server unless it runs (no wait)."""
+        if self.process.pid() is None:
+            self.home.mkdir(parents=True, exist_ok=True)
+            self.process.start(self.command(), env=self.server_env(), cwd=self.home)
+
     def up(self, timeout: float = 180.0) -> UpResult:
         """Start the standalone cluster when it is not running, then the server; wait until its port answers."""
         if self.answers():
             return UpResult(self.name, False, 0.0, f"spark connect already running at {self.url}")
         self.cluster.up()
         require_free_port(self.name, self.host, self.port, "IMGEST_SPARK_CONNECT_PORT")
-        self.home.mkdir(parents=True, exist_ok=True)
-        env = clean_env(self.home, {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"})
-        env["SPARK_HOME"] = str(spark_home())
-        env["PYSPARK_PYTHON"] = sys.executable  # Connect's Python functions run what the server's environment names
-        self.process.start(self.command(), env=env, cwd=self.home)
+        self.start()
         try:
             waited = self.process.wait_ready(self.answers, timeout, f"on {self.url}")
         except BaseException:

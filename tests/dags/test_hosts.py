@@ -419,3 +419,75 @@ def test_cli_on_a_fresh_host_with_settings_from_variables(hosts: SimulatedHosts)
     assert "run state: s3://imgest/_imgest-state" in packed.stdout
     assert sum(_shard_manifest(hosts, "s3://imgest/hcli")["samples"].values()) == DEMO_STORED
     _assert_ran_on_the_cluster(hosts, before, jobs=2)
+
+
+def _java_on(hosts: SimulatedHosts, host: str) -> list[str]:
+    """The java processes running on HOST now: its process table (every pid in its network namespace)."""
+    done = subprocess.run(["ip", "netns", "pids", hosts.network.host(host).netns], capture_output=True, text=True)
+    found = []
+    for pid in done.stdout.split():
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+    return found
+
+
+def _rows(hosts: SimulatedHosts, keyspace: str) -> list[tuple[str, int, str, str]]:
+    import hashlib
+
+    from imgest.core.settings import CassandraSettings
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    with cassandra_session(CassandraSettings(hosts=(hosts.address("store"),))) as session:
+        data = {
+            r.id: hashlib.sha256(r.data).hexdigest() for r in session.execute(f"SELECT id, data FROM {keyspace}.data")
+        }
+        meta = session.execute(f"SELECT id, label, split FROM {keyspace}.metadata")
+        return sorted((str(r.id), r.label, r.split, data[r.id]) for r in meta)
+
+
+def test_both_targets_through_spark_connect(hosts: SimulatedHosts) -> None:
+    """spark_default switched to the Spark Connect server on the master's host (the Celery workers restarted with
+    the new connection, as a deployment changes one): ingest_imagenet for both targets runs each job as the Connect
+    session's thin client. No java process runs on either Airflow worker host at any moment of the runs (their
+    process tables, sampled), the Connect server's executors ran on both Spark workers, the shards are byte for
+    byte those of a one-machine spark-submit run of the same input and seed, and the Cassandra rows (CQL) those the
+    spark-submit route's bulk load wrote from the same source (hs3c, earlier in this module)."""
+    import dataclasses
+
+    _upload_source(hosts)
+    connect = dataclasses.replace(hosts, spark_route="connect")
+    connect.restart_celery_workers()
+    try:
+        source = {"source": f"s3://{SOURCE_BUCKET}/hs3/", "source_conn_id": "aws_default", "read_check": False}
+        confs = {
+            # the datasets of the spark-submit runs above (ids derive from the dataset's name), other destinations
+            "hcs": {**source, "target": "shards", "dataset": "hs3", "s3_dest": "s3://imgest/hcs"},
+            "hcc": {**source, "target": "cassandra", "dataset": "hs3c", "keyspace": "hcc", "write_path": "cql"},
+        }
+        runs = {name: _trigger(hosts, "ingest_imagenet", conf, name) for name, conf in confs.items()}
+        seen: dict[str, list[str]] = {h: [] for h in WORKER_HOSTS}
+        states: dict[str, str] = {}
+        while not states:
+            for host in WORKER_HOSTS:
+                seen[host] += _java_on(hosts, host)
+            finished = {r: _sql(hosts, "SELECT state FROM dag_run WHERE run_id = %s", r) for r in runs.values()}
+            if all(rows and rows[0][0] in ("success", "failed") for rows in finished.values()):
+                states = {r: rows[0][0] for r, rows in finished.items()}
+            time.sleep(0.5)
+        for name, run_id in runs.items():
+            assert states[run_id] == "success", f"{name}: {_tasks(hosts, run_id)}\n{_failed_logs(hosts, run_id)}"
+        _wait_quiet(hosts)  # the check_datasets runs the publishes set off end on the Connect route too
+    finally:
+        hosts.restart_celery_workers()
+    assert seen == {h: [] for h in WORKER_HOSTS}, seen  # no JVM on the Airflow workers
+    assert "through Spark Connect at sc://" in _task_log(hosts, runs["hcs"], "ingest_shards")
+    apps = (hosts.spark_master().master_state() or {}).get("activeapps", [])
+    server = [a["id"] for a in apps if a["name"] == "Spark Connect server"]
+    assert len(server) == 1, apps
+    for host in SPARK_WORKER_HOSTS:
+        assert server[0] in _executor_apps(hosts, host), f"no executor of the Connect server ran on {host}"
+    assert _shards_of(_shard_manifest(hosts, "s3://imgest/hcs")) == _one_machine_shards("hs3")
+    connect_rows = _rows(hosts, "hcc")
+    assert len(connect_rows) == DEMO_STORED
+    assert connect_rows == _rows(hosts, "hs3c")
