@@ -38,6 +38,7 @@ from imgest.services.airflow_celery import CeleryAirflow
 from imgest.services.base import Service
 from imgest.services.embedded import use_embedded
 from imgest.services.spark_cluster import SparkCluster
+from imgest.services.spark_connect import SparkConnectServer
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.spark import driver_server
 from tests import xdist_groups as groups
@@ -50,6 +51,7 @@ SERVICE_FIXTURES = frozenset(
         "cassandra_tls_server",
         "cassandra_role",
         "spark_cluster",
+        "spark_connect",
         "s3_server",
         "airflow_home",
         "airflow_scheduler",
@@ -361,6 +363,17 @@ def cassandra_tls_server() -> Iterator[CassandraServer]:
 def spark_cluster() -> Iterator[SparkCluster]:
     """The Spark standalone master and its two clean workers."""
     yield from serve("spark")  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def spark_connect(spark_cluster: SparkCluster) -> Iterator[SparkConnectServer]:
+    """The Spark Connect server on the suite's cluster, for one module (stopped at its end if this started it; idle,
+    its executors go back to the cluster after 15 s)."""
+    server = SparkConnectServer.default()
+    started = not server.answers() and server.up().started
+    yield server
+    if started:
+        server.down()
 
 
 @pytest.fixture(scope="session")

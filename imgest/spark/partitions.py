@@ -116,26 +116,22 @@ def _uncounted(size: int) -> None:
 def connect_progress(spark: Any, log: logging.Logger, what: str, count: int, every: float = 5.0) -> Iterator[None]:
     """Log 'WHAT progress: k/COUNT partitions finished' every EVERY seconds from the server's progress reports."""
     seen = {"done": 0}
-    lock, stop, t0 = threading.Lock(), threading.Event(), time.monotonic()
+    lock, t0 = threading.Lock(), time.monotonic()
 
     def handler(stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
         finished = sum(s.num_completed_tasks for s in stages or ())
         with lock:
             seen["done"] = max(seen["done"], min(finished, count))
 
-    def report() -> None:
-        while not stop.wait(every):
-            log.info("%s progress: %d/%d partitions finished after %.0fs (Spark Connect)", what, seen["done"], count,
-                     time.monotonic() - t0)  # fmt: skip
+    def line() -> None:
+        log.info("%s progress: %d/%d partitions finished after %.0fs (Spark Connect)", what, seen["done"], count,
+                 time.monotonic() - t0)  # fmt: skip
 
     spark.registerProgressHandler(handler)
-    thread = threading.Thread(target=report, daemon=True)
-    thread.start()
     try:
-        yield
+        with _every(every, line):
+            yield
     finally:
-        stop.set()
-        thread.join()
         spark.removeProgressHandler(handler)
 
 
@@ -144,21 +140,27 @@ def progress_log(
     logger: logging.Logger, what: str, done: Any, nbytes: Any, total: int, every: float = 5.0
 ) -> Iterator[None]:
     """Log 'WHAT progress: n/total, rows/s, MB/s' every EVERY seconds from two Spark accumulators."""
-    stop, t0 = threading.Event(), time.monotonic()
+    t0 = time.monotonic()
 
-    def report() -> None:
-        while not stop.wait(every):
-            secs = time.monotonic() - t0
-            logger.info(
-                "%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s",
-                what,
-                done.value,
-                total,
-                done.value / secs,
-                nbytes.value / 1e6 / secs,
-            )
+    def line() -> None:
+        secs = time.monotonic() - t0
+        logger.info("%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s", what, done.value, total,
+                    done.value / secs, nbytes.value / 1e6 / secs)  # fmt: skip
 
-    thread = threading.Thread(target=report, daemon=True)
+    with _every(every, line):
+        yield
+
+
+@contextmanager
+def _every(seconds: float, call: Callable[[], None]) -> Iterator[None]:
+    """CALL every SECONDS from a thread while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(seconds):
+            call()
+
+    thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
         yield

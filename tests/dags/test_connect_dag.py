@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,15 +76,11 @@ def _apps(cluster: SparkCluster) -> dict[str, str]:
 
 
 @pytest.fixture
-def on_connect(spark_cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[SparkConnectServer]:
-    """spark_default (an environment connection) names the Connect server, started for the test if it was not."""
-    server = SparkConnectServer.default()
-    started = not server.answers() and server.up().started
-    conn = {"conn_type": "spark_connect", "host": server.host, "port": server.port}
+def on_connect(spark_connect: SparkConnectServer, monkeypatch: pytest.MonkeyPatch) -> SparkConnectServer:
+    """spark_default (an environment connection) names the Connect server."""
+    conn = {"conn_type": "spark_connect", "host": spark_connect.host, "port": spark_connect.port}
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn))
-    yield server
-    if started:
-        server.down()
+    return spark_connect
 
 
 def test_both_targets_through_spark_connect_start_no_jvm_under_airflow(

@@ -5,29 +5,18 @@ the driver JVM, the Connect client does not)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from imgest.services import CassandraServer, S3Server
-from imgest.services.spark_cluster import SparkCluster
 from imgest.services.spark_connect import SparkConnectServer
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
-@pytest.fixture
-def connect(spark_cluster: SparkCluster) -> Iterator[SparkConnectServer]:
-    server = SparkConnectServer.default()
-    started = not server.answers() and server.up().started
-    yield server
-    if started:
-        server.down()
-
-
 def test_bench_connect_reports_both_routes(
-    connect: SparkConnectServer, cassandra_server: CassandraServer, s3_server: S3Server, tmp_path: Path
+    spark_connect: SparkConnectServer, cassandra_server: CassandraServer, s3_server: S3Server, tmp_path: Path
 ) -> None:
     from imgest.cli import main
 

@@ -12,7 +12,6 @@ import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +28,10 @@ from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.manifest import iter_manifest
 from imgest.sources.scan import scan_to_dir
 from imgest.spark.submit import submit_command, submit_env
+from tests.cluster_watch import children
 from tests.jobs.conftest import kill_when, read_summary
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def connect(spark_cluster: SparkCluster) -> Iterator[SparkConnectServer]:
-    """The Connect server on the suite's cluster, for this module (its idle executors go back after 15 s)."""
-    server = SparkConnectServer.default()
-    started = not server.answers() and server.up().started
-    yield server
-    if started:
-        server.down()
 
 
 @pytest.fixture(scope="module")
@@ -50,24 +40,6 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_sample(root / "src", SampleSpec("cls-loc", classes=3, per_class=12, val_per_class=3, seed=66, defects=True))
     scan_to_dir(root / "src", root / "manifest", dataset="connect")
     return root / "manifest"
-
-
-def _descendants(pid: int) -> set[int]:
-    """PID's processes below it, from /proc (what a process table shows)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, todo = set(), [pid]
-    while todo:
-        parent = todo.pop()
-        kids = [p for p, pp in parents.items() if pp == parent and p not in found]
-        found.update(kids)
-        todo.extend(kids)
-    return found
 
 
 def _comm(pid: int) -> str:
@@ -86,7 +58,7 @@ def _run(job: str, args: list[str], master: str, env: dict[str, str]) -> tuple[i
 
     def watch() -> None:
         while proc.poll() is None:
-            seen.update(_comm(p) for p in _descendants(proc.pid))
+            seen.update(_comm(p) for p in children(proc.pid))
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -123,7 +95,7 @@ def _files(root: Path) -> dict[str, str]:
 
 
 def test_every_target_through_connect_writes_what_spark_submit_writes_with_no_jvm_beside_it(
-    connect: SparkConnectServer,
+    spark_connect: SparkConnectServer,
     spark_cluster: SparkCluster,
     cassandra_server: CassandraServer,
     s3_server: S3Server,
@@ -136,7 +108,7 @@ def test_every_target_through_connect_writes_what_spark_submit_writes_with_no_jv
     env["IMGEST_STATE_URL"] = "local"  # one machine's disk: the cluster's workers see the manifest's folder
     common = ["--manifest-dir", str(manifest), "--partitions", "4"]
     cassandra = ["--port", str(cassandra_server.native_port), "--consistency", "ONE"]
-    routes = {"submit": spark_cluster.master_url, "connect": connect.url}
+    routes = {"submit": spark_cluster.master_url, "connect": spark_connect.url}
     out: dict[str, dict[str, Any]] = {}
     for route, master in routes.items():
         jobs = {
@@ -165,7 +137,7 @@ def test_every_target_through_connect_writes_what_spark_submit_writes_with_no_jv
 
 
 def test_a_job_killed_mid_way_through_connect_resumes(
-    connect: SparkConnectServer, cassandra_server: CassandraServer, tmp_path: Path
+    spark_connect: SparkConnectServer, cassandra_server: CassandraServer, tmp_path: Path
 ) -> None:
     """The thin client SIGKILLed with part of the rows written (the server interrupts its detached execution later,
     or lets it finish: rows are idempotent either way), then run again: every row once, verified."""
@@ -179,7 +151,7 @@ def test_a_job_killed_mid_way_through_connect_resumes(
     args += ["--write-path", "cql", "--port", str(cassandra_server.native_port), "--consistency", "ONE"]
     env = {**os.environ, "IMGEST_STATE_URL": "local"}
     proc = subprocess.Popen(
-        submit_command("ingest_cassandra", args, connect.url),
+        submit_command("ingest_cassandra", args, spark_connect.url),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -196,7 +168,7 @@ def test_a_job_killed_mid_way_through_connect_resumes(
     written = kill_when(proc, committed, lambda n: n >= 5)
     assert 0 < written < total, f"kill did not land mid-way ({written}/{total})"
     summary = tmp_path / "resumed.json"
-    rc, log, below = _run("ingest_cassandra", [*args, "--summary-json", str(summary)], connect.url, env)
+    rc, log, below = _run("ingest_cassandra", [*args, "--summary-json", str(summary)], spark_connect.url, env)
     assert rc == 0, log[-3000:]
     assert "java" not in below
     resumed = read_summary(summary)
