@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from asgiref.sync import sync_to_async
 
 FREE, BUSY = "free", "busy"
 
@@ -60,8 +61,6 @@ class DatasetLockTrigger(BaseTrigger):
         return locks.blocker(self.dataset, self.who, self._stores)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from asgiref.sync import sync_to_async
-
         look = sync_to_async(self._look)  # the task SDK's connection lookups are synchronous
         last = None
         while True:

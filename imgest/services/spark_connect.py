@@ -57,6 +57,7 @@ class SparkConnectServer:
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.pyspark.python": sys.executable,
             "spark.executor.memory": "1g",
+            "spark.executor.cores": "1",  # an executor per worker core: dynamic allocation asks for what it needs
             "spark.dynamicAllocation.enabled": "true",
             "spark.dynamicAllocation.shuffleTracking.enabled": "true",
             "spark.dynamicAllocation.executorIdleTimeout": f"{IDLE_TIMEOUT_S}s",

@@ -278,9 +278,15 @@ def _one_machine_shards(dataset: str) -> list[tuple[str, int, str]]:
         return _shards_of(json.loads((out / "manifest.json").read_text()))
 
 
-def _upload_source(hosts: SimulatedHosts) -> None:
-    """The demo sample on the store host's S3 (the source bucket), the source every host can read."""
+def _upload_source(hosts: SimulatedHosts, fresh: bool = False) -> None:
+    """The demo sample on the store host's S3 (the source bucket), the source every host can read; FRESH: exactly
+    the sample (what the refresh test changed, added and removed under hs3/ set back)."""
     client = hosts.aws().client("s3")  # the deployer's; the bucket was made with the hosts' roles
+    if fresh:
+        from imgest.sources.s3objects import list_objects
+
+        for obj in list_objects(client, SOURCE_BUCKET, "hs3/"):
+            client.delete_object(Bucket=SOURCE_BUCKET, Key=obj.key)
     with tempfile.TemporaryDirectory() as tmp:
         write_sample(Path(tmp), DEMO_SAMPLE)
         for path in sorted(Path(tmp).rglob("*")):
@@ -455,7 +461,7 @@ def test_both_targets_through_spark_connect(hosts: SimulatedHosts) -> None:
     spark-submit route's bulk load wrote from the same source (hs3c, earlier in this module)."""
     import dataclasses
 
-    _upload_source(hosts)
+    _upload_source(hosts, fresh=True)
     connect = dataclasses.replace(hosts, spark_route="connect")
     connect.restart_celery_workers()
     try:

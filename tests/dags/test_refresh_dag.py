@@ -317,8 +317,9 @@ def test_datasets_in_parallel_one_writer_per_dataset(scheduler: AirflowServer, s
 
         reader = threading.Thread(target=follow, daemon=True)
         reader.start()
-        _wait_running(scheduler, "refresh_rfa", "lock", waiting)
-        # the lock task logs who holds the dataset, then polls every 5 s
+        # the lock task logs who holds the dataset and defers: `dags test` runs its trigger in line (the task
+        # queued meanwhile), a deployment's triggerer (tests/dags/test_celery_deployment.py) with the task deferred
+        _wait_running(scheduler, "refresh_rfa", "lock", waiting, states=("running", "deferred", "queued"))
         assert seen.wait(120) or holder in _task_log(scheduler, "refresh_rfa", "lock"), "".join(lines)[-3000:]
         assert waiting.poll() is None  # still waiting for the lock
     waiting.wait(timeout=600)
@@ -340,9 +341,14 @@ def _dags_test(airflow: AirflowServer, dag_id: str) -> subprocess.Popen | WarmCo
 
 
 def _wait_running(
-    airflow: AirflowServer, dag_id: str, task_id: str, proc: subprocess.Popen | WarmCommand, timeout: float = 300
+    airflow: AirflowServer,
+    dag_id: str,
+    task_id: str,
+    proc: subprocess.Popen | WarmCommand,
+    timeout: float = 300,
+    states: tuple[str, ...] = ("running",),
 ) -> None:
-    """Wait until TASK_ID of the newest run of DAG_ID is running (PROC is that `airflow dags test`)."""
+    """Wait until TASK_ID of the newest run of DAG_ID is in one of STATES (PROC is that `airflow dags test`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         with sqlite3.connect(airflow.home / "airflow.db") as db:
@@ -351,7 +357,7 @@ def _wait_running(
                 "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
                 (dag_id, task_id, dag_id),
             ).fetchone()
-        if row and row[0] == "running":
+        if row and row[0] in states:
             return
         time.sleep(1)
     raise AssertionError(f"{dag_id}.{task_id} never ran while the lock was held (exit {proc.poll()})")

@@ -179,7 +179,12 @@ def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing) -> Non
         )
         read = n * size
         moved: dict[bool, int] = {}
-        for routed in (True, False):  # one read each, once the ring is quiet (a ring that just started gossips)
+        # once the ring is quiet (a ring that just started gossips); the routed read up to three times, its least
+        # traffic kept: what else the nodes send each other (hints of an earlier test's dead node, gossip) only
+        # adds bytes, and CI once saw 5.2 MB of it land inside one read
+        for routed in (True, True, True, False):
+            if routed and moved.get(True, read) < 0.1 * read:
+                continue  # one quiet measurement is enough
             opts = CassandraReadOptions(batch_size=64, ooo=routed, seed=None, route_by_owner=routed)
             before = _quiet_internode_bytes(ring, session)
             with CassandraReader(settings, f"{READS_KS}.data", ids, [k % 7 for k in range(n)], opts) as reader:
@@ -187,7 +192,8 @@ def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing) -> Non
                 if routed:
                     assert len(reader.router.nodes) == 3
                 got = {i: bytes(a) for batch in reader.epoch_batches() for a, i in zip(batch[0], batch[2], strict=True)}
-            moved[routed] = _internode_bytes(ring, session) - before
+            traffic = _internode_bytes(ring, session) - before
+            moved[routed] = min(moved.get(routed, traffic), traffic)
             assert got == dict(zip(ids, blobs, strict=True)), f"route_by_owner={routed}: rows differ from those written"
     assert moved[True] < 0.1 * read, f"routed reads moved {moved[True]} bytes between nodes for {read} bytes read"
     assert moved[False] > 0.4 * read, f"the probe saw {moved[False]} bytes between nodes for unrouted reads"

@@ -124,7 +124,8 @@ def test_a_slow_reader_reads_its_bounded_sample_and_says_so() -> None:
 
 
 def test_the_check_s_deadline_stops_a_reader_before_its_window_and_its_rate_is_not_one() -> None:
-    plan = ReadPlan(_budget(60.0, deadline=3.5), total=10_000, start=0.0)
+    plan = ReadPlan(_budget(60.0, deadline=4.5), total=10_000, start=0.0)
+    # a batch a second: after the one ending at 4.0 the next would end at 5.0, past the deadline: it stops there
     assert _feed(plan, [1.0, 2.0, 3.0, 4.0]) == [True, True, True, False]
     assert plan.stop == budget.CHECK_SPENT
     fields = plan.fields()
