@@ -61,6 +61,15 @@ def job_args(target: str, manifest: Path, route: str, s3: S3Server, port: int) -
     return [*common, "--dest", f"s3://{s3.bucket}/bench/connect-{route}-{run}"]
 
 
+def cores_free(cluster: Any, timeout: float = 120.0) -> float:
+    """Wait until no application holds the cluster's cores (the Connect server gives its idle executors back after
+    a while); returns the seconds waited, so each route's run starts on an idle cluster."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout and (cluster.master_state() or {}).get("coresused", 0):
+        time.sleep(1)
+    return round(time.monotonic() - t0, 1)
+
+
 def run_job(job: str, args: list[str], master: str, env: dict[str, str], log: Path) -> dict[str, Any]:
     """One job on MASTER: wall, the job's summary, the submitting tree's CPU seconds and peak RSS, the load."""
     summary = log.with_suffix(".json")
@@ -105,7 +114,8 @@ def run(sizes: list[str], targets: list[str], env: dict[str, str]) -> list[dict[
             for route, master in routes.items():
                 args = job_args(target, manifest, route.replace("-", "_"), s3, cassandra.native_port)
                 log = logs / f"{size}-{target}-{route}.log"
-                print(f"{size} {target} via {route} ...", flush=True)
+                waited = cores_free(connect.cluster)
+                print(f"{size} {target} via {route} (cluster idle after {waited} s) ...", flush=True)
                 result = run_job(TARGETS[target], args, master, env, log)
                 rows.append({"size": size, "target": target, "route": route, **result})
                 print(f"  {json.dumps({k: v for k, v in result.items() if k != 'quiet'})}", flush=True)

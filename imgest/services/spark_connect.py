@@ -60,6 +60,10 @@ class SparkConnectServer:
             "spark.executor.cores": "1",  # an executor per worker core: dynamic allocation asks for what it needs
             "spark.dynamicAllocation.enabled": "true",
             "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            # an executor holding a finished query's shuffle files is kept until they are cleaned up (never, for a
+            # long-lived server): without a timeout an idle server held the cluster's cores and a spark-submit job
+            # waited 15 minutes for any
+            "spark.dynamicAllocation.shuffleTracking.timeout": f"{IDLE_TIMEOUT_S * 2}s",
             "spark.dynamicAllocation.executorIdleTimeout": f"{IDLE_TIMEOUT_S}s",
             "spark.dynamicAllocation.minExecutors": "0",
             # a job whose client died (a killed Airflow task): its execution is interrupted once it stayed detached
