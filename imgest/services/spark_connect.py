@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,9 +121,15 @@ class SparkConnectServer:
             f"{IDLE_TIMEOUT_S}s idle); log {self.process.log_file}",
         )
 
-    def down(self) -> bool:
-        """Stop the server (the cluster stays: `imgest services down spark` stops it)."""
-        return self.process.stop()
+    def down(self, timeout: float = 30.0) -> bool:
+        """Stop the server (the cluster stays: `imgest services down spark` stops it); returns once its port no
+        longer answers (the JVM below spark-submit's script may outlive the script a moment), so a `up` right after
+        starts a new one instead of finding the old one about to go."""
+        stopped = self.process.stop()
+        deadline = time.monotonic() + timeout
+        while self.answers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return stopped
 
     def status(self) -> ServiceStatus:
         detail = f"master {self.cluster.master_url}"
