@@ -48,7 +48,7 @@ from imgest.sources.manifest import manifest_metadata, read_classes
 from imgest.sources.s3source import shippable_root
 from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
-from imgest.spark.partitions import connected, parallelism, progress_log, run_partitions
+from imgest.spark.partitions import connected, parallelism, progress_log, run_partitions, run_rdd_partitions
 from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.submit import emit_summary, stop_session
 from imgest.transform.image import TransformSpec
@@ -89,13 +89,15 @@ def extract(args: argparse.Namespace, cfg: PackConfig) -> tuple[Path, list[tuple
 
 
 def shard_task(
-    plan_path: Path | Staged, cfg: PackConfig, done: Any, nbytes: Any
-) -> Callable[[Iterator[tuple[str, int, Published]]], list[ShardRecord]]:
-    """The function every Spark task runs over its shards: what it pickles is the plan's place, the config and
-    the two accumulators (DONE, NBYTES; None: not counted); each shard's live entry comes with the shard."""
+    plan_path: Path | Staged, cfg: PackConfig
+) -> Callable[[int, Iterator[tuple[str, int, Published]], Callable[[int], None]], list[ShardRecord]]:
+    """The function every Spark task runs over its shards (index, its items, what to call per sample): what it
+    pickles is the plan's place and the config; each shard's live entry comes with the shard, as the task's data."""
 
-    def partition(it: Iterator[tuple[str, int, Published]]) -> list[ShardRecord]:
-        return pack_planned(plan_path, it, cfg, _store_factory(cfg), _counter(done, nbytes))
+    def partition(
+        index: int, it: Iterator[tuple[str, int, Published]], on_sample: Callable[[int], None]
+    ) -> list[ShardRecord]:
+        return pack_planned(plan_path, it, cfg, _store_factory(cfg), on_sample)
 
     return partition
 
@@ -140,12 +142,13 @@ def load(
             store_factory = _store_factory(cfg)
             return pack_in_source_order(sc, plan_path, items, cfg, store_factory, rows, _counter(done, nbytes))
     slices = max(1, min(len(items), args.partitions or 4 * parallelism(spark)))
+    task = shard_task(plan_path, cfg)
+    if not connected(spark):  # the items travel as the tasks' data, not inside the function every task gets
+        return run_rdd_partitions(spark.sparkContext.parallelize(items, slices), task, log, "pack", rows)
+    # Connect runs functions over rows: each task's items go inside the function (about 1 KB a shard: 1.3 MB at
+    # ImageNet's 1,300 shards, more for a refresh's marked shards, which carry their detail)
     chunks = [items[i * len(items) // slices : (i + 1) * len(items) // slices] for i in range(slices)]
-
-    def partition(index: int, on_sample: Callable[[int], None]) -> list[ShardRecord]:
-        return pack_planned(plan_path, iter(chunks[index]), cfg, _store_factory(cfg), on_sample)
-
-    return run_partitions(spark, slices, partition, log, "pack", rows)
+    return run_partitions(spark, slices, lambda i, on: task(i, iter(chunks[i]), on), log, "pack", rows)
 
 
 def read_order(args: argparse.Namespace, cfg: PackConfig) -> str:

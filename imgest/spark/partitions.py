@@ -60,18 +60,8 @@ def run_partitions(spark: Any, count: int, work: Work[R], log: logging.Logger, w
     logs WHAT's progress (TOTAL items) while it runs."""
     if connected(spark):
         return _run_connect(spark, count, work, log, what)
-    sc = spark.sparkContext
-    done, nbytes = sc.accumulator(0), sc.accumulator(0)
-
-    def partition(index: int, _: Any) -> Iterable[R]:
-        def on_item(size: int) -> None:
-            done.add(1)
-            nbytes.add(size)
-
-        return work(index, on_item)
-
-    with progress_log(log, what, done, nbytes, total):
-        return list(sc.parallelize(range(count), count).mapPartitionsWithIndex(partition).collect())
+    rdd = spark.sparkContext.parallelize(range(count), count)
+    return run_rdd_partitions(rdd, lambda index, _, on_item: work(index, on_item), log, what, total)
 
 
 def run_rdd_partitions(rdd: Any, work: Callable[[int, Iterator[Any], OnItem], Iterable[R]], log: logging.Logger,

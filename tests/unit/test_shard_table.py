@@ -113,7 +113,7 @@ def test_tasks_get_their_shards_entries_not_the_live_manifest(tmp_path: Path) ->
     small_store, _ = _published(tmp_path / "small", _records(3, classes=20), 20)
     big_store, big = _published(tmp_path / "big", _records(300, classes=1000), 1000)
     cfg = PackConfig("/src", "t", str(tmp_path), TransformSpec(), ShardSpec(50), key="n" * 16)
-    task = shard_task(tmp_path / "plan.parquet", cfg, None, None)
+    task = shard_task(tmp_path / "plan.parquet", cfg)
     assert len(cloudpickle.dumps(task)) < 4096  # no entry inside: the same function for 3 shards or 300
     shards = [(e["name"], g) for g, e in enumerate(big["shards"])]
     marked = {"train-000003.tar"}  # a shard a refresh marks dead rows in: it alone travels with its detail
