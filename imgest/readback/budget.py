@@ -10,10 +10,12 @@ it is a rate only once it spans at least ``window`` batches (``steady``): a read
 The check has a budget of seconds from its start (choosing the sample included), of which its readers share all but
 its tail (``tail_seconds``: kept for the report, the plot and the task's exit). When its turn comes each reader gets
 an equal share of the time left over the readers still to run (:class:`CheckClock`), so time one leaves unused goes
-to the ones after it. A reader reads (:class:`ReadPlan`):
+to the ones after it. A reader's share counts from its own start: its start-up (a pipeline's build, seconds for
+DALI's ``s3://`` reader on a busy machine) is part of it. A reader reads (:class:`ReadPlan`):
 
 - its warm-up and its window whatever its share (a slow reader's bounded sample, and it says so), but never past the
-  check's deadline (then its rate is not steady);
+  check's deadline less the reserves of the readers after it (then its rate is not steady): a reader that overruns
+  its share never eats the start-up and window kept for DALI's ``s3://`` reader, which runs last;
 - then on while its share lasts, and stops early once its rate is steady: its measured batches span at least
   ``window_seconds`` (batches of a few milliseconds measure the scheduler, not the reader) and the rate over their
   second half is within ``STEADY_TOLERANCE`` of the first half's (a reader whose rate varies with where in its
@@ -51,9 +53,10 @@ CHECK_SPENT = "check's budget spent"
 
 @dataclass(frozen=True)
 class ReaderBudget:
-    """One reader's share of the check: SECONDS of its epoch loop (verification included) after which it stops once
-    its window is read; its WARMUP and WINDOW batches (read whatever the share); DEADLINE, the check's end for its
-    readers (``time.perf_counter()``; None: none), past which it reads nothing more; WINDOW_SECONDS, the least time
+    """One reader's share of the check: SECONDS from its start (its pipeline's build included, then its epoch loop,
+    verification included) after which it stops once its window is read; its WARMUP and WINDOW batches (read
+    whatever the share); DEADLINE (``time.perf_counter()``; None: none), past which it reads nothing more: the
+    check's end for its readers less the reserves KEPT for the readers after it; WINDOW_SECONDS, the least time
     its measured batches span before a steady rate stops it early; STOP_WHEN_STEADY False for a reader whose rate
     varies with where in its sample it reads (its window is the rate of that place): it reads its whole share."""
 
@@ -63,6 +66,7 @@ class ReaderBudget:
     deadline: float | None = None
     window_seconds: float = defaults.CHECK_WINDOW_SECONDS
     stop_when_steady: bool = True
+    kept: float = 0.0  # of the check's time before DEADLINE's end, seconds kept for the readers after this one
 
 
 def check_seconds(
@@ -146,7 +150,7 @@ class ReadPlan:
         if len(measured) < self.window:
             return ""  # its warm-up and window whatever its share
         per_batch = (now - self.warmup_end) / len(measured)
-        if now - self.start + per_batch > budget.seconds:
+        if now - self.started + per_batch > budget.seconds:  # its start-up is part of its share
             return SHARE_SPENT
         if not budget.stop_when_steady:
             return ""
@@ -193,7 +197,7 @@ class ReadPlan:
         """Why its rate is not a throughput ('' when it is)."""
         if self.steady:
             return ""
-        why = "the check's budget was spent" if self.stop == CHECK_SPENT else "its sample ended"
+        why = self._spent() if self.stop == CHECK_SPENT else "its sample ended"
         return (
             f"not a steady rate: {len(self.measured)} batches measured after its {self.warmup} warm-up batches, "
             f"fewer than the {self.window} a steady rate needs ({why} first)"
@@ -208,16 +212,23 @@ class ReadPlan:
             RATE_STEADY: f"its rate was steady after {k} measured batches ({rate} images/s, halves within "
             f"{STEADY_TOLERANCE:.0%})",
             SHARE_SPENT: f"its {self.budget.seconds:.1f} s share was spent at {rate} images/s",
-            CHECK_SPENT: "the check's budget was spent",
+            CHECK_SPENT: self._spent(),
         }[self.stop]
         text = f"{why}: read {self.read} of the {self.total} images of the sample"
         end = self._window_end()
-        if end is not None and end - self.start > self.budget.seconds:
+        if end is not None and end - self.started > self.budget.seconds:
             text += (
-                f"; a slow reader's bounded sample: its {self.warmup} warm-up and {self.window} measured batches "
-                f"took {end - self.start:.1f} s, over its {self.budget.seconds:.1f} s share"
+                f"; a slow reader's bounded sample: its start-up, {self.warmup} warm-up and {self.window} measured "
+                f"batches took {end - self.started:.1f} s, over its {self.budget.seconds:.1f} s share"
             )
         return text
+
+    def _spent(self) -> str:
+        """What CHECK_SPENT says: the check's budget, or the part of it kept for the readers after this one."""
+        kept = self.budget.kept if self.budget is not None else 0.0
+        if kept > 0:
+            return f"the check's time before the {kept:.1f} s kept for the readers after it was spent"
+        return "the check's budget was spent"
 
     def fields(self) -> dict[str, Any]:
         """What a reader's result records of its plan: start-up, steady rate, budget, why it stopped."""
@@ -281,8 +292,11 @@ class CheckClock:
         share = own + free / max(1, self.runs_left)
         self.runs_left = max(0, self.runs_left - 1)
         self.reserved -= own
-        share = min(share, max(0.0, self.deadline - now))
-        return ReaderBudget(round(share, 3), self.warmup, self.window, self.deadline, self.window_seconds)
+        # the later readers' reserves (at most the time left): never this reader's time
+        kept = min(self.reserved, max(0.0, self.deadline - now)) if self.runs_left else 0.0
+        deadline = self.deadline - kept
+        share = min(share, max(0.0, deadline - now))
+        return ReaderBudget(round(share, 3), self.warmup, self.window, deadline, self.window_seconds, kept=kept)
 
     def elapsed(self) -> float:
         """Seconds since the check started."""

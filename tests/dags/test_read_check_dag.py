@@ -66,6 +66,6 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
             continue
         assert r["stop"] == "check's budget spent", (name, r)  # only the deadline stops a reader before its window
         assert r["steady_batches"] < window, (name, r)
-        assert "fewer than the 8 a steady rate needs (the check's budget was spent first)" in r["rate_note"], r
+        assert "fewer than the 8 a steady rate needs (the check's " in r["rate_note"], r  # budget, or time to a reserve
         assert name in report["not_steady"], report["not_steady"]
         assert read["readers"][name]["steady_rate"] is None, read["readers"][name]  # never shown as its throughput

@@ -210,6 +210,41 @@ def test_a_last_reader_keeps_its_reserve_when_the_readers_before_it_spend_their_
     assert late.next(now=7.0, reserve=3.0).seconds == pytest.approx(1.0)  # never past the deadline
 
 
+def test_a_reader_that_overruns_its_share_stops_before_the_reserve_of_the_readers_after_it() -> None:
+    """CI run of 2026-12-06 (two suites on two cores): the readers before DALI's second mode read their warm-up and
+    window past their shares, and DALI (train) was not run. The later readers' reserves are a hard stop for the
+    readers before them: a slow reader ends there, not steady, saying why, and the last one keeps its reserve."""
+    clock = CheckClock(10.0, warmup=W, window=M, start=0.0)  # 8 s for readers
+    clock.expect(1)
+    clock.expect(2, reserve=2.5)
+    first = clock.next(now=0.0)
+    assert (first.deadline, first.kept) == (pytest.approx(3.0), pytest.approx(5.0))
+    slow = ReadPlan(first, total=10_000, start=0.0)
+    ends = [0.9 * k for k in range(1, 20)]  # 0.9 s a batch: its window would take 9 s
+    stopped = next(k for k, end in enumerate(ends) if not slow.more(BATCH, now=end))
+    assert ends[stopped] <= 3.0
+    assert slow.stop == budget.CHECK_SPENT
+    assert slow.steady is False
+    assert "(the check's time before the 5.0 s kept for the readers after it was spent first)" in slow.rate_note()
+    second = clock.next(now=ends[stopped], reserve=2.5)
+    assert (second.deadline, second.kept) == (pytest.approx(5.5), pytest.approx(2.5))
+    assert second.seconds == pytest.approx(2.5 + (8.0 - 2.7 - 5.0) / 2)  # its reserve and half of what is free
+    last = clock.next(now=5.5, reserve=2.5)
+    assert (last.deadline, last.kept, last.seconds) == (pytest.approx(8.0), 0.0, pytest.approx(2.5))
+    assert budget.spent_before(last, now=5.5, startup=2.0) is False
+
+
+def test_a_reader_s_start_up_is_part_of_its_share() -> None:
+    """DALI's s3:// pipelines took 6-9 s to build on a busy machine, on top of a 20 s share: its share counts from
+    its own start, so the reader after it gets the time."""
+    plan = ReadPlan(replace(_budget(10.0), stop_when_steady=False), total=10_000, start=6.0, started=0.0)
+    ends = [6.0 + 0.2 * k for k in range(1, 60)]  # its warm-up and window end at 8 s
+    stopped = _feed(plan, ends).index(False)
+    assert plan.stop == budget.SHARE_SPENT
+    assert ends[stopped] <= 10.0 < ends[stopped] + 0.2 + 0.2  # 10 s from its start, not from its first batch
+    assert plan.fields()["startup_s"] == 6.2
+
+
 def test_tail_kept_for_the_report_and_the_exit() -> None:
     """10 % of a long budget, at least 2 s of a short one, never more than 30 % of it."""
     assert tail_seconds(60.0) == pytest.approx(6.0)
