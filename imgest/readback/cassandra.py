@@ -258,18 +258,18 @@ class CassandraReader:
             stream.landed([(str(r[0]), r[1], r[2]) for r in rows], ids, tag)
 
         def err(exc: BaseException) -> None:
-            if retries > 0:  # retry later, off the driver's I/O thread
+            if retries > 0:  # retry later, off the driver's I/O thread, from the same node (its rows are there)
                 threading.Timer(
-                    0.05 * (1 + self.opts.retries - retries), self._retry, (ids, stream, retries, tag)
+                    0.05 * (1 + self.opts.retries - retries), self._retry, (ids, stream, retries, tag, owner)
                 ).start()
             else:
                 stream.failed(exc, ids)
 
         future.add_callbacks(ok, err)
 
-    def _retry(self, ids: list[str], stream: EpochStream, retries: int, tag: tuple[int, Any]) -> None:
+    def _retry(self, ids: list[str], stream: EpochStream, retries: int, tag: tuple[int, Any], owner: int = -2) -> None:
         with self.cv:
-            self._request(ids, stream, retries - 1, tag)
+            self._request(ids, stream, retries - 1, tag, owner)
 
     def epoch_batches(self, order: np.ndarray | None = None, next_order: np.ndarray | None = None) -> EpochBatches:
         """One epoch of this shard, in the seeded order of the current epoch (rows may land out of order); or

@@ -61,8 +61,10 @@ class OwnerRouter:
 
     def host(self, cluster: Any, owner: int) -> Any:
         """CLUSTER's Host for OWNER (None: let the driver choose)."""
+        if owner < 0:
+            return None
         hosts = self._hosts.get(id(cluster))
-        if hosts is None:
+        if hosts is None or hosts[owner] is None:  # a connection just opened may not list every node yet: ask again
             by_endpoint = {str(h.endpoint): h for h in cluster.metadata.all_hosts()}
             hosts = self._hosts[id(cluster)] = [by_endpoint.get(node) for node in self.nodes]
-        return hosts[owner] if owner >= 0 else None
+        return hosts[owner]
