@@ -258,9 +258,12 @@ class CassandraReader:
             stream.landed([(str(r[0]), r[1], r[2]) for r in rows], ids, tag)
 
         def err(exc: BaseException) -> None:
-            if retries > 0:  # retry later, off the driver's I/O thread, from the same node (its rows are there)
+            if retries > 0:  # retry later, off the driver's I/O thread, from the same node over the next connection
+                # (its rows are there); the last try from any node (one down for every connection: at replication
+                # over 1 another replica answers)
+                again = owner if retries > 1 else -2
                 threading.Timer(
-                    0.05 * (1 + self.opts.retries - retries), self._retry, (ids, stream, retries, tag, owner)
+                    0.05 * (1 + self.opts.retries - retries), self._retry, (ids, stream, retries, tag, again)
                 ).start()
             else:
                 stream.failed(exc, ids)
