@@ -23,6 +23,7 @@ from tests.integration.test_strict_aws_regions import TOKEN, sessions_of
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 SESSION_S = 45  # each session the role gets lasts this long: the server refuses it afterwards, as AWS does
+DEMO_TRAIN = 10 * 20 + 8  # the generated sample's train images that are kept (tests/packaging/test_provider.py)
 TASKS = ("validate", "scan", "prepare_bucket", "ingest_shards", "verify_shards", "build_split", "read_throughput")
 
 
@@ -67,7 +68,7 @@ def test_a_pods_dag_run_with_only_a_web_identity(
     admin = aws.client("s3")
     doc = json.loads(admin.get_object(Bucket=bucket, Key=f"{dataset}/manifest.json")["Body"].read())
     train = doc["samples"]["train"]
-    assert train > 0
+    assert train == DEMO_TRAIN
     assert (
         task_results(airflow_home, "ingest_imagenet", ("validate",))["validate"]["s3_dest"]
         == f"s3://{bucket}/{dataset}"

@@ -88,4 +88,4 @@ def test_a_cut_dali_s3_reader_says_how_many_images_it_read_and_why(stored: dict[
     assert result.reason.startswith("its 0.0 s share was spent at ")
     assert f": read {result.images} of the {stored['train']} images of the sample; " in result.reason
     assert result.reason.endswith(DALI_S3_NOTE)
-    assert "a slow reader's bounded sample: its 1 warm-up and 1 measured batches took" in result.reason
+    assert "a slow reader's bounded sample: its start-up, 1 warm-up and 1 measured batches took" in result.reason
