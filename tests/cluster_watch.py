@@ -130,7 +130,8 @@ def _masked(line: str, secret_values: list[str]) -> str:
 
 
 def assert_clean(watch: ClusterWatch, cluster: SparkCluster, secret_values: list[str], logs: list[Path]) -> None:
-    """Executors seen, their environment clean, the code shipped, and no secret in ps, env or any file."""
+    """Executors seen, their environment clean, the code shipped, spark-submit's whole command line seen, and no
+    secret in any process's command line, environment or any file."""
     assert watch.executors(), "no executor was seen on the workers"
     assert watch.python_workers(), "no Python worker was seen on the workers"
     assert watch.leaked() == []
