@@ -202,7 +202,8 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def dali_s3(where: dict[str, Any], s3: S3Settings, sample: int, modes: Sequence[str]) -> list[dict[str, Any]]:
     """DALI's own s3:// reader at 1..8 pipelines in parallel beside imgest's stream reader feeding the same DALI
     pipeline, over one sample (whole shards) of the S3 copy, no budget."""
-    from imgest.readback.check import dali_s3_env, s3_stream_run
+    from imgest.readback.check import s3_stream_run
+    from imgest.readback.dali_s3 import dali_s3_env
     from imgest.readback.datasets import shards_set
     from imgest.readback.readers import run_webdataset
     from imgest.sinks.shards.store import open_store

@@ -118,13 +118,19 @@ CHECK_DALI_S3_READERS: Final = 4
 # chunk; opening a block costs DALI no more than its ranged reads (55 k, 4 pipelines: 228 img/s over blocks,
 # 208 in shard order).
 CHECK_DALI_S3_BLOCK: Final = 64
-# ... whose build and first batch take 1-3 s (the fidelity benchmark: 1.0-1.3 s at 55 k, 2.1-2.7 s at 143 k): the
-# check does not start them with less than this left before its deadline (it would overrun its budget)
+# ... whose build and first batch take 1-3 s (the fidelity benchmark: 1.0-1.3 s at 55 k, 2.1-2.7 s at 143 k; the 55 k
+# DAG run's check: 2.2-3.8 s quiet) and whose pipelines' deletion waits for their prefetched reads (1.3 s there): the
+# check does not start it with less than these left before its deadline (it would overrun its budget); once one of
+# its turns measured them, that turn's figures are what the next turn needs (a busy machine: 5-9 s to a first batch)
 CHECK_DALI_S3_STARTUP_S: Final = 2.0
+CHECK_DALI_S3_TEARDOWN_S: Final = 1.5
 # ... and, as it reads last, it keeps this much of the check for itself when the check starts (the readers before it
-# share what is left beyond it): its start-up and its warm-up and window, 10 batches of 16 images from each of its
-# pipelines, at 100 images/s (the fidelity benchmark's slowest DALI rate: 110 images/s at 1.33 M)
-CHECK_DALI_S3_RESERVE_S: Final = CHECK_DALI_S3_STARTUP_S + 10 * CHECK_DALI_S3_BATCH * CHECK_DALI_S3_READERS / 100
+# share what is left beyond it): its start-up, its warm-up and window (10 batches of 16 images from each of its
+# pipelines) at 64 images/s (the 55 k DAG run's check: 75-85 images/s quiet, 48-64 beside three CPU hogs), and its
+# teardown
+CHECK_DALI_S3_RESERVE_S: Final = (
+    CHECK_DALI_S3_STARTUP_S + 10 * CHECK_DALI_S3_BATCH * CHECK_DALI_S3_READERS / 64 + CHECK_DALI_S3_TEARDOWN_S
+)
 
 XNVME_LOOP_FS: Final = "ext4"  # the DAG's xNVMe check copies the files target onto a loop-mounted filesystem
 

@@ -11,12 +11,9 @@ latency sweep and the plots.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from imgest.core import defaults
@@ -32,6 +29,7 @@ from imgest.readback.budget import (
 )
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
 from imgest.readback.cassandra_base import simple_batches
+from imgest.readback.dali_s3 import dali_s3_runs
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec
@@ -40,13 +38,6 @@ from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None] | None
-DALI_S3_NOTE = (
-    "DALI's s3:// reader does one blocking ranged GET per sample component (.jpg, .cls, .json), one after another "
-    "from its loader thread, so one pipeline reads at the server's request rate / 3; the check runs several in "
-    "parallel over 64-sample blocks of the shards in a random order, as its rate varies with the place it reads "
-    "(the embedded SeaweedFS inflates a whole gzipped 4 MiB chunk per read: up to 13x slower there) "
-    "(NVIDIA/DALI #5551; docs/readback.md)"
-)
 
 
 @dataclass(frozen=True)
@@ -187,39 +178,6 @@ def folder_shard_runs(
     ]
 
 
-@contextmanager
-def dali_s3_env(settings: S3Settings) -> Iterator[None]:
-    """The AWS SDK inside DALI reads its endpoint and keys from the environment: set them for one run.
-
-    DALI builds one S3 client per process, from ``AWS_ENDPOINT_URL`` alone, on its first ``s3://`` read: later
-    changes of the endpoint in the same process are ignored, and no connection or transfer setting is read.
-    ``fn.readers.webdataset`` then issues one ranged GET per sample member, one after the other from its loader
-    thread, which bounds it at the server's request rate / members per sample (docs/readback.md)."""
-    # the keys of this moment (temporary ones renewed when near expiry), not those the settings were shipped with
-    now = settings.credentials().get_frozen_credentials() if settings.access_key else None
-    keys = {
-        "AWS_ENDPOINT_URL": settings.endpoint_url or "",
-        "AWS_ACCESS_KEY_ID": now.access_key if now else "",
-        "AWS_SECRET_ACCESS_KEY": now.secret_key if now else "",
-        "AWS_SESSION_TOKEN": (now.token or "") if now else "",
-        "AWS_REGION": settings.region,
-        "AWS_DEFAULT_REGION": settings.region,
-        "AWS_S3_ADDRESSING_STYLE": "path",
-    }
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({k: v for k, v in keys.items() if v})
-    for name in (k for k, v in keys.items() if not v):  # nothing of another identity pairs with these keys
-        os.environ.pop(name, None)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def s3_keys(rs: ReadSet, prefix: str) -> list[str]:
     """Object keys of the ReadSet's shards under PREFIX."""
     return [f"{prefix}/{s}" if prefix else s for s in rs.shards]
@@ -295,48 +253,6 @@ def s3_webdataset_run(
     )
 
 
-def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: PipelineSpec, **kw: Any) -> RunResult:
-    """DALI's own s3:// reading of the shards at LOCATION (fn.readers.webdataset, each shard's .idx split into blocks
-    of CHECK_DALI_S3_BLOCK samples read in a seeded random order: imgest.readback.blocks), CHECK_DALI_S3_READERS
-    pipelines in parallel, each over its part of the blocks (one pipeline reads one blocking request after another),
-    its rate and the reason it is slow in its result (``note``) and in the log. Its batches hold at most
-    CHECK_DALI_S3_BATCH images per pipeline."""
-    import tempfile
-
-    from imgest.core.bucket_region import for_bucket
-    from imgest.readback.blocks import block_lists, index_reader
-    from imgest.readback.readers import shard_indexes
-    from imgest.sinks.shards.store import open_store
-
-    spec = replace(spec, batch_size=min(spec.batch_size, defaults.CHECK_DALI_S3_BATCH))
-    settings = for_bucket(settings, location.removeprefix("s3://").split("/", 1)[0])  # its SDK never follows
-    store = open_store(location, settings)
-    kw.setdefault("started", time.perf_counter())  # reading the indexes is part of its start-up
-    with tempfile.TemporaryDirectory(prefix="imgest-dali-blocks-") as folder, dali_s3_env(settings):
-        block = defaults.CHECK_DALI_S3_BLOCK
-        lists = block_lists(index_reader(store), location, rs.shards, shard_indexes(rs), Path(folder), block)
-        readers = defaults.CHECK_DALI_S3_READERS
-        result = run_webdataset("shards-s3-dali", rs, spec, location, readers=readers, lists=lists, **kw)
-    result.settings |= {"order": f"blocks of {block} samples, seeded random order", "blocks": len(lists[0])}
-    result.note = DALI_S3_NOTE
-    if result.budget_cut:
-        result.reason = f"{result.reason}; {DALI_S3_NOTE}"
-    rate = f"{result.steady_rate:.1f} images/s steady" if result.steady else "no steady rate (start-up only)"
-    log.warning(
-        "shards-s3-dali (%s): %s, start-up %.1f s, %d of %d images read and verified in %.1f s (budget %.1f s%s): %s",
-        spec.mode,
-        rate,
-        result.startup_s,
-        result.images,
-        len(rs),
-        result.seconds,
-        result.budget_s,
-        ", cut" if result.budget_cut else "",
-        DALI_S3_NOTE,
-    )
-    return result
-
-
 def import_ahead(module: str) -> Any:
     """Import MODULE in a background thread (returned, to join): a reader that needs it later waits on Python's
     import lock for what is left instead of paying it all inside its own share of the budget."""
@@ -379,16 +295,9 @@ def s3_shard_runs(
             skipped.append(not_run("shards-s3-webdataset", mode, clock))
             continue
         results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
-    for mode in opts.modes:  # last, over what the others left: its rate varies with the place, it reads its share
-        spec = opts.spec(mode)
-        budget = next_budget(clock, stop_when_steady=False, reserve=defaults.CHECK_DALI_S3_RESERVE_S)
-        if spent_before(budget, startup=defaults.CHECK_DALI_S3_STARTUP_S):  # its pipelines' build takes seconds
-            skipped.append(not_run("shards-s3-dali", mode, clock))
-            continue
-        try:
-            where = f"s3://{bucket}/{prefix}"
-            results.append(s3_dali_run(rs, settings, where, spec, on_batch=progress, budget=budget))
-        except Exception as exc:  # DALI raises RuntimeError subclasses from its C++ readers: record why, go on
-            skipped.append(f"shards-s3-dali ({mode}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    modes = [(mode, opts.spec(mode)) for mode in opts.modes]  # last, over what the others left (module dali_s3)
+    dali, failed = dali_s3_runs(rs, settings, f"s3://{bucket}/{prefix}", modes, progress, clock)
+    results += dali
+    skipped += failed
     importing.join()  # nothing of the check goes on running after it (the webdataset reader waited for it anyway)
     return results, skipped

@@ -52,6 +52,7 @@ class RunResult:
     first_batch_ms: float = 0.0  # the epoch's first run(): what a training loop waits for at the epoch's start
     startup_s: float = 0.0  # from the reader's start (its pipeline's build included) to its first batch
     warmup_s: float = 0.0  # ... to the end of its warm-up batches
+    teardown_s: float = 0.0  # after its last batch, its pipelines' deletion (DALI waits for their prefetched reads)
     warmup_batches: int = 0
     steady_batches: int = 0  # batches after the warm-up: what its steady rate spans
     steady_images: int = 0

@@ -59,7 +59,9 @@ class ParallelPipes:
         live = [i for i, n in enumerate(self.left) if n > 0]
         if not live:
             raise StopIteration
-        outs = [(i, self.pipes[i].run()) for i in live]  # each pipeline's executor reads ahead meanwhile
+        for i in live:  # every pipeline's iteration scheduled before waiting on any: their first batches (and
+            self.pipes[i].schedule_run()  # the prefetch behind them) are read at once, not one pipeline after another
+        outs = [(i, self.pipes[i].outputs()) for i in live]
         taken = []
         for i, out in outs:
             n = min(len(out[0]), self.left[i])

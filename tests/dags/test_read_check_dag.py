@@ -6,7 +6,8 @@ reader of the target, in both modes, reads at least its warm-up and its measured
 (imgest's stream and webdataset readers, DALI's `s3://` reader; docs/readback.md). What holds on any machine, and is
 asserted: imgest's four readers are steady over their window, and a reader the check's deadline stopped before its
 window (DALI's, on a machine busy enough to slow it from 200 to 30 images/s) is reported as not steady, saying why,
-never with a rate.
+never with a rate. The check keeps to its budget on any machine: DALI's second s3:// turn is not started when the
+first one's start-up and teardown would not fit in what is left (imgest.readback.dali_s3), and says so.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
     read = task_results(airflow_home, "ingest_imagenet", ("read_throughput",))["read_throughput"]
     assert read["budget_s"] == defaults.CHECK_SECONDS  # below 100,000 images: the cap, not 10 % of the run
     assert read["seconds"] <= read["budget_s"]
-    assert read["skipped"] == []
     report = json.loads((state_dir() / "work" / dataset / "read_throughput.json").read_text())
     readers = {f"{r['reader']}/{r['mode']}": r for r in report["readers"]}
-    assert set(readers) == READERS
+    # every reader ran, but on a machine busy enough that DALI's first s3:// turn shows its second would not fit
+    # (its measured start-up and teardown over what is left): that one is not started, saying what it needs
+    not_run = {f"shards-s3-dali/{line.split('(', 1)[1].split(')', 1)[0]}" for line in read["skipped"]}
+    assert all(": not run: " in line and " teardown" in line for line in read["skipped"]), read["skipped"]
+    assert not_run <= {"shards-s3-dali/train"}, read["skipped"]  # the first turn always has its reserve
+    assert set(readers) == READERS - not_run
     window = defaults.CHECK_WINDOW_BATCHES
     for name, r in readers.items():
         assert r["ok"], (name, r)

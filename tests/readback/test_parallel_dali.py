@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from imgest.core.settings import S3Settings
-from imgest.readback.check import dali_s3_env
+from imgest.readback.dali_s3 import dali_s3_env
 from imgest.readback.datasets import shards_set
 from imgest.readback.pipelines import PipelineSpec, dali_available
 from imgest.readback.readers import run_webdataset
@@ -53,7 +53,7 @@ def test_the_checks_dali_s3_reader_reads_every_sample_once_over_shuffled_blocks(
     beside the same tar on S3, in a shuffled order: still every sample exactly once, verified."""
     from imgest.core import defaults
     from imgest.readback.blocks import index_reader, parse_index
-    from imgest.readback.check import s3_dali_run
+    from imgest.readback.dali_s3 import s3_dali_run
     from imgest.readback.readers import shard_indexes
 
     monkeypatch.setattr(defaults, "CHECK_DALI_S3_BLOCK", 5)
@@ -74,7 +74,7 @@ def test_a_cut_dali_s3_reader_says_how_many_images_it_read_and_why(stored: dict[
     """Its share spent after its warm-up and window (1 + 1 batches of 4 per pipeline here, of 60 images): the
     result is cut, its reason gives the images read of the sample, why it stopped and why this reader is slow."""
     from imgest.readback.budget import SHARE_SPENT, ReaderBudget
-    from imgest.readback.check import DALI_S3_NOTE, s3_dali_run
+    from imgest.readback.dali_s3 import DALI_S3_NOTE, s3_dali_run
 
     settings: S3Settings = stored["s3_settings"]
     rs = shards_set(open_store(stored["s3"], settings))

@@ -16,7 +16,8 @@ import pytest
 from imgest.core import defaults
 from imgest.flow.steps import read_throughput
 from imgest.readback import budget
-from imgest.readback.check import DALI_S3_NOTE, ReadCheckOptions
+from imgest.readback.check import ReadCheckOptions
+from imgest.readback.dali_s3 import DALI_S3_NOTE
 from imgest.readback.pipelines import dali_available
 from imgest.readback.step import read_throughput_step
 from tests.readback.conftest import DATASET, KEYSPACE, step_settings

@@ -12,7 +12,7 @@ import pytest
 
 from imgest.core.settings import S3Settings
 from imgest.core.staging import Stager, _filesystem
-from imgest.readback.check import dali_s3_env
+from imgest.readback.dali_s3 import dali_s3_env
 
 TEMPORARY = S3Settings(
     endpoint_url="http://127.0.0.1:1",
