@@ -60,8 +60,8 @@ def measure(
         for where in stored:
             settings = _settings(where, cassandra, s3)
             for target in targets:
-                # a node that still merges what an ingest wrote reads at half its rate in bursts: both sides of the
-                # comparison would measure its compactions (the 1.33 M full reads spread 9,338-12,366 images/s)
+                # a node still merging what an ingest wrote would put its compactions into both sides of the
+                # comparison (in the run of 2026-12-06 none was running: settled_s 3.1-3.2, the least wait)
                 settled = settle(cassandra) if target == "cassandra" else 0.0
                 one_round(target, where, settings)  # not counted: warms the server (a JVM just started: its JIT)
                 runs = [one_round(target, where, settings) for _ in range(rounds)]

@@ -68,6 +68,7 @@ def test_the_checks_dali_s3_reader_reads_every_sample_once_over_shuffled_blocks(
     assert result.images == result.images_verified == stored["train"]
     assert result.settings["blocks"] == sum(-(-n // 5) for n in sizes)
     assert result.settings["readers"] == defaults.CHECK_DALI_S3_READERS
+    assert result.teardown_s > 0  # its pipelines were deleted inside the run, and that time is recorded
 
 
 def test_a_cut_dali_s3_reader_says_how_many_images_it_read_and_why(stored: dict[str, Any]) -> None:

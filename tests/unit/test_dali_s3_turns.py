@@ -8,6 +8,7 @@ test_parallel_dali.py and the 55 k DAG run, tests/dags/test_read_check_dag.py)."
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -36,8 +37,6 @@ def _stand_in(clock: CheckClock, left_after_first: float, budgets: list[ReaderBu
     def run(rs: Any, settings: Any, where: str, spec: PipelineSpec, **kw: Any) -> RunResult:
         budgets.append(kw["budget"])
         if len(budgets) == 1:
-            import time
-
             clock.deadline = time.perf_counter() + left_after_first
         return RunResult("shards-s3-dali", spec.mode, "cpu", startup_s=6.0, teardown_s=2.5)
 
