@@ -42,6 +42,13 @@ TAIL_SHARE = 0.1
 TAIL_SECONDS = 2.0
 TAIL_MAX_SHARE = 0.3
 FLOOR_SECONDS = 1.0  # the least budget a check that has one gets (0 means none)
+# The least share a reader before a reserve needs: its start-up (0.1-0.5 s measured for imgest's readers at 143 k
+# images) and its warm-up and window (10 batches of 64 at 2,000 images/s, the slowest in train mode: 0.3 s). A
+# reserve the check cannot keep beside that for every reader before it buys no turn; its reader is not run.
+LEAST_SHARE = 1.0
+# A reader whose turn comes with less than this left before the check's deadline is not started: its connection and
+# first batch would end past it (Cassandra's readers: 0.10-0.28 s to their first batch at 143 k images).
+READER_STARTUP_S = 0.3
 STEADY_TOLERANCE = 0.1  # a rate is steady when its two halves agree within this fraction
 
 # why a reader stopped (``stop``)
@@ -281,6 +288,16 @@ class CheckClock:
         self.runs_left += runs
         self.reserved += runs * max(0.0, reserve)
 
+    def affords(self, turns: int, reserve: float, before: int, now: float | None = None) -> int:
+        """How many of TURNS readers, each keeping RESERVE seconds (:meth:`expect`), the time left before the deadline
+        buys beside LEAST_SHARE for every reader already expected and BEFORE more (0 to TURNS; TURNS without a
+        budget): a reserve kept where it buys no turn only starves the readers before it."""
+        if self.seconds <= 0 or reserve <= 0:
+            return turns
+        now = time.perf_counter() if now is None else now
+        left = self.deadline - now - self.reserved - (self.runs_left + before) * LEAST_SHARE
+        return max(0, min(turns, int(left // reserve)))
+
     def next(self, now: float | None = None, reserve: float = 0.0) -> ReaderBudget | None:
         """The next reader's budget (None: no budget): its RESERVE (what it asked for in :meth:`expect`) and an
         equal share of the time left beyond every reserve."""
@@ -321,6 +338,21 @@ def spent_before(budget: ReaderBudget | None, now: float | None = None, startup:
     if budget is None or budget.deadline is None:
         return False
     return (time.perf_counter() if now is None else now) + startup >= budget.deadline
+
+
+def affords(clock: CheckClock | None, turns: int, reserve: float, before: int) -> int:
+    """CheckClock.affords of CLOCK; TURNS without a clock (no budget)."""
+    return turns if clock is None else clock.affords(turns, reserve, before)
+
+
+def not_kept(reader: str, mode: str, clock: CheckClock | None, reserve: float) -> str:
+    """The ``skipped`` line of a reader whose reserve the check's budget could not keep (CheckClock.affords)."""
+    seconds = clock.seconds if clock is not None else 0.0
+    return (
+        f"{reader} ({mode}): not run: the check's {seconds:.1f} s budget cannot keep the {reserve:.1f} s a turn of it "
+        f"needs (start-up, warm-up and window, teardown) beside {LEAST_SHARE:.1f} s for each reader before it (a "
+        "larger check_seconds, or from 100,000 images a longer run, buys it a measurement)"
+    )
 
 
 def not_run(reader: str, mode: str, clock: CheckClock | None) -> str:

@@ -19,11 +19,14 @@ from typing import Any
 from imgest.core import defaults
 from imgest.core.settings import CassandraSettings, S3Settings
 from imgest.readback.budget import (
+    READER_STARTUP_S,
     CheckClock,
     ReaderBudget,
+    affords,
     check_seconds,
     expect,
     next_budget,
+    not_kept,
     not_run,
     spent_before,
 )
@@ -146,15 +149,26 @@ def cassandra_runs(
     baseline: bool = True,
     progress: Progress = None,
     clock: CheckClock | None = None,
+    skipped: list[str] | None = None,
 ) -> list[RunResult]:
-    """imgest's Cassandra reader (and the straightforward one) in each mode, each within its share of CLOCK."""
+    """imgest's Cassandra reader (and the straightforward one) in each mode, each within its share of CLOCK; a
+    reader whose turn comes with less than READER_STARTUP_S left before the check's deadline is not run (its
+    connection and first batch would end past it): a line in SKIPPED (and the log)."""
     results = []
     expect(clock, len(opts.modes) * (2 if baseline else 1))
     for mode in opts.modes:
         spec = opts.spec(mode)
-        results.append(cassandra_run(settings, rs, spec, opts.cassandra, progress, next_budget(clock)))
-        if baseline:
-            results.append(cassandra_simple_run(settings, rs, spec, progress, next_budget(clock)))
+        for name in ("cassandra", "cassandra-simple")[: 2 if baseline else 1]:
+            budget = next_budget(clock)
+            if spent_before(budget, startup=READER_STARTUP_S):
+                line = not_run(name, mode, clock)
+                log.warning("%s", line)
+                if skipped is not None:
+                    skipped.append(line)
+            elif name == "cassandra":
+                results.append(cassandra_run(settings, rs, spec, opts.cassandra, progress, budget))
+            else:
+                results.append(cassandra_simple_run(settings, rs, spec, progress, budget))
     return results
 
 
@@ -283,8 +297,10 @@ def s3_shard_runs(
     CLOCK; with the results, DALI's failures (one line each): a report records them and goes on, a test asserts
     there are none."""
     results, skipped = [], []
+    reserve = defaults.CHECK_DALI_S3_RESERVE_S
+    turns = affords(clock, len(opts.modes), reserve, before=2 * len(opts.modes))  # a reserve that buys a turn
     expect(clock, 2 * len(opts.modes))
-    expect(clock, len(opts.modes), reserve=defaults.CHECK_DALI_S3_RESERVE_S)  # DALI last, not starved
+    expect(clock, turns, reserve=reserve)  # DALI last, not starved
     importing = import_ahead("webdataset")  # 3 s of imports (torch): done while the stream reader reads
     for mode in opts.modes:
         spec = opts.spec(mode)
@@ -295,8 +311,9 @@ def s3_shard_runs(
             skipped.append(not_run("shards-s3-webdataset", mode, clock))
             continue
         results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
-    modes = [(mode, opts.spec(mode)) for mode in opts.modes]  # last, over what the others left (module dali_s3)
+    modes = [(mode, opts.spec(mode)) for mode in opts.modes[:turns]]  # last, over what the others left (dali_s3)
     dali, failed = dali_s3_runs(rs, settings, f"s3://{bucket}/{prefix}", modes, progress, clock)
+    skipped += [not_kept("shards-s3-dali", mode, clock, reserve) for mode in opts.modes[turns:]]
     results += dali
     skipped += failed
     importing.join()  # nothing of the check goes on running after it (the webdataset reader waited for it anyway)

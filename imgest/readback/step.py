@@ -137,7 +137,8 @@ def run_readers(
 
         return runs_without_dali(target, location, settings, rs, opts, reason, clock)
     if target == "cassandra":
-        return cassandra_runs(settings["cassandra"], rs, opts, clock=clock), []
+        skipped: list[str] = []
+        return cassandra_runs(settings["cassandra"], rs, opts, clock=clock, skipped=skipped), skipped
     if target == "files":
         return files_runs(rs, opts, clock=clock), []
     if not location.startswith("s3://"):
