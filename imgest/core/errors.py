@@ -24,3 +24,7 @@ class NothingIngestibleError(ImgestError):
 class LockLostError(ImgestError):
     """A run or command no longer holds its dataset's write lock (its lease ran out and another writer took it
     over, or it was released by hand): it must not publish, and retrying cannot give the lock back."""
+
+
+class NotReadableError(ImgestError):
+    """The dataset version a check would read is missing or not finished, or its records cannot be read."""

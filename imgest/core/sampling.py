@@ -93,6 +93,7 @@ class SampleReport:
     checked: int
     unit: str  # rows | whole shards
     balance: dict[str, Any]
+    scanned: float = 1.0  # the share of the split read to choose it (a Cassandra sample: a share of the ring)
 
     @property
     def full(self) -> bool:
@@ -102,9 +103,10 @@ class SampleReport:
         """One line: what was checked of what, and how balanced."""
         b = self.balance
         what = "every row" if self.requested == 0 else f"sample {self.requested} (seed {self.seed})"
+        read = f", chosen from {self.scanned:.1%} of the rows" if self.scanned < 1 else ""
         return (
             f"{what}: {self.checked} of {self.total} images in {self.unit}, per class "
-            f"{b['per_class_min']}-{b['per_class_max']} over {b['classes']} classes"
+            f"{b['per_class_min']}-{b['per_class_max']} over {b['classes']} classes{read}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +117,7 @@ class SampleReport:
             "checked": self.checked,
             "full_read": self.full,
             "sample_unit": self.unit,
+            "scanned_share": round(self.scanned, 4),
             "balance": self.balance,
         }
 
@@ -163,9 +166,10 @@ class BalancedSample:
     row when SIZE is 0; EMPTY when no row came) and its report. Between chunks at most about
     2 * (SIZE + classes) candidates are held."""
 
-    def __init__(self, size: int, seed: int, empty: Columns) -> None:
+    def __init__(self, size: int, seed: int, empty: Columns, known: ClassCounts | None = None) -> None:
         self.size, self.seed, self.empty = max(0, size), seed, empty
         self.seen = ClassCounts()
+        self.known = known  # the split's counts per class when the rows fed are a uniform share of it
         self._parts: list[Columns] = []
         self._held = 0
         self._bound = 0
@@ -195,7 +199,7 @@ class BalancedSample:
     def _prune(self) -> None:
         """Keep per class the (level + 1) smallest keys: no later row can raise a class's final quota above it."""
         cols = self._candidates()
-        level = int(quotas(self.seen.counts, self.size, self.seed).max())
+        level = int(self.quotas().max())
         codes = np.searchsorted(self.seen.labels, cols["label"])
         order, rank = _rank_in_class(codes, cols["_key"])
         keep = np.sort(order[rank <= level])
@@ -203,21 +207,41 @@ class BalancedSample:
         self._held = len(keep)
         self._bound = 2 * self._held  # prune again only after the candidates doubled
 
+    @property
+    def counts(self) -> ClassCounts:
+        """The split's counts per class the quotas follow: the KNOWN ones, else those of the rows fed."""
+        return self.known if self.known is not None else self.seen
+
+    def quotas(self) -> np.ndarray:
+        """Rows to take per class of :attr:`counts` (its labels' order)."""
+        return quotas(self.counts.counts, self.size, self.seed)
+
+    def short(self) -> int:
+        """Classes whose rows fed so far are fewer than their quota (0 without KNOWN counts: the rows are the split)."""
+        if self.known is None or not self.size:
+            return 0
+        got = np.zeros(len(self.known.labels), np.int64)
+        hit = np.isin(self.seen.labels, self.known.labels)
+        got[np.searchsorted(self.known.labels, self.seen.labels[hit])] = self.seen.counts[hit]
+        return int((got < self.quotas()).sum())
+
     def result(self) -> tuple[Columns, SampleReport]:
         """The chosen rows (ordered by key, classes mixed; stream order for a full read) and the report."""
         if not self._parts:
             return self.empty, SampleReport(self.size, self.seed, 0, 0, "rows", balance(np.zeros(0), np.zeros(0)))
         cols = self._candidates()
-        total = self.seen.total
+        counts = self.counts
+        total = counts.total
         if self.size and self.size < total:
-            take = quotas(self.seen.counts, self.size, self.seed)
-            codes = np.searchsorted(self.seen.labels, cols["label"])
+            take = self.quotas()
+            cols = _take(cols, np.flatnonzero(np.isin(cols["label"], counts.labels)))  # KNOWN's classes only
+            codes = np.searchsorted(counts.labels, cols["label"])
             order, rank = _rank_in_class(codes, cols["_key"])
             chosen = order[rank < take[codes[order]]]
             cols = _take(cols, chosen[np.argsort(cols["_key"][chosen], kind="stable")])
         cols = {k: v for k, v in cols.items() if k != "_key"}
         report = SampleReport(
-            self.size, self.seed, total, len(cols["id"]), "rows", balance(cols["label"], self.seen.labels)
+            self.size, self.seed, total, len(cols["id"]), "rows", balance(cols["label"], counts.labels)
         )
         return cols, report
 

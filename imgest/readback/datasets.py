@@ -22,17 +22,13 @@ from typing import Any
 import numpy as np
 
 from imgest.core import defaults, workdir
-from imgest.core.errors import ImgestError
+from imgest.core.errors import NotReadableError
 from imgest.core.sampling import BalancedSample, ClassCounts, Columns, SampleReport, balance, pick_shards
 from imgest.sinks.cassandra.versions import VersionNotFoundError, version_members
 from imgest.sinks.cassandra.versions import records as version_records
 
 log = logging.getLogger(__name__)
 CHUNK = 65_536  # metadata rows converted to columns at a time
-
-
-class NotReadableError(ImgestError):
-    """The dataset version is missing or not finished."""
 
 
 @dataclass
@@ -235,60 +231,21 @@ def cassandra_set(
         )
     chosen = ready[-1].version
     meta = f"{ks}.{tables.metadata_table(split or 'train')}"
-    picker = BalancedSample(sample, seed, _empty(nbytes=np.zeros(0, np.int64)))
+    from imgest.readback.cassandra_sample import known_counts, metadata_chunks, sampled_rows
+
+    empty = _empty(nbytes=np.zeros(0, np.int64))
     members = version_members(session, ks, dataset, chosen)  # a refreshed version's lineage
-    for chunk in metadata_chunks(session, meta, dataset, members, split):  # this version's rows only
-        picker.add(chunk)
-    picked, report = picker.result()
+    known = known_counts(session, ks, dataset, chosen, split) if sample and split else None
+    if known is not None:  # from a share of the ring (module cassandra_sample)
+        picked, report = sampled_rows(session, meta, dataset, members, split or "train", sample, seed, known, empty)
+    else:
+        picker = BalancedSample(sample, seed, empty)
+        for chunk in metadata_chunks(session, meta, dataset, members, split):  # this version's rows only
+            picker.add(chunk)
+        picked, report = picker.result()
     nbytes = int(picked.pop("nbytes").sum())
     table = f"{ks}.{tables.data_table(split or 'train')}"
     return ReadSet("cassandra", table, picked, nbytes, table=table, version=chosen, sample=report)
-
-
-def metadata_chunks(session: Any, meta: str, dataset: str, members: list[str], split: str | None) -> Iterator[Columns]:
-    """The id (as text), label, sha256, recorded and nbytes columns of the rows of META ('ks.table') written by
-    DATASET's version MEMBERS (of SPLIT; None: every split), a scan page at a time: Arrow columns to numpy, no
-    Python object per row (1.33 M rows: 27 s through one per row, measured at 143 k)."""
-    import pyarrow.compute as pc
-
-    from imgest.sinks.cassandra.scan import scan_columns
-    from imgest.validate.dataset import sha_columns as hex_digests
-
-    for batch in scan_columns(session, meta, ["id", "label", "split", "sha256", "nbytes"], dataset, members):
-        if split is not None:
-            batch = batch.filter(pc.equal(batch.column("split"), split))
-        if not batch.num_rows:
-            continue
-        sha = batch.column("sha256")
-        digests, recorded = hex_digests(sha)
-        if (pc.fill_null(pc.binary_length(sha), 0).to_numpy(zero_copy_only=False) > 0).sum() > recorded.sum():
-            raise NotReadableError(f"{meta} holds a sha256 that is not 64 hex digits; re-verify the version")
-        nbytes = batch.column("nbytes").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        label = batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32)
-        yield {
-            "id": uuid_text(batch.column("id")),
-            "label": label,
-            "sha256": digests,
-            "recorded": recorded,
-            "nbytes": nbytes,
-        }
-
-
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
-_DASHES = (8, 12, 16, 20)  # after these many hex digits a UUID's text has a dash
-
-
-def uuid_text(column: Any) -> np.ndarray:
-    """A scan's fixed_size_binary(16) uuid column as the UUIDs' text ('S36', as str(uuid.UUID) writes it)."""
-    from imgest.sinks.cassandra.scan import uuid_column
-
-    raw = np.frombuffer(uuid_column(column).tobytes(), np.uint8).reshape(-1, 16)
-    digits = np.empty((len(raw), 32), np.uint8)
-    digits[:, 0::2], digits[:, 1::2] = _HEX_DIGITS[raw >> 4], _HEX_DIGITS[raw & 15]
-    parts = np.split(digits, _DASHES, axis=1)
-    dash = np.full((len(raw), 1), ord("-"), np.uint8)
-    text = np.concatenate([parts[0], dash, parts[1], dash, parts[2], dash, parts[3], dash, parts[4]], axis=1)
-    return np.ascontiguousarray(text).view("S36").reshape(len(raw))
 
 
 def json_meta(raw: np.ndarray) -> dict[str, Any]:

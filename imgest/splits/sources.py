@@ -15,10 +15,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from imgest.core.errors import ImgestError
+from imgest.core.textcols import uuid_text
 from imgest.sinks.cassandra.schema import identifier
 from imgest.sinks.shards.store import ShardStore
 from imgest.sinks.shards.store_names import samples_object
-from imgest.splits.split import uuid_text
 
 
 @dataclass

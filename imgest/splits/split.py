@@ -34,11 +34,10 @@ from typing import Any
 import numpy as np
 
 from imgest.core.errors import ConfigError
+from imgest.core.textcols import uuid_text
 from imgest.splits.crs4 import write_crs4
 
 FORMAT_VERSION = 1
-_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-_HEX_AT = np.r_[0:8, 9:13, 14:18, 19:23, 24:36]  # where the 32 hex digits go in a 36-character UUID string
 ID_CHUNK = 1 << 16
 ROW_CHUNK = 1 << 16  # rows handled at a time where a whole-length temporary is not needed
 
@@ -54,16 +53,6 @@ def id_strings(ids: np.ndarray) -> np.ndarray:
         chunk = ids[start : start + ID_CHUNK]
         out[start : start + len(chunk)] = uuid_text(chunk).view("S36").ravel().astype("U36")
     return out
-
-
-def uuid_text(ids: np.ndarray) -> np.ndarray:
-    """16-byte UUIDs ('S16') as their lowercase strings' bytes, an (n, 36) uint8 array (no Python object per id)."""
-    raw = np.frombuffer(np.ascontiguousarray(ids).tobytes(), np.uint8).reshape(-1, 16)
-    digits = np.empty((len(raw), 32), dtype=np.uint8)
-    digits[:, 0::2], digits[:, 1::2] = raw >> 4, raw & 15
-    text = np.full((len(raw), 36), ord("-"), dtype=np.uint8)
-    text[:, _HEX_AT] = _HEX[digits]
-    return text
 
 
 def parse_ratios(text: str | Sequence[float]) -> list[float]:

@@ -13,12 +13,12 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from imgest.core import defaults, workdir
 from imgest.core.sampling import BalancedSample, Columns, SampleReport
+from imgest.core.textcols import bytes_column, sha_columns
 from imgest.sinks.files.layout import data_root, read_manifest
 
 log = logging.getLogger(__name__)
@@ -125,45 +125,6 @@ def planned_images(root: Path, splits: list[str] | None, sample: int) -> int:
     return sum(min(int(n), sample) if sample else int(n) for s, n in counts.items() if splits is None or s in splits)
 
 
-_HEX = np.full(256, 255, np.uint8)
-_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
-_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
-_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
-
-
-def _bytes_column(column: Any) -> np.ndarray:
-    """A text column (no nulls) as fixed-width bytes (UTF-8), built from Arrow's buffers without a Python object
-    per value."""
-    import pyarrow as pa
-
-    arr = column.cast(pa.binary())
-    n = len(arr)
-    offsets = np.frombuffer(arr.buffers()[1], np.int32)[arr.offset : arr.offset + n + 1]
-    lengths = np.diff(offsets)
-    width = max(1, int(lengths.max()) if n else 1)
-    data = np.frombuffer(arr.buffers()[2], np.uint8)[offsets[0] : offsets[-1]] if n else np.zeros(0, np.uint8)
-    starts = offsets[:-1] - offsets[0]
-    out = np.zeros((n, width), np.uint8)
-    for j in range(width):  # one byte position of every value at a time
-        has = lengths > j
-        out[has, j] = data[starts[has] + j]
-    return out.view(f"S{width}").reshape(n)
-
-
-def sha_columns(column: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(n, 32) uint8 digests and a recorded mask from a column of hex sha256 (null or not 64 hex digits: not
-    recorded, digest zero)."""
-    import pyarrow.compute as pc
-
-    text = column.fill_null("")
-    hexes = _bytes_column(text).astype("S64")  # shorter ones pad with NUL, which is no hex digit
-    nibbles = _HEX[np.frombuffer(hexes.tobytes(), np.uint8).reshape(-1, 64)]
-    recorded = (pc.binary_length(text).to_numpy(zero_copy_only=False) == 64) & (nibbles != 255).all(axis=1)
-    digests = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
-    digests[~recorded] = 0
-    return digests, recorded
-
-
 def _chunks(root: Path, split: str) -> Iterator[Columns]:
     """samples.parquet rows of SPLIT as column chunks (id, label, path, sha256, recorded), CHUNK rows at a time."""
     import pyarrow.compute as pc
@@ -177,9 +138,9 @@ def _chunks(root: Path, split: str) -> Iterator[Columns]:
             continue
         sha, recorded = sha_columns(batch.column("sha256"))
         yield {
-            "id": _bytes_column(batch.column("id").cast("string")),
+            "id": bytes_column(batch.column("id").cast("string")),
             "label": batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32),
-            "path": _bytes_column(batch.column("path")),
+            "path": bytes_column(batch.column("path")),
             "sha256": sha,
             "recorded": recorded,
         }

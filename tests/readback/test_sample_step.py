@@ -31,6 +31,7 @@ def test_cassandra_step_checks_the_sample_then_every_row(stored: dict[str, Any],
     assert report["split_rows"] == stored["train"]
     assert report["full_read"] is False
     assert report["balance"]["per_class"] == {"0": 4, "1": 4, "2": 4}
+    assert 0 < report["scanned_share"] < 1  # chosen from a share of the ring, by the version record's class counts
     assert {(r["reader"], r["mode"]) for r in report["readers"]} == {
         (reader, mode) for reader in ("cassandra", "cassandra-simple") for mode in ("raw", "train")
     }
@@ -40,6 +41,7 @@ def test_cassandra_step_checks_the_sample_then_every_row(stored: dict[str, Any],
     report = _report(tmp_path)
     assert report["sample"] == 0
     assert report["full_read"] is True
+    assert report["scanned_share"] == 1.0
     assert report["checked"] == stored["train"]
     assert all(r["ok"] and r["images"] == stored["train"] for r in report["readers"])
 

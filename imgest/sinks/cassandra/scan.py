@@ -172,6 +172,7 @@ def _range_pages(
     page_size: int,
     concurrency: int,
     limits: ScanLimits | None = None,
+    pick: Sequence[int] | None = None,
 ) -> Iterator[list[Any]]:
     """The pages of SELECT (a query of TABLE without its WHERE) over RANGES token sub-ranges of the partition key PK,
     in token order, PAGE_SIZE rows a page. Page requests run on CONCURRENCY threads, at most LIMITS.per_node of them
@@ -181,6 +182,8 @@ def _range_pages(
     stmt = session.prepare(f"{select} WHERE token({pk}) >= ? AND token({pk}) <= ?")
     stmt.fetch_size = page_size
     bounds = token_ranges(ranges)
+    if pick is not None:  # a subset of the sub-ranges, still in token order
+        bounds = [bounds[i] for i in sorted(set(pick))]
     groups = range_replicas(session, table.partition(".")[0], bounds)
     per_node = limits.per_node or node_per_node(session)
     reads = RangeReads(
@@ -205,11 +208,14 @@ def scan_columns(
     page_size: int = DEFAULT_PAGE_SIZE,
     concurrency: int = DEFAULT_CONCURRENCY,
     limits: ScanLimits | None = None,
+    pick: Sequence[int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """COLUMNS of every row of TABLE ('ks.table') as Arrow record batches of at most PAGE_SIZE rows; only the
     rows whose ``dataset`` / ``version`` columns equal DATASET / VERSION when given (VERSION a sequence: any of
     them, a refreshed version's lineage). Each row comes exactly once;
-    the order is the token order of the sub-ranges, not a stable row order. uuid columns are fixed_size_binary(16)."""
+    the order is the token order of the sub-ranges, not a stable row order. uuid columns are fixed_size_binary(16).
+    PICK: only the rows of these of the RANGES sub-ranges (indices; a uniform share of the rows, the partition key
+    hashed to tokens)."""
     columns = list(columns)
     versions = version if version is None or isinstance(version, str) else sorted(set(version))
     filters = {k: v for k, v in (("dataset", dataset), ("version", versions)) if v is not None}
@@ -217,7 +223,7 @@ def scan_columns(
     schema = arrow_schema(session, table, selected)
     pk = ", ".join(c.name for c in _table_meta(session, table).partition_key)
     select = f"SELECT {', '.join(selected)} FROM {table}"
-    for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency, limits):
+    for page in _range_pages(session, table, select, pk, ranges, page_size, concurrency, limits, pick):
         if not page:
             continue
         batch = _to_arrow(page, schema)
