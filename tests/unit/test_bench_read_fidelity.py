@@ -52,6 +52,12 @@ def test_compare_takes_medians_and_says_whether_the_check_is_within_the_toleranc
     low = [{"check": [_run(400.0, ends[:10])], "full": [_run(640.0, ends)]}]
     assert compare(low)[0]["within"] is (abs(400 / 640 - 1) <= TOLERANCE)
     assert compare(low)[0]["within"] is False
+    # a round whose check did not reach a steady rate: no result, whatever the median's ratio
+    unsteady = [*rounds[:2], {"check": [_run(610.0, ends[:10], steady=False)], "full": [_run(630.0, ends)]}]
+    row = compare(unsteady)[0]
+    assert row["ratio"] == pytest.approx(600 / 640, abs=1e-3)
+    assert row["check_steady"] is False
+    assert row["within"] is False
 
 
 def test_the_spread_is_the_worst_error_per_window_over_every_size_and_reader() -> None:
