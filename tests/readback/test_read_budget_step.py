@@ -1,6 +1,7 @@
 """The read_throughput step within its time budget, against the real S3 server and Cassandra: every reader the
 report names is measured, every image each one read is verified; with a budget spent before the readers start each
-reads one batch and says its rate is not a steady one; with room, each reads its warm-up and window and reports a
+reads one batch and says its rate is not a steady one (or, where its start-up would end past the deadline, is not
+started, saying so); with room, each reads its warm-up and window and reports a
 steady rate apart from its start-up; DALI's s3:// leg reads with the shards' indexes and says why it is slow."""
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from tests.readback.conftest import DATASET, KEYSPACE, step_settings
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 BATCH = 8
 # 0.05 s for the whole check: spent before the first reader starts (choosing the sample), so each reader reads one
-# batch (its start-up) and stops: the check's deadline has passed
+# batch (its start-up) and stops: the check's deadline has passed; those whose start-up takes longer than what is
+# left are not started (webdataset's torch, DALI's pipelines, a Cassandra reader's connection)
 TINY = ReadCheckOptions(sample=0, batch_size=BATCH, num_threads=1, seconds=0.05)
 CASSANDRA_READERS = ("cassandra", "cassandra-simple")
 
@@ -44,7 +46,9 @@ def _check_cut(
     assert sorted(line.split(": not run: ")[0] for line in report["skipped"]) == sorted(
         f"{n} ({m})" for n in not_run for m in modes
     )
-    assert all("the check's 0.1 s budget was spent before its turn" in line for line in report["skipped"])
+    for line in report["skipped"]:  # DALI's s3:// reader: its reserve not kept, the budget affording no turn of it
+        why = "cannot keep the 13.5 s a turn of it needs" if line.startswith("shards-s3-dali") else "was spent before"
+        assert f"the check's 0.1 s budget {why}" in line, line
     assert report["budget_s"] == TINY.seconds
     everyone = sorted(f"{n}/{m}" for n in readers for m in modes)
     assert sorted(report["budget_cut"]) == everyone
@@ -120,7 +124,9 @@ def test_dali_s3_reader_reads_small_batches(
 def test_cassandra_check_within_a_tiny_budget(stored: dict[str, Any], tmp_path: Path) -> None:
     modes = TINY.modes if dali_available() else ("raw",)
     read_throughput_step("cassandra", "", tmp_path, step_settings(stored), replace(TINY, modes=modes))
-    _check_cut(_report(tmp_path), CASSANDRA_READERS, modes)
+    # a Cassandra reader is not started with less than READER_STARTUP_S left: its connection and first batch would
+    # end past the check's deadline (the 143 k check took 6.8 s of 4.2 when each read a batch)
+    _check_cut(_report(tmp_path), (), modes, not_run=CASSANDRA_READERS)
 
 
 def test_the_dag_step_keeps_the_check_to_its_share_of_the_run_only_from_its_image_count(
