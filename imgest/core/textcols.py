@@ -48,6 +48,20 @@ def sha_columns(column: Any) -> tuple[np.ndarray, np.ndarray]:
     return digests, recorded
 
 
+def recorded_digests(column: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """sha_columns of COLUMN for a check that must trust them: null or empty is not recorded, anything else that is
+    not 64 hex digits raises NotReadableError naming WHERE (a version to verify again, not a row to skip)."""
+    import pyarrow.compute as pc
+
+    from imgest.core.errors import NotReadableError
+
+    digests, recorded = sha_columns(column)
+    given = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False) > 0
+    if (given & ~recorded).any():
+        raise NotReadableError(f"{where} holds a sha256 that is not 64 hex digits; re-verify the version")
+    return digests, recorded
+
+
 def uuid_text(ids: np.ndarray) -> np.ndarray:
     """16-byte UUIDs ('S16') as their lowercase strings' bytes, an (n, 36) uint8 array (no Python object per id)."""
     raw = np.frombuffer(np.ascontiguousarray(ids).tobytes(), np.uint8).reshape(-1, 16)

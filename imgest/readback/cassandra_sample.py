@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from imgest.core.errors import NotReadableError
 from imgest.core.sampling import BalancedSample, ClassCounts, Columns, SampleReport
-from imgest.core.textcols import sha_columns, uuid_text
+from imgest.core.textcols import recorded_digests, uuid_text
 
 RANGES = 1024  # token sub-ranges the ring is cut into: a sample reads a share of them, 1/1024 at least
 MARGIN_SD = 3.0  # expected rows per class read: its quota plus this many standard deviations (and as many rows)
@@ -102,15 +101,13 @@ def metadata_chunks(
     from imgest.sinks.cassandra.scan import scan_columns, uuid_column
 
     names = ["id", "label", "split", "sha256", "nbytes"]
-    for batch in scan_columns(session, meta, names, dataset, members, ranges=RANGES, pick=pick):
+    ranges = {"ranges": RANGES, "pick": pick} if pick is not None else {}  # a full scan: the scan's own sub-ranges
+    for batch in scan_columns(session, meta, names, dataset, members, **ranges):
         if split is not None:
             batch = batch.filter(pc.equal(batch.column("split"), split))
         if not batch.num_rows:
             continue
-        sha = batch.column("sha256")
-        digests, recorded = sha_columns(sha)
-        if (pc.fill_null(pc.binary_length(sha), 0).to_numpy(zero_copy_only=False) > 0).sum() > recorded.sum():
-            raise NotReadableError(f"{meta} holds a sha256 that is not 64 hex digits; re-verify the version")
+        digests, recorded = recorded_digests(batch.column("sha256"), meta)
         nbytes = batch.column("nbytes").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         label = batch.column("label").to_numpy(zero_copy_only=False).astype(np.int32)
         yield {

@@ -11,10 +11,9 @@ published ``manifest.json``) unless asked explicitly, and names what it looked f
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 from imgest.core import defaults, workdir
 from imgest.core.errors import NotReadableError
 from imgest.core.sampling import BalancedSample, ClassCounts, Columns, SampleReport, balance, pick_shards
+from imgest.core.textcols import recorded_digests
 from imgest.sinks.cassandra.versions import VersionNotFoundError, version_members
 from imgest.sinks.cassandra.versions import records as version_records
 
@@ -87,24 +87,6 @@ def _text_column(values: Iterable[Any]) -> np.ndarray:
     return np.array(encoded, dtype="S") if encoded else np.zeros(0, "S1")
 
 
-def sha_columns(hexes: list[str | None], where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(n, 32) uint8 digests and a recorded mask from hex strings (None or empty: not recorded)."""
-    recorded = np.array([bool(h) for h in hexes], bool)
-    try:
-        raw = bytes.fromhex("".join(h if h else "00" * 32 for h in hexes))
-    except ValueError:
-        raise NotReadableError(f"{where} holds a sha256 that is not 64 hex digits; re-verify the version") from None
-    if len(raw) != 32 * len(hexes):
-        raise NotReadableError(f"{where} holds a sha256 that is not 64 hex digits; re-verify the version")
-    return np.frombuffer(raw, np.uint8).reshape(len(hexes), 32).copy(), recorded
-
-
-def _batched(rows: Iterable[Any], n: int) -> Iterator[list[Any]]:
-    it = iter(rows)
-    while chunk := list(itertools.islice(it, n)):
-        yield chunk
-
-
 def files_set(
     root: Path, split: str | None = "train", sample: int = 0, seed: int = defaults.CHECK_SAMPLE_SEED
 ) -> ReadSet:
@@ -129,7 +111,7 @@ def files_set(
     for batch in pq.ParquetFile(where).iter_batches(batch_size=CHUNK, columns=columns):
         if split is not None:
             batch = batch.filter(pc.equal(batch.column("split"), split))
-        sha, recorded = sha_columns(batch.column("sha256").to_pylist(), str(where))
+        sha, recorded = recorded_digests(batch.column("sha256"), str(where))
         picker.add(
             {
                 "id": _text_column(batch.column("id").to_pylist()),
