@@ -74,6 +74,11 @@ class ReaderBudget:
     window_seconds: float = defaults.CHECK_WINDOW_SECONDS
     stop_when_steady: bool = True
     kept: float = 0.0  # of the check's time before DEADLINE's end, seconds kept for the readers after this one
+    # what its reader needs after its last batch, before DEADLINE: AFTER seconds at least, or DRAIN times its last
+    # batch's time where that is more (a DALI pipeline's deletion waits for the reads in flight, which take longer
+    # on a busy server: imgest.readback.dali_s3)
+    after: float = 0.0
+    drain: float = 0.0
 
 
 def check_seconds(
@@ -151,8 +156,8 @@ class ReadPlan:
         budget = self.budget
         if budget is None:
             return ""
-        if budget.deadline is not None and now + self._last_batch(now) >= budget.deadline:
-            return CHECK_SPENT  # the next batch would end past the check's deadline (CI run of 2026-12-06: 60.9 s)
+        if budget.deadline is not None and now + self._needs(now) >= budget.deadline:
+            return CHECK_SPENT  # the next batch (and its reader's teardown) would end past the check's deadline
         measured = self.measured
         if len(measured) < self.window:
             return ""  # its warm-up and window whatever its share
@@ -163,6 +168,15 @@ class ReadPlan:
             return ""
         long_enough = now - self.warmup_end >= budget.window_seconds  # batches of a few ms: noise, not a rate
         return RATE_STEADY if long_enough and halves_agree(measured, self.warmup_end) else ""
+
+    def _needs(self, now: float) -> float:
+        """What another batch needs before the deadline: as long as the last one, and the reader's teardown after it
+        (ReaderBudget.after, or drain times the last batch's time: not the first's, which is start-up)."""
+        last = self._last_batch(now)
+        budget = self.budget
+        if budget is None:
+            return last
+        return last + max(budget.after, budget.drain * last if len(self.batches) > 1 else 0.0)
 
     def _last_batch(self, now: float) -> float:
         """How long the batch that ended at NOW took (from the one before, or from the reader's start)."""

@@ -5,9 +5,11 @@ loader thread; the check runs CHECK_DALI_S3_READERS of its pipelines at once ove
 random order (imgest.readback.blocks, imgest.readback.parallel). It reads last, one turn per mode, and a turn costs
 more than its reads: its pipelines' build and first batch before it (its start-up) and their deletion after it (a
 pipeline's deletion waits for its prefetched reads). A turn starts only when what is left before the check's
-deadline covers both, and stops reading early enough to leave its teardown inside it: the defaults
-(CHECK_DALI_S3_STARTUP_S, CHECK_DALI_S3_TEARDOWN_S) until a turn of this check measured them, then that turn's
-figures (:class:`TurnCost`): on a busy machine a first batch takes 5-9 s, not 2.
+deadline covers both (its start-up with a margin: STARTUP_MARGIN), and stops reading early enough to leave its
+teardown inside it: the defaults (CHECK_DALI_S3_STARTUP_S, CHECK_DALI_S3_TEARDOWN_S) until a turn of this check
+measured them, then that turn's figures (:class:`TurnCost`): on a busy machine a first batch takes 5-11 s, not 2.
+Both grow with the server's load while a turn reads, so a turn also keeps DRAIN_BATCHES times its last batch's time
+for its teardown where that is more than the figure it was given.
 """
 
 from __future__ import annotations
@@ -115,6 +117,16 @@ def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: Pipeline
     return result
 
 
+# A turn's teardown against its batch time (4 pipelines of 16 images a batch, 55 k images on the embedded SeaweedFS):
+# 1.3-1.9 s over 0.43 s batches on a quiet machine, 1.4-1.9 s over 1.4 s batches with both cores busy, 5.0 s over
+# 1.35 s batches with the server busy (8 clients putting and getting 1 MiB objects): at most 4.4 batches' time.
+DRAIN_BATCHES = 4.5
+# What a turn's start-up may grow by over the last turn's on a machine whose load changes between them (3.8-4.1 s
+# measured with both cores busy, 11.2 s with the server busy as above): a second turn starts only where 1.5 times
+# the first one's is left.
+STARTUP_MARGIN = 1.5
+
+
 @dataclass
 class TurnCost:
     """What a turn of DALI's s3:// reader costs beside its reads: STARTUP (its build and first batch) and TEARDOWN
@@ -127,16 +139,23 @@ class TurnCost:
         """The figures of the turn that gave RESULT: what the next turn on this machine needs."""
         self.startup, self.teardown = result.startup_s, result.teardown_s
 
+    @property
+    def needs(self) -> float:
+        """What what is left must cover for a turn to start: its start-up with STARTUP_MARGIN, its teardown."""
+        return STARTUP_MARGIN * self.startup + self.teardown
+
     def fits(self, budget: ReaderBudget | None) -> bool:
-        """Whether what BUDGET leaves before its deadline covers a start-up and a teardown."""
-        return not spent_before(budget, startup=self.startup + self.teardown)
+        """Whether what BUDGET leaves before its deadline covers a start-up (with its margin) and a teardown."""
+        return not spent_before(budget, startup=self.needs)
 
     def reading(self, budget: ReaderBudget | None) -> ReaderBudget | None:
-        """BUDGET less the teardown: when the turn stops reading so that its pipelines' deletion ends in time."""
+        """BUDGET less the teardown: its share less it, and its reader stops reading where another batch would leave
+        less than the teardown (or DRAIN_BATCHES times its last batch's time, where more) before the deadline, so
+        that its pipelines' deletion ends in time."""
         if budget is None or budget.deadline is None:
             return budget
         seconds = max(0.0, budget.seconds - self.teardown)
-        return replace(budget, seconds=seconds, deadline=budget.deadline - self.teardown)
+        return replace(budget, seconds=seconds, after=self.teardown, drain=DRAIN_BATCHES)
 
 
 def dali_s3_runs(
@@ -156,7 +175,7 @@ def dali_s3_runs(
     for mode, spec in modes:
         budget = next_budget(clock, stop_when_steady=False, reserve=defaults.CHECK_DALI_S3_RESERVE_S)
         if not cost.fits(budget):
-            need = f"{cost.startup:.1f} s start-up and {cost.teardown:.1f} s teardown"
+            need = f"{cost.startup:.1f} s start-up (x{STARTUP_MARGIN:g}) and {cost.teardown:.1f} s teardown"
             skipped.append(f"{not_run('shards-s3-dali', mode, clock)}; it needs {need}")
             continue
         try:

@@ -47,8 +47,8 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
     assert states["read_throughput"] == "success", states
     read = task_results(airflow_home, "ingest_imagenet", ("read_throughput",))["read_throughput"]
     assert read["budget_s"] == defaults.CHECK_SECONDS  # below 100,000 images: the cap, not 10 % of the run
-    assert read["seconds"] <= read["budget_s"]
     report = json.loads((state_dir() / "work" / dataset / "read_throughput.json").read_text())
+    assert read["seconds"] <= read["budget_s"], _timings(report)
     readers = {f"{r['reader']}/{r['mode']}": r for r in report["readers"]}
     # every reader ran, but on a machine busy enough that DALI's first s3:// turn shows its second would not fit
     # (its measured start-up and teardown over what is left): that one is not started, saying what it needs
@@ -60,8 +60,10 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
     for name, r in readers.items():
         assert r["ok"], (name, r)
         assert r["images_verified"] == r["images"], (name, r)
-        assert r["warmup_batches"] == defaults.CHECK_WARMUP_BATCHES, (name, r)
         assert len(r["batch_images"]) == r["warmup_batches"] + r["steady_batches"], (name, r)
+        # DALI's first s3:// batch can take 16 s on a busy server (measured): only then does it stop in its warm-up
+        stopped = name.startswith("shards-s3-dali/") and r["stop"] == "check's budget spent"
+        assert r["warmup_batches"] == defaults.CHECK_WARMUP_BATCHES or stopped, (name, r)
         assert r["steady_images"] == sum(r["batch_images"][r["warmup_batches"] :]), (name, r)
         assert r["images"] + r["unread"] == read["checked"], (name, r)  # what it did not read is counted
         if r["steady"] or not name.startswith("shards-s3-dali/"):  # imgest's readers always reach their window
@@ -74,3 +76,9 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
         assert "fewer than the 8 a steady rate needs (the check's " in r["rate_note"], r  # budget, or time to a reserve
         assert name in report["not_steady"], report["not_steady"]
         assert read["readers"][name]["steady_rate"] is None, read["readers"][name]  # never shown as its throughput
+
+
+def _timings(report: dict) -> list[str]:
+    """Where the check's time went, reader by reader (what a failure says)."""
+    keys = ("budget_s", "startup_s", "seconds", "teardown_s", "images", "steady_batches", "stop")
+    return [f"{r['reader']}/{r['mode']}: " + ", ".join(f"{k} {r.get(k)}" for k in keys) for r in report["readers"]]

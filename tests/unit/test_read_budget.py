@@ -135,6 +135,28 @@ def test_the_check_s_deadline_stops_a_reader_before_its_window_and_its_rate_is_n
     assert "the check's budget was spent first" in fields["rate_note"]
 
 
+def test_a_reader_with_a_teardown_stops_where_its_teardown_or_its_drain_would_pass_the_deadline() -> None:
+    def plan(deadline: float, **after: float) -> ReadPlan:
+        reads_on = replace(_budget(60.0, deadline=deadline), stop_when_steady=False, **after)
+        return ReadPlan(reads_on, total=10_000, start=0.0)
+
+    # a teardown of 1.5 s: after the batch ending at 2.0 the next would end at 3.0, and its teardown at 4.5
+    short = plan(4.5, after=1.5)
+    assert _feed(short, [1.0, 2.0]) == [True, False]
+    assert short.stop == budget.CHECK_SPENT
+    # batches of 1 s whose reads in flight (drain 1.5 batches) take 1.5 s: the teardown's figure holds
+    quiet = plan(20.0, after=1.5, drain=1.5)
+    assert _feed(quiet, [float(t) for t in range(1, 19)]) == [True] * 17 + [False]  # 18 + 1 + 1.5 >= 20
+    # the server slows down to batches of 2 s, whose reads in flight take 3 s: more than the 1.5 s it was given
+    busy = plan(20.0, after=1.5, drain=1.5)
+    times = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0]
+    assert _feed(busy, times) == [True] * 9 + [False]  # 16 + 2 + 3 >= 20, where 16 + 2 + 1.5 would read on
+    assert busy.stop == budget.CHECK_SPENT
+    # a first batch of 8 s is start-up, not a batch whose reads in flight are 1.5 x 8 s: it reads on
+    late = plan(20.0, after=1.5, drain=1.5)
+    assert _feed(late, [8.0, 9.0]) == [True, True]
+
+
 def test_a_reader_that_reads_its_whole_small_sample_is_not_cut_and_not_steady() -> None:
     plan = ReadPlan(_budget(5.0), total=150, start=0.0)
     assert _feed(plan, [0.1, 0.2]) == [True, True]
