@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-quick test-browser docs install install-dev install-bench install-peers install-pillow-simd lint lock services-down clean
+.PHONY: demo test test-quick test-browser docs install install-dev install-bench install-peers install-pillow-simd lint lock lock-bulk services-down clean
 
 install:
 	bash scripts/install.sh
@@ -55,6 +55,10 @@ lock:
 	.venv/bin/uv pip compile pyproject.toml --extra all --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/runtime.lock
 	.venv/bin/uv pip compile pyproject.toml --extra all --extra dev --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/dev.lock
 	.venv/bin/uv pip compile pyproject.toml --extra all --extra dev --extra bench -c requirements/torch.txt --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements/bench.lock
+
+# Re-lock the bulk-load helper's runtime jars (imgest/sinks/cassandra/bulk/runtime-jars.lock) after changing its pom.
+lock-bulk:
+	.venv/bin/python -m imgest.sinks.cassandra.bulk_build lock
 
 services-down:
 	.venv/bin/imgest services down

@@ -5,6 +5,11 @@ imgest.transform._fastjpeg (the JPEG region decode + resample) is compiled from 
 against the system's libjpeg-turbo (Debian: libjpeg-dev). It is optional: without the headers the build skips it
 and the Pillow path runs instead.
 
+The Cassandra bulk-load helper's jar (imgest/sinks/cassandra/bulk/helper.jar) is compiled from BulkWriter.java when the
+wheel is built (javac, with Maven resolving cassandra-all for it: imgest/sinks/cassandra/bulk_build.py), so that no
+task compiles it; `imgest bulk-helper install` then fetches the jars it runs on. Without javac and Maven the wheel
+ships no jar and the install says how to build one.
+
 IMGEST_BUILD_TEST_HOOKS=1 in the build's environment also builds imgest.transform._fastjpeg_testing: the same sources
 compiled with -DFASTJPEG_TEST_HOOKS, which adds the entry points only the tests call (arithmetic, refine_counts;
 imgest/transform/fastjpeg/hooks.c). `make install-dev` sets it for its editable install; a wheel or a plain install
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 MAPPED = {"imgest.dags": "dags", "imgest.operators": "operators", "imgest.jobs": "jobs", "imgest.sql": "sql"}
 FASTJPEG_DIR = Path("imgest/transform/fastjpeg")
@@ -64,6 +70,34 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+class BuildPy(build_py):
+    """The pure modules and package data, then the bulk-load helper's jar compiled beside its sources."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:  # a source checkout: `imgest bulk-helper install --build` compiles it
+            return
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("bulk_build", "imgest/sinks/cassandra/bulk_build.py")
+        bulk_build = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bulk_build)
+        jar = Path(self.build_lib) / "imgest" / "sinks" / "cassandra" / "bulk" / bulk_build.JAR
+        found = bulk_build.tools()
+        if found is None:
+            print(
+                "imgest: no mvn and javac here: the wheel ships no bulk-load helper jar (`imgest bulk-helper install "
+                "--build` compiles one where a JDK 17 and Maven are installed)",
+                file=sys.stderr,
+            )
+            return
+        import tempfile
+
+        log_file = Path(tempfile.gettempdir()) / "imgest-bulk-helper-build.log"
+        bulk_build.compile_jar(jar, *found, log_file)
+        print(f"imgest: compiled the bulk-load helper into {jar}", file=sys.stderr)
+
+
 EXTENSIONS = [fastjpeg("imgest.transform._fastjpeg", [])]
 if TEST_HOOKS:
     EXTENSIONS.append(fastjpeg("imgest.transform._fastjpeg_testing", [("FASTJPEG_TEST_HOOKS", "1")]))
@@ -72,5 +106,5 @@ setup(
     packages=[*find_packages(include=["imgest", "imgest.*"]), *MAPPED],
     package_dir=MAPPED,
     ext_modules=EXTENSIONS,
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
 )

@@ -154,9 +154,12 @@ bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing wi
 [ "${1:-}" = "--dev" ] && bash scripts/build_strict_aws.sh
 # Spark's driver classes as a class-data-sharing archive: every job's JVM then starts with a third of the CPU.
 .venv/bin/python -m imgest.spark.cds || { complete=0; echo "imgest install: continuing without the Spark class-data archive" >&2; }
-# The Cassandra bulk-load helper (Maven resolves cassandra-all once, javac compiles one class): optional, `auto`
-# falls back to the CQL path without it, and the first bulk ingest builds it otherwise.
-.venv/bin/python -m imgest.sinks.cassandra.bulk_archive >/dev/null \
+# The Cassandra bulk-load helper into .venv/share/imgest/bulk-helper (a task never builds it): this checkout's
+# package has no compiled helper.jar, so javac compiles the one class (Maven resolves cassandra-all for it, into the
+# local Maven repository), then the locked runtime jars are taken from that repository, checked against their sha256.
+# Optional: `auto` writes through CQL without it, saying why.
+m2="${IMGEST_M2_REPOSITORY:-$HOME/.m2/repository}"
+.venv/bin/imgest bulk-helper install --build --repository "file://$m2" >/dev/null \
   || { complete=0; echo "imgest install: continuing without the Cassandra bulk-load helper (--write-path cql)" >&2; }
 decoder=$(.venv/bin/python -c 'from imgest.transform import fastjpeg; print(fastjpeg.default_decoder())')
 [ "$decoder" = pillow ] && complete=0  # the region decoder was not built: the next install tries again

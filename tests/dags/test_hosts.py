@@ -296,7 +296,7 @@ def _upload_source(hosts: SimulatedHosts, fresh: bool = False) -> None:
 
 def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
     """Triggered together, as users do: the generated sample into shards, an S3 source into Cassandra (bulk and
-    cql-helper write paths: their helpers and class archives shipped to and built on hosts whose disks held none)
+    cql-helper write paths: their helper installed with the environment, as in an image, and shipped to the executors)
     and into shards (twice: the second run waits for the first's lock), and the first version of refresh_hr (the
     datasets file's entry on that source). Each succeeds, tasks run on both Celery workers, one Spark job at a time
     (the spark pool), each through spark-submit to the master on its host with executors on spark-1 and spark-2;
@@ -342,7 +342,8 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
             assert session.execute(f"SELECT count(*) FROM {ks}.data").one()[0] == DEMO_STORED, ks
             status = session.execute(f"SELECT status FROM {ks}.dataset_versions").one().status
             assert status == "complete", ks  # verify_cassandra read the S3 source through the run's connection
-    # the bulk and cql-helper paths: the helper and its class archives shipped to and built on hosts whose disks
+    # the bulk and cql-helper paths: the helper installed with the environment (imgest bulk-helper install, as in an
+    # image's build) and shipped to executors on hosts whose disks
     # held none of them
     assert "write path: bulk" in _task_log(hosts, runs["hs3c"], "ingest_cassandra")
     assert "write path: cql-helper" in _task_log(hosts, runs["hs3h"], "ingest_cassandra")

@@ -14,7 +14,6 @@ embedded S3 server and reads them back.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import zipfile
@@ -27,19 +26,27 @@ from imgest.core.paths import repo_root, state_dir
 from imgest.services import CassandraServer, S3Server
 from imgest.sinks.shards.store_names import manifest_objects
 from imgest.splits.split import load_split
-from tests.packaging.conftest import _run
+from tests.packaging.conftest import _run, interpreter, path_without_build_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.services]
 ROOT = repo_root()
 UV = Path(sys.executable).parent / "uv"
 LEGS = {
-    "3.1": {"airflow": "apache-airflow==3.1.*", "resolution": "lowest-direct", "extras": ""},
-    "3.3": {"airflow": "apache-airflow==3.3.*", "resolution": "lock", "extras": "[dali,plots]"},
+    "3.1": {"airflow": "apache-airflow==3.1.*", "resolution": "lowest-direct", "extras": "", "python": "3.11"},
+    "3.3": {"airflow": "apache-airflow==3.3.*", "resolution": "lock", "extras": "[dali,plots]", "python": "3.11"},
+    # Airflow 3's images run Python 3.12: the manylinux wheel (libjpeg-turbo inside, helper.jar compiled at build)
+    "3.3-py3.12": {
+        "airflow": "apache-airflow==3.3.*",
+        "resolution": "lock",
+        "extras": "[dali,plots]",
+        "python": "3.12",
+    },
 }
 # The generated sample (DEMO_SAMPLE): 10 classes of 20 train images, and in class 0 the 8 planted images that are
 # kept (5 more are quarantined, 3 junk files skipped); 8:2 per class: 28 -> [22, 6], 20 -> [16, 4].
 DEMO_TRAIN = 10 * 20 + 8
 DEMO_SPLIT = [22 + 9 * 16, 6 + 9 * 4]
+DEMO_STORED = DEMO_TRAIN + 10 * 5  # and its 5 val images a class
 # Airflow 3.2 is in the range but not a leg: 3.2.2 installed without Airflow's constraints file fails its own
 # execution API (pydantic: TITerminalStatePayload needs a discriminator) on any DAG, imgest's or a one-task one.
 
@@ -71,6 +78,7 @@ class Platform:
 
     def __init__(self, leg: str, home: Path) -> None:
         self.leg, self.home = leg, home
+        self.line = LEGS[leg]["airflow"].split("==")[1].removesuffix(".*")  # Airflow's line: 3.1, 3.3
         self.venv = home / "venv"
         self.py = self.venv / "bin" / "python"
         self.dali = "dali" in LEGS[leg]["extras"]
@@ -82,7 +90,7 @@ class Platform:
         wheelhouse = state_dir() / "wheelhouse"  # pyspark's wheel, built by scripts/install.sh from its sdist
         links = ["--find-links", wheelhouse] if wheelhouse.is_dir() else []
         pip = [UV, "pip", "install", "-q", "--python", self.py, *links]
-        _run(UV, "venv", "-q", "--python", sys.executable, self.venv)
+        _run(UV, "venv", "-q", "--python", interpreter(spec["python"]), self.venv)
         # The platform: its Airflow, then (on 3.1) the oldest providers and libraries imgest's ranges allow.
         if spec["resolution"] == "lock":
             _run(*pip, "-c", ROOT / "requirements" / "runtime.lock", spec["airflow"])
@@ -114,10 +122,11 @@ class Platform:
                 "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"},
             },
         }
+        # as on a worker image: Java's runtime on PATH, no JDK, Maven or C compiler (JAVA_HOME's bin/ holds javac)
+        bare = path_without_build_tools(self.home / "bare-bin")
         return {
-            "PATH": f"{self.venv / 'bin'}:/usr/bin:/bin",
+            "PATH": f"{self.venv / 'bin'}:{bare}",
             "HOME": str(self.home),
-            **({"JAVA_HOME": os.environ["JAVA_HOME"]} if os.environ.get("JAVA_HOME") else {}),
             "AIRFLOW_HOME": str(self.home / "airflow"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.home / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -130,6 +139,9 @@ class Platform:
 def platform(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Platform:
     if ROOT is None:
         pytest.skip("needs a source checkout")
+    python = LEGS[request.param]["python"]
+    if python != "3.11":  # another CPython: its manylinux wheel
+        wheel = request.getfixturevalue("manylinux_wheels")[python]
     made = Platform(request.param, tmp_path_factory.mktemp(f"airflow-{request.param}"))
     made.install(wheel)
     return made
@@ -137,7 +149,7 @@ def platform(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pyte
 
 def test_the_platform_keeps_its_airflow_and_providers(platform: Platform) -> None:
     before, after = platform.before, platform.after
-    assert before["apache-airflow"].startswith(platform.leg + ".")
+    assert before["apache-airflow"].startswith(platform.line + ".")
     changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
     assert changed == {}  # nothing the platform had was replaced or removed
     added = set(after) - set(before)
@@ -163,6 +175,13 @@ def test_airflow_lists_imgest_and_the_wheel_module_loads(platform: Platform, s3_
     fields = json.loads(_run(platform.py, "-c", probe, env=env, cwd=platform.home).stdout.strip().splitlines()[-1])
     assert fields["jpeg_decoder"] != "pillow"  # the compiled module from the wheel loaded
     assert fields["libjpeg_turbo"]
+    if LEGS[platform.leg]["python"] != "3.11":  # the manylinux wheel: the libjpeg-turbo it carries, not the system's
+        maps = (
+            "import imgest.transform._fastjpeg; print(*{l.split()[-1] for l in open('/proc/self/maps') if 'jpeg' in l})"
+        )
+        libs = _run(platform.py, "-c", maps, env=env, cwd=platform.home).stdout.split()
+        assert libs, "no libjpeg mapped"
+        assert all("/site-packages/imgest.libs/libjpeg" in lib for lib in libs if "libjpeg" in lib), libs
 
 
 def test_dag_files_import_without_errors_or_deprecations(platform: Platform, s3_server: S3Server) -> None:
@@ -287,11 +306,60 @@ def test_the_sample_dag_runs_against_the_stores(
         assert read["plot"] is None  # no matplotlib: the JSON report only
 
 
+@pytest.mark.parametrize("platform", ["3.3-py3.12"], indirect=True)
+def test_the_bulk_path_from_the_wheel_on_a_worker_without_build_tools(
+    platform: Platform, cassandra_server: CassandraServer, s3_server: S3Server
+) -> None:
+    """`imgest bulk-helper install` with the wheel's prebuilt helper.jar and the locked jars fetched from a Maven
+    repository (the local one, through file:// URLs, as from Maven Central through https), on a PATH with no javac,
+    Maven or C compiler; then the generated sample into Cassandra through `--write-path bulk`: the helper ran (the
+    job's log and summary say bulk) and verify_cassandra compared every row."""
+    import shutil
+
+    env = platform.env(s3_server)
+    assert [shutil.which(t, path=env["PATH"]) for t in ("javac", "mvn", "gcc", "cc")] == [None] * 4
+    assert shutil.which("java", path=env["PATH"])
+    imgest = platform.venv / "bin" / "imgest"
+    status = _run_unchecked(imgest, "bulk-helper", "status", env=env, cwd=platform.home)
+    assert (status.returncode, "not installed" in status.stdout) == (1, True)  # the wheel's install put none in place
+    m2 = Path.home() / ".m2" / "repository"  # where the dev install's Maven put the jars the lock names
+    out = _run(imgest, "bulk-helper", "install", "--repository", m2.as_uri(), env=env, cwd=platform.home).stdout
+    assert f"fetching 100 jars (69 MB) from {m2.as_uri()}" in out, out
+    home = Path(out.strip().splitlines()[-1])
+    assert home.is_relative_to(platform.venv / "share" / "imgest" / "bulk-helper")  # with the environment
+    assert (home / "helper.jar").read_bytes() == _wheel_jar(platform)  # the wheel's jar, compiled at its build
+    dataset = re.sub(r"\W", "", f"bulkwheel{platform.home.name}")
+    conf = {"sample": True, "target": "cassandra", "dataset": dataset, "keyspace": dataset, "write_path": "bulk"}
+    airflow = platform.venv / "bin" / "airflow"
+    _run(imgest, "dags", "install", "--force", platform.home / "dags", env=env)
+    _run(airflow, "db", "migrate", env=env, cwd=platform.home)
+    proc = _run_unchecked(airflow, "dags", "test", "ingest_imagenet", "--conf", json.dumps(conf), env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    states = _states(platform.home / "airflow" / "airflow.db")
+    for task in ("ingest_cassandra", "verify_cassandra", "build_split", "read_throughput"):
+        assert states[task] == "success", (task, states)
+    assert "write path: bulk (asked for (--write-path bulk))" in proc.stdout + proc.stderr
+    from imgest.core.settings import CassandraSettings
+    from imgest.sinks.cassandra.client import cassandra_session
+
+    where = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
+    with cassandra_session(where) as session:
+        assert session.execute(f"SELECT count(*) FROM {dataset}.data").one()[0] == DEMO_STORED
+
+
+def _wheel_jar(platform: Platform) -> bytes:
+    jar = next(platform.venv.glob("lib/python3.*/site-packages/imgest/sinks/cassandra/bulk/helper.jar"))
+    return jar.read_bytes()
+
+
 def _states(db: Path) -> dict[str, str | None]:
     import sqlite3
 
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT task_id, state FROM task_instance WHERE dag_id = 'ingest_imagenet'").fetchall()
+        rows = conn.execute(  # of the latest run (a leg's tests run more than one)
+            "SELECT task_id, state FROM task_instance WHERE dag_id = 'ingest_imagenet' AND run_id = "
+            "(SELECT run_id FROM dag_run WHERE dag_id = 'ingest_imagenet' ORDER BY id DESC LIMIT 1)"
+        ).fetchall()
     return dict(rows)
 
 

@@ -138,21 +138,25 @@ def test_scratch_of_a_gone_worker_is_removed_and_a_live_ones_kept(tmp_path: Path
     assert other.is_dir()
 
 
-def test_cql_helper_asked_for_without_a_jdk_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cql_helper_asked_for_without_java_or_an_installed_helper_names_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from imgest.core.errors import ConfigError
     from imgest.sinks.cassandra import write_path
     from imgest.sinks.cassandra.bulk_helper import BulkLoadError
 
+    monkeypatch.setattr(write_path, "installed", lambda: tmp_path)
     monkeypatch.setattr(write_path, "tool", lambda name, hint: f"/usr/bin/{name}")
-    assert write_path.choose(None, "cql-helper", 10).path == "cql-helper"
+    assert write_path.choose(None, "cql-helper", 10).path == "cql-helper"  # java and the helper: no javac, no mvn
 
-    def no_javac(name: str, hint: str) -> str:
-        if name == "javac":
-            raise BulkLoadError("bulk-load helper: no javac on PATH; install a JDK")
-        return name
+    def no_java(name: str, hint: str) -> str:
+        raise BulkLoadError(f"bulk-load helper: no {name} on PATH; install a Java 17 runtime")
 
-    monkeypatch.setattr(write_path, "tool", no_javac)
-    with pytest.raises(ConfigError, match="--write-path cql-helper: no javac on PATH; use --write-path cql"):
+    monkeypatch.setattr(write_path, "tool", no_java)
+    with pytest.raises(ConfigError, match="--write-path cql-helper: no java on PATH; use --write-path cql"):
+        write_path.choose(None, "cql-helper", 10)
+    monkeypatch.setattr(write_path, "installed", lambda: None)
+    with pytest.raises(ConfigError, match=r"the bulk-load helper is not installed here \(imgest bulk-helper install\)"):
         write_path.choose(None, "cql-helper", 10)
 
 
@@ -176,11 +180,23 @@ def test_auto_picks_bulk_on_cassandra_5_and_the_helpers_cql_elsewhere(
 ) -> None:
     from imgest.sinks.cassandra import write_path
 
-    monkeypatch.setattr(write_path, "tool", lambda name, hint: f"/usr/bin/{name}")  # a machine with a JDK and Maven
+    monkeypatch.setattr(write_path, "tool", lambda name, hint: f"/usr/bin/{name}")  # a machine with Java
+    monkeypatch.setattr(write_path, "installed", lambda: Path("/opt/helper"))  # and the helper installed
 
     chosen = write_path.choose(_Cluster(release), "auto", rows)
     assert chosen.path == path, chosen.reason
     assert chosen.reason.startswith("auto: ")
+
+
+def test_auto_without_the_helper_installed_picks_cql_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from imgest.sinks.cassandra import write_path
+
+    monkeypatch.setattr(write_path, "tool", lambda name, hint: f"/usr/bin/{name}")
+    monkeypatch.setattr(write_path, "installed", lambda: None)
+    chosen = write_path.choose(_Cluster("5.0.9"), "auto", 50_000)
+    assert chosen == write_path.WritePath(
+        "cql", "auto: the bulk-load helper is not installed here (imgest bulk-helper install)"
+    )
 
 
 def test_what_is_still_to_come_scales_by_the_stored_to_source_ratio() -> None:

@@ -1,8 +1,7 @@
-"""The bulk-load helper built and trained: ``ensure_trained_helper`` builds it (bulk_helper.ensure_helper) and then
-writes its class-data-sharing archive with a training run that needs no cluster, so that every helper starts from
-the archive (about 1.7 CPU seconds instead of 2.5). ``python -m imgest.sinks.cassandra.bulk_archive`` is what the
-install runs. A job never trains: where the install did not, the first helper on the host dumps the archive when it
-exits (imgest.core.jvmcds), and later ones map it.
+"""The installed bulk-load helper trained: ``train_archive`` writes its class-data-sharing archive with a training run
+that needs no cluster, so that every helper starts from the archive (about 1.7 CPU seconds instead of 2.5).
+``imgest bulk-helper install`` runs it (imgest.sinks.cassandra.bulk_install). A job never trains: where the install
+did not, the first helper on the host dumps the archive when it exits (imgest.core.jvmcds), and later ones map it.
 """
 
 from __future__ import annotations
@@ -19,19 +18,12 @@ import time
 from pathlib import Path
 
 from imgest.core import jvmcds
-from imgest.sinks.cassandra.bulk_helper import cds_options, ensure_helper, java_command, row_frame
+from imgest.sinks.cassandra.bulk_helper import cds_options, java_command, row_frame
 from imgest.sinks.cassandra.helper_cds import ARCHIVE_FAMILY, archive_name
 from imgest.sinks.cassandra.ingest import META_COLUMNS
 from imgest.sinks.cassandra.schema import TableLayout, render
 
 log = logging.getLogger(__name__)
-
-
-def ensure_trained_helper() -> Path:
-    """The built helper's folder (built first if needed), its class-data archive written if it has none."""
-    home = ensure_helper()
-    train_archive(home)
-    return home
 
 
 def train_archive(home: Path) -> Path | None:
@@ -90,8 +82,3 @@ def train_archive(home: Path) -> Path | None:
         log.info("bulk-load helper: class-data archive %s written in %.1f s", archive, time.monotonic() - t0)
         return archive
     return None
-
-
-if __name__ == "__main__":  # the install builds it ahead of the first bulk ingest
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(ensure_trained_helper())

@@ -1,14 +1,15 @@
 """The bulk-load helper: a small JVM program (bulk/BulkWriter.java) that turns rows into SSTables with Cassandra's own
 ``CQLSSTableWriter`` and streams them to every replica with sstableloader's ``SSTableLoader``.
 
-Built once per source and Cassandra version into ``<state>/bulk-helper/<key>/`` (``lib/``: cassandra-all and its
-runtime dependencies, resolved by Maven from bulk/pom.xml; ``helper.jar``: BulkWriter compiled by javac). The build
-ends with a training run that writes a class-data-sharing archive of the classes a helper loads
-(imgest.core.jvmcds): each helper then starts in about 1.7 CPU seconds instead of 2.5. A Spark executor starts one
-helper per Python worker and keeps it across partitions (its first view of the ring costs seconds); rows go down its
-stdin in frames, and each round (``start_load``) is acknowledged (``wait_load``) once its rows are on every
-replica. Nothing is acknowledged before that, so a killed helper loses only unacknowledged rows, which a re-run
-writes again.
+Installed before any task runs (``imgest bulk-helper install``: imgest.sinks.cassandra.bulk_install), into
+``<venv>/share/imgest/bulk-helper/<key>/`` (or the state folder's ``bulk-helper/<key>/`` where the environment is
+read-only): ``helper.jar`` (compiled when the wheel was built), ``lib/`` (cassandra-all and its runtime dependencies,
+the jars bulk/runtime-jars.lock names) and the class-data-sharing archive of the classes a helper loads
+(imgest.core.jvmcds): each helper then starts in about 1.7 CPU seconds instead of 2.5. A task never builds or
+fetches it. A Spark executor starts one helper per Python worker and keeps it across partitions (its first view of
+the ring costs seconds); rows go down its stdin in frames, and each round (``start_load``) is acknowledged
+(``wait_load``) once its rows are on every replica. Nothing is acknowledged before that, so a killed helper loses
+only unacknowledged rows, which a re-run writes again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 from collections import deque
@@ -36,7 +38,8 @@ from imgest.sinks.cassandra.helper_cds import JAR, archive_name, run_archive_nam
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("BulkWriter.java", "pom.xml", "logback.xml")  # package data in imgest/sinks/cassandra/bulk/
+# package data in imgest/sinks/cassandra/bulk/: what the installed helper is made of (its key)
+SOURCES = ("BulkWriter.java", "pom.xml", "logback.xml", "runtime-jars.lock")
 MAIN_CLASS = "dev.imgest.bulk.BulkWriter"
 READY = ".built"
 # The helper's work is copying bytes into SSTables: C1's code does it as fast as C2's and the JVM skips C2's
@@ -80,16 +83,33 @@ def helper_key() -> str:
     return digest.hexdigest()[:12]
 
 
+def helper_homes() -> list[Path]:
+    """Where an installed helper may be, in order: beside the environment (installed with it, e.g. at an image's
+    build), then the state folder (a host's own install where the environment is read-only)."""
+    key = helper_key()
+    return [Path(sys.prefix) / "share" / "imgest" / "bulk-helper" / key, state_dir() / "bulk-helper" / key]
+
+
 def helper_dir() -> Path:
-    return state_dir() / "bulk-helper" / helper_key()
+    """The installed helper's folder: the first of helper_homes that holds one, else where an install puts it (beside
+    the environment where it is writable, else the state folder)."""
+    homes = helper_homes()
+    for home in homes:
+        if (home / READY).is_file():
+            return home
+    venv = homes[0].parent
+    try:
+        venv.mkdir(parents=True, exist_ok=True)
+        if os.access(venv, os.W_OK):
+            return homes[0]
+    except OSError:
+        pass
+    return homes[1]
 
 
-def _run(cmd: list[str], log_file: Path, what: str) -> None:
-    with open(log_file, "ab") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-    if rc != 0:
-        tail = log_file.read_text(errors="replace")[-1500:]
-        raise BulkLoadError(f"bulk-load helper: {what} failed (exit {rc}); read {log_file}:\n{tail}")
+def installed() -> Path | None:
+    """The installed helper's folder, or None."""
+    return next((home for home in helper_homes() if (home / READY).is_file()), None)
 
 
 def tool(name: str, hint: str) -> str:
@@ -104,43 +124,19 @@ def _java_bin() -> str:
     return str(Path(home) / "bin") if home else ""
 
 
+NOT_INSTALLED = (
+    "the bulk-load helper is not installed here: run `imgest bulk-helper install` once where imgest is installed "
+    "(an image's build, or the host; it fetches the locked jars from Maven Central or --repository), or use "
+    "--write-path cql"
+)
+
+
 def ensure_helper() -> Path:
-    """The built helper's folder, building it first if needed (Maven resolves the jars, javac compiles)."""
-    home = helper_dir()
-    if (home / READY).is_file():
-        return home
-    mvn = tool("mvn", "install Apache Maven (Debian: apt-get install maven), or use --write-path cql")
-    javac = tool("javac", "install a JDK 17 (Debian: apt-get install openjdk-17-jdk-headless), or use --write-path cql")
-    home.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=home.name + ".", dir=home.parent))
-    log_file = home.parent / f"build-{home.name}.log"
-    log.info("building the bulk-load helper in %s (Maven resolves cassandra-all once; log: %s)", home, log_file)
-    (tmp / "src").mkdir()
-    for name in SOURCES:
-        (tmp / "src" / name).write_bytes(source(name))
-    resolve = [mvn, "-B", "-q", "-f", str(tmp / "src" / "pom.xml"), "dependency:copy-dependencies"]
-    _run([*resolve, f"-DoutputDirectory={tmp / 'lib'}", "-DincludeScope=runtime"], log_file, "Maven")
-    compile_ = [javac, "-nowarn", "-d", str(tmp / "classes"), "-cp", str(tmp / "lib" / "*")]
-    _run([*compile_, str(tmp / "src" / "BulkWriter.java")], log_file, "javac")
-    _jar(tmp / "classes", tmp / JAR)
-    shutil.copy(tmp / "src" / "logback.xml", tmp / "logback.xml")
-    (tmp / READY).write_text(helper_key() + "\n")
-    try:
-        tmp.rename(home)
-    except OSError:  # another process built it meanwhile
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not (home / READY).is_file():
-        raise BulkLoadError(f"bulk-load helper: {home} was not built; read {log_file}")
+    """The installed helper's folder; a task never builds it (BulkLoadError saying what to run where it is not)."""
+    home = installed()
+    if home is None:
+        raise BulkLoadError(f"{NOT_INSTALLED} (looked in {', '.join(str(h) for h in helper_homes())})")
     return home
-
-
-def _jar(classes: Path, jar: Path) -> None:
-    """The compiled classes as a jar (a zip: no manifest is needed on a class path)."""
-    import zipfile
-
-    with zipfile.ZipFile(jar, "w", zipfile.ZIP_STORED) as zf:
-        for path in sorted(classes.rglob("*.class")):
-            zf.write(path, path.relative_to(classes).as_posix())
 
 
 def cds_options(home: Path, run: str | None = None) -> tuple[list[str], Path | None]:
@@ -164,10 +160,16 @@ def cds_options(home: Path, run: str | None = None) -> tuple[list[str], Path | N
 
 
 def helper_archive(home: Path) -> Path:
-    """HOME as one zip beside it (stored, made once), which Spark ships to executors and unpacks there."""
+    """HOME as one zip beside it (stored, made once: by the install), which Spark ships to executors and unpacks
+    there; in the state folder where HOME's folder is read-only."""
     archive = home.with_name(home.name + ".zip")
     if archive.is_file():
         return archive
+    if not os.access(home.parent, os.W_OK):
+        archive = state_dir() / "bulk-helper" / archive.name
+        if archive.is_file():
+            return archive
+        archive.parent.mkdir(parents=True, exist_ok=True)
     import zipfile
 
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}")
@@ -387,9 +389,3 @@ def _close_all() -> None:
     for helper in list(_HELPERS.values()):
         helper.close()
     _HELPERS.clear()
-
-
-if __name__ == "__main__":  # an older install's command: builds and trains (imgest.sinks.cassandra.bulk_archive)
-    import runpy
-
-    runpy.run_module("imgest.sinks.cassandra.bulk_archive", run_name="__main__")

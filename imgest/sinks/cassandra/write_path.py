@@ -5,8 +5,9 @@ replica).
 
 ``auto`` picks bulk when it pays and the cluster can take it: at least ``defaults.BULK_MIN_ROWS`` rows to write
 (below that, starting a helper JVM per executor costs more than it saves), a Cassandra 5 cluster (the helper
-writes Cassandra 5.0's SSTable format), and Java, javac and Maven where the driver runs (to build the helper
-once). On another Cassandra version it picks cql-helper for as many rows where the helper can be built, else cql.
+writes Cassandra 5.0's SSTable format), the helper installed (``imgest bulk-helper install``) and Java where the
+driver runs. On another Cassandra version it picks cql-helper for as many rows where the helper is installed, else
+cql.
 ``bulk`` or ``cql-helper`` asked for explicitly fails with the reason where it cannot run. The decision and its
 reason go to the job's log and summary.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.errors import ConfigError
-from imgest.sinks.cassandra.bulk_helper import BulkLoadError, ensure_helper, tool
+from imgest.sinks.cassandra.bulk_helper import NOT_INSTALLED, BulkLoadError, ensure_helper, installed, tool
 from imgest.sinks.cassandra.bulk_writer import BulkTarget
 from imgest.sinks.cassandra.client import CassandraUnavailableError
 from imgest.sinks.cassandra.ingest import META_COLUMNS, batch_insert
@@ -80,10 +81,11 @@ def bulk_blocker(session: Any) -> str | None:
 
 
 def helper_tools_missing() -> str | None:
-    """Why the helper cannot be built and started here (no java, javac or mvn), or None."""
+    """Why the helper cannot be started here (not installed: ``imgest bulk-helper install``; no java), or None."""
+    if installed() is None:
+        return NOT_INSTALLED.split(": run ", 1)[0] + " (imgest bulk-helper install)"
     try:
-        for name in ("java", "javac", "mvn"):
-            tool(name, "")
+        tool("java", "")
     except BulkLoadError as exc:
         return str(exc).split(";")[0].removeprefix("bulk-load helper: ")
     return None
