@@ -26,13 +26,13 @@ from imgest.operators.dag_connections import DEFAULT, START_DATE, DagConnections
 from imgest.operators.dataset_lock import DatasetLockOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.readback import ReadThroughputOperator
-from imgest.operators.s3 import (
-    CollectGarbageOperator,
-    EnsureBucketOperator,
-    VerifyFilesOperator,
-    VerifyShardsOperator,
+from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator, VerifyFilesOperator
+from imgest.operators.spark import (
+    CassandraIngestSubmitOperator,
+    PackShardsSubmitOperator,
+    VerifyShardsSubmitOperator,
+    WriteFilesSubmitOperator,
 )
-from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator, WriteFilesSubmitOperator
 from imgest.operators.splits import BuildSplitOperator
 from imgest.operators.validate import ValidateXnvmeOperator
 from imgest.operators.workarea import work_hooks
@@ -187,7 +187,7 @@ def _choose_target(request: dict[str, Any]) -> str:
     return {"cassandra": "prepare_cassandra", "shards": "prepare_bucket", "files": "ingest_files"}[request["target"]]
 
 
-def _spark_job(kind: type, task_id: str, args: str, doc: str, spark: dict[str, Any]) -> Any:
+def _spark_job(kind: type, task_id: str, args: str | list[str], doc: str, spark: dict[str, Any]) -> Any:
     """A target's Spark job: its source's connection, the dataset whose lock it holds, its arguments from the scan,
     the DAG's Spark connection and pool."""
     return kind(
@@ -224,11 +224,8 @@ def _shards_branch(branch: Any, spark: dict[str, Any], conns: DagConnections) ->
     )
     doc = "Spark job `jobs/pack_shards.py`: writes shards under `v/<key>/`, publishes by writing `manifest.json`."
     ingest = _spark_job(PackShardsSubmitOperator, "ingest_shards", SHARDS_ARGS, doc, spark)
-    verify = VerifyShardsOperator(
-        task_id="verify_shards",
-        dest=SHARD_DEST,
-        doc_md="Checks every shard of `manifest.json` is there with its sha256.",
-    )
+    doc = "Spark job `jobs/verify_shards.py`: the executors check every shard of `manifest.json` (sha256, size)."
+    verify = _spark_job(VerifyShardsSubmitOperator, "verify_shards", ["--dest", SHARD_DEST], doc, spark)
     branch >> prepare >> ingest >> verify
     return verify
 

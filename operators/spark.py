@@ -238,6 +238,13 @@ class PackShardsSubmitOperator(ImgestSparkSubmitOperator):
         return ImgestS3Hook(aws_conn_id=self.aws_conn_id).spark_env()
 
 
+class VerifyShardsSubmitOperator(PackShardsSubmitOperator):
+    """jobs/verify_shards.py: every shard of the published manifest.json read back and hashed on Spark's executors
+    (imgest.sinks.shards.verify_job), not in this worker; fails naming the mismatches."""
+
+    job = "verify_shards"
+
+
 class WriteFilesSubmitOperator(ImgestSparkSubmitOperator):
     """jobs/write_files.py: the files target needs no credentials (its folder is on shared storage)."""
 

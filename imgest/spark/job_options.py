@@ -236,6 +236,14 @@ def job_parser(prog: str, doc: str | None, *groups: list[tuple[str, dict[str, An
     """The argument parser of a Spark job: --manifest-dir, --summary-json and the option GROUPS."""
     p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--manifest-dir", type=Path, required=True, help="output folder of imgest scan")
+    add_common_options(p)
+    for group in groups:
+        add_options(p, group)
+    return p
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    """What every job takes: --summary-json and --spark-remote."""
     p.add_argument("--summary-json", type=Path, help="also write the JSON summary here")
     p.add_argument(
         REMOTE_OPTION,
@@ -244,9 +252,6 @@ def job_parser(prog: str, doc: str | None, *groups: list[tuple[str, dict[str, An
         help="run through Spark Connect at this endpoint: this process is the session's thin client (no JVM); a "
         "token comes from $SPARK_CONNECT_AUTHENTICATE_TOKEN",
     )
-    for group in groups:
-        add_options(p, group)
-    return p
 
 
 FILES_OPTIONS: list[tuple[str, dict[str, Any]]] = [

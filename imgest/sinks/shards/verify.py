@@ -133,44 +133,80 @@ def _bounded(
         yield future.result()
 
 
-def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS, hash_kept: bool = True) -> ShardVerifyReport:
-    """Check every shard listed in manifest.json: present, of its size, sha256-equal (WORKERS hashed at once),
-    with its sidecars; and the samples and shards tables present. Memory stays flat (chunks, bounded in flight).
-    HASH_KEPT False: a shard outside the version's own folder (kept from an earlier version, which hashed it) is checked
-    for presence and size, its sidecars and index as any other."""
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What checking a published version's shards needs besides the store: the version's own prefix (``v/<key>/``),
+    whether shards kept from earlier versions are hashed, and the dead keys of its marked shards (by shard name).
+    Small enough to ship inside Spark tasks (imgest.sinks.shards.verify_job), each with its part of DEAD."""
+
+    own: str
+    hash_kept: bool = True
+    dead: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def part(self, entries: list[dict[str, Any]]) -> VerifyPlan:
+        """This plan with the dead keys of ENTRIES' shards only."""
+        names = {e["name"] for e in entries}
+        return VerifyPlan(self.own, self.hash_kept, {k: v for k, v in self.dead.items() if k in names})
+
+
+def plan_verify(store: ShardStore, hash_kept: bool = True) -> tuple[dict[str, Any], VerifyPlan, ShardVerifyReport]:
+    """The published manifest, the plan of its check and the report with its counts (no shard read yet)."""
     manifest = store.read_manifest()
     if manifest is None:
         raise ShardVerificationError(f"no manifest.json at {store.location}: the dataset is not published")
-    workers = max(1, workers)
-    report = ShardVerifyReport(store.location, workers=workers)
-    entries = manifest["shards"]
     own = f"v/{manifest.get('key')}/"
-    for entry in entries:
+    report = ShardVerifyReport(store.location)
+    for entry in manifest["shards"]:
         report.shards += 1
         report.samples += entry["samples"]
         report.bytes += entry["bytes"]
         if not hash_kept and not shard_object(entry).startswith(own):
             report.kept_unhashed += 1
-
     try:
         dead = dead_keys(store, manifest)  # the dead column of the marked shards' rows only
-    except ShardTableError:  # reported below as a missing table; each marked shard's index as unchecked
+    except ShardTableError:  # reported by finish_verify as a missing table; each marked shard's index as unchecked
         dead = {}
+    return manifest, VerifyPlan(own, hash_kept, dead), report
 
-    def check(entry: dict[str, Any]) -> tuple[str | None, int]:
-        keys = dead.get(entry["name"], frozenset())
-        if hash_kept or shard_object(entry).startswith(own):
-            return shard_problem(store, entry, keys)
-        return kept_problem(store, entry, keys), 0
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="imgest-verify") as pool:
-        for problem, hashed in _bounded(pool, check, entries, workers):
-            report.hashed_bytes += hashed
-            if problem:
-                report.mismatches.append(problem)
+def check_entry(store: ShardStore, plan: VerifyPlan, entry: dict[str, Any]) -> tuple[str | None, int]:
+    """(what is wrong with ENTRY's objects or None, bytes hashed), hashed or checked for size as PLAN says."""
+    keys = plan.dead.get(entry["name"], frozenset())
+    if plan.hash_kept or shard_object(entry).startswith(plan.own):
+        return shard_problem(store, entry, keys)
+    return kept_problem(store, entry, keys), 0
+
+
+def check_entries(
+    store: ShardStore, plan: VerifyPlan, entries: list[dict[str, Any]], workers: int = DEFAULT_WORKERS
+) -> list[tuple[str | None, int]]:
+    """check_entry of every one of ENTRIES, WORKERS at once (memory: a few chunks each, whatever the shard size)."""
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgest-verify") as pool:
+        return list(_bounded(pool, lambda e: check_entry(store, plan, e), entries, max(1, workers)))
+
+
+def finish_verify(
+    store: ShardStore, manifest: dict[str, Any], report: ShardVerifyReport, results: list[tuple[str | None, int]]
+) -> ShardVerifyReport:
+    """REPORT with the RESULTS of every shard's check and the samples and shards tables checked for presence."""
+    for problem, hashed in results:
+        report.hashed_bytes += hashed
+        if problem:
+            report.mismatches.append(problem)
     for table in tables_objects(manifest):
         if store.size(table) is None:
             report.mismatches.append(f"{table}: missing")
     report.mismatches.sort()
     log.info("verified %d shards (%d bytes hashed) at %s", report.shards, report.hashed_bytes, store.location)
     return report
+
+
+def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS, hash_kept: bool = True) -> ShardVerifyReport:
+    """Check every shard listed in manifest.json: present, of its size, sha256-equal (WORKERS hashed at once),
+    with its sidecars; and the samples and shards tables present. Memory stays flat (chunks, bounded in flight).
+    HASH_KEPT False: a shard outside the version's own folder (kept from an earlier version, which hashed it) is checked
+    for presence and size, its sidecars and index as any other. In this process; on Spark's executors:
+    imgest.sinks.shards.verify_job."""
+    manifest, plan, report = plan_verify(store, hash_kept)
+    report.workers = max(1, workers)
+    return finish_verify(store, manifest, report, check_entries(store, plan, manifest["shards"], workers))
