@@ -50,7 +50,7 @@ from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import SHARD_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.partitions import connected, parallelism, progress_log, run_partitions, run_rdd_partitions
 from imgest.spark.pypath import prefer_installed_pyspark
-from imgest.spark.submit import emit_summary, stop_session
+from imgest.spark.submit import emit_summary, job_logging, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.pack_shards")
@@ -206,9 +206,7 @@ def _summary(
 
 @submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    job_logging("botocore", "boto3", "s3transfer", "urllib3", "py4j")
     args = parse_args(argv)
     try:
         store = open_store(args.dest)

@@ -1,4 +1,4 @@
-"""Spark job: verify a published shard dataset on the executors (imgest.sinks.shards.verify_job).
+"""Spark job: verify a published shard dataset on the executors (imgest.spark.shard_verify).
 
     spark-submit --master local[*] jobs/verify_shards.py --dest s3://bucket/prefix [--tasks N] [--no-hash-kept]
 
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 from imgest.core.settings import S3Settings
 from imgest.sinks.shards.verify import ShardVerificationError
-from imgest.sinks.shards.verify_job import TASK_WORKERS, verify_on_spark
 from imgest.spark.failures import report_failure
 from imgest.spark.job_options import add_common_options
 from imgest.spark.pypath import prefer_installed_pyspark
-from imgest.spark.submit import emit_summary, stop_session
+from imgest.spark.shard_verify import TASK_WORKERS, verify_on_spark
+from imgest.spark.submit import emit_summary, job_logging, stop_session
 
 log = logging.getLogger("imgest.jobs.verify_shards")
 
@@ -43,9 +43,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    job_logging("botocore", "boto3", "s3transfer", "urllib3", "py4j")
     args = parse_args(argv)
     try:
         from imgest.spark.submit import build_session

@@ -240,7 +240,7 @@ class PackShardsSubmitOperator(ImgestSparkSubmitOperator):
 
 class VerifyShardsSubmitOperator(PackShardsSubmitOperator):
     """jobs/verify_shards.py: every shard of the published manifest.json read back and hashed on Spark's executors
-    (imgest.sinks.shards.verify_job), not in this worker; fails naming the mismatches."""
+    (imgest.spark.shard_verify), not in this worker; fails naming the mismatches."""
 
     job = "verify_shards"
 

@@ -234,6 +234,15 @@ def with_task_retries(master: str) -> str:
     return f"local[{match.group(1) or 1},{TASK_MAX_FAILURES}]" if match else master
 
 
+def job_logging(*noisy: str) -> None:
+    """A job's log format, the NOISY loggers (boto3's, py4j's) at warnings only."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in noisy:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def emit_summary(summary: dict[str, Any], path: Path | None) -> None:
     """Print a job's JSON summary (the driver log) and write it to PATH when given."""
     import json

@@ -1,6 +1,7 @@
 """The Spark Connect route (`--master sc://...`, `imgest services up spark-connect`): every job runs as the thin
 client of a Connect session on the standalone cluster, with no JVM beside it, and writes what the spark-submit
-route writes on the same input: the same files, shards byte for byte, the same Cassandra rows (CQL and bulk). A job
+route writes on the same input: the same files, shards byte for byte (and verified on the executors), the same
+Cassandra rows (CQL and bulk). A job
 killed mid-way through Connect resumes like a spark-submit one."""
 
 from __future__ import annotations
@@ -122,11 +123,22 @@ def test_every_target_through_connect_writes_what_spark_submit_writes_with_no_jv
             rc, log, below = _run(job, [*common, *args, "--summary-json", str(summary)], master, env)
             assert rc == 0, log[-3000:]
             out.setdefault(route, {})[name] = (read_summary(summary), below)
-    for name in ("files", "shards", "cql", "bulk"):
+        # the shards just published, read back and hashed on the executors (issue #66)
+        summary = tmp_path / f"{route}-verify.json"
+        dest = f"s3://imgest/tests/connect-{route}-{run}"
+        verify_args = ["--dest", dest, "--tasks", "2", "--summary-json", str(summary)]
+        rc, log, below = _run("verify_shards", verify_args, master, env)
+        assert rc == 0, log[-3000:]
+        out[route]["verify"] = (read_summary(summary), below)
+    for name in ("files", "shards", "cql", "bulk", "verify"):
         assert "java" in out["submit"][name][1]  # the control: the process watch sees spark-submit's driver JVM
         assert "java" not in out["connect"][name][1], (name, out["connect"][name][1])  # the thin client starts none
     assert _files(tmp_path / "files-connect") == _files(tmp_path / "files-submit")
     assert out["connect"]["shards"][0]["shards"] >= 2
+    for route in routes:
+        checked = out[route]["verify"][0]
+        assert (checked["ok"], checked["shards"]) == (True, out[route]["shards"][0]["shards"])
+        assert checked["hashed_bytes"] == checked["bytes"] > 0  # every byte hashed, by the executors
     assert _shards(s3_server, f"tests/connect-connect-{run}") == _shards(s3_server, f"tests/connect-submit-{run}")
     settings = CassandraSettings(hosts=(cassandra_server.host,), port=cassandra_server.native_port)
     for name, suffix in (("cql", ""), ("bulk", "b")):

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from imgest.services.s3 import S3Server
-from imgest.sinks.shards.verify_job import balanced
 from imgest.sources.devdata.sample import SampleSpec, write_sample
 from imgest.sources.scan import scan_to_dir
+from imgest.spark.shard_verify import balanced
 from tests.jobs.conftest import read_summary, run_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

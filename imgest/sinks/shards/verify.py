@@ -137,7 +137,7 @@ def _bounded(
 class VerifyPlan:
     """What checking a published version's shards needs besides the store: the version's own prefix (``v/<key>/``),
     whether shards kept from earlier versions are hashed, and the dead keys of its marked shards (by shard name).
-    Small enough to ship inside Spark tasks (imgest.sinks.shards.verify_job), each with its part of DEAD."""
+    Small enough to ship inside Spark tasks (imgest.spark.shard_verify), each with its part of DEAD."""
 
     own: str
     hash_kept: bool = True
@@ -206,7 +206,7 @@ def verify_shards(store: ShardStore, workers: int = DEFAULT_WORKERS, hash_kept: 
     with its sidecars; and the samples and shards tables present. Memory stays flat (chunks, bounded in flight).
     HASH_KEPT False: a shard outside the version's own folder (kept from an earlier version, which hashed it) is checked
     for presence and size, its sidecars and index as any other. In this process; on Spark's executors:
-    imgest.sinks.shards.verify_job."""
+    imgest.spark.shard_verify."""
     manifest, plan, report = plan_verify(store, hash_kept)
     report.workers = max(1, workers)
     return finish_verify(store, manifest, report, check_entries(store, plan, manifest["shards"], workers))
