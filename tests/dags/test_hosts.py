@@ -347,7 +347,7 @@ def test_runs_together_through_the_scheduler(hosts: SimulatedHosts) -> None:
     # held none of them
     assert "write path: bulk" in _task_log(hosts, runs["hs3c"], "ingest_cassandra")
     assert "write path: cql-helper" in _task_log(hosts, runs["hs3h"], "ingest_cassandra")
-    _assert_ran_on_the_cluster(hosts, before, jobs=6)
+    _assert_ran_on_the_cluster(hosts, before, jobs=9)  # six ingests, and the three shard runs' verify_shards jobs
     assert _shards_of(_shard_manifest(hosts, "s3://imgest/hs3")) == _one_machine_shards("hs3")
     from imgest.sources.s3objects import list_objects
 
