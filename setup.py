@@ -94,7 +94,11 @@ class BuildPy(build_py):
         import tempfile
 
         log_file = Path(tempfile.gettempdir()) / "imgest-bulk-helper-build.log"
-        bulk_build.compile_jar(jar, *found, log_file)
+        try:
+            bulk_build.compile_jar(jar, *found, log_file)
+        except bulk_build.BuildError as exc:  # optional, as the JPEG module: Maven offline, say; the install says how
+            print(f"imgest: the wheel ships no bulk-load helper jar: {exc}", file=sys.stderr)
+            return
         print(f"imgest: compiled the bulk-load helper into {jar}", file=sys.stderr)
 
 

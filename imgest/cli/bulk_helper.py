@@ -30,7 +30,7 @@ def status_cmd(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this module's commands to the top-level subparsers SUB."""
-    from imgest.sinks.cassandra.bulk_install import MAVEN_CENTRAL
+    from imgest.sinks.cassandra.bulk_build import MAVEN_CENTRAL  # standard library only: `imgest --help` stays light
 
     group = sub.add_parser(
         "bulk-helper",

@@ -57,7 +57,9 @@ def interpreter(version: str) -> str:
 
 # What a worker image without build tools lacks: a JDK's compiler, Maven, a C compiler and its binutils (the wheel's
 # prebuilt helper.jar and compiled JPEG module, and the helper's locked jars fetched with no Maven, are tested so).
-BUILD_TOOLS = re.compile(r"(javac|jar|javadoc|mvn|mvnDebug|gcc.*|g\+\+.*|cc|c\+\+|c89|c99|cpp.*|clang.*|ld.*|as|make)")
+BUILD_TOOLS = re.compile(  # ld and ld.bfd / ld.gold, not ldd or ldconfig
+    r"(javac|jar|javadoc|mvn|mvnDebug|gcc.*|g\+\+.*|cc|c\+\+|c89|c99|cpp.*|clang.*|ld|ld\.\w+|as|make)"
+)
 
 
 def path_without_build_tools(folder: Path) -> str:

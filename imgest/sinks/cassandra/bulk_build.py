@@ -25,6 +25,7 @@ from pathlib import Path
 BULK = Path(__file__).resolve().parent / "bulk"
 JAR = "helper.jar"
 LOCK = "runtime-jars.lock"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"  # where `imgest bulk-helper install` fetches the locked jars
 JAVA_RELEASE = "17"  # the class files run on Java 17 (the executors' runtime) whatever JDK compiles them
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 

@@ -35,7 +35,7 @@ from imgest.sinks.cassandra.bulk_helper import READY, BulkLoadError, helper_dir,
 
 log = logging.getLogger(__name__)
 
-MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+MAVEN_CENTRAL = bulk_build.MAVEN_CENTRAL
 FETCH_THREADS = 8
 CASSANDRA_JAR = re.compile(r"^(cassandra-all|apache-cassandra)-5\.0\.[0-9]+\.jar$")  # the classes the helper needs
 
