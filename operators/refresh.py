@@ -27,7 +27,15 @@ def plan_target(
 
 
 class FinishRefreshOperator(RequestOperator):
-    """Apply what the Spark job leaves, verify the new version, move the refresh baseline forward."""
+    """Apply what the Spark job leaves, verify the new version, move the refresh baseline forward. VERIFIED: the
+    shards' report from the verify_shards job upstream (its XCom), which checked them on Spark's executors; the
+    shards are then not read again in this worker."""
+
+    template_fields = (*RequestOperator.template_fields, "verified")
+
+    def __init__(self, *, verified: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.verified = verified
 
     def execute(self, context: Any) -> dict[str, Any]:
         from imgest.flow.refresh import finish_refresh
@@ -36,7 +44,7 @@ class FinishRefreshOperator(RequestOperator):
         request, cassandra, s3 = self.resolved()
         # records the version: fenced
         with run_lease(self.dag_id, context["run_id"], request["dataset"], context.get("ti")):
-            return finish_refresh(request, Path(self.out_dir), cassandra, s3)
+            return finish_refresh(request, Path(self.out_dir), cassandra, s3, self.verified)
 
 
 class CheckVersionsOperator(BaseOperator):

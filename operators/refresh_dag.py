@@ -23,7 +23,7 @@ from imgest.operators.dataset_lock import DatasetLockOperator
 from imgest.operators.publish import DATASETS, MANIFEST_DIR, SOURCE_CONN, announce
 from imgest.operators.refresh import FinishRefreshOperator
 from imgest.operators.s3 import CollectGarbageOperator, EnsureBucketOperator
-from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator
+from imgest.operators.spark import CassandraIngestSubmitOperator, PackShardsSubmitOperator, VerifyShardsSubmitOperator
 from imgest.operators.workarea import work_hooks
 
 
@@ -37,7 +37,8 @@ def _doc(entry: DatasetEntry) -> str:
 
 
 def _target_group(entry: DatasetEntry, target: str, scanned: Any, conns: DagConnections, spark: dict[str, Any]) -> Any:
-    """plan -> changed? -> prepare -> ingest (Spark) -> finish -> publish (-> gc for shards), for one target."""
+    """plan -> changed? -> prepare -> ingest (Spark) -> finish -> publish, for one target; shards: ingest -> verify
+    (Spark: the new shards hashed on the executors) -> finish, and publish -> gc."""
     conf = entry.conf(target)
     plan_args = "{{ ti.xcom_pull(task_ids='" + target + ".plan')['job_args'] }}"
 
@@ -62,17 +63,8 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any, conns: DagConn
 
     with TaskGroup(target):
         planned = plan(scanned)
-        job = {"task_id": "ingest", "application_args": plan_args, "source_conn_id": SOURCE_CONN, **spark}
-        if target == "cassandra":
-            prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
-            ingest = CassandraIngestSubmitOperator(**job, lock_dataset=entry.name)
-        else:
-            from imgest.flow.request import IngestRequest
-
-            prepare = EnsureBucketOperator(task_id="prepare", dest=IngestRequest.from_conf(conf).shard_dest)
-            ingest = PackShardsSubmitOperator(**job, lock_dataset=entry.name)
-        finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
-        changed(planned) >> prepare >> ingest >> finish
+        job = {"task_id": "ingest", "application_args": plan_args, "source_conn_id": SOURCE_CONN}
+        finish = _write_and_finish(entry, target, conf, changed(planned), {**job, **spark})
         last = publish(finish.output)
         if target == "shards":
             gc = CollectGarbageOperator(
@@ -85,6 +77,34 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any, conns: DagConn
             last >> gc
             last = gc
     return last
+
+
+def _write_and_finish(entry: DatasetEntry, target: str, conf: dict[str, Any], after: Any, job: dict[str, Any]) -> Any:
+    """AFTER >> prepare >> ingest (the Spark JOB) >> finish, shards with their verify job before finish; returns
+    finish."""
+    spark = {k: v for k, v in job.items() if k in ("conn_id", "pool")}
+    if target == "cassandra":
+        prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
+        ingest = CassandraIngestSubmitOperator(**job, lock_dataset=entry.name)
+        finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
+        after >> prepare >> ingest >> finish
+        return finish
+    from imgest.flow.request import IngestRequest
+
+    dest = IngestRequest.from_conf(conf).shard_dest
+    prepare = EnsureBucketOperator(task_id="prepare", dest=dest)
+    ingest = PackShardsSubmitOperator(**job, lock_dataset=entry.name)
+    verify = VerifyShardsSubmitOperator(
+        task_id="verify",
+        application_args=["--dest", dest, "--no-hash-kept"],
+        lock_dataset=entry.name,
+        doc_md="Spark job `jobs/verify_shards.py`: the executors hash the new shards (the kept ones: size and "
+        "sidecars) against the new manifest.json, before the baseline moves.",
+        **spark,
+    )
+    finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR, verified=verify.output)
+    after >> prepare >> ingest >> verify >> finish
+    return finish
 
 
 def _source_of(entry: DatasetEntry, conns: DagConnections) -> dict[str, Any]:

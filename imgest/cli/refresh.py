@@ -97,7 +97,16 @@ def _refresh_target(conf: dict[str, Any], manifest_dir: Path, master: str) -> in
         print(f"imgest: the baseline is unchanged; re-running redoes version {plan['version']}; log: {log_file}")
         return rc
     s3 = S3Settings.from_env() if request.shard_dest.startswith("s3://") else None
-    result = finish_refresh(conf, manifest_dir, cassandra, s3)
+    verified = None
+    if cassandra is None:  # the new shards hashed on Spark's executors, as the refresh DAG's shards.verify does
+        from imgest.cli.verify import shards_on_spark
+
+        log_file = manifest_dir / "spark-refresh-verify.log"
+        verified, rc = shards_on_spark(request.shard_dest, master, log_file, hash_kept=False)
+        if rc != 0:
+            print(f"imgest: the baseline is unchanged; re-running redoes version {plan['version']}", file=sys.stderr)
+            return rc
+    result = finish_refresh(conf, manifest_dir, cassandra, s3, verified)
     print(f"{request.target}: version {result['version']} complete: {json.dumps(result['counts'])}")
     return 0
 

@@ -36,10 +36,11 @@ def verify_cassandra_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(report: dict, what: str, ok_line: str) -> int:
+def _report(report: dict, what: str, ok_line: str, show: bool = True) -> int:
     import json
 
-    print(json.dumps(report, indent=2))
+    if show:
+        print(json.dumps(report, indent=2))
     if not report["ok"]:
         print(f"imgest: error: {what} verification failed", file=sys.stderr)
         return 1
@@ -60,12 +61,44 @@ def verify_files_cmd(args: argparse.Namespace) -> int:
 
 def verify_shards_cmd(args: argparse.Namespace) -> int:
     from imgest.core.settings import s3_env
+
+    s3_env(args.dest)
+    if args.master:
+        import tempfile
+
+        log_file = Path(tempfile.mkdtemp(prefix="imgest-verify-")) / "spark-verify.log"
+        report, rc = shards_on_spark(args.dest, args.master, log_file)  # the job printed its report
+        if report is None:
+            return rc
+        return _report(report, "shard", "verified: every shard of manifest.json is present with its sha256", False)
     from imgest.sinks.shards.store import open_store
     from imgest.sinks.shards.verify import verify_shards
 
-    s3_env(args.dest)
     report = verify_shards(open_store(args.dest), workers=args.workers).to_dict()
     return _report(report, "shard", "verified: every shard of manifest.json is present with its sha256")
+
+
+def shards_on_spark(dest: str, master: str, log_file: Path, hash_kept: bool = True) -> tuple[dict | None, int]:
+    """jobs/verify_shards.py through MASTER over DEST (HASH_KEPT False: kept shards by size and sidecars, a refresh's
+    check), its output in LOG_FILE: (its report, 0), or (None, its exit code) saying why on stderr. A job that found
+    a mismatch exits 1 after writing its report, which is then returned with the exit code."""
+    import json
+
+    from imgest.spark.failures import last_error_sentence
+    from imgest.spark.submit import run_submit, submit_command
+
+    summary = log_file.with_suffix(".json")
+    summary.unlink(missing_ok=True)
+    args = ["--dest", dest, "--summary-json", str(summary), *([] if hash_kept else ["--no-hash-kept"])]
+    rc = run_submit(submit_command("verify_shards", args, master), log_file)
+    report = json.loads(summary.read_text()) if summary.is_file() else None
+    if rc != 0 and report is None:
+        error = last_error_sentence(log_file) or f"the verification job failed (exit {rc})"
+        print(f"imgest: error: {error}; log: {log_file}", file=sys.stderr)
+    elif report is not None:
+        kept = report.get("kept_unhashed", 0)
+        print(f"shards: {report.get('shards')} checked on Spark ({kept} kept ones by size); log: {log_file}")
+    return report, rc
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,5 +171,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "lists (--workers at a time, 1 MiB chunks) and checks each one's size, sha256 and sidecars.",
     )
     vs.add_argument("dest", metavar="DEST", help="s3://bucket/prefix or a folder")
-    vs.add_argument("--workers", type=int, default=8, help="shards hashed at once (default 8)")
+    vs.add_argument("--workers", type=int, default=8, help="shards hashed at once here (default 8)")
+    vs.add_argument(
+        "--master",
+        help="verify on Spark's executors instead (jobs/verify_shards.py): spark://host:7077, k8s://..., yarn, "
+        "sc://host:15002 or local[N]; default: in this process",
+    )
     vs.set_defaults(func=verify_shards_cmd)

@@ -258,9 +258,15 @@ def _shards_args(
 
 
 def finish_refresh(
-    conf: dict[str, Any], manifest_dir: Path, cassandra: CassandraSettings | None, s3: S3Settings | None
+    conf: dict[str, Any],
+    manifest_dir: Path,
+    cassandra: CassandraSettings | None,
+    s3: S3Settings | None,
+    verified: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Apply what the job leaves (Cassandra), verify the new version, then move the baseline forward."""
+    """Apply what the job leaves (Cassandra), verify the new version, then move the baseline forward. VERIFIED: the
+    shards' verification done elsewhere (the report of jobs/verify_shards.py, which checked them on Spark's
+    executors: the refresh DAG's shards.verify task, `imgest refresh`), which must say ok; None: verified here."""
     request = IngestRequest.from_conf(conf)
     rdir = refresh_dir(request.dataset, request.target)
     pending = json.loads((rdir / PENDING).read_text())
@@ -268,6 +274,12 @@ def finish_refresh(
         if cassandra is None:
             raise ConfigError("the Cassandra target needs Cassandra settings")
         report = _finish_cassandra(request, manifest_dir, cassandra, pending, rdir)
+    elif verified is not None:
+        if not verified.get("ok"):
+            from imgest.sinks.shards.verify import ShardVerificationError
+
+            raise ShardVerificationError(f"the shards' verification failed: {verified}")
+        report = verified
     else:
         from imgest.flow.steps import verify_shards
 

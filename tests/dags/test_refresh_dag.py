@@ -235,6 +235,13 @@ def test_refresh_applies_exactly_the_changes(
     paths = {s["name"]: s["path"] for s in manifest1["shards"]}
     assert all(s["path"] == paths[s["name"]] for s in kept)  # kept shards are named where they are, not copied
     assert {s["path"].split("/")[1] for s in manifest2["shards"] if s["name"] not in old} == {manifest2["key"]}
+    # verified by the Spark job (shards.verify) on the executors: the new shards hashed, the kept ones by size; the
+    # finish task took its report rather than reading the shards again in the worker
+    checked = task_results(scheduler, "refresh_rfx", ("shards.verify", "shards.finish"))
+    report = checked["shards.verify"]
+    assert (report["ok"], report["shards"], report["kept_unhashed"]) == (True, len(manifest2["shards"]), len(kept))
+    assert report["hashed_bytes"] == sum(s["bytes"] for s in manifest2["shards"] if s["name"] not in old)
+    assert checked["shards.finish"]["verification"] == report
     # gc after publish (keep_versions 1): r2 and r1 kept, so r1's dropped shards are still there
     gc = task_results(scheduler, "refresh_rfx", ("shards.gc",))["shards.gc"]
     assert states["shards.gc"] == "success"

@@ -48,6 +48,8 @@ def test_cli_refresh_to_a_folder(tmp_path: Path) -> None:
     assert all(e["path"].startswith(f"v/{original['key']}/") for e in kept)
     assert all(e["path"].startswith(f"v/{manifest['key']}/") for e in manifest["shards"] if e not in kept)
     assert manifest["previous"] == original["key"]
+    # verified on Spark's executors, the kept shards by size (hashed when the first version wrote them)
+    assert f"shards: {len(manifest['shards'])} checked on Spark ({len(kept)} kept ones by size)" in second.stdout
     logs = sorted(home.rglob("spark-refresh-shards.log"))
     stamp = logs[0].stat().st_mtime
     third = _refresh(datasets, home)

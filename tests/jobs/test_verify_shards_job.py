@@ -84,6 +84,24 @@ def test_a_changed_shard_and_a_missing_index_fail_the_job_by_name(
     assert "verifying failed: 2 problems in" in log
 
 
+def test_the_cli_verifies_on_spark_with_a_master(published: tuple[str, dict[str, Any]], s3_server: S3Server) -> None:
+    """`imgest verify shards DEST --master local[2]`: the job on Spark, not the command's own threads; its report."""
+    import os
+    import subprocess
+    import sys
+
+    dest, doc = published
+    cmd = [str(Path(sys.executable).parent / "imgest"), "verify", "shards", dest, "--master", "local[2]"]
+    done = subprocess.run(cmd, env=os.environ | _env(s3_server), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"shards: {len(doc['shards'])} checked on Spark (0 kept ones by size); log: " in done.stdout
+    log = Path(done.stdout.split("; log: ", 1)[1].split("\n", 1)[0])
+    assert "verifying " in log.read_text()  # the job's own log line: it ran
+    report, _ = json.JSONDecoder().raw_decode(done.stdout[done.stdout.index("{") :])
+    assert (report["ok"], report["hashed_bytes"]) == (True, sum(e["bytes"] for e in doc["shards"]))
+    assert "verified: every shard of manifest.json is present with its sha256" in done.stdout
+
+
 def test_tasks_get_about_equal_bytes() -> None:
     entries = [{"name": f"s{i}", "bytes": b} for i, b in enumerate([90, 10, 50, 50, 40, 30, 30])]
     groups = balanced(entries, 3)
