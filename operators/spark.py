@@ -111,9 +111,12 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         from imgest.operators.spark_env import K8S_SECRET_ENV, route_env
 
         mode = SparkSubmitHook(conn_id=self._conn_id, deploy_mode=self._deploy_mode)._connection["deploy_mode"]
+        from imgest.spark.distribution import spark_env
+
         confs, process = route_env(master, mode or "client", env, os.environ.get(K8S_SECRET_ENV, ""))
         self.conf, self.env_vars = {**(self.conf or {}), **confs}, {}
         os.environ.update(process)  # this task's process is the job's alone
+        os.environ.update(spark_env(dict(os.environ)))  # the provider runs `spark-submit` from PATH: Spark's
         return self._get_hook()._build_spark_submit_command(self.application)
 
     def _run_connect(self, master: str, job_env: dict[str, str]) -> None:

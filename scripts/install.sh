@@ -89,7 +89,7 @@ done
 mode=runtime
 [ "${1:-}" = "--dev" ] && mode=dev
 stamp=".venv/.imgest-install-$mode"
-inputs=$(cat "$lock" requirements/torch.txt requirements/bench.txt requirements/aws.lock pyproject.toml setup.py imgest/transform/fastjpeg/* scripts/*.sh \
+inputs=$(cat "$lock" requirements/spark.txt requirements/torch.txt requirements/bench.txt requirements/aws.lock pyproject.toml setup.py imgest/transform/fastjpeg/* scripts/*.sh \
   | sha256sum | cut -c1-16)
 if [ -x .venv/bin/imgest ] && [ "$(cat "$stamp" 2>/dev/null)" = "$inputs" ] && .venv/bin/python -c 'import imgest' 2>/dev/null; then
   echo "imgest install: .venv up to date with $lock (inputs $inputs)"
@@ -105,7 +105,7 @@ rm -f .venv/.imgest-install-*  # both modes share .venv: an install of either ma
 wheelhouse=${IMGEST_HOME:-$PWD/.imgest}/wheelhouse
 mkdir -p "$wheelhouse"
 missing=""
-for req in $(grep -E '^(pyspark|pyspark-client)==' "$lock"); do
+for req in $(grep -hE '^(pyspark|pyspark-client)==' "$lock" requirements/spark.txt); do
   name=${req%%==*}; version=${req#*==}
   ls "$wheelhouse/${name//-/_}-$version-"*.whl >/dev/null 2>&1 || missing="$missing $req"
 done
@@ -113,13 +113,14 @@ if [ -n "$missing" ]; then
   .venv/bin/python -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheelhouse" $missing \
     || echo "imgest install: could not build$missing into $wheelhouse; uv builds them instead" >&2
 fi
-.venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" -r "$lock"
-# pyspark-client (Airflow's Spark provider requires it) ships PySpark's Python files at its own version, over
-# pyspark's: pyspark again last, so that the Python beside Spark's jars is theirs (imgest.spark.pypath).
-pyspark_req=$(grep -E '^pyspark==' "$lock") || { echo "imgest install: no pyspark pin in $lock" >&2; exit 1; }
-pyspark_wheel=$(ls "$wheelhouse/pyspark-${pyspark_req#*==}-"*.whl 2>/dev/null | head -n 1 || true)
-.venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" --no-deps --reinstall-package pyspark \
-  "${pyspark_wheel:-$pyspark_req}"
+# pyspark is never among the environment's packages (imgest.spark.distribution): an environment an older install put
+# it in loses it, and pyspark-client, whose files it had overwritten and its uninstall removed, is installed again.
+if .venv/bin/uv pip show -q --python .venv/bin/python pyspark >/dev/null 2>&1; then
+  .venv/bin/uv pip uninstall -q --python .venv/bin/python pyspark
+  .venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" --reinstall-package pyspark-client -r "$lock"
+else
+  .venv/bin/uv pip install -q --python .venv/bin/python --find-links "$wheelhouse" -r "$lock"
+fi
 # The dev install also builds the region decoder's test module, imgest.transform._fastjpeg_testing (its test-only
 # entry points, FASTJPEG_TEST_HOOKS: see setup.py); the runtime install has the production module alone.
 if [ "$mode" = dev ]; then
@@ -142,9 +143,12 @@ skip="pip|sympy|networkx|torch|torchgen|functorch|triton|fontTools|libcst|setupt
 skip="$skip|pyathena|sagemaker_studio"
 .venv/bin/python -m compileall -q -j 0 -x "/site-packages/($skip)/|/tests?/" "$site" imgest dags operators jobs >/dev/null \
   || echo "imgest install: some modules did not compile to bytecode; they compile when imported" >&2
-# Whether the installed pyspark's files are those of Spark's source zip, which spark-submit puts first on every
-# driver's and worker's path: where they are, those import the package's bytecode instead (imgest.spark.pypath).
-.venv/bin/python -m imgest.spark.pypath || echo "imgest install: Spark's Python compiles PySpark at every start" >&2
+# Spark itself beside the environment (.venv/share/imgest/spark/pyspark-<version>/, from the wheelhouse): spark-submit,
+# local masters and the embedded cluster run it; compiled and compared with Spark's source zip, so that drivers and
+# workers import its bytecode (imgest.spark.pypath).
+spark_pin=$(grep -E '^pyspark==' requirements/spark.txt)
+.venv/bin/imgest spark install --version "${spark_pin#*==}" --find-links "$wheelhouse" >/dev/null \
+  || { echo "imgest install: Spark did not install (imgest spark install)" >&2; exit 1; }
 # libxnvme for `imgest validate xnvme`: optional, so a failed build only skips the xNVMe engines.
 complete=1
 bash scripts/build_xnvme.sh || { complete=0; echo "imgest install: continuing without libxnvme; the xNVMe engines will be skipped" >&2; }

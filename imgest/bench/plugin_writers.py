@@ -60,13 +60,14 @@ def plugin_writer(examples: Path, src: Path, settings: CassandraSettings, keyspa
     from imgest.peers.crs4_scripts import plugin_tables_cql
     from imgest.sinks.cassandra.client import cassandra_session
     from imgest.spark.conf import submit_env
+    from imgest.spark.distribution import spark_submit
 
     with cassandra_session(settings) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=120)
         for statement in plugin_tables_cql(examples, keyspace):
             session.execute(statement, timeout=60)
     folder = examples / "imagenette"
-    cmd = ["spark-submit", "--master", "local[2]", "--conf", "spark.default.parallelism=10"]
+    cmd = [spark_submit(), "--master", "local[2]", "--conf", "spark.default.parallelism=10"]
     cmd += ["--py-files", "extract_common.py", "extract_spark.py", str(src), "--split-subdir=train"]
     cmd += ["--data-table", f"{keyspace}.data_train", "--metadata-table", f"{keyspace}.metadata_train"]
     t0 = time.perf_counter()

@@ -8,7 +8,21 @@ import sys
 from collections.abc import Sequence
 
 from imgest import __version__
-from imgest.cli import adopt, bench, bulk_helper, dags, data, gc, ingest, refresh, services, split, validate, verify
+from imgest.cli import (
+    adopt,
+    bench,
+    bulk_helper,
+    dags,
+    data,
+    gc,
+    ingest,
+    refresh,
+    services,
+    spark,
+    split,
+    validate,
+    verify,
+)
 from imgest.cli.common import run_command
 
 log = logging.getLogger("imgest")
@@ -30,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"imgest {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in (services, data, bench, ingest, refresh, verify, split, adopt, validate, gc, dags, bulk_helper):
+    groups = (services, data, bench, ingest, refresh, verify, split, adopt, validate, gc, dags, bulk_helper, spark)
+    for group in groups:
         group.register(sub)
     demo = sub.add_parser(
         "demo",

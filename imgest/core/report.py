@@ -19,7 +19,17 @@ log = logging.getLogger(__name__)
 PLOTS_EXTRA = "pip install 'imgest[plots]'"
 
 # The packages whose versions decide the figures (those installed are reported).
-VERSIONED = ("pillow", "numpy", "pyspark", "webdataset", "litdata", "torch", "cassandra-driver", "boto3")
+VERSIONED = (
+    "pillow",
+    "numpy",
+    "pyspark",
+    "pyspark-client",
+    "webdataset",
+    "litdata",
+    "torch",
+    "cassandra-driver",
+    "boto3",
+)
 
 
 def _cpu_model() -> str:

@@ -1,4 +1,4 @@
-"""A local Spark standalone cluster: one master and two workers from the pyspark package, on loopback.
+"""A local Spark standalone cluster: a master and two workers of imgest's Spark (spark.distribution), on loopback.
 
 The deploy Master and Worker classes run through the package's ``spark-class``. Each worker starts with a
 clean environment (no ``IMGEST_*``, ``AWS_*`` or ``PYSPARK_*`` variables, nothing of the caller's besides
@@ -32,10 +32,10 @@ CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def spark_home() -> Path:
-    """The Spark distribution inside the pyspark package."""
-    import pyspark
+    """The Spark the services run (imgest.spark.distribution; ConfigError where there is none)."""
+    from imgest.spark.distribution import require_home
 
-    return Path(pyspark.__file__).resolve().parent
+    return require_home()
 
 
 def clean_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -74,7 +74,7 @@ class SparkConnectServer:
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",
         }
-        submit = str(Path(sys.executable).parent / "spark-submit")
+        submit = str(spark_home() / "bin" / "spark-submit")
         cmd = [submit, "--class", SERVER_CLASS, "--name", "Spark Connect server", "--master", self.cluster.master_url]
         for key, value in confs.items():
             cmd += ["--conf", f"{key}={value}"]

@@ -13,17 +13,11 @@ from imgest.core.paths import conf_file
 
 
 def spark_home() -> Path | None:
-    """pyspark's folder (its jars/ holds Spark's class path), or None when pyspark is not installed. Found, not
-    imported: importing it (and so pyspark.sql) took the CLI 0.15 s before it could start spark-submit."""
-    import importlib.util
+    """Spark's folder (its jars/ holds Spark's class path), or None where there is no Spark
+    (imgest.spark.distribution)."""
+    from imgest.spark.distribution import spark_home as home
 
-    try:
-        spec = importlib.util.find_spec("pyspark")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).resolve().parent
+    return home()
 
 
 def archive_path() -> Path | None:
@@ -109,12 +103,15 @@ def needs_shipping(master: str) -> bool:
 
 
 def submit_env(master: str = LOCAL_MASTER) -> dict[str, str]:
-    """Environment for spark-submit (the driver's): the venv's bin first on PATH (spark-submit finds Spark
-    through it); masters on loopback make the driver bind to loopback too."""
+    """Environment for spark-submit (the driver's): Spark's bin/ first on PATH and SPARK_HOME (spark-submit then
+    never looks for Spark through a Python whose pyspark is pyspark-client's), the venv's bin next; masters on
+    loopback make the driver bind to loopback too."""
+    from imgest.spark.distribution import spark_env
+
     env = dict(os.environ)
     if on_loopback(master):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    return env
+    return spark_env(env)

@@ -148,8 +148,12 @@ def _connect(path: Path, master: str) -> socket.socket | None:
     conn = unixserver.try_connect(path)
     if conn is not None:
         return conn
+    from imgest.spark.distribution import python_path
+
     argv = [sys.executable, "-m", "imgest.spark.driver_server", "--socket", str(path), "--master", master]
-    conn = unixserver.start(path, argv, None, START_TIMEOUT_S)
+    first = python_path()  # Spark's own PySpark, not the environment's pyspark-client files
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    conn = unixserver.start(path, argv, env if first else None, START_TIMEOUT_S)
     if conn is None:
         log.warning("the reused Spark driver did not start (see %s); using spark-submit", path.with_suffix(".log"))
     return conn

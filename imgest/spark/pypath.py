@@ -16,6 +16,10 @@ zips only where that record says "same", none of those changed, and the first ``
 imports is that package. Anything else (no record, an install over the package, a Spark distribution of its own as
 on a user's cluster, any error) keeps Spark's zips, as spark-submit set them.
 
+A Spark that ``imgest spark install`` put beside the environment (imgest.spark.distribution: pyspark and py4j in a
+folder of their own, never over pyspark-client's files) is compared and recorded the same way when installed, the
+record beside it; where it says "same", the zips give way to that folder, which holds both compiled.
+
 Drivers call it before their first PySpark import (each job under jobs/, in ``__main__``; none of their modules
 imports PySpark at import time); a local master's workers get it through ``DAEMON_MODULE``, the Python worker
 daemon Spark starts (``spark.python.daemon.module``), which then runs PySpark's own daemon.
@@ -32,6 +36,7 @@ from typing import Any
 
 DAEMON_MODULE = "imgest.spark.worker_daemon"
 RECORD = ".imgest-pyspark-zip.json"
+READY = ".imgest-spark-ready"  # the last file of a completed `imgest spark install` (imgest.spark.distribution)
 # What a reinstall of either package rewrites (each a new file: a new inode): the record is void once one changes.
 WATCHED = ("__init__.py", "version.py", "serializers.py", "daemon.py", "worker.py", "worker_util.py")
 # Members of the zip the wheel leaves out, never imported by a job; and typing-only files.
@@ -39,7 +44,11 @@ UNSHIPPED = ("/tests/", "/benchmark/")
 UNCOMPARED = (".pyi", "/py.typed")
 
 
-def record_path() -> Path:
+def record_path(package: Path | None = None) -> Path:
+    """Where the verdict on PACKAGE is recorded: beside it in a Spark install of imgest's (a folder with READY or
+    being made one), else in sys.prefix (a pyspark installed into the environment)."""
+    if package is not None and package.parent.name.startswith(("pyspark-", ".pyspark-")):
+        return package.parent / RECORD
     return Path(sys.prefix) / RECORD
 
 
@@ -86,16 +95,16 @@ def write_record(package: Path) -> dict[str, Any]:
     package = package.resolve()
     found = differing(package)
     record = {"package": str(package), "same": not found, "differing": found[:5], "signature": signature(package)}
-    tmp = record_path().with_suffix(f".{os.getpid()}.tmp")
+    tmp = record_path(package).with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(record_path())
+    tmp.replace(record_path(package))
     return record
 
 
 def recorded_same(package: Path) -> bool:
     """True when the install recorded PACKAGE's files as its zip's and they have not changed since."""
     try:
-        record = json.loads(record_path().read_text())
+        record = json.loads(record_path(package).read_text())
         return bool(record["same"]) and record["package"] == str(package) and record["signature"] == signature(package)
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -126,6 +135,35 @@ def zips_of_installed_pyspark(path: list[str]) -> list[str]:
     return dropped
 
 
+def settled_path(path: list[str]) -> list[str]:
+    """PATH (a sys.path) with Spark's source zips replaced where a package with the same files and bytecode is at
+    hand: the zips of a Spark that `imgest spark install` put in place (READY beside its pyspark, recorded the
+    same) by that folder, which holds pyspark and py4j compiled; those of a pyspark the rest of PATH imports
+    (zips_of_installed_pyspark) dropped."""
+    out: list[str] = []
+    skip: set[str] = set()
+    for entry in path:
+        if entry in skip:
+            continue
+        package = Path(entry).parent.parent.parent.resolve() if entry.endswith("pyspark.zip") else None
+        if package is None or package.name != "pyspark" or not (package.parent / READY).is_file():
+            out.append(entry)
+            continue
+        if not recorded_same(package):
+            out.append(entry)
+            continue
+        out.append(str(package.parent))
+        lib = Path(entry).parent
+        for other in path:  # py4j's zip too, where the install holds that version's py4j
+            name = Path(other).name
+            if Path(other).parent == lib and name.startswith("py4j-") and name.endswith("-src.zip"):
+                version = name.removeprefix("py4j-").removesuffix("-src.zip")
+                if (package.parent / f"py4j-{version}.dist-info").is_dir():
+                    skip.add(other)
+    dropped = set(zips_of_installed_pyspark(out))
+    return [p for p in out if p not in dropped]
+
+
 def _imported_from(path: list[str], name: str) -> Path | None:
     """The folder of package NAME as PATH would import it (resolved), or None."""
     spec = PathFinder.find_spec(name, path)
@@ -141,10 +179,11 @@ def prefer_installed_pyspark() -> list[str]:
     if "pyspark" in sys.modules:
         return []
     try:
-        dropped = zips_of_installed_pyspark(sys.path)
+        settled = settled_path(sys.path)
     except Exception:  # the zips are always a working path
         return []
-    sys.path[:] = [p for p in sys.path if p not in dropped]
+    dropped = [p for p in sys.path if p not in settled]
+    sys.path[:] = settled
     return dropped
 
 

@@ -151,8 +151,9 @@ def submit_command(
     spark-submit, no JVM); its settings are the server's (CONF is refused: a Connect session cannot set them)."""
     if is_connect(master):
         return connect_command(job, job_args, master, conf)
-    spark_submit = str(Path(sys.executable).parent / "spark-submit")
-    cmd = [spark_submit, "--master", with_task_retries(master), "--name", f"imgest-{job}"]
+    from imgest.spark.distribution import spark_submit
+
+    cmd = [spark_submit(), "--master", with_task_retries(master), "--name", f"imgest-{job}"]
     for key, value in spark_conf(conf, master).items():
         cmd += ["--conf", f"{key}={value}"]
     if needs_shipping(master):

@@ -1,12 +1,12 @@
-"""On this project's install, a job's driver and its local workers import PySpark from the installed package's
-bytecode, not from the source zip spark-submit puts first on their path (imgest.spark.pypath), and the workers'
-daemon is imgest's (spark.python.daemon.module)."""
+"""On this project's install, a job's driver and its local workers import PySpark from the bytecode of the Spark
+`imgest spark install` put beside the environment, not from the source zip spark-submit puts first on their path
+(imgest.spark.pypath) nor from the environment's pyspark-client files, and the workers' daemon is imgest's
+(spark.python.daemon.module)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -41,11 +41,16 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow  # spark-submit: a Spark JVM and its Python workers
 def test_driver_and_workers_import_the_installed_package(tmp_path: Path) -> None:
-    record = json.loads(pypath.record_path().read_text())  # the install wrote it (scripts/install.sh)
+    from imgest.spark.distribution import spark_home, spark_submit
+
+    home = spark_home()
+    assert home is not None
+    assert (home.parent / pypath.READY).is_file(), f"{home} is not imgest's Spark install"
+    record = json.loads(pypath.record_path(home).read_text())  # `imgest spark install` wrote it
     assert record["same"], f"the install found pyspark's files differ from its zip: {record['differing']}"
     script = tmp_path / "where.py"
     script.write_text(SCRIPT)
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]"]
+    cmd = [spark_submit(), "--master", "local[2]"]
     for key, value in spark_conf(master="local[2]").items():
         cmd += ["--conf", f"{key}={value}"]
     run = subprocess.run(

@@ -46,6 +46,11 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow  # starts a Spark JVM
 @pytest.mark.parametrize("kind", ["job", "reused"])
 def test_stop_session(kind: str) -> None:
-    run = subprocess.run([sys.executable, "-c", SCRIPT, kind], capture_output=True, text=True, timeout=300)
+    import os
+
+    from imgest.spark.distribution import python_path
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(python_path())}  # Spark's PySpark, not pyspark-client's
+    run = subprocess.run([sys.executable, "-c", SCRIPT, kind], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().splitlines()[-1] == ("kept" if kind == "reused" else "stopped")

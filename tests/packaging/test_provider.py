@@ -14,6 +14,7 @@ embedded S3 server and reads them back.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import zipfile
@@ -68,11 +69,6 @@ def _runtime_requirements(wheel: Path) -> list[str]:
     ]
 
 
-def _lock_pin(name: str) -> str:
-    lock = (ROOT / "requirements" / "runtime.lock").read_text()
-    return re.search(rf"^{re.escape(name)}==\S+$", lock, re.M)[0]
-
-
 class Platform:
     """A fresh environment holding a platform's Airflow, then imgest's wheel."""
 
@@ -97,14 +93,17 @@ class Platform:
         else:
             _run(*pip, spec["airflow"])
             airflow = f"apache-airflow=={_freeze(self.py)['apache-airflow']}"
-            ranges = [r for r in _runtime_requirements(wheel) if not r.startswith(("apache-airflow ", "pyspark"))]
-            # pyspark is published as an sdist only: the lock's version, whose wheel the install built
-            _run(*pip, "--resolution", "lowest-direct", airflow, _lock_pin("pyspark"), *ranges)
+            ranges = [r for r in _runtime_requirements(wheel) if not r.startswith("apache-airflow ")]
+            _run(*pip, "--resolution", "lowest-direct", airflow, *ranges)
         self.before = _freeze(self.py)
         # imgest as a user adds it: the wheel (with the leg's extras), resolved against what is there.
         constraints = ["-c", ROOT / "requirements" / "runtime.lock"] if spec["resolution"] == "lock" else []
         _run(*pip, *constraints, f"imgest{spec['extras']} @ {wheel.as_uri()}")
         self.after = _freeze(self.py)
+        # Spark beside the environment, as an image's build runs it (pyspark is published as an sdist only: the
+        # wheel scripts/install.sh built into the wheelhouse); uv on PATH, as the environment holds no pip
+        env = {**os.environ, "PATH": f"{UV.parent}:{os.environ.get('PATH', '')}"}
+        _run(self.venv / "bin" / "imgest", "spark", "install", *map(str, links), env=env)
 
     def env(self, s3: S3Server) -> dict[str, str]:
         key, secret = s3.credentials()
@@ -163,6 +162,35 @@ def test_the_platform_keeps_its_airflow_and_providers(platform: Platform) -> Non
     else:  # Airflow alone: the wheel brings the providers and its extras, beside it
         assert {"imgest", "apache-airflow-providers-amazon", "matplotlib"} <= added
         assert ("nvidia-dali-cuda130" in added) == platform.dali
+
+
+def test_pyspark_files_have_one_owner_and_spark_stands_apart(platform: Platform, s3_server: S3Server) -> None:
+    """imgest requires no pyspark: PySpark's files in the environment belong to one distribution, the Spark
+    provider's (pyspark-client from 5.4 on; pyspark itself on the 3.1 leg, whose provider 5.3.1 requires it), each as
+    its RECORD lists it (nothing wrote over them); the Spark jobs run is `imgest spark install`'s, outside every
+    import path."""
+    probe = (
+        "import base64, hashlib, json, importlib.metadata as md\n"
+        "owners, bad = {}, []\n"
+        "for d in md.distributions():\n"
+        "    for f in d.files or ():\n"
+        "        if str(f).startswith('pyspark/'):\n"
+        "            owners.setdefault(str(f), []).append(d.metadata['Name'])\n"
+        "            if f.hash and base64.urlsafe_b64encode(hashlib.sha256(f.locate().read_bytes()).digest())"
+        ".rstrip(b'=').decode() != f.hash.value:\n"
+        "                bad.append(str(f))\n"
+        "shared = {f: o for f, o in owners.items() if len(o) > 1}\n"
+        "print(json.dumps({'dists': sorted({n for o in owners.values() for n in o}), 'files': len(owners), "
+        "'shared': shared, 'bad': bad}))"
+    )
+    env = platform.env(s3_server)
+    got = json.loads(_run(platform.py, "-c", probe, env=env, cwd=platform.home).stdout.strip().splitlines()[-1])
+    assert got["dists"] == (["pyspark"] if platform.leg == "3.1" else ["pyspark-client"])
+    assert got["files"] > 300
+    assert (got["shared"], got["bad"]) == ({}, [])
+    status = _run(platform.venv / "bin" / "imgest", "spark", "status", env=env, cwd=platform.home).stdout
+    assert f"Spark in {platform.venv}/share/imgest/spark/pyspark-" in status
+    assert "(imgest spark install (pyspark " in status
 
 
 def test_airflow_lists_imgest_and_the_wheel_module_loads(platform: Platform, s3_server: S3Server) -> None:

@@ -134,7 +134,9 @@ def test_a_spark_driver_maps_the_installed_archive(tmp_path: Path) -> None:
     )
     conf = spark_conf(master="local[1]")
     conf["spark.driver.extraJavaOptions"] += " -Xshare:on"  # the JVM refuses to start if it cannot map it
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]"]
+    from imgest.spark.distribution import spark_submit
+
+    cmd = [spark_submit(), "--master", "local[1]"]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     proc = subprocess.run(

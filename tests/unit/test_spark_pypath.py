@@ -20,6 +20,13 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A site-packages with pyspark (its zips under pyspark/python/lib, as pip installs it) and py4j's dist-info;
     the record in TMP_PATH."""
     site = tmp_path / "site"
+    _spark_package(site)
+    monkeypatch.setattr(pypath, "record_path", lambda package=None: tmp_path / "record.json")
+    return site
+
+
+def _spark_package(site: Path) -> None:
+    """pyspark as pip installs it into SITE (its zips under pyspark/python/lib), with py4j and its dist-info."""
     package = site / "pyspark"
     lib = package / "python" / "lib"
     lib.mkdir(parents=True)
@@ -35,8 +42,6 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (site / "py4j-0.10.9.9.dist-info").mkdir()
     (site / "py4j").mkdir()
     (site / "py4j" / "__init__.py").write_text("")
-    monkeypatch.setattr(pypath, "record_path", lambda: tmp_path / "record.json")
-    return site
 
 
 def spark_path(site: Path) -> list[str]:
@@ -155,3 +160,24 @@ def test_jobs_import_no_pyspark_before_main() -> None:
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.strip() == "False", f"{job.name} imports pyspark at import time"
+
+
+def test_the_folder_of_imgest_spark_install_replaces_the_zips(tmp_path: Path) -> None:
+    """A Spark `imgest spark install` put beside the environment (pyspark and py4j in a folder of their own, its
+    record beside them, READY last): its zips give way to that folder, ahead of the environment's pyspark-client
+    files; not before READY, nor once a file changed."""
+    dist = tmp_path / "share" / "imgest" / "spark" / "pyspark-4.3.0"
+    _spark_package(dist)
+    client = tmp_path / "site-packages" / "pyspark"  # pyspark-client's files, another version
+    client.mkdir(parents=True)
+    (client / "__init__.py").write_text("# pyspark-client\n")
+    lib = dist / "pyspark" / "python" / "lib"
+    path = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip"), "/jobs", str(client.parent)]
+    assert pypath.write_record(dist / "pyspark")["same"]
+    assert pypath.record_path(dist / "pyspark") == dist / pypath.RECORD  # beside it, not in sys.prefix
+    assert pypath.settled_path(path) == path  # no READY: the install did not finish
+    (dist / pypath.READY).write_text("4.3.0\n")
+    assert pypath.settled_path(path) == [str(dist), "/jobs", str(client.parent)]
+    (dist / "pyspark" / "worker.py").unlink()
+    (dist / "pyspark" / "worker.py").write_text("# another version's worker\n")
+    assert pypath.settled_path(path) == path  # the record is void: Spark's zips stay
