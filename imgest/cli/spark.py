@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     install = actions.add_parser(
         "install",
-        help="pyspark and py4j into <venv>/share/imgest/spark/pyspark-VERSION/ (about 450 MB)",
+        help="pyspark and py4j into <venv>/share/imgest/spark/pyspark-VERSION/ (about 500 MB)",
         description="Installs pyspark (Spark's jars, scripts and PySpark) and py4j from the package index, or from "
         "--find-links wheels, into a folder of their own beside the environment (the state folder where the "
         "environment is read-only), compiles them to bytecode and compares them with Spark's source zip (so Spark's "
