@@ -64,7 +64,7 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any, conns: DagConn
     with TaskGroup(target):
         planned = plan(scanned)
         job = {"task_id": "ingest", "application_args": plan_args, "source_conn_id": SOURCE_CONN}
-        finish = _write_and_finish(entry, target, conf, changed(planned), {**job, **spark})
+        finish = _write_and_finish(entry, target, conf, changed(planned), job, spark)
         last = publish(finish.output)
         if target == "shards":
             gc = CollectGarbageOperator(
@@ -79,13 +79,14 @@ def _target_group(entry: DatasetEntry, target: str, scanned: Any, conns: DagConn
     return last
 
 
-def _write_and_finish(entry: DatasetEntry, target: str, conf: dict[str, Any], after: Any, job: dict[str, Any]) -> Any:
-    """AFTER >> prepare >> ingest (the Spark JOB) >> finish, shards with their verify job before finish; returns
-    finish."""
-    spark = {k: v for k, v in job.items() if k in ("conn_id", "pool")}
+def _write_and_finish(
+    entry: DatasetEntry, target: str, conf: dict[str, Any], after: Any, job: dict[str, Any], spark: dict[str, Any]
+) -> Any:
+    """AFTER >> prepare >> ingest (the Spark JOB, on SPARK's connection and pool) >> finish, shards with their verify
+    job before finish; returns finish."""
     if target == "cassandra":
         prepare = ApplyCqlSchemaOperator(task_id="prepare", request=conf, manifest_dir=MANIFEST_DIR)
-        ingest = CassandraIngestSubmitOperator(**job, lock_dataset=entry.name)
+        ingest = CassandraIngestSubmitOperator(**job, **spark, lock_dataset=entry.name)
         finish = FinishRefreshOperator(task_id="finish", request=conf, out_dir=MANIFEST_DIR)
         after >> prepare >> ingest >> finish
         return finish
@@ -93,7 +94,7 @@ def _write_and_finish(entry: DatasetEntry, target: str, conf: dict[str, Any], af
 
     dest = IngestRequest.from_conf(conf).shard_dest
     prepare = EnsureBucketOperator(task_id="prepare", dest=dest)
-    ingest = PackShardsSubmitOperator(**job, lock_dataset=entry.name)
+    ingest = PackShardsSubmitOperator(**job, **spark, lock_dataset=entry.name)
     verify = VerifyShardsSubmitOperator(
         task_id="verify",
         application_args=["--dest", dest, "--no-hash-kept"],

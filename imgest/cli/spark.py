@@ -15,7 +15,7 @@ def install_cmd(args: argparse.Namespace) -> int:
 
 
 def status_cmd(args: argparse.Namespace) -> int:
-    from imgest.spark.distribution import PYSPARK_VERSION, homes, installed, spark_home
+    from imgest.spark.distribution import homes, installed, spark_home
 
     home = spark_home()
     if home is None:
@@ -27,7 +27,7 @@ def status_cmd(args: argparse.Namespace) -> int:
     if os.environ.get("SPARK_HOME") and home == Path(os.environ["SPARK_HOME"]).resolve():
         source = "SPARK_HOME"
     elif own is not None and home.parent == own.resolve():
-        source = f"imgest spark install (pyspark {PYSPARK_VERSION})"
+        source = f"imgest spark install ({own.name.replace('-', ' ', 1)})"
     else:
         source = "the pyspark package of this environment"
     print(f"Spark in {home} ({source}); spark-submit: {home / 'bin' / 'spark-submit'}")

@@ -45,9 +45,20 @@ def homes(version: str = PYSPARK_VERSION) -> list[Path]:
     return [Path(sys.prefix) / "share" / "imgest" / "spark" / name, state_dir() / "spark-dist" / name]
 
 
-def installed(version: str = PYSPARK_VERSION) -> Path | None:
-    """The folder `imgest spark install` completed for VERSION (it holds pyspark/ and py4j/), or None."""
-    return next((home for home in homes(version) if (home / READY).is_file()), None)
+def installed(version: str | None = None) -> Path | None:
+    """The folder `imgest spark install` completed for VERSION (it holds pyspark/ and py4j/), or None. No VERSION:
+    PYSPARK_VERSION's, else the one another `--version` put in place (the highest where there are several)."""
+    if version is not None:
+        return next((home for home in homes(version) if (home / READY).is_file()), None)
+    found = installed(PYSPARK_VERSION)
+    if found is not None:
+        return found
+    others = [d for home in homes() for d in home.parent.glob("pyspark-*") if (d / READY).is_file()]
+    return max(others, key=lambda d: _version_key(d.name.removeprefix("pyspark-")), default=None)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
 
 
 def is_spark_home(path: Path) -> bool:

@@ -32,7 +32,9 @@ def no_spark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     client.mkdir(parents=True)
     (client / "__init__.py").write_text("")
     monkeypatch.delenv("SPARK_HOME", raising=False)
-    monkeypatch.setattr(distribution, "homes", lambda version="4.3.0": [tmp_path / "share" / f"pyspark-{version}"])
+    monkeypatch.setattr(
+        distribution, "homes", lambda version=distribution.PYSPARK_VERSION: [tmp_path / "share" / f"pyspark-{version}"]
+    )
     found = SimpleNamespace(origin=str(client / "__init__.py"))
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: found if name == "pyspark" else real(name, *a))
@@ -97,3 +99,16 @@ def test_the_pinned_spark_is_the_one_installed_by_default() -> None:
     assert pins == [f"pyspark=={distribution.PYSPARK_VERSION}"]
     for lock in ("runtime.lock", "dev.lock", "bench.lock"):  # never among the environment's packages
         assert "\npyspark==" not in (root / "requirements" / lock).read_text(), lock
+
+
+def test_an_install_of_another_version_is_found(no_spark: Path) -> None:
+    """`imgest spark install --version V`: the Spark jobs then run is V's (the highest of several)."""
+    for version in ("4.1.1", "4.2.1", "4.10.0"):
+        folder = no_spark / "share" / f"pyspark-{version}"
+        _spark(folder / "pyspark")
+        (folder / pypath.READY).write_text(version + "\n")
+    assert distribution.spark_home() == (no_spark / "share" / "pyspark-4.10.0" / "pyspark").resolve()
+    own = no_spark / "share" / f"pyspark-{distribution.PYSPARK_VERSION}"
+    _spark(own / "pyspark")
+    (own / pypath.READY).write_text("\n")
+    assert distribution.spark_home() == (own / "pyspark").resolve()  # the pinned one first
