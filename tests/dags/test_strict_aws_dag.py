@@ -123,8 +123,10 @@ def test_check_datasets_checks_a_version_as_a_writer_with_only_a_web_identity(
     assert main(ingest) == 0
     admin = aws.client("s3")
     published = json.loads(admin.get_object(Bucket=bucket, Key="checked/manifest.json")["Body"].read())
-    extra = {"conf": {"target": "shards", "dataset": "checked", "s3_dest": dest, "source": str(tmp_path / "tree")},
-             "version": published["key"]}  # fmt: skip
+    # check_seconds 0: every reader reads the whole sample whatever the machine's load (what this test proves is
+    # each reader's access as the role; the budget's cuts are tests/readback/test_read_budget_step.py's)
+    conf = {"target": "shards", "dataset": "checked", "s3_dest": dest, "source": str(tmp_path / "tree")}
+    extra = {"conf": {**conf, "check_seconds": 0}, "version": published["key"]}
     extra_conn = {"endpoint_url": aws.endpoint, "region_name": aws.region}
     env = {**airflow_home.env(), "AIRFLOW_CONN_AWS_DEFAULT": json.dumps({"conn_type": "aws", "extra": extra_conn})}
     env["IMGEST_LOCK_WAIT_S"] = "2"
@@ -141,6 +143,8 @@ def test_check_datasets_checks_a_version_as_a_writer_with_only_a_web_identity(
     assert "ok" in done, (done, run.stderr[-3000:])
     read = done["ok"][0]["read_throughput"]
     assert read["skipped"] == []
+    assert read["budget_s"] == 0.0
+    assert read["budget_cut"] == []
     assert {"shards-s3-dali/raw", "shards-s3-stream/raw", "shards-s3-webdataset/raw"} <= set(read["readers"])
     after = json.loads(admin.get_object(Bucket=bucket, Key="checked/manifest.json")["Body"].read())
     assert after["key"] == published["key"]

@@ -138,12 +138,15 @@ def test_the_dag_step_keeps_the_check_to_its_share_of_the_run_only_from_its_imag
     out = read_throughput(conf, tmp_path, stored["cassandra"], None, run_seconds=60.0)
     assert out["budget_s"] == defaults.CHECK_SECONDS
     assert _report(tmp_path)["budget_s"] == defaults.CHECK_SECONDS
-    # the same run counted as a large one: 10 % of the run with the check in it is 6.7 s
+    # the same kind of run counted as a large one: 10 % of a 180 s run with the check in it is 20 s (room for each
+    # reader's turn on a loaded machine too: choosing the sample and importing DALI count, 2-5 s under load)
     monkeypatch.setattr(defaults, "CHECK_SHARE_FROM_IMAGES", 50)
-    out = read_throughput(conf, tmp_path, stored["cassandra"], None, run_seconds=60.0)
-    assert out["budget_s"] == 6.7
+    out = read_throughput(conf, tmp_path, stored["cassandra"], None, run_seconds=180.0)
+    assert out["budget_s"] == 20.0
     report = _report(tmp_path)
-    assert report["budget_s"] == 6.7
+    assert report["budget_s"] == 20.0
+    assert report["skipped"] == []
+    assert len(report["readers"]) == 4
     # 30 images: one batch of 64 holds them all, so nothing is cut, each reader read the whole sample, and none
     # has a steady rate (its sample ended in its warm-up): the summary gives it no throughput
     assert out["budget_cut"] == []
@@ -152,8 +155,8 @@ def test_the_dag_step_keeps_the_check_to_its_share_of_the_run_only_from_its_imag
     assert all(v["steady_rate"] is None and v["startup_s"] > 0 for v in out["readers"].values())
     # the readers share 90 % of it (the rest is kept for the report): the first a quarter of what was left when it
     # started, each later one what the ones before it left over the readers still to run
-    assert 0 < report["readers"][0]["budget_s"] <= 6.7 * 0.9 / 4
-    assert all(r["budget_s"] <= 6.7 * 0.9 for r in report["readers"])
+    assert 0 < report["readers"][0]["budget_s"] <= 20.0 * 0.9 / 4
+    assert all(r["budget_s"] <= 20.0 * 0.9 for r in report["readers"])
     out = read_throughput({**conf, "check_seconds": 0}, tmp_path, stored["cassandra"], None, run_seconds=60.0)
     assert out["budget_s"] == 0.0  # 0: no budget, whatever the run
     assert all(r["budget_s"] == 0.0 and not r["budget_cut"] for r in _report(tmp_path)["readers"])
