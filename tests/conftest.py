@@ -42,6 +42,7 @@ from imgest.services.spark_connect import SparkConnectServer
 from imgest.sinks.cassandra.client import cassandra_session
 from imgest.spark import driver_server
 from tests import xdist_groups as groups
+from tests.memory_watch import MemoryWatch
 from tests.scheduler_fixture import scheduler, stop_after_last_user, uses_scheduler
 
 SERVICE_FIXTURES = frozenset(
@@ -74,6 +75,10 @@ os.environ.setdefault(
     "IMGEST_CASSANDRA_JAVA_OPTIONS",
     "-XX:TieredStopAtLevel=1 -XX:ParallelGCThreads=1 -XX:ConcGCThreads=1 -XX:-UsePerfData",
 )
+# The suite's main node holds small tables: 2 GiB of heap and as much direct memory, not the quarter of the machine
+# a user's node gets (cassandra_memory: 6 GiB + 6 GiB here). At 6 + 6 the node reached 6.8 GiB resident mid-suite
+# and the kernel's OOM killer took it, beside Spark's and Airflow's processes, on a 24 GiB machine (CI of d1f1d27).
+os.environ.setdefault("IMGEST_CASSANDRA_HEAP", "2G")
 # The suite is a person who ran `eval "$(imgest services env)"`: the embedded stores' addresses and keys come from
 # these variables (nothing in imgest falls back to 127.0.0.1 by itself). Tests of what happens without them unset them.
 use_embedded()
@@ -97,6 +102,7 @@ _PEERS_DROPPED = pytest.StashKey[int]()
 _STARTED_KEY, _DROPPED_KEY = "imgest_started_services", "imgest_peers_dropped"
 PEER_MODULES = ("litdata", "cv2", "simplejpeg")  # requirements/bench.txt: the benchmark peers' tests need them
 _workers_started: set[str] = set()  # service names the workers started (the controller stops them at its end)
+memory = MemoryWatch()  # the suite's lowest available memory and who held it (summary)
 _workers_dropped = 0  # peer tests the workers deselected (the same number on each)
 
 
@@ -132,6 +138,12 @@ def _module(item: pytest.Item) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     groups.start(config)
+    if not hasattr(config, "workeroutput"):  # the process that runs the session (xdist's controller, or the only)
+        memory.start()
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    memory.test_started(nodeid)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -200,6 +212,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    memory.stop()
+    for line in memory.summary():
+        terminalreporter.write_line(line)
     dropped = config.stash.get(_PEERS_DROPPED, 0) or _workers_dropped
     if dropped:
         terminalreporter.write_line(
