@@ -82,6 +82,13 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
         "A run that finds its dataset's lock held waits deferred to the triggerer, its worker slot free; 0: it waits "
         "in the worker (a deployment without a triggerer). Empty: 1.",
     ),
+    "spark_deferrable": (
+        "IMGEST_SPARK_DEFERRABLE",
+        "boolean",
+        "1",
+        "Through a Spark Connect master, a Spark job's task defers to the triggerer while Spark runs its partitions "
+        "(no process of it on the worker, its slot free); its results wait in the state store. Empty: 0.",
+    ),
     "lock_lease_s": (
         "IMGEST_LOCK_LEASE_S",
         "integer",

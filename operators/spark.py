@@ -22,7 +22,13 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
     template_fields = (*SparkSubmitOperator.template_fields, "source_conn_id", "lock_dataset")
 
     def __init__(
-        self, *, source_conn_id: str = "", lock_dataset: str = "", state_conn_id: str = "aws_default", **kwargs: Any
+        self,
+        *,
+        source_conn_id: str = "",
+        lock_dataset: str = "",
+        state_conn_id: str = "aws_default",
+        deferrable: bool | None = None,
+        **kwargs: Any,
     ) -> None:
         from imgest.spark.submit import job_path
 
@@ -35,6 +41,9 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         self.source_conn_id = source_conn_id  # an s3:// source's connection ('' for a local source)
         self.lock_dataset = lock_dataset  # the dataset whose lock this run holds: its lease is renewed while we run
         self.state_conn_id = state_conn_id  # the connection of the run's state store (and of an S3 lock store)
+        # through Spark Connect, let go of the worker while Spark runs the job's partitions (operators.connect_job)
+        self.deferrable = deferrable
+        self._resumed: dict[str, Any] = {}  # the trigger's last event, when this run of the task follows one
 
     def source_env(self) -> dict[str, str]:
         """IMGEST_SOURCE_* variables from the source's connection (none for a local source)."""
@@ -73,11 +82,14 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         env = {**(self.env_vars or {}), **self.state_env(), **self.job_env(), **self.source_env()}
         if not is_connect(master):  # through Connect the job is the session's thin client: no spark-submit here
             env = self._prepare_submit(master, env)
+            if self.deferrable:
+                self.log.info("%s runs attached: only a Spark Connect master (sc://) lets a job free its worker "
+                              "(%s is %s)", self.job, self._conn_id, master)  # fmt: skip
         with self._lease(context):
             env = {**env, **locks.holder_env()}  # the driver fences its publishing with it
             try:
                 if is_connect(master):
-                    self._run_connect(master, env)
+                    self._run_connect(master, env, context)
                 elif not self._in_reused_driver(master, env):
                     before = dict(os.environ)
                     try:
@@ -119,29 +131,60 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         os.environ.update(spark_env(dict(os.environ)))  # the provider runs `spark-submit` from PATH: Spark's
         return self._get_hook()._build_spark_submit_command(self.application)
 
-    def _run_connect(self, master: str, job_env: dict[str, str]) -> None:
+    def _run_connect(self, master: str, job_env: dict[str, str], context: Any) -> None:
         """Run the job through Spark Connect at MASTER as a child of this task (its output in the task's log, its
-        settings and secrets in its environment only; the connection's password as its Connect token)."""
+        settings and secrets in its environment only; the connection's password as its Connect token). Deferrable:
+        the job lets go of this worker while Spark runs its partitions, and the task defers until they ran
+        (operators.connect_job)."""
         import subprocess
 
         from airflow.sdk.exceptions import AirflowException
 
         from imgest.operators.compat import connection_or_none
+        from imgest.operators.connect_job import defer_env, spark_deferrable_default
+        from imgest.spark.detach import DETACHED_EXIT
         from imgest.spark.submit import connect_command
 
         conn = connection_or_none(self._conn_id)
         token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": conn.password} if conn is not None and conn.password else {}
         cmd = connect_command(self.job, [str(a) for a in self.application_args or []], master)
-        self.log.info("running %s through Spark Connect at %s (no JVM in this worker)", self.job, master)
-        env = {**os.environ, **job_env, **token}
-        self._connect_proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        for line in self._connect_proc.stdout or ():
-            self.log.info("%s", line.rstrip())
-        rc = self._connect_proc.wait()
+        deferrable = self.deferrable if self.deferrable is not None else spark_deferrable_default()
+        self.log.info("running %s through Spark Connect at %s (no JVM in this worker%s)", self.job, master,
+                      "; deferred while Spark runs its partitions" if deferrable else "")  # fmt: skip
+        with defer_env(context, self._resumed if deferrable else None) as extra:
+            env = {**os.environ, **job_env, **token, **extra}
+            self._connect_proc = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+            for line in self._connect_proc.stdout or ():
+                self.log.info("%s", line.rstrip())
+            rc = self._connect_proc.wait()
+            if deferrable and rc == DETACHED_EXIT:
+                self._defer_to_operation(master, extra, context)
         if rc != 0:
             raise AirflowException(f"Cannot execute: {self.job} through Spark Connect at {master}. Exit code: {rc}.")
+
+    def _defer_to_operation(self, master: str, extra: dict[str, str], context: Any) -> None:
+        """Defer until the operation the job left running on the Connect server ends (its trigger renews this run's
+        lease on its dataset's lock meanwhile)."""
+        from imgest.operators.connect_job import detached_record, lock_of
+        from imgest.operators.connect_trigger import SparkConnectOperationTrigger
+
+        record = detached_record(extra)
+        lock = lock_of(self.lock_dataset, context, self.state_conn_id)
+        self.log.info("%s: deferred while operation %s runs %d partitions on Spark (this worker's slot is free)",
+                      self.job, record["operation_id"], record["partitions"])  # fmt: skip
+        trigger = SparkConnectOperationTrigger(master, record, self._conn_id, lock)
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        """Back from the triggerer: the job's operation ended; run the job's client again (it finds the partitions'
+        results and goes on), or fail with the job's own error or a lost lock."""
+        from imgest.operators.connect_job import check_event
+
+        check_event(self.job, event)
+        self._resumed = dict(event)
+        return self.execute(context)
 
     def on_kill(self) -> None:
         proc = getattr(self, "_connect_proc", None)

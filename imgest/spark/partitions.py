@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 import pickle
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from imgest.spark.progress import connect_progress, progress_log, uncounted
 
 R = TypeVar("R")
 OnItem = Callable[[int], None]  # what a task calls per item it finished, with its size in bytes
@@ -82,12 +81,20 @@ def run_rdd_partitions(rdd: Any, work: Callable[[int, Iterator[Any], OnItem], It
 
 
 def _run_connect(spark: Any, count: int, work: Work[R], log: logging.Logger, what: str) -> list[R]:
+    import os
+
+    from imgest.spark import detach
+
+    run = os.environ.get(detach.RUN_ENV)
+    if run:  # each partition's results kept for the run (a job that lets go of its worker: imgest.spark.detach)
+        return detach.kept_call(spark, count, work, log, what, run)
+
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                out = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in work(index, _uncounted)]
+                out = [pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL) for r in work(index, uncounted)]
                 yield pa.RecordBatch.from_pydict(
                     {"part": [index] * len(out), "out": out}, pa.schema([("part", pa.int64()), ("out", pa.binary())])
                 )
@@ -96,64 +103,3 @@ def _run_connect(spark: Any, count: int, work: Work[R], log: logging.Logger, wha
     with connect_progress(spark, log, what, count):
         rows = frame.collect()
     return [pickle.loads(r.out) for r in sorted(rows, key=lambda r: r.part)]
-
-
-def _uncounted(size: int) -> None:
-    """On Connect nothing counts items inside tasks (no accumulators): the server reports finished tasks."""
-
-
-@contextmanager
-def connect_progress(spark: Any, log: logging.Logger, what: str, count: int, every: float = 5.0) -> Iterator[None]:
-    """Log 'WHAT progress: k/COUNT partitions finished' every EVERY seconds from the server's progress reports."""
-    seen = {"done": 0}
-    lock, t0 = threading.Lock(), time.monotonic()
-
-    def handler(stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
-        finished = sum(s.num_completed_tasks for s in stages or ())
-        with lock:
-            seen["done"] = max(seen["done"], min(finished, count))
-
-    def line() -> None:
-        log.info("%s progress: %d/%d partitions finished after %.0fs (Spark Connect)", what, seen["done"], count,
-                 time.monotonic() - t0)  # fmt: skip
-
-    spark.registerProgressHandler(handler)
-    try:
-        with _every(every, line):
-            yield
-    finally:
-        spark.removeProgressHandler(handler)
-
-
-@contextmanager
-def progress_log(
-    logger: logging.Logger, what: str, done: Any, nbytes: Any, total: int, every: float = 5.0
-) -> Iterator[None]:
-    """Log 'WHAT progress: n/total, rows/s, MB/s' every EVERY seconds from two Spark accumulators."""
-    t0 = time.monotonic()
-
-    def line() -> None:
-        secs = time.monotonic() - t0
-        logger.info("%s progress: %d/%d in finished tasks, %.1f/s, %.2f MB/s", what, done.value, total,
-                    done.value / secs, nbytes.value / 1e6 / secs)  # fmt: skip
-
-    with _every(every, line):
-        yield
-
-
-@contextmanager
-def _every(seconds: float, call: Callable[[], None]) -> Iterator[None]:
-    """CALL every SECONDS from a thread while the block runs."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(seconds):
-            call()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()

@@ -129,3 +129,30 @@ def test_both_targets_through_spark_connect_start_no_jvm_under_airflow(
     assert not [name for app, name in apps.items() if app not in before and name.startswith("imgest-")]  # no driver
     summary = state_dir() / "work" / "dagconnect-s" / "pack_shards.json"
     assert summary.stat().st_mtime > started  # the job's own summary, written by this run
+
+
+def test_a_deferrable_job_lets_go_of_its_task_while_spark_runs_it(
+    airflow_home: AirflowServer,
+    on_connect: SparkConnectServer,
+    s3_server: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`[imgest] spark_deferrable = 1`: the shard job's client leaves its Spark call running on the server and exits,
+    the task defers (`dags test` runs its trigger in line), and the client run again takes the partitions' results
+    and publishes; the shards verify, and the run's results folder is gone."""
+    write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=3, per_class=4, val_per_class=2, seed=44))
+    monkeypatch.setenv("IMGEST_STATE_URL", "local")  # the cluster's workers run here and see this disk
+    monkeypatch.setenv("IMGEST_SHARED_MOUNTS", str(tmp_path))
+    monkeypatch.setenv("IMGEST_SPARK_DEFERRABLE", "1")
+    conf = {"target": "shards", "source": str(tmp_path / "src"), "dataset": "dagconnect-d", "read_check": False}
+    proc = airflow_home.airflow("dags", "test", "ingest_imagenet", "--conf", json.dumps(conf), check=False)
+    out = (proc.stdout or "") + (proc.stderr or "")
+    assert proc.returncode == 0, out[-3000:]
+    states = {task: state for task, state, _ in task_durations(airflow_home, "ingest_imagenet")}
+    assert states["ingest_shards"] == states["verify_shards"] == "success", states
+    assert "this client lets go of it" in out  # the client left its operation running and exited
+    assert "deferred while operation" in out  # the task deferred to the operation's trigger
+    assert "running trigger in line" in out
+    assert "were kept by the detached run" in out  # the client run again asked Spark for nothing it had
+    assert not list((state_dir() / "staging" / "connect").glob("*/*")), "a results folder was left behind"
