@@ -23,10 +23,15 @@ def test_bench_connect_reports_both_routes(
     out = tmp_path / "connect.json"
     assert main(["bench", "connect", "--sizes", "tiny", "--targets", "shards", "--json", str(out)]) == 0
     rows = {r["route"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"spark-submit", "connect"}
+    assert set(rows) == {"spark-submit", "connect", "connect-deferred"}
     for row in rows.values():
         assert row["images"] == 1000
         assert row["images_per_s"] > 0
         assert row["worker_cpu_s"] > 0
         assert "other_cores" in row["quiet"]
     assert rows["spark-submit"]["worker_peak_rss_mb"] > rows["connect"]["worker_peak_rss_mb"]  # the driver JVM
+    deferred = rows["connect-deferred"]
+    assert deferred["clients"] == 2  # the client that started the Spark call, and the one that took its results
+    assert deferred["followed_s"] > 0  # the follower's wait: no client process on the worker meanwhile
+    assert deferred["worker_held_s"] < deferred["wall_s"]
+    assert rows["connect"]["worker_held_s"] == rows["connect"]["wall_s"]
