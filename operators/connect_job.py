@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 DEFERRABLE_ENV = "IMGEST_SPARK_DEFERRABLE"
+MAX_DEFERRALS = 20  # imgest's jobs make 1-3 Spark calls each; a server that forgets operations costs one more each
 
 
 def spark_deferrable_default() -> bool:
@@ -79,8 +80,9 @@ def lock_of(dataset: str, context: Any, state_conn_id: str) -> dict[str, str]:
     }
 
 
-def check_event(job: str, event: dict[str, Any]) -> None:
-    """Fail on the trigger's EVENT where the job cannot go on: its own error on Spark, or a lost lock."""
+def check_event(job: str, event: dict[str, Any], deferrals: int = 1) -> None:
+    """Fail on the trigger's EVENT where the job cannot go on: its own error on Spark, a lost lock, or DEFERRALS over
+    MAX_DEFERRALS (a job whose client never finds what its executors kept would start its partitions forever)."""
     from airflow.sdk.exceptions import AirflowException
 
     from imgest.operators.compat import fail_exception
@@ -92,3 +94,8 @@ def check_event(job: str, event: dict[str, Any]) -> None:
         raise AirflowException(f"{job}: its operation {operation} failed on Spark: {event.get('error')}")
     if status == LOST:
         raise fail_exception()(str(event.get("error")))
+    if deferrals > MAX_DEFERRALS:
+        raise fail_exception()(
+            f"{job} deferred {deferrals} times through Spark Connect without finishing (imgest's jobs make a few Spark "
+            "calls each): its client does not find the results its executors keep; see the task log"
+        )

@@ -59,9 +59,7 @@ class SparkConnectOperationTrigger(BaseTrigger):
         stop = threading.Event()
         token = await sync_to_async(self._token, thread_sensitive=False)()
         channels: list[Any] = []  # closed when the trigger ends: a blocked reattach ends with it
-        follow = asyncio.ensure_future(
-            asyncio.to_thread(follow_operation, self.master, self.record, token, stop, channels)
-        )
+        follow = in_own_thread(follow_operation, self.master, self.record, token, stop, channels)
         renew = sync_to_async(self._renew, thread_sensitive=False)
         try:
             while True:
@@ -105,6 +103,32 @@ class SparkConnectOperationTrigger(BaseTrigger):
             except Exception as exc:  # a store away for a moment: the next poll tries again
                 self.log.warning("could not renew the lock of %s: %s", lock["dataset"], exc)
         return ""
+
+
+def in_own_thread(call: Any, *args: Any) -> asyncio.Future[Any]:
+    """CALL(*ARGS) in a thread of its own (it blocks for the operation's hours: never one of the loop's shared
+    executor threads, which every trigger's sync_to_async needs), as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result = call(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=run, name="imgest-connect-follow", daemon=True).start()
+    return future
 
 
 def follow_operation(

@@ -175,15 +175,16 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         self.log.info("%s: deferred while operation %s runs %d partitions on Spark (this worker's slot is free)",
                       self.job, record["operation_id"], record["partitions"])  # fmt: skip
         trigger = SparkConnectOperationTrigger(master, record, self._conn_id, lock)
-        self.defer(trigger=trigger, method_name="execute_complete")
+        deferrals = int(self._resumed.get("deferrals", 0)) + 1
+        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"deferrals": deferrals})
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+    def execute_complete(self, context: Any, event: dict[str, Any], deferrals: int = 1) -> Any:
         """Back from the triggerer: the job's operation ended; run the job's client again (it finds the partitions'
-        results and goes on), or fail with the job's own error or a lost lock."""
+        results and goes on), or fail with the job's own error, a lost lock, or too many deferrals."""
         from imgest.operators.connect_job import check_event
 
-        check_event(self.job, event)
-        self._resumed = dict(event)
+        check_event(self.job, event, deferrals)
+        self._resumed = {**event, "deferrals": deferrals}
         return self.execute(context)
 
     def on_kill(self) -> None:

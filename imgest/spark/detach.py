@@ -71,16 +71,28 @@ class Results:
 
     def put(self, index: int, blob: bytes) -> None:
         """Keep partition INDEX's pickled results (whole or not at all)."""
+        self.put_named(self._key(index), blob)
+
+    def put_named(self, name: str, blob: bytes) -> None:
+        """Keep BLOB as NAME in the folder (whole or not at all)."""
         if self.remote:
             bucket, prefix = self._bucket_prefix()
             assert self.s3 is not None
-            self.s3.client().put_object(Bucket=bucket, Key=prefix + self._key(index), Body=blob)
+            self.s3.client().put_object(Bucket=bucket, Key=prefix + name, Body=blob)
             return
         folder = Path(self.url)
         folder.mkdir(parents=True, exist_ok=True)
-        part = folder / f".{self._key(index)}.{uuid.uuid4().hex}"
+        part = folder / f".{name}.{uuid.uuid4().hex}"
         part.write_bytes(blob)
-        os.replace(part, folder / self._key(index))
+        os.replace(part, folder / name)
+
+    def get_named(self, name: str) -> bytes:
+        """What NAME holds (FileNotFoundError, or S3's NoSuchKey, when nothing)."""
+        if self.remote:
+            bucket, prefix = self._bucket_prefix()
+            assert self.s3 is not None
+            return bytes(self.s3.client().get_object(Bucket=bucket, Key=prefix + name)["Body"].read())
+        return (Path(self.url) / name).read_bytes()
 
     def have(self) -> set[int]:
         """The partitions whose results are kept."""
@@ -95,11 +107,7 @@ class Results:
         return {int(n[5:-4]) for n in names if n.startswith("part-") and n.endswith(".pkl")}
 
     def get(self, index: int) -> bytes:
-        if self.remote:
-            bucket, prefix = self._bucket_prefix()
-            assert self.s3 is not None
-            return bytes(self.s3.client().get_object(Bucket=bucket, Key=prefix + self._key(index))["Body"].read())
-        return (Path(self.url) / self._key(index)).read_bytes()
+        return self.get_named(self._key(index))
 
     def clear(self) -> None:
         """Remove the folder and what is in it."""
@@ -130,6 +138,28 @@ def run_results(run: str, call: str = "") -> Results:
     from imgest.core.paths import state_dir
 
     return Results(f"{state_dir() / 'staging' / tail}")
+
+
+def pinned(run: str, name: str, compute: Any) -> int:
+    """NAME's value for RUN: COMPUTE()'s on the run's first client, kept in its results folder for the ones after (a
+    Connect server's executors come and go with dynamic allocation: the re-run must plan the partitions it ran)."""
+    results = run_results(run)
+    try:
+        return int(json.loads(results.get_named(f"{name}.json"))["value"])
+    except Exception as exc:
+        if not _absent(exc):
+            raise
+    value = int(compute())
+    results.put_named(f"{name}.json", json.dumps({"value": value}).encode())
+    return value
+
+
+def _absent(exc: Exception) -> bool:
+    """EXC says the object or file is not there."""
+    if isinstance(exc, FileNotFoundError):
+        return True
+    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+    return code in ("NoSuchKey", "404")
 
 
 def kept_call(spark: Any, count: int, work: Any, log: logging.Logger, what: str, run: str) -> list[Any]:

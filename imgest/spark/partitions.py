@@ -39,6 +39,17 @@ def parallelism(spark: Any) -> int:
     when the server sets it, else what the server splits a range by (one small job: no SparkContext to ask)."""
     if not connected(spark):
         return int(spark.sparkContext.defaultParallelism)
+    import os
+
+    from imgest.spark import detach
+
+    run = os.environ.get(detach.RUN_ENV)
+    if run:  # the client run again after its operation plans the same partitions (executors come and go)
+        return detach.pinned(run, "parallelism", lambda: _connect_parallelism(spark))
+    return _connect_parallelism(spark)
+
+
+def _connect_parallelism(spark: Any) -> int:
     configured = spark.conf.get("spark.default.parallelism", None)
     if configured:
         return int(configured)

@@ -107,6 +107,8 @@ def test_the_operator_fails_on_the_jobs_error_or_a_lost_lock_and_goes_on_otherwi
     with pytest.raises(fail_exception(), match="lost the lock"):
         check_event("pack_shards", {"status": LOST, "error": "lost the lock of d"})
     check_event("pack_shards", {"status": DONE})
+    with pytest.raises(fail_exception(), match="deferred 21 times"):  # a client that never finds its results
+        check_event("pack_shards", {"status": DONE}, deferrals=21)
     check_event("pack_shards", {"status": GONE, "error": "restarted"})  # the client runs what is missing
 
 
@@ -126,3 +128,35 @@ def test_each_task_attempt_keeps_its_results_apart() -> None:
     assert run_key(context(1)) == run_key(context(1))  # the same attempt after its deferral
     assert run_key(context(1)) != run_key(context(2))  # a retry starts afresh
     assert run_key(context(1)) != run_key(context(1, "manual__2"))
+
+
+def test_the_runs_partitioning_is_the_first_clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Connect server's executors come and go: the client run again plans with the parallelism the first saw."""
+    monkeypatch.setenv("IMGEST_STATE_URL", "local")
+    monkeypatch.setenv("IMGEST_HOME", str(tmp_path))
+    assert detach.pinned("r3", "parallelism", lambda: 4) == 4
+    assert detach.pinned("r3", "parallelism", lambda: 1) == 4  # fewer executors now: the run's partitions stay
+    assert detach.pinned("r4", "parallelism", lambda: 1) == 1  # another attempt plans afresh
+
+
+def test_the_follower_blocks_a_thread_of_its_own() -> None:
+    import asyncio
+    import threading
+
+    from imgest.operators.connect_trigger import in_own_thread
+
+    def blocking(x: int) -> tuple[int, str]:
+        return x * 2, threading.current_thread().name
+
+    def failing() -> None:
+        raise ValueError("no such operation")
+
+    async def main() -> tuple[Any, Any]:
+        ok = await in_own_thread(blocking, 21)
+        try:
+            await in_own_thread(failing)
+        except ValueError as exc:
+            return ok, str(exc)
+        return ok, None
+
+    assert asyncio.run(main()) == ((42, "imgest-connect-follow"), "no such operation")
