@@ -137,6 +137,8 @@ def follow_operation(
     """Stay attached to RECORD's operation on MASTER until it ends (blocking; STOP ends it early, and so does closing
     the channel it appends to CHANNELS): its event."""
     import grpc
+
+    connect_importable()
     from pyspark.sql.connect.client.core import DefaultChannelBuilder
     from pyspark.sql.connect.proto import base_pb2 as pb2
     from pyspark.sql.connect.proto import base_pb2_grpc
@@ -178,6 +180,23 @@ def follow_operation(
         return {"status": GONE, "error": "stopped"}
     finally:
         channel.close()
+
+
+def connect_importable() -> None:
+    """Let pyspark.sql.connect be imported here: its first import takes a process whose ``__main__`` has neither spec
+    nor file (``python -c``: pytest-xdist's workers) for a doctest run, looks for a Spark home and exits without one.
+    There, give it the Spark imgest finds (the triggerer, the CLI and Airflow's tasks are never such a process)."""
+    import os
+    import sys
+
+    main = sys.modules.get("__main__")
+    doctest_like = main is not None and getattr(main, "__spec__", None) is None and not hasattr(main, "__file__")
+    if doctest_like and "SPARK_HOME" not in os.environ and "pyspark.sql.connect" not in sys.modules:
+        from imgest.spark.distribution import spark_home
+
+        home = spark_home()
+        if home is not None:
+            os.environ["SPARK_HOME"] = str(home)
 
 
 def classify(exc: Any) -> dict[str, Any] | None:
