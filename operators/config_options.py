@@ -87,7 +87,8 @@ OPTIONS: dict[str, tuple[str, str, str, str]] = {
         "boolean",
         "1",
         "Through a Spark Connect master, a Spark job's task defers to the triggerer while Spark runs its partitions "
-        "(no process of it on the worker, its slot free); its results wait in the state store. Empty: 0.",
+        "(no process of it on the worker, its slot free); its results wait in the state store (IMGEST_STATE_URL; "
+        "else the local state folder: one machine). Empty: 0.",
     ),
     "lock_lease_s": (
         "IMGEST_LOCK_LEASE_S",

@@ -13,6 +13,7 @@ dataset's lock (the worker that renewed it is gone): a lock lost fires ``{"statu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -25,10 +26,19 @@ from asgiref.sync import sync_to_async
 log = logging.getLogger(__name__)
 DONE, FAILED, GONE, LOST = "done", "failed", "gone", "lost"
 # the server's errors that mean it no longer has the operation (or its session): run the client again
-GONE_CLASSES = ("INVALID_HANDLE.OPERATION_NOT_FOUND", "INVALID_HANDLE.OPERATION_ABANDONED",
-                "INVALID_HANDLE.SESSION_NOT_FOUND", "INVALID_HANDLE.SESSION_CLOSED", "INVALID_HANDLE.SESSION_CHANGED",
-                "INVALID_CURSOR")  # fmt: skip
-UNAVAILABLE_FOR_S = 300.0  # a server that does not answer this long: the operation is given up as gone
+GONE_CLASSES = (
+    "INVALID_HANDLE.OPERATION_NOT_FOUND",
+    "INVALID_HANDLE.OPERATION_ABANDONED",
+    "INVALID_HANDLE.SESSION_NOT_FOUND",
+    "INVALID_HANDLE.SESSION_CLOSED",
+    "INVALID_HANDLE.SESSION_CHANGED",
+)
+# another attach took the stream over (two triggerers following one operation for a moment): attach again
+TRY_AGAIN_CLASSES = ("INVALID_CURSOR.DISCONNECTED",)
+# the server has the operation but cannot resume this follower's stream: interrupted, then gone (what finished is kept)
+STALE_CLASSES = ("INVALID_CURSOR",)
+UNAVAILABLE_FOR_S = 600.0  # a server that does not answer this long: the operation is interrupted and given up
+REATTACH_TIMEOUT_S = 600.0  # one reattach's longest wait (the server ends each stream after 2 minutes itself)
 
 
 class SparkConnectOperationTrigger(BaseTrigger):
@@ -37,11 +47,12 @@ class SparkConnectOperationTrigger(BaseTrigger):
     dag_id, run_id, location, aws_conn_id, cassandra_conn_id; {} for none) every POLL seconds."""
 
     def __init__(
-        self, master: str, record: dict[str, Any], spark_conn_id: str, lock: dict[str, str], poll: float = 30.0
+        self, master: str, record: dict[str, Any], spark_conn_id: str, lock: dict[str, Any], poll: float = 30.0
     ) -> None:
         super().__init__()
         self.master, self.record, self.spark_conn_id, self.lock, self.poll = master, record, spark_conn_id, lock, poll
-        self._channel: Any = None
+        self._stores: Any = None  # the lock's stores, reached once
+        self._renewed = time.monotonic()  # the last renewal that got through (the worker's, when it deferred)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -61,9 +72,11 @@ class SparkConnectOperationTrigger(BaseTrigger):
         channels: list[Any] = []  # closed when the trigger ends: a blocked reattach ends with it
         follow = in_own_thread(follow_operation, self.master, self.record, token, stop, channels)
         renew = sync_to_async(self._renew, thread_sensitive=False)
+        lease = float(self.lock.get("lease_s") or 0)
+        every = min(self.poll, lease / 4) if lease > 0 else self.poll  # as the worker renewed it (locks.keep_alive_in)
         try:
             while True:
-                done, _ = await asyncio.wait({follow}, timeout=self.poll)
+                done, _ = await asyncio.wait({follow}, timeout=every)
                 if done:
                     event = follow.result()
                     self.log.info("operation %s: %s", self.record.get("operation_id"), event)
@@ -71,7 +84,9 @@ class SparkConnectOperationTrigger(BaseTrigger):
                                         "operation_id": self.record.get("operation_id")})  # fmt: skip
                     return
                 lost = await renew()
-                if lost:
+                if lost:  # the operation must not write on under a lock another run may hold now
+                    stop.set()
+                    await sync_to_async(interrupt_operation, thread_sensitive=False)(self.master, self.record, token)
                     yield TriggerEvent({"status": LOST, "error": lost, "call": self.record.get("call")})
                     return
         finally:
@@ -86,22 +101,32 @@ class SparkConnectOperationTrigger(BaseTrigger):
         return conn.password if conn is not None and conn.password else None
 
     def _renew(self) -> str:
-        """'' when the run still holds its dataset's lock (its lease renewed), else why not."""
+        """'' when the run still holds its dataset's lock (its lease renewed, or a store away for less than a
+        lease), else why not: the lock taken by another or in another epoch, a later attempt of the task, or no
+        renewal through for a whole lease (as locks.keep_alive_in decides on the worker)."""
         if not self.lock:
             return ""
         from imgest.core import locks
-        from imgest.operators.hooks import lock_stores_at
 
         lock = self.lock
-        stores = lock_stores_at(lock["location"], lock["aws_conn_id"], lock["cassandra_conn_id"])
-        holder = locks.airflow_holder(lock["dag_id"], lock["run_id"])
-        for store in stores.stores:
-            try:
-                epoch = locks.learn_epoch(lock["dataset"], holder, store)
-                if epoch is None or not locks.renew(lock["dataset"], holder, store, epoch=epoch):
-                    return f"lost the lock of {lock['dataset']} while its job ran on Spark ({holder.who})"
-            except Exception as exc:  # a store away for a moment: the next poll tries again
-                self.log.warning("could not renew the lock of %s: %s", lock["dataset"], exc)
+        dataset, lease = lock["dataset"], float(lock.get("lease_s") or 0)
+        holder = locks.airflow_holder(lock["dag_id"], lock["run_id"], lease_s=lease or None)
+        attempt = locks.Attempt(str(lock["task_id"]), int(lock["try_number"])) if lock.get("task_id") else None
+        try:
+            if self._stores is None:
+                from imgest.operators.hooks import lock_stores_at
+
+                self._stores = lock_stores_at(lock["location"], lock["aws_conn_id"], lock["cassandra_conn_id"]).stores
+            epochs = list(lock.get("epochs") or []) + [None] * len(self._stores)
+            for store, epoch in zip(self._stores, epochs, strict=False):
+                if not locks.renew(dataset, holder, store, attempt, epoch):
+                    return f"lost the lock of {dataset} while its job ran on Spark ({holder.who})"
+            self._renewed = time.monotonic()
+        except Exception as exc:  # a store away for a moment: the next poll tries again, for at most a lease
+            away = time.monotonic() - self._renewed
+            if lease > 0 and away >= lease:
+                return f"the lease of {dataset} ran out: no renewal got through for {away:.0f} s (last: {exc})"
+            self.log.warning("could not renew the lock of %s: %s", dataset, exc)
         return ""
 
 
@@ -121,11 +146,12 @@ def in_own_thread(call: Any, *args: Any) -> asyncio.Future[Any]:
 
     def run() -> None:
         try:
-            result = call(*args)
+            outcome: tuple[Any, BaseException | None] = (call(*args), None)
         except BaseException as exc:
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            outcome = (None, exc)
+        if not loop.is_closed():  # a triggerer that stopped meanwhile wants nothing back
+            with contextlib.suppress(RuntimeError):  # closed in between
+                loop.call_soon_threadsafe(settle, *outcome)
 
     threading.Thread(target=run, name="imgest-connect-follow", daemon=True).start()
     return future
@@ -162,9 +188,10 @@ def follow_operation(
             )
             if last:
                 req.last_response_id = last
+            received = False
             try:
-                for resp in stub.ReattachExecute(req, metadata=builder.metadata()):
-                    last = resp.response_id
+                for resp in stub.ReattachExecute(req, metadata=builder.metadata(), timeout=REATTACH_TIMEOUT_S):
+                    last, received, unanswered = resp.response_id, True, None
                     if resp.HasField("result_complete"):
                         _release(stub, builder, record, user)
                         return {"status": DONE}
@@ -172,14 +199,56 @@ def follow_operation(
             except grpc.RpcError as exc:
                 event = classify(exc)
                 if event is not None:
-                    return event
+                    return _given_up(stub, builder, record, user, event)
                 unanswered = unanswered or time.monotonic()
                 if time.monotonic() - unanswered > UNAVAILABLE_FOR_S:
-                    return {"status": GONE, "error": f"the server did not answer for {UNAVAILABLE_FOR_S:.0f} s: {exc}"}
-                stop.wait(2.0)
+                    error = f"the server did not answer for {UNAVAILABLE_FOR_S:.0f} s: {exc}"
+                    return _given_up(stub, builder, record, user, {"status": GONE, "error": error, "stale": True})
+            if not received:
+                stop.wait(2.0)  # a stream that ended or failed at once: not a busy loop
         return {"status": GONE, "error": "stopped"}
     finally:
         channel.close()
+
+
+def _given_up(stub: Any, builder: Any, record: dict[str, Any], user: Any, event: dict[str, Any]) -> dict[str, Any]:
+    """EVENT, the operation interrupted first where the server may still run it (``stale``): a client run again
+    must not start its missing partitions beside it."""
+    if event.pop("stale", False):
+        _interrupt(stub, builder, record, user)
+    return event
+
+
+def interrupt_operation(master: str, record: dict[str, Any], token: str | None) -> None:
+    """Interrupt RECORD's operation on MASTER (best effort: the server gives up an operation nobody follows after
+    its detached timeout anyway)."""
+    connect_importable()
+    from pyspark.sql.connect.client.core import DefaultChannelBuilder
+    from pyspark.sql.connect.proto import base_pb2 as pb2
+    from pyspark.sql.connect.proto import base_pb2_grpc
+
+    builder = DefaultChannelBuilder(master)
+    if token:
+        builder.set("token", token)
+    channel = builder.toChannel()
+    try:
+        stub = base_pb2_grpc.SparkConnectServiceStub(channel)
+        _interrupt(stub, builder, record, pb2.UserContext(user_id=record.get("user_id") or ""))
+    finally:
+        channel.close()
+
+
+def _interrupt(stub: Any, builder: Any, record: dict[str, Any], user: Any) -> None:
+    from pyspark.sql.connect.proto import base_pb2 as pb2
+
+    try:
+        req = pb2.InterruptRequest(session_id=record["session_id"], user_context=user, client_type="imgest-trigger",
+                                   interrupt_type=pb2.InterruptRequest.INTERRUPT_TYPE_OPERATION_ID,
+                                   operation_id=record["operation_id"])  # fmt: skip
+        stub.Interrupt(req, metadata=builder.metadata(), timeout=60)
+        log.info("interrupted operation %s", record["operation_id"])
+    except Exception as exc:
+        log.warning("could not interrupt operation %s: %s", record["operation_id"], exc)
 
 
 def connect_importable() -> None:
@@ -205,8 +274,12 @@ def classify(exc: Any) -> dict[str, Any] | None:
 
     details = str(exc.details() or "") if hasattr(exc, "details") else str(exc)
     code = exc.code() if hasattr(exc, "code") else None
+    if any(c in details for c in TRY_AGAIN_CLASSES):
+        return None
     if any(c in details for c in GONE_CLASSES):
         return {"status": GONE, "error": details[:2000]}
+    if any(c in details for c in STALE_CLASSES):
+        return {"status": GONE, "error": details[:2000], "stale": True}
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
         return None
     return {"status": FAILED, "error": details[:4000]}

@@ -10,9 +10,12 @@ that reaches its store.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+DEFER_TIMEOUT = timedelta(hours=24)  # a deferred job's wait where its task has no execution_timeout
 
 
 class ImgestSparkSubmitOperator(SparkSubmitOperator):
@@ -141,16 +144,21 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         from airflow.sdk.exceptions import AirflowException
 
         from imgest.operators.compat import connection_or_none
-        from imgest.operators.connect_job import defer_env, spark_deferrable_default
+        from imgest.operators.connect_job import MAX_DEFERRALS, defer_env, detaches, spark_deferrable_default
         from imgest.spark.detach import DETACHED_EXIT
         from imgest.spark.submit import connect_command
 
         conn = connection_or_none(self._conn_id)
         token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": conn.password} if conn is not None and conn.password else {}
         cmd = connect_command(self.job, [str(a) for a in self.application_args or []], master)
-        deferrable = self.deferrable if self.deferrable is not None else spark_deferrable_default()
+        # a run back from its trigger goes on as it began, whatever the setting says now
+        deferrable = bool(self._resumed) or (
+            self.deferrable if self.deferrable is not None else spark_deferrable_default()
+        )
         self.log.info("running %s through Spark Connect at %s (no JVM in this worker%s)", self.job, master,
                       "; deferred while Spark runs its partitions" if deferrable else "")  # fmt: skip
+        if deferrable and not detaches(self._resumed):
+            self.log.warning("%s deferred %s times: this run stays attached to its end", self.job, MAX_DEFERRALS)
         with defer_env(context, self._resumed if deferrable else None) as extra:
             env = {**os.environ, **job_env, **token, **extra}
             self._connect_proc = subprocess.Popen(
@@ -170,20 +178,26 @@ class ImgestSparkSubmitOperator(SparkSubmitOperator):
         from imgest.operators.connect_job import detached_record, lock_of
         from imgest.operators.connect_trigger import SparkConnectOperationTrigger
 
-        record = detached_record(extra)
+        record = detached_record(self.job, extra)
         lock = lock_of(self.lock_dataset, context, self.state_conn_id)
         self.log.info("%s: deferred while operation %s runs %d partitions on Spark (this worker's slot is free)",
                       self.job, record["operation_id"], record["partitions"])  # fmt: skip
         trigger = SparkConnectOperationTrigger(master, record, self._conn_id, lock)
         deferrals = int(self._resumed.get("deferrals", 0)) + 1
-        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"deferrals": deferrals})
+        # the trigger's wait is bounded as the task is (a server that never answers again fails it into its retries)
+        timeout = self.execution_timeout or DEFER_TIMEOUT
+        self.defer(trigger=trigger, method_name="execute_complete", kwargs={"deferrals": deferrals}, timeout=timeout)
 
     def execute_complete(self, context: Any, event: dict[str, Any], deferrals: int = 1) -> Any:
         """Back from the triggerer: the job's operation ended; run the job's client again (it finds the partitions'
-        results and goes on), or fail with the job's own error, a lost lock, or too many deferrals."""
-        from imgest.operators.connect_job import check_event
+        results and goes on), or fail with the job's own error or a lost lock, its results folder removed."""
+        from imgest.operators.connect_job import check_event, forget
 
-        check_event(self.job, event, deferrals)
+        try:
+            check_event(self.job, event)
+        except Exception:
+            forget(context, self.state_env())  # no client of this attempt runs again
+            raise
         self._resumed = {**event, "deferrals": deferrals}
         return self.execute(context)
 

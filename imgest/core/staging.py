@@ -13,7 +13,9 @@ as every other store setting does: never as Spark conf or environment.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +81,21 @@ def _filesystem(s3: S3Settings) -> Any:
     )
 
 
+_stagers = itertools.count()
+
+
+def _run_folder(dataset: str) -> str:
+    """Where under ``staging/`` a Stager puts its files: a random folder of the dataset, or, in a deferrable Spark
+    Connect job (``$IMGEST_CONNECT_RUN``, imgest.spark.detach), the same folder on each of its clients' runs inside
+    the run's results folder: a client that left its operation running exits without closing its Stager (its
+    executors still read the files), its next run stages the same names again, and the run's folder goes with the
+    run (its last client, or the operator where none follows)."""
+    run = os.environ.get("IMGEST_CONNECT_RUN", "")
+    if run:
+        return f"connect/{run}/staged-{next(_stagers)}"
+    return f"{dataset or 'dataset'}/{secrets.token_hex(6)}"
+
+
 class Stager:
     """Stages a job's work files for its executors; ``close`` removes what it staged."""
 
@@ -87,7 +104,7 @@ class Stager:
         self.staged: list[str] = []
         if state_url:
             bucket, _, prefix = state_url.removeprefix("s3://").partition("/")
-            run = f"{dataset or 'dataset'}/{secrets.token_hex(6)}"
+            run = _run_folder(dataset)
             self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/staging/{run}/".lstrip("/")
             # keys in them (a driver on a profile, SSO or a role resolves its chain once): executors have no chain
             self.s3 = for_bucket((s3 or S3Settings.from_env()).frozen(), bucket)  # Arrow signs for one region

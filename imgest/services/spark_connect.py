@@ -24,7 +24,9 @@ from imgest.services.spark_cluster import SparkCluster, clean_env, spark_home
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 IDLE_TIMEOUT_S = 15  # an executor idle this long is given back to the cluster
-DETACHED_TIMEOUT_S = 30  # an execution whose client is gone this long is interrupted
+# an execution nobody is attached to this long is interrupted: a killed client's, and a deferred job's between its
+# client's exit and its trigger's attach ($IMGEST_SPARK_CONNECT_DETACHED_S; docs/cluster.md)
+DETACHED_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class SparkConnectServer:
     def command(self) -> list[str]:
         """The server's command line (pure): the cluster's master, the executors' Python, idle executors freed."""
         log4j = conf_file("spark-log4j2.properties")
+        detached = env_int("IMGEST_SPARK_CONNECT_DETACHED_S", DETACHED_TIMEOUT_S)
         confs = {
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
@@ -69,7 +72,7 @@ class SparkConnectServer:
             "spark.dynamicAllocation.minExecutors": "0",
             # a job whose client died (a killed Airflow task): its execution is interrupted once it stayed detached
             # this long (default 5 min), not left writing beside the re-run (which is idempotent either way)
-            "spark.connect.execute.manager.detachedTimeout": f"{DETACHED_TIMEOUT_S}s",
+            "spark.connect.execute.manager.detachedTimeout": f"{detached}s",
             "spark.connect.execute.manager.maintenanceInterval": "5s",
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",

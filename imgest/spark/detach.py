@@ -134,7 +134,8 @@ def run_results(run: str, call: str = "") -> Results:
     if url:
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         s3 = for_bucket(S3Settings.from_env().frozen(), bucket)
-        return Results(f"s3://{bucket}/{prefix.strip('/')}/staging/{tail}".replace("//staging", "/staging"), s3)
+        key = f"{prefix.strip('/')}/staging/{tail}".lstrip("/")
+        return Results(f"s3://{bucket}/{key}", s3)
     from imgest.core.paths import state_dir
 
     return Results(f"{state_dir() / 'staging' / tail}")
@@ -214,6 +215,12 @@ def _fail_if_lost(call: str, results: Results, missing: list[int], count: int) -
         )
 
 
+def forget_run(run: str) -> None:
+    """Remove RUN's results folder (and what its jobs staged in it): the operator's, where no client of the run will
+    run again (its operation failed, its lock was lost, too many deferrals)."""
+    run_results(run).clear()
+
+
 def _clear_at_exit(run: str) -> None:
     """Remove the run's results when this client ends (its last call done, or failed); a detached client leaves by
     os._exit, so they stay for its next run."""
@@ -282,7 +289,11 @@ def wait_started(client: Any, operation: str, stream: Any, timeout: float = STAR
                 pass
             return names[0] if names else "ENDED"
         if time.monotonic() >= deadline:
-            stream.cancel()
+            stream.cancel()  # a reattachable execution outlives its stream: interrupt it, not to leave it running
+            try:
+                client.interrupt_operation(operation)
+            except Exception as exc:  # the server gives it up after its detached timeout anyway
+                logging.getLogger(__name__).warning("could not interrupt operation %s: %s", operation, exc)
             raise RuntimeError(f"Spark Connect did not report operation {operation} running within {timeout:.0f} s")
         time.sleep(0.2)
 

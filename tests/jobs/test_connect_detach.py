@@ -41,15 +41,20 @@ def _shards(s3: S3Server, prefix: str) -> list[tuple[str, str]]:
     return sorted((s["name"], hashlib.sha256(body(s["path"])).hexdigest()) for s in doc["shards"])
 
 
+@pytest.mark.parametrize("state", ["local", "s3"])
 def test_a_job_lets_go_of_its_client_while_spark_runs_and_resumes_from_its_kept_results(
-    spark_connect: SparkConnectServer, s3_server: S3Server, tmp_path: Path
+    spark_connect: SparkConnectServer, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str
 ) -> None:
+    """local: the executors write the results where this client reads them (one machine); s3: in the state store
+    (executors that share no disk with the worker), with the job's staged plan in the run's folder too."""
     write_sample(tmp_path / "src", SampleSpec("cls-loc", classes=3, per_class=8, val_per_class=2, seed=67))
     scan_to_dir(tmp_path / "src", tmp_path / "manifest", dataset="detach")
     run = secrets.token_hex(4)
     key, secret = s3_server.credentials()
     env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "IMGEST_S3_ENDPOINT": s3_server.endpoint}
-    env["IMGEST_STATE_URL"] = "local"  # one machine: the executors write the results where this client reads them
+    env["IMGEST_STATE_URL"] = "local" if state == "local" else f"s3://imgest/tests/state-{run}"
+    for name, value in env.items():  # this process reads the run's folder as the client does
+        monkeypatch.setenv(name, value)
     args = ["--manifest-dir", str(tmp_path / "manifest"), "--partitions", "3", "--max-count", "4"]
 
     rc, out = _client([*args, "--dest", f"s3://imgest/tests/attached-{run}"], spark_connect.url, env)
@@ -76,4 +81,8 @@ def test_a_job_lets_go_of_its_client_while_spark_runs_and_resumes_from_its_kept_
     assert "were kept by the detached run" in out  # the client run again asked Spark for nothing
     assert _shards(s3_server, f"tests/detached-{run}") == _shards(s3_server, f"tests/attached-{run}")
     assert not detach.run_results(run).have()  # the run's results went with its last client
-    assert not Path(detach.run_results(run).url).exists()
+    if state == "local":
+        assert not Path(detach.run_results(run).url).exists()
+    else:  # nothing of the run left in the state store: results, the pinned parallelism, the staged plan
+        listed = s3_server.settings().client().list_objects_v2(Bucket="imgest", Prefix=f"tests/state-{run}/staging/")
+        assert listed.get("KeyCount", 0) == 0, [o["Key"] for o in listed.get("Contents", [])]

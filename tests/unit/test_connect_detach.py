@@ -85,6 +85,11 @@ def test_the_trigger_reads_the_servers_errors() -> None:
     assert failed["status"] == FAILED
     assert "bad shard" in failed["error"]
     assert classify(_RpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")) is None  # try again
+    # another attach took the stream over (two triggerers for a moment): attach again, never "gone"
+    assert classify(_RpcError(grpc.StatusCode.INTERNAL, "[INVALID_CURSOR.DISCONNECTED] taken over")) is None
+    # the server still has the operation but cannot resume this stream: gone, after interrupting it
+    stale = classify(_RpcError(grpc.StatusCode.INTERNAL, "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] released"))
+    assert stale == {"status": GONE, "error": "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] released", "stale": True}
 
 
 def test_the_trigger_serializes_what_it_needs() -> None:
@@ -107,9 +112,95 @@ def test_the_operator_fails_on_the_jobs_error_or_a_lost_lock_and_goes_on_otherwi
     with pytest.raises(fail_exception(), match="lost the lock"):
         check_event("pack_shards", {"status": LOST, "error": "lost the lock of d"})
     check_event("pack_shards", {"status": DONE})
-    with pytest.raises(fail_exception(), match="deferred 21 times"):  # a client that never finds its results
-        check_event("pack_shards", {"status": DONE}, deferrals=21)
     check_event("pack_shards", {"status": GONE, "error": "restarted"})  # the client runs what is missing
+
+
+def test_after_its_deferrals_a_run_stays_attached(tmp_path: Path) -> None:
+    """A client that never finds what its executors kept would start its partitions forever: after MAX_DEFERRALS
+    the client runs without the detach file (attached to its end, failing naming the folder if results are lost)."""
+    from imgest.operators.connect_job import MAX_DEFERRALS, defer_env, detaches
+
+    ti = SimpleNamespace(dag_id="d", task_id="t", map_index=-1, try_number=1)
+    context = {"ti": ti, "run_id": "r"}
+    with defer_env(context, {}) as first:
+        assert set(first) == {detach.RUN_ENV, detach.DETACH_ENV}
+    resumed = {"status": DONE, "call": "00-pack-2", "deferrals": MAX_DEFERRALS}
+    assert not detaches(resumed)
+    with defer_env(context, resumed) as last:
+        assert set(last) == {detach.RUN_ENV, detach.DONE_ENV}  # the same run's results, no detaching
+        assert last[detach.RUN_ENV] == first[detach.RUN_ENV]
+    with defer_env(context, None) as attached:
+        assert attached == {}
+
+
+def test_an_exit_as_if_detached_without_a_record_says_so(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    from imgest.operators.connect_job import detached_record
+
+    with pytest.raises(AirflowException, match="recorded no operation"):
+        detached_record("pack_shards", {detach.DETACH_ENV: str(tmp_path / "detached.json")})
+    (tmp_path / "detached.json").write_text(json.dumps({"operation_id": "o"}))
+    assert detached_record("pack_shards", {detach.DETACH_ENV: str(tmp_path / "detached.json")}) == {"operation_id": "o"}
+
+
+def test_results_on_s3_under_any_bucket_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The results folder's URL is the state URL's bucket and prefix, whatever the bucket is called."""
+    monkeypatch.setenv("IMGEST_S3_ENDPOINT", "http://s3.example:8333")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    for url, folder in (
+        ("s3://staging-bucket/state", "s3://staging-bucket/state/staging/connect/r/00-pack-2/"),
+        ("s3://staging-bucket", "s3://staging-bucket/staging/connect/r/00-pack-2/"),
+        ("s3://b/p/q/", "s3://b/p/q/staging/connect/r/00-pack-2/"),
+    ):
+        monkeypatch.setenv("IMGEST_STATE_URL", url)
+        results = detach.run_results("r", "00-pack-2")
+        assert (results.url, results.remote) == (folder, True)
+
+
+def test_a_deferrable_runs_staged_files_live_in_its_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that left its operation running exits without closing its Stager: its files are staged at the same
+    names each run, inside the run's folder (which the run's last client or the operator removes)."""
+    from imgest.core import staging
+
+    monkeypatch.setenv("IMGEST_CONNECT_RUN", "abc")
+    monkeypatch.setattr(staging, "_stagers", iter(range(5)))
+    assert staging._run_folder("imagenet") == "connect/abc/staged-0"
+    monkeypatch.setattr(staging, "_stagers", iter(range(5)))
+    assert staging._run_folder("imagenet") == "connect/abc/staged-0"  # the next client's run: the same folder
+    monkeypatch.delenv("IMGEST_CONNECT_RUN")
+    assert staging._run_folder("imagenet").startswith("imagenet/")  # a job attached: a folder of its own
+
+
+def test_the_trigger_renews_as_the_worker_did_and_says_when_it_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trigger renews with the task attempt and the lock's epoch the worker held; a lock another took, or a
+    lease through which no renewal got, is lost; a store away for less than a lease is tried again."""
+    from imgest.core import locks
+
+    calls: list[tuple[Any, ...]] = []
+    answers: list[Any] = [True, ConnectionError("away"), False]
+
+    def renew(dataset: str, holder: Any, store: Any, attempt: Any = None, epoch: Any = None) -> bool:
+        calls.append((dataset, holder.who, store, attempt, epoch))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return bool(answer)
+
+    monkeypatch.setattr(locks, "renew", renew)
+    lock = {"dataset": "d", "dag_id": "g", "run_id": "r", "task_id": "t", "try_number": 2, "epochs": ["e1"],
+            "lease_s": 600.0, "location": "local:/x", "aws_conn_id": "a", "cassandra_conn_id": "c"}  # fmt: skip
+    trigger = SparkConnectOperationTrigger("sc://spark:15002", {}, "spark_default", lock)
+    trigger._stores = ["store-1"]
+    assert trigger._renew() == ""
+    assert calls[0] == ("d", "Airflow DAG g run r", "store-1", locks.Attempt("t", 2), "e1")
+    assert trigger._renew() == ""  # away for a moment
+    assert "lost the lock of d" in trigger._renew()
+    answers.append(ConnectionError("still away"))
+    trigger._renewed -= 601  # no renewal through for a whole lease
+    assert "the lease of d ran out" in trigger._renew()
 
 
 def test_deferrable_jobs_are_a_deployments_choice(monkeypatch: pytest.MonkeyPatch) -> None:
