@@ -87,7 +87,7 @@ class MemoryWatch:
             return []
         lines = [
             f"memory: lowest {self.lowest / GIB:.1f} GiB available of {self.total / GIB:.1f} GiB, "
-            f"{self.at / 60:.0f} min in, while {', '.join(self.running) or 'no test'} ran; the largest then:"
+            f"{self.at / 60:.0f} min in (the tests last started: {', '.join(self.running) or 'none'}); largest then:"
         ]
         lines += [f"  {rss / GIB:5.2f} GiB  pid {pid}  {what}" for rss, pid, what in self.holders]
         return lines
