@@ -148,8 +148,18 @@ def main(json_path: Path, plot: Path | None, sizes: list[str], targets: list[str
     for r in rows:
         print(f"  {r['size']} {r['target']} {r['route']}: {r['quiet']['other_cores']} cores of other processes")
     if plot:
-        groups = [f"{r['size']} {r['target']}" for r in rows if r["route"] == "connect"]
-        series = {route: [r["worker_peak_rss_mb"] for r in rows if r["route"] == route]
-                  for route in ("spark-submit", "connect", "connect-deferred")}  # fmt: skip
-        bar_chart(plot, "What the Airflow worker carries per job: peak RSS", groups, series, "MB")
+        plots(rows, plot)
     return report
+
+
+def plots(rows: list[dict[str, Any]], plot: Path) -> None:
+    """PLOT: the worker's peak RSS per job and route; PLOT's ``-held`` sibling: the seconds a worker slot was held
+    beside the job's wall (what the deferrable route frees)."""
+    routes = ("spark-submit", "connect", "connect-deferred")
+    groups = [f"{r['size']} {r['target']}" for r in rows if r["route"] == "connect"]
+    series = {route: [r["worker_peak_rss_mb"] for r in rows if r["route"] == route] for route in routes}
+    bar_chart(plot, "What the Airflow worker carries per job: peak RSS", groups, series, "MB")
+    held = {route: [r["worker_held_s"] for r in rows if r["route"] == route] for route in routes}
+    held["job wall (deferred)"] = [r["wall_s"] for r in rows if r["route"] == "connect-deferred"]
+    title = "Seconds a worker slot is held per job"
+    bar_chart(plot.with_name(f"{plot.stem}-held{plot.suffix}"), title, groups, held, "s", log=True)

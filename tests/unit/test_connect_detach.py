@@ -251,3 +251,18 @@ def test_the_follower_blocks_a_thread_of_its_own() -> None:
         return ok, None
 
     assert asyncio.run(main()) == ((42, "imgest-connect-follow"), "no such operation")
+
+
+def test_bench_connect_plots_the_worker_held_beside_the_wall(tmp_path: Path) -> None:
+    """`imgest bench connect --plot X`: X (peak RSS per route) and X-held (the seconds a worker slot was held)."""
+    from imgest.bench.connect import plots
+
+    rows = [
+        {"size": "143k", "target": t, "route": r, "worker_peak_rss_mb": 200.0 + i, "worker_held_s": 10.0 + i,
+         "wall_s": 60.0 + i}
+        for t in ("cassandra", "shards")
+        for i, r in enumerate(("spark-submit", "connect", "connect-deferred"))
+    ]  # fmt: skip
+    plots(rows, tmp_path / "connect.png")
+    for name in ("connect.png", "connect-held.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
