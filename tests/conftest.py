@@ -380,15 +380,12 @@ def spark_cluster() -> Iterator[SparkCluster]:
     yield from serve("spark")  # type: ignore[misc]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark_connect(spark_cluster: SparkCluster) -> Iterator[SparkConnectServer]:
-    """The Spark Connect server on the suite's cluster, for one module (stopped at its end if this started it; idle,
-    its executors go back to the cluster after 15 s)."""
-    server = SparkConnectServer.default()
-    started = not server.answers() and server.up().started
-    yield server
-    if started:
-        server.down()
+    """The Spark Connect server on the suite's cluster, shared by both xdist workers and stopped by the controller
+    at the end (idle, its executors go back to the cluster after 15 s). Started and stopped per module, one
+    worker's module stopped the server the other's had found answering, mid-test (CI of bb0371c)."""
+    yield from serve("spark-connect")  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")

@@ -35,3 +35,6 @@ def test_bench_connect_reports_both_routes(
     assert deferred["followed_s"] > 0  # the follower's wait: no client process on the worker meanwhile
     assert deferred["worker_held_s"] < deferred["wall_s"]
     assert rows["connect"]["worker_held_s"] == rows["connect"]["wall_s"]
+    # each run's shards are measured, not kept (a 1.33 M run wrote 4.6 GB per route)
+    listed = s3_server.settings().client().list_objects_v2(Bucket=s3_server.bucket, Prefix="bench/connect-")
+    assert listed.get("KeyCount", 0) == 0, [o["Key"] for o in listed.get("Contents", [])][:5]
