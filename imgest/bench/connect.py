@@ -24,6 +24,7 @@ from imgest.bench.measure import QuietWatch, RssSampler, TreeSampler, server_pid
 from imgest.core import workdir
 from imgest.core.paths import state_dir
 from imgest.core.report import bar_chart, describe_machine, format_table, write_json
+from imgest.core.s3_prefix import delete_prefix
 from imgest.services import CassandraServer, S3Server
 from imgest.services.spark_connect import SparkConnectServer
 from imgest.spark.conf import submit_env
@@ -66,11 +67,7 @@ def drop_output(args: list[str], s3: S3Server, cassandra: CassandraServer) -> No
     """Remove what the job of ARGS wrote: its S3 prefix (--dest) or its keyspace (--keyspace)."""
     if "--dest" in args:
         bucket, _, prefix = args[args.index("--dest") + 1].removeprefix("s3://").partition("/")
-        client = s3.settings().client()
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        delete_prefix(s3.settings().client(), bucket, f"{prefix}/")
     if "--keyspace" in args:
         from imgest.core.settings import CassandraSettings
         from imgest.sinks.cassandra.client import cassandra_session

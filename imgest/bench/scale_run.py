@@ -96,6 +96,7 @@ def run_step(step: str, state_file: Path, log_file: Path) -> dict[str, Any]:
 
 def reset_dataset(dataset: str, keyspace: str, dest: str) -> None:
     """Drop what an earlier run of this benchmark stored for DATASET: every size starts from empty."""
+    from imgest.core.s3_prefix import delete_prefix
     from imgest.core.settings import CassandraSettings, S3Settings
     from imgest.core.workdir import dataset_workdir
     from imgest.sinks.cassandra.client import cassandra_session
@@ -104,11 +105,7 @@ def reset_dataset(dataset: str, keyspace: str, dest: str) -> None:
     with cassandra_session(CassandraSettings.from_env()) as session:
         session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=600)
     bucket, _, prefix = dest.removeprefix("s3://").partition("/")
-    client, prefix = S3Settings.from_env().client(), prefix.rstrip("/") + "/"
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    delete_prefix(S3Settings.from_env().client(), bucket, prefix.rstrip("/") + "/")
 
 
 def stored_bytes(result: dict[str, Any]) -> int | None:

@@ -116,12 +116,9 @@ class Results:
             return
         bucket, prefix = self._bucket_prefix()
         assert self.s3 is not None
-        client = self.s3.client()
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for page in pages:
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        from imgest.core.s3_prefix import delete_prefix
+
+        delete_prefix(self.s3.client(), bucket, prefix)
 
 
 def run_results(run: str, call: str = "") -> Results:
