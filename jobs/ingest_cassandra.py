@@ -50,7 +50,7 @@ from imgest.spark.manifest_rdd import Candidates, candidate_rdd, manifest_rows, 
 from imgest.spark.partitions import connected, parallelism
 from imgest.spark.pypath import prefer_installed_pyspark
 from imgest.spark.scan_handoff import wait_for_scan
-from imgest.spark.submit import emit_summary, stop_session
+from imgest.spark.submit import emit_summary, job_logging, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.ingest_cassandra")
@@ -120,9 +120,7 @@ def load(spark: Any, candidates: Candidates, cfg: CassandraIngestConfig) -> Part
 
 @submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("cassandra", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    job_logging("cassandra", "py4j")
     args = parse_args(argv)
     try:
         phases = PhaseClock()

@@ -43,7 +43,7 @@ from imgest.spark.failures import nothing_ingestible, report_failure
 from imgest.spark.job_options import FILES_OPTIONS, TRANSFORM_OPTIONS, job_parser
 from imgest.spark.manifest_rdd import Candidates, candidate_rdd, run_candidates
 from imgest.spark.pypath import prefer_installed_pyspark
-from imgest.spark.submit import emit_summary, stop_session
+from imgest.spark.submit import emit_summary, job_logging, stop_session
 from imgest.transform.image import TransformSpec
 
 log = logging.getLogger("imgest.jobs.write_files")
@@ -91,8 +91,7 @@ def merge_samples(total: FilesPartResult, cfg: FilesConfig, staged: Path) -> Non
 
 @submitter_holdings()  # the lock its submitter holds: the driver fences its publishing with it
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    job_logging("py4j")
     args = parse_args(argv)
     try:
         cfg = build_config(args)

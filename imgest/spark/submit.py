@@ -176,7 +176,7 @@ def connect_command(job: str, job_args: list[str], master: str, conf: dict[str, 
             f"Spark settings {sorted(conf)} cannot be set for a Spark Connect session: set them on the server "
             f"({master})"
         )
-    return [sys.executable, str(job_path(job)), REMOTE_OPTION, master, *job_args]
+    return [sys.executable, "-m", "imgest.spark.thin_client", str(job_path(job)), REMOTE_OPTION, master, *job_args]
 
 
 def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True) -> int:
@@ -190,7 +190,7 @@ def run_submit(cmd: list[str], log_file: Path | None = None, reuse: bool = True)
     from imgest.core.locks import holder_env
 
     held = holder_env()
-    connect = REMOTE_OPTION in cmd[:4]
+    connect = REMOTE_OPTION in cmd[:6]
     if log_file is not None and reuse and not connect:
         from imgest.spark import driver_server
 
@@ -236,7 +236,7 @@ def with_task_retries(master: str) -> str:
 
 
 def job_logging(*noisy: str) -> None:
-    """A job's log format, the NOISY loggers (boto3's, py4j's) at warnings only."""
+    """A job driver's log format, the NOISY loggers (boto3's, py4j's) at warnings only."""
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

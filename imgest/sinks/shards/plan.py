@@ -72,7 +72,7 @@ def build_plan(
     always give the same plan."""
     if bucket_rows < 1:
         raise ConfigError(f"plan bucket rows {bucket_rows} must be at least 1")
-    source = pq.ParquetFile(manifest)
+    source = pq.ParquetFile(manifest, pre_buffer=False)  # read in order: nothing to coalesce, less held
     schema = source.schema_arrow.append(pa.field("shard", pa.string())).append(pa.field("pos", pa.int32()))
     counts = _split_counts(source)
     buckets = {split: max(1, -(-n // bucket_rows)) for split, n in counts.items()}
@@ -111,7 +111,7 @@ def plan_shards(
 def _split_counts(source: pq.ParquetFile) -> dict[str, int]:
     """Rows per split of a manifest, read a batch of the split column at a time."""
     counts: dict[str, int] = {}
-    for batch in source.iter_batches(batch_size=READ_BATCH_ROWS, columns=["split"]):
+    for batch in source.iter_batches(batch_size=READ_BATCH_ROWS, columns=["split"], use_threads=False):
         for item in pc.value_counts(batch.column(0)).to_pylist():
             counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
     return counts
@@ -154,7 +154,7 @@ def _read_groups(source: pq.ParquetFile, rows: int) -> Iterator[pa.Table]:
     """SOURCE's rows in tables of about ROWS rows, read in small batches (the reader's buffers stay small)."""
     pending: list[pa.RecordBatch] = []
     count = 0
-    for batch in source.iter_batches(batch_size=READ_BATCH_ROWS):
+    for batch in source.iter_batches(batch_size=READ_BATCH_ROWS, use_threads=False):  # threads hold more
         pending.append(batch)
         count += batch.num_rows
         if count >= rows:
@@ -310,7 +310,7 @@ def copy_plan(plan: Path, out: Path, spec: TransformSpec) -> PlanFile:
     shard, streaming a batch at a time; returns it with its version key."""
     source = pq.ParquetFile(plan)
     with PlanWriter(out, source.schema_arrow, spec) as writer:
-        for batch in source.iter_batches(batch_size=READ_BATCH_ROWS):
+        for batch in source.iter_batches(batch_size=READ_BATCH_ROWS, use_threads=False):  # threads hold more
             writer.add_planned(pa.Table.from_batches([batch]))
     return writer.result()
 
