@@ -7,7 +7,9 @@ small row per partition: the results are in the run's results folder), and fires
 ``{"status": "done"}``, ``{"status": "failed", "error": ...}`` (the job's own error on Spark), or ``{"status":
 "gone", "error": ...}`` (the server no longer knows it: restarted, or it gave the execution up; the task runs the
 client again, which runs only the partitions whose results are missing). Meanwhile it renews the run's lease on its
-dataset's lock (the worker that renewed it is gone): a lock lost fires ``{"status": "lost", ...}``.
+dataset's lock (the worker that renewed it is gone): a lock lost fires ``{"status": "lost", ...}``. It logs the
+operation's progress (the server's reports in the stream: tasks finished of its tasks) at most every minute, in the
+task's log as the attached client's did.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ TRY_AGAIN_CLASSES = ("INVALID_CURSOR.DISCONNECTED",)
 STALE_CLASSES = ("INVALID_CURSOR",)
 UNAVAILABLE_FOR_S = 600.0  # a server that does not answer this long: the operation is interrupted and given up
 REATTACH_TIMEOUT_S = 600.0  # one reattach's longest wait (the server ends each stream after 2 minutes itself)
+PROGRESS_EVERY_S = 60.0  # the deferred job's progress line in the task's log at most this often
 
 
 class SparkConnectOperationTrigger(BaseTrigger):
@@ -70,13 +73,18 @@ class SparkConnectOperationTrigger(BaseTrigger):
         stop = threading.Event()
         token = await sync_to_async(self._token, thread_sensitive=False)()
         channels: list[Any] = []  # closed when the trigger ends: a blocked reattach ends with it
-        follow = in_own_thread(follow_operation, self.master, self.record, token, stop, channels)
+        progress: dict[str, int] = {}  # the follower's thread writes it, this loop logs it
+        follow = in_own_thread(follow_operation, self.master, self.record, token, stop, channels, progress)
         renew = sync_to_async(self._renew, thread_sensitive=False)
         lease = float(self.lock.get("lease_s") or 0)
         every = min(self.poll, lease / 4) if lease > 0 else self.poll  # as the worker renewed it (locks.keep_alive_in)
+        t0 = logged = time.monotonic()
         try:
             while True:
-                done, _ = await asyncio.wait({follow}, timeout=every)
+                done, _ = await asyncio.wait({follow}, timeout=min(every, PROGRESS_EVERY_S))
+                if not done and time.monotonic() - logged >= PROGRESS_EVERY_S:
+                    self.log.info(progress_line(self.record, dict(progress), time.monotonic() - t0))
+                    logged = time.monotonic()
                 if done:
                     event = follow.result()
                     self.log.info("operation %s: %s", self.record.get("operation_id"), event)
@@ -158,10 +166,15 @@ def in_own_thread(call: Any, *args: Any) -> asyncio.Future[Any]:
 
 
 def follow_operation(
-    master: str, record: dict[str, Any], token: str | None, stop: threading.Event, channels: list[Any] | None = None
+    master: str,
+    record: dict[str, Any],
+    token: str | None,
+    stop: threading.Event,
+    channels: list[Any] | None = None,
+    progress: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Stay attached to RECORD's operation on MASTER until it ends (blocking; STOP ends it early, and so does closing
-    the channel it appends to CHANNELS): its event."""
+    the channel it appends to CHANNELS): its event. PROGRESS gets the server's progress reports (note_progress)."""
     import grpc
 
     connect_importable()
@@ -192,6 +205,8 @@ def follow_operation(
             try:
                 for resp in stub.ReattachExecute(req, metadata=builder.metadata(), timeout=REATTACH_TIMEOUT_S):
                     last, received, unanswered = resp.response_id, True, None
+                    if progress is not None and resp.HasField("execution_progress"):
+                        note_progress(progress, resp.execution_progress)
                     if resp.HasField("result_complete"):
                         _release(stub, builder, record, user)
                         return {"status": DONE}
@@ -209,6 +224,27 @@ def follow_operation(
         return {"status": GONE, "error": "stopped"}
     finally:
         channel.close()
+
+
+def note_progress(progress: dict[str, int], report: Any) -> None:
+    """PROGRESS after one of the server's ExecutionProgress REPORTs: its stages' tasks, those finished (never fewer
+    than an earlier report said: a reattach replays the stream) and those running."""
+    stages = list(report.stages)
+    progress["tasks"] = max(progress.get("tasks", 0), sum(int(s.num_tasks) for s in stages))
+    progress["finished"] = max(progress.get("finished", 0), sum(int(s.num_completed_tasks) for s in stages))
+    progress["running"] = int(report.num_inflight_tasks)
+    progress["reports"] = progress.get("reports", 0) + 1
+
+
+def progress_line(record: dict[str, Any], progress: dict[str, int], seconds: float) -> str:
+    """The deferred job's progress as the task's log shows it."""
+    what = f"operation {record.get('operation_id')} ({record.get('call')}, {record.get('partitions', '?')} partitions)"
+    if not progress.get("reports"):
+        return f"{what}: running on Spark for {seconds:.0f} s, no progress report from the server yet"
+    return (
+        f"{what}: {progress['finished']}/{progress['tasks']} tasks finished, {progress['running']} running, "
+        f"{seconds:.0f} s followed"
+    )
 
 
 def _given_up(stub: Any, builder: Any, record: dict[str, Any], user: Any, event: dict[str, Any]) -> dict[str, Any]:

@@ -70,8 +70,12 @@ def test_a_job_lets_go_of_its_client_while_spark_runs_and_resumes_from_its_kept_
         detached.append(record)
         assert record["state"] in ("RUNNING", "TERMINATING", "SUCCEEDED"), record  # the server ran it, no client
         assert "this client lets go of it" in out
-        event = follow_operation(spark_connect.url, record, None, threading.Event())
+        progress: dict[str, int] = {}
+        event = follow_operation(spark_connect.url, record, None, threading.Event(), None, progress)
         assert event["status"] in (DONE, GONE), event  # gone: it ended and the server forgot it before we came
+        if event["status"] == DONE:  # the stream replayed from its start: the server's progress reports in it
+            assert progress["reports"] >= 1, progress
+            assert progress["finished"] == progress["tasks"] == record["count"], (progress, record)
         events.append(event)
         env[detach.DONE_ENV] = json.dumps({**event, "call": record["call"], "operation_id": record["operation_id"]})
         assert len(detached) < 5, (detached, events)

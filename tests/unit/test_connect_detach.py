@@ -253,6 +253,52 @@ def test_the_follower_blocks_a_thread_of_its_own() -> None:
     assert asyncio.run(main()) == ((42, "imgest-connect-follow"), "no such operation")
 
 
+def test_the_trigger_logs_the_servers_progress(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's progress reports, as a reattach reads them (a replay never counts back), logged while deferred."""
+    import asyncio
+    import time
+
+    import structlog.testing
+
+    from imgest.operators import connect_trigger as ct
+
+    ct.connect_importable()
+    from pyspark.sql.connect.proto import base_pb2 as pb2
+
+    report = pb2.ExecutePlanResponse.ExecutionProgress
+    record = {"operation_id": "op-1", "call": "00-pack-8", "partitions": 8}
+    progress: dict[str, int] = {}
+    assert "no progress report from the server yet" in ct.progress_line(record, progress, 12)
+    ct.note_progress(
+        progress, report(stages=[report.StageInfo(num_tasks=8, num_completed_tasks=3)], num_inflight_tasks=2)
+    )
+    ct.note_progress(
+        progress, report(stages=[report.StageInfo(num_tasks=8, num_completed_tasks=1)], num_inflight_tasks=2)
+    )
+    line = ct.progress_line(record, progress, 75)
+    assert line == "operation op-1 (00-pack-8, 8 partitions): 3/8 tasks finished, 2 running, 75 s followed"
+
+    def follow(master: str, rec: Any, token: Any, stop: Any, channels: Any, seen: dict[str, int]) -> dict[str, Any]:
+        seen.update(tasks=8, finished=5, running=3, reports=1)
+        time.sleep(0.5)
+        return {"status": DONE}
+
+    monkeypatch.setattr(ct, "follow_operation", follow)
+    monkeypatch.setattr(ct, "PROGRESS_EVERY_S", 0.1)
+    trigger = SparkConnectOperationTrigger("sc://spark:15002", record, "spark_default", {}, poll=30.0)
+    monkeypatch.setattr(trigger, "_token", lambda: None)
+
+    async def events() -> list[Any]:
+        return [event async for event in trigger.run()]
+
+    with structlog.testing.capture_logs() as logged:  # the trigger's log is Airflow's structlog logger
+        [event] = asyncio.run(events())
+    assert event.payload["status"] == DONE
+    assert any("5/8 tasks finished, 3 running" in str(e.get("event")) for e in logged), logged
+
+
 def test_bench_connect_plots_the_worker_held_beside_the_wall(tmp_path: Path) -> None:
     """`imgest bench connect --plot X`: X (peak RSS per route) and X-held (the seconds a worker slot was held)."""
     from imgest.bench.connect import plots
