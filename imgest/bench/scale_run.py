@@ -44,7 +44,7 @@ def role_of(cmdline: list[str], root_pid: int, pid: int) -> str | None:
         return "task"
     if "org.apache.spark.deploy.SparkSubmit" in text:
         return "spark_driver"
-    if any(part.endswith(".py") and "/jobs/" in part for part in cmdline[1:2]):
+    if any(part.endswith(".py") and "/jobs/" in part for part in cmdline[1:4]):  # python JOB.py, or the thin client
         return "driver_python"
     if any(name in text for name in ("pyspark.daemon", "pyspark.worker", "pyspark/daemon", DAEMON_MODULE)):
         return "spark_worker"

@@ -82,6 +82,8 @@ def test_roles_follow_the_command_line() -> None:
     assert scale_run.role_of(["/v/bin/python", "-m", "pyspark.daemon"], 7, 9) == "spark_worker"
     assert scale_run.role_of(["/v/bin/python", "-m", "imgest.spark.worker_daemon"], 7, 9) == "spark_worker"
     assert scale_run.role_of(["/v/bin/python", "/r/jobs/pack_shards.py", "--dest", "x"], 7, 9) == "driver_python"
+    thin = ["/v/bin/python", "-m", "imgest.spark.thin_client", "/r/jobs/pack_shards.py", "--spark-remote", "sc://h:1"]
+    assert scale_run.role_of(thin, 7, 9) == "driver_python"  # the Connect route's client
     assert scale_run.role_of(["java", "org.apache.cassandra.service.CassandraDaemon"], 7, 10) == "cassandra_server"
     assert scale_run.role_of(["bash"], 7, 11) is None
 
