@@ -74,8 +74,9 @@ def test_a_job_lets_go_of_its_client_while_spark_runs_and_resumes_from_its_kept_
         event = follow_operation(spark_connect.url, record, None, threading.Event(), None, progress)
         assert event["status"] in (DONE, GONE), event  # gone: it ended and the server forgot it before we came
         if event["status"] == DONE:  # the stream replayed from its start: the server's progress reports in it
-            assert progress["reports"] >= 1, progress
-            assert progress["finished"] == progress["tasks"] == record["count"], (progress, record)
+            assert progress["reports"] >= 1, progress  # periodic: the last need not show the final task finished
+            assert progress["tasks"] == record["count"], (progress, record)
+            assert 0 <= progress["finished"] <= progress["tasks"], progress
         events.append(event)
         env[detach.DONE_ENV] = json.dumps({**event, "call": record["call"], "operation_id": record["operation_id"]})
         assert len(detached) < 5, (detached, events)
