@@ -23,18 +23,15 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter; setting it also stops the dy
 TRIM_THRESHOLD = 128 * 1024  # glibc's own starting value, kept fixed
 
 
-def lean_allocators() -> list[str]:
+def lean_allocators() -> None:
     """Arrow's default pool the system allocator and glibc's trim threshold fixed, where the environment did not
-    choose them; returns what was set. Call it before pyarrow is imported (RuntimeError otherwise: Arrow would keep
-    the pool it started with)."""
-    changed: list[str] = []
+    choose them. Call it before pyarrow is imported (RuntimeError otherwise: Arrow would keep the pool it started
+    with)."""
     if not os.environ.get(ARROW_POOL):
         if "pyarrow" in sys.modules:
             raise RuntimeError("lean_allocators() runs before pyarrow is imported: Arrow chose its pool already")
         os.environ[ARROW_POOL] = "system"
-        changed.append(f"{ARROW_POOL}=system")
     if not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
         mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc and musl have it; elsewhere nothing to set
-        if mallopt is not None and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1:
-            changed.append(f"malloc trim threshold {TRIM_THRESHOLD} B")
-    return changed
+        if mallopt is not None:
+            mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)

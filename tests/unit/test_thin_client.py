@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from imgest.spark.submit import connect_command, run_submit
 
 JOB = """
@@ -66,11 +68,25 @@ def test_no_script_says_so(tmp_path: Path) -> None:
     assert "no job script at" in done.stderr
 
 
-def test_run_submit_treats_the_launched_job_as_connect(tmp_path: Path) -> None:
+def test_run_submit_treats_the_launched_job_as_connect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_submit finds the Connect option in the launcher's longer argv: the job runs as the thin client (here a
     script that exits at once), never handed to spark-submit's reused driver."""
+    from imgest.spark import driver_server
+
+    handed: list[list[str]] = []
+
+    def reused_driver(cmd: list[str], log_file: Path, *_: object) -> int:
+        handed.append(cmd)
+        log_file.write_text("")
+        return 99
+
+    monkeypatch.setattr(driver_server, "submit", reused_driver)
     job = tmp_path / "probe.py"
     job.write_text(JOB)
     cmd = [sys.executable, "-m", "imgest.spark.thin_client", str(job), "--spark-remote", "sc://x:1", "5"]
     assert run_submit(cmd, tmp_path / "log.txt") == 5
+    assert handed == []  # read as spark-submit, it would have gone to the reused driver (and returned 99)
     assert '"pool": "system"' in (tmp_path / "log.txt").read_text()
+    spark_submit = ["spark-submit", "--master", "local[*]", "--name", "imgest-probe", str(job), "5"]
+    assert run_submit(spark_submit, tmp_path / "log2.txt") == 99  # the same check sends spark-submit's there
+    assert handed == [spark_submit]
