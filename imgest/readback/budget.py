@@ -3,8 +3,9 @@
 A reader's epoch has two parts. Its **start-up** is the time to its first batch (``startup_s``, its pipeline's build
 included) and its first ``warmup`` batches (a pipeline's first ``run()`` fills its prefetch queue, a reader's window
 grows). Its **steady rate** is the images of the batches after them over the time they took (``steady_rate``), and
-it is a rate only once it spans at least ``window`` batches (``steady``): a reader that stopped sooner says so
-(``rate_note``), and the report never shows such a figure as its throughput. The window sizes are the benchmark's
+it is a rate only once it spans at least ``window`` batches and the reader's least window in seconds
+(``least_window``; or it read its whole sample): a reader that stopped sooner says so (``rate_note``), and the
+report never shows such a figure as its throughput. The window sizes are the benchmark's
 (``imgest bench read --check-fidelity``, docs/readback.md "The time budget").
 
 The check has a budget of seconds from its start (choosing the sample included), of which its readers share all but
@@ -13,7 +14,8 @@ an equal share of the time left over the readers still to run (:class:`CheckCloc
 to the ones after it. A reader's share counts from its own start: its start-up (a pipeline's build, seconds for
 DALI's ``s3://`` reader on a busy machine) is part of it. A reader reads (:class:`ReadPlan`):
 
-- its warm-up and its window whatever its share (a slow reader's bounded sample, and it says so), but never past the
+- its warm-up and its window (batches and least seconds) whatever its share (a slow reader's bounded sample, and it
+  says so), but never past the
   check's deadline less the reserves of the readers after it (then its rate is not steady): a reader that overruns
   its share never eats the start-up and window kept for DALI's ``s3://`` reader, which runs last;
 - then on while its share lasts, and stops early once its rate is steady: its measured batches span at least
@@ -131,9 +133,15 @@ class ReadPlan:
     sample of TOTAL images; START is the epoch loop's start, STARTED the reader's own (before its pipeline's build)."""
 
     def __init__(
-        self, budget: ReaderBudget | None, total: int, start: float | None = None, started: float | None = None
+        self,
+        budget: ReaderBudget | None,
+        total: int,
+        start: float | None = None,
+        started: float | None = None,
+        least: float = 0.0,
     ) -> None:
         self.budget, self.total = budget, total
+        self.least = least if budget is not None else 0.0  # seconds its measured batches span at least (a budget's)
         self.start = time.perf_counter() if start is None else start
         self.started = self.start if started is None else min(started, self.start)
         self.warmup = budget.warmup if budget else defaults.CHECK_WARMUP_BATCHES
@@ -159,7 +167,7 @@ class ReadPlan:
         if budget.deadline is not None and now + self._needs(now) >= budget.deadline:
             return CHECK_SPENT  # the next batch (and its reader's teardown) would end past the check's deadline
         measured = self.measured
-        if len(measured) < self.window:
+        if len(measured) < self.window or self.span < self.least:
             return ""  # its warm-up and window whatever its share
         per_batch = (now - self.warmup_end) / len(measured)
         if now - self.started + per_batch > budget.seconds:  # its start-up is part of its share
@@ -196,9 +204,15 @@ class ReadPlan:
         return self.batches[min(self.warmup, len(self.batches)) - 1][1]
 
     @property
+    def span(self) -> float:
+        """Seconds its measured batches span (0 before any)."""
+        return self.batches[-1][1] - self.warmup_end if self.measured else 0.0
+
+    @property
     def steady(self) -> bool:
-        """Whether the rate spans the window: a reader's throughput, not its start-up."""
-        return len(self.measured) >= self.window
+        """Whether the rate spans the window (its batches, and its least seconds unless it read its whole sample): a
+        reader's throughput, not its start-up."""
+        return len(self.measured) >= self.window and (self.span >= self.least or self.read >= self.total)
 
     @property
     def steady_rate(self) -> float:
@@ -219,6 +233,11 @@ class ReadPlan:
         if self.steady:
             return ""
         why = self._spent() if self.stop == CHECK_SPENT else "its sample ended"
+        if len(self.measured) >= self.window:
+            return (
+                f"not a steady rate: its {len(self.measured)} measured batches span {self.span:.2f} s, less than the "
+                f"{self.least:.2f} s this reader's rate needs to settle ({why} first)"
+            )
         return (
             f"not a steady rate: {len(self.measured)} batches measured after its {self.warmup} warm-up batches, "
             f"fewer than the {self.window} a steady rate needs ({why} first)"
@@ -334,6 +353,12 @@ class CheckClock:
         return time.perf_counter() - self.start
 
 
+def least_window(reader: str, mode: str) -> float:
+    """The least seconds READER's measured batches in MODE span before its rate is a throughput
+    (defaults.CHECK_LEAST_WINDOW_S)."""
+    return defaults.CHECK_LEAST_WINDOW_S.get((reader, mode), defaults.CHECK_LEAST_WINDOW_DEFAULT_S)
+
+
 def tail_seconds(seconds: float) -> float:
     """What a budget of SECONDS keeps for after its readers (see TAIL_SHARE)."""
     return min(max(TAIL_SHARE * seconds, TAIL_SECONDS), TAIL_MAX_SHARE * seconds)
@@ -357,26 +382,6 @@ def spent_before(budget: ReaderBudget | None, now: float | None = None, startup:
 def affords(clock: CheckClock | None, turns: int, reserve: float, before: int) -> int:
     """CheckClock.affords of CLOCK; TURNS without a clock (no budget)."""
     return turns if clock is None else clock.affords(turns, reserve, before)
-
-
-def not_kept(reader: str, mode: str, clock: CheckClock | None, reserve: float) -> str:
-    """The ``skipped`` line of a reader whose reserve the check's budget could not keep (CheckClock.affords)."""
-    seconds = clock.seconds if clock is not None else 0.0
-    return (
-        f"{reader} ({mode}): not run: the check's {seconds:.1f} s budget cannot keep the {reserve:.1f} s a turn of it "
-        f"needs (start-up, warm-up and window, teardown) beside {LEAST_SHARE:.1f} s for each reader before it (a "
-        "larger check_seconds, or from 100,000 images a longer run, buys it a measurement)"
-    )
-
-
-def not_run(reader: str, mode: str, clock: CheckClock | None) -> str:
-    """The ``skipped`` line of a reader spent_before its turn."""
-    seconds = clock.seconds if clock is not None else 0.0
-    return (
-        f"{reader} ({mode}): not run: the check's {seconds:.1f} s budget was spent before its turn, or what was "
-        "left would not cover its start-up (a larger check_seconds, or from 100,000 images a longer run, buys it a "
-        "measurement)"
-    )
 
 
 def next_budget(clock: CheckClock | None, stop_when_steady: bool = True, reserve: float = 0.0) -> ReaderBudget | None:

@@ -25,9 +25,8 @@ from imgest.readback.budget import (
     affords,
     check_seconds,
     expect,
+    least_window,
     next_budget,
-    not_kept,
-    not_run,
     spent_before,
 )
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
@@ -38,6 +37,7 @@ from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec
 from imgest.readback.readers import run_external, run_files, run_webdataset, s3_stream_batches, webdataset_batches
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
+from imgest.readback.skips import not_kept, not_run
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None] | None
@@ -142,6 +142,18 @@ def cassandra_simple_run(
         )
 
 
+def starts(name: str, mode: str, budget: ReaderBudget | None, clock: CheckClock | None, skipped: list[str]) -> bool:
+    """Whether reader NAME in MODE starts on BUDGET: not where what is left before the check's deadline would not
+    cover its start-up (READER_STARTUP_S) and its least window (budget.least_window), which it reads whatever its
+    share; then its line goes to SKIPPED (and the log), and the time goes to the readers after it."""
+    if not spent_before(budget, startup=READER_STARTUP_S + least_window(name, mode)):
+        return True
+    line = not_run(name, mode, clock)
+    log.warning("%s", line)
+    skipped.append(line)
+    return False
+
+
 def cassandra_runs(
     settings: CassandraSettings,
     rs: ReadSet,
@@ -152,20 +164,17 @@ def cassandra_runs(
     skipped: list[str] | None = None,
 ) -> list[RunResult]:
     """imgest's Cassandra reader (and the straightforward one) in each mode, each within its share of CLOCK; a
-    reader whose turn comes with less than READER_STARTUP_S left before the check's deadline is not run (its
-    connection and first batch would end past it): a line in SKIPPED (and the log)."""
-    results = []
+    reader whose turn comes with too little left for a measurement (:func:`starts`) is not run: a line in SKIPPED
+    (and the log)."""
+    results, skipped = [], [] if skipped is None else skipped
     expect(clock, len(opts.modes) * (2 if baseline else 1))
     for mode in opts.modes:
         spec = opts.spec(mode)
         for name in ("cassandra", "cassandra-simple")[: 2 if baseline else 1]:
             budget = next_budget(clock)
-            if spent_before(budget, startup=READER_STARTUP_S):
-                line = not_run(name, mode, clock)
-                log.warning("%s", line)
-                if skipped is not None:
-                    skipped.append(line)
-            elif name == "cassandra":
+            if not starts(name, mode, budget, clock, skipped):
+                continue
+            if name == "cassandra":
                 results.append(cassandra_run(settings, rs, spec, opts.cassandra, progress, budget))
             else:
                 results.append(cassandra_simple_run(settings, rs, spec, progress, budget))
@@ -305,12 +314,12 @@ def s3_shard_runs(
     for mode in opts.modes:
         spec = opts.spec(mode)
         sopts = replace(opts.s3, shuffle_buffer=0)
-        results.append(s3_stream_run(rs, settings, bucket, prefix, spec, sopts, progress, next_budget(clock)))
         budget = next_budget(clock)
-        if spent_before(budget):  # its torch import alone takes seconds
-            skipped.append(not_run("shards-s3-webdataset", mode, clock))
-            continue
-        results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
+        if starts("shards-s3-stream", mode, budget, clock, skipped):
+            results.append(s3_stream_run(rs, settings, bucket, prefix, spec, sopts, progress, budget))
+        budget = next_budget(clock)
+        if starts("shards-s3-webdataset", mode, budget, clock, skipped):  # its torch import: done ahead
+            results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
     modes = [(mode, opts.spec(mode)) for mode in opts.modes[:turns]]  # last, over what the others left (dali_s3)
     dali, failed = dali_s3_runs(rs, settings, f"s3://{bucket}/{prefix}", modes, progress, clock)
     skipped += [not_kept("shards-s3-dali", mode, clock, reserve) for mode in opts.modes[turns:]]

@@ -25,11 +25,12 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import S3Settings
-from imgest.readback.budget import CheckClock, ReaderBudget, next_budget, not_run, spent_before
+from imgest.readback.budget import CheckClock, ReaderBudget, next_budget, spent_before
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec
 from imgest.readback.readers import run_webdataset
+from imgest.readback.skips import not_run
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from imgest.core.sampling import IdIndex
-from imgest.readback.budget import ReaderBudget, ReadPlan
+from imgest.readback.budget import ReaderBudget, ReadPlan, least_window
 from imgest.readback.pipelines import READER
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def measure(
     latencies: list[tuple[int, float]] = []  # (images, seconds in run()) per batch
     held: list[tuple[str, int, np.ndarray, str | None]] = []
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    plan = ReadPlan(budget, len(rs), t0, started)
+    plan = ReadPlan(budget, len(rs), t0, started, least_window(name, mode))
     for out, n, dt in epoch_batches(pipe, total):
         latencies.append((n, dt))
         for i in range(n):

@@ -152,39 +152,44 @@ def _quiet_internode_bytes(ring: CassandraRing, session: Any, quiet: int = 64 <<
     return last
 
 
-def _requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[uuid.UUID], Any]]:
-    """Every (ids, ResponseFuture) the driver's sessions send from now on (a reader's IN queries)."""
+def _requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[uuid.UUID], Any, Any]]:
+    """Every (ids, ResponseFuture, host named) the driver's sessions send from now on (a reader's IN queries)."""
     from cassandra.cluster import Session
 
-    sent: list[tuple[list[uuid.UUID], Any]] = []
+    sent: list[tuple[list[uuid.UUID], Any, Any]] = []
     real = Session.execute_async
 
     def recording(self: Any, query: Any, parameters: Any = None, *args: Any, **kwargs: Any) -> Any:
         future = real(self, query, parameters, *args, **kwargs)
         if parameters and isinstance(parameters[0], list):
-            sent.append((list(parameters[0]), future))
+            sent.append((list(parameters[0]), future, kwargs.get("host")))
         return future
 
     monkeypatch.setattr(Session, "execute_async", recording)
     return sent
 
 
-def _strays(session: Any, sent: list[tuple[list[uuid.UUID], Any]]) -> tuple[int, int, int]:
-    """(ids answered by a coordinator that does not hold them, ids answered, distinct ids answered) over the answered
-    requests of SENT (one that failed, a node marked down while a connection opened, is sent again and counted
-    then; a reader asks for the next epoch's rows ahead, so ids are answered twice); at replication 1, each stray
-    id is a row its coordinator fetched from another node."""
-    metadata, strays, answered, distinct = session.cluster.metadata, 0, 0, set()
-    for ids, future in sent:
+def _strays(session: Any, sent: list[tuple[list[uuid.UUID], Any, Any]]) -> tuple[int, int, int, int]:
+    """(ids answered by a coordinator that does not hold them, ids answered, distinct ids answered, ids answered
+    without a node named) over the answered requests of SENT (one that failed is sent again and counted then; a
+    reader asks for the next epoch's rows ahead, so ids are answered twice). Strays are counted over the requests
+    that named a node: one that names none (the reader's last try after its owner failed it, or a connection
+    that did not list the node yet) is counted apart. At replication 1, each stray id is a row its coordinator
+    fetched from another node."""
+    metadata, strays, answered, distinct, anywhere = session.cluster.metadata, 0, 0, set(), 0
+    for ids, future, host in sent:
         if future.coordinator_host is None:
             continue
         coordinator = str(future.coordinator_host).split(":")[0]
+        answered += len(ids)
+        distinct.update(ids)
+        if host is None:
+            anywhere += len(ids)
+            continue
         for key in ids:
             owners = {str(h.endpoint.address) for h in metadata.get_replicas(READS_KS, key.bytes)}
             strays += coordinator not in owners
-        answered += len(ids)
-        distinct.update(ids)
-    return strays, answered, len(distinct)
+    return strays, answered, len(distinct), anywhere
 
 
 def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,7 +237,11 @@ def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing, monkey
             monkeypatch.undo()
             strays[routed] = _strays(session, sent)
             assert got == dict(zip(ids, blobs, strict=True)), f"route_by_owner={routed}: rows differ from those written"
-    assert strays[True][0] == 0, f"routed: {strays[True][0]} of {strays[True][1]} ids went to a node without them"
+    stray, answered, _, anywhere = strays[True]
+    assert stray == 0, f"routed: {stray} of {answered - anywhere} ids sent to a named node went to one without them"
+    # The reader names no node only on its last try after the owner failed a request (seen under CI's load: 65 of
+    # 1,920) or before a connection lists the node; most ids must have gone to their owner.
+    assert anywhere <= 0.1 * answered, f"routed: {anywhere} of {answered} ids went out without a node named"
     assert strays[True][2] == strays[False][2] == n  # every id answered (the check saw every request)
     stray, sent = strays[False][:2]
     assert stray > 0.4 * sent, f"unrouted: only {stray} of {sent} ids went to a node without them"
