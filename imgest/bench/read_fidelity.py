@@ -176,6 +176,10 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 spread_s[t] = max(spread_s.get(t, 0.0), err)
         ratio = check_rate / full_rate if full_rate else 0.0
         steady = bool(checks) and all(c.steady for c in checks)
+        # what a user was told: the rates the check reported as throughputs, in the rounds it did (a round that
+        # did not run the reader, or marked its rate not steady, reported none)
+        told = [c.steady_rate for r in rounds for c in r["check"] if (c.reader, c.mode) == key and c.steady]
+        told_ratio = statistics.median(told) / full_rate if told and full_rate else 0.0
         rows.append(
             {
                 "reader": first.reader,
@@ -192,6 +196,9 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "full_startup_s": round(statistics.median(f.startup_s for f in fulls), 2),
                 "ratio": round(ratio, 3),
                 "within": steady and abs(ratio - 1) <= TOLERANCE,  # a rate not steady in a round is no result
+                "reported_rounds": len(told),
+                "reported_ratio": round(told_ratio, 3),
+                "reported_within": not told or abs(told_ratio - 1) <= TOLERANCE,  # no figure told is no wrong one
                 "window_spread": {str(k): round(v, 3) for k, v in sorted(spread.items())},
                 "window_spread_s": {str(t): round(v, 3) for t, v in sorted(spread_s.items())},
                 "verified": all(r.ok for r in (*checks, *fulls)),

@@ -128,6 +128,12 @@ def print_report(report: dict[str, Any]) -> None:
             f"{s['checked']} of {s['train_images']} train images sampled"
             + (f", after {s['settled_s']} s waiting for the node's compactions" if s.get("settled_s") else "")
         )
+        told = [r for r in s["readers"] if r["reported_rounds"]]
+        wrong = [f"{r['reader']}/{r['mode']} {r['reported_ratio']}" for r in told if not r["reported_within"]]
+        print(
+            f"  rates it reported: {len(told)} of {len(s['readers'])} reader-modes, "
+            f"{len(told) - len(wrong)} within 20 % of the full read" + (f" (not: {', '.join(wrong)})" if wrong else "")
+        )
     print("window spread (worst error of the rate over k batches after the warm-up):", report["window_spread"])
     print("window spread over t seconds after the warm-up:", report["window_spread_s"])
     if report["dali_s3"]:

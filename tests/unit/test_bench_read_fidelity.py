@@ -82,3 +82,21 @@ def test_a_reader_the_check_did_not_run_is_matched_by_name_and_missed() -> None:
     assert rows["shards-s3-dali"]["within"] is False
     assert rows["shards-s3-dali"]["check_steady"] is False
     assert rows["shards-s3-dali"]["full_rate"] == 200.0
+    assert rows["shards-s3-dali"]["reported_rounds"] == 0
+    assert rows["shards-s3-dali"]["reported_within"] is True  # it told the user no figure, so no wrong one
+
+
+def test_what_the_check_reported_is_judged_apart_from_what_it_measured() -> None:
+    """Three rounds: steady at 400 and 420 images/s in two, not steady in the third (its 900 is start-up, marked):
+    the rates it told a user were 400 and 420 against a full read's 640, 0.64, outside 20 %."""
+    ends = [0.5, 1.0] + [1.0 + 0.1 * k for k in range(1, 11)]
+    rounds = [
+        {"check": [_run(rate, ends[:10], steady=steady)], "full": [_run(640.0, ends)]}
+        for rate, steady in ((400.0, True), (420.0, True), (900.0, False))
+    ]
+    row = compare(rounds)[0]
+    assert row["reported_rounds"] == 2
+    assert row["reported_ratio"] == pytest.approx(410 / 640, abs=1e-3)
+    assert row["reported_within"] is False
+    good = [{"check": [_run(600.0, ends[:10])], "full": [_run(640.0, ends)]}] * 2
+    assert compare(good)[0]["reported_within"] is True
