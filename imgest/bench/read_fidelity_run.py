@@ -64,7 +64,7 @@ def measure(
                 # comparison (in the run of 2026-12-06 none was running: settled_s 3.1-3.2, the least wait)
                 settled = settle(cassandra) if target == "cassandra" else 0.0
                 one_round(target, where, settings)  # not counted: warms the server (a JVM just started: its JIT)
-                runs = [one_round(target, where, settings) for _ in range(rounds)]
+                runs = [one_round(target, where, settings, full_first=k % 2 == 1) for k in range(rounds)]
                 sizes.append(_size_row(where, target, runs) | {"settled_s": settled})
         dali = dali_s3(stored[0], s3, dali_sample, ("raw", "train")) if dali_sample else []
     return {
