@@ -156,6 +156,8 @@ def plot(path: Path, report: dict[str, Any]) -> None:
         x = bar.get_x() + bar.get_width() / 2
         if not r["check_steady"]:  # the check gave it no rate: say so where its bar would be
             why = "not run" if r["check_stops"] == ["not run"] else "not steady"
+            if r.get("reported_rounds"):  # a rate in some rounds, not in every one: no result, and it says so
+                why = f"a rate in {r['reported_rounds']} round(s) only"
             left.annotate(f"{why}\nfull {r['full_rate']:,.0f}", (x, 0.02), ha="center", fontsize=5, rotation=90)
             continue
         text = f"{r['check_rate']:,.0f}\n{r['full_rate']:,.0f}"

@@ -30,7 +30,8 @@ def _feed(plan: ReadPlan, step: float, most: int = 1_000) -> int:
 
 def test_the_least_windows_are_the_benchmark_s() -> None:
     assert least_window("cassandra", "raw") == 1.0
-    assert least_window("cassandra-simple", "raw") == 2.0
+    assert least_window("cassandra-simple", "raw") == 4.0
+    assert least_window("cassandra", "train") == 0.5
     assert least_window("cassandra-simple", "train") == 2.0
     assert least_window("shards-s3-stream", "raw") == 0.5
     assert least_window("shards-s3-webdataset", "train") == 0.25
@@ -85,7 +86,7 @@ def test_no_budget_no_least_window() -> None:
 
 def test_a_turn_that_cannot_buy_its_least_window_is_not_run() -> None:
     """2.1 s left before the check's deadline: `cassandra` raw (0.3 s start-up and 1 s window) starts,
-    `cassandra-simple` raw (0.3 s and 2 s) does not, and says why."""
+    `cassandra-simple` raw (0.3 s and 4 s) does not, and says why."""
     clock = CheckClock(3.0, W, M, start=time.perf_counter())  # 0.9 s tail: the readers' deadline 2.1 s from now
     clock.expect(2)
     skipped: list[str] = []
