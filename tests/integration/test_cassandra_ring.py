@@ -198,8 +198,8 @@ def test_reader_asks_each_node_for_the_rows_it_holds(ring: CassandraRing, monkey
     each part to its node: every request of a routed read that names a node is answered by the node that holds
     every row it asks for (each request's coordinator, from the driver, against the ring's token map), so no
     coordinator fetches a row from a peer; the reader names none only on a last try after its owner failed (at most
-    a tenth of the ids). With route_by_owner off, about two thirds of the ids go to a node that does not hold them, and the
-    nodes' own counters (system_views.internode_outbound) show their coordinators fetching them (the probe sees
+    a tenth of the ids). With route_by_owner off, about two thirds of the ids go to a node that does not hold them,
+    and the nodes' own counters (system_views.internode_outbound) show their coordinators fetching them (the probe sees
     it). Neither check can pass by accident: what else the nodes send each other (gossip, hints) only adds bytes
     to the unrouted probe, and the routed check counts requests, not bytes."""
     from imgest.readback.cassandra import CassandraReader
