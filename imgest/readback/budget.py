@@ -279,6 +279,8 @@ class ReadPlan:
             "warmup_batches": min(self.warmup, len(self.batches)),
             "steady_batches": len(self.measured),
             "steady_images": sum(n for n, _ in self.measured),
+            "steady_s": round(self.span, 3),
+            "least_window_s": self.least,
             "steady_rate": round(self.steady_rate, 1),
             "steady": self.steady,
             "rate_note": self.rate_note(),

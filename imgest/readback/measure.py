@@ -56,6 +56,8 @@ class RunResult:
     warmup_batches: int = 0
     steady_batches: int = 0  # batches after the warm-up: what its steady rate spans
     steady_images: int = 0
+    steady_s: float = 0.0  # seconds the batches after the warm-up span
+    least_window_s: float = 0.0  # ... at least, for its rate to be a throughput (or its sample read; a budget's)
     steady_rate: float = 0.0  # images/s after its warm-up (wall time, verification included): its throughput
     steady: bool = False  # the steady rate spans the window (imgest.readback.budget); False: not a throughput
     rate_note: str = ""  # why the steady rate is not a throughput ('' when it is)

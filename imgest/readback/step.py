@@ -56,6 +56,8 @@ COLUMNS = [
     ("startup_s", "startup s"),
     ("steady_rate", "steady img/s"),
     ("steady_batches", "over batches"),
+    ("steady_s", "over s"),
+    ("least_window_s", "least s"),
     ("steady_word", "steady"),
     ("images_per_s", "wall img/s"),
     ("batch_ms_p50", "p50 ms"),

@@ -19,6 +19,7 @@ import pytest
 
 from imgest.core import defaults
 from imgest.core.paths import state_dir
+from imgest.readback.budget import least_window
 from imgest.services import AirflowServer, S3Server
 from imgest.services.demo import run_dag, task_durations, task_results
 from imgest.sources.devdata.countscale import CountScaleSpec, counts_of, write_count_scale
@@ -69,6 +70,11 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
         if r["steady"] or not name.startswith("shards-s3-dali/"):  # imgest's readers always reach their window
             assert r["steady"] is True, (name, r)
             assert r["steady_batches"] >= window, (name, r)  # no reader below the window
+            # ... nor below its least window, in seconds, unless it read its whole sample (the full read's work)
+            assert r["least_window_s"] == least_window(r["reader"], r["mode"]), (name, r)
+            ends = r["batch_ends"]
+            assert r["steady_s"] == pytest.approx(ends[-1] - ends[r["warmup_batches"] - 1], abs=1e-3), (name, r)
+            assert r["steady_s"] >= r["least_window_s"] or r["stop"] == "sample read", (name, r)
             assert (r["rate_note"], r["steady_rate"] > 0) == ("", True), (name, r)
             continue
         assert r["stop"] == "check's budget spent", (name, r)  # only the deadline stops a reader before its window

@@ -67,6 +67,7 @@ def test_a_deadline_before_its_least_window_leaves_no_rate() -> None:
     fields = plan.fields()
     assert fields["steady"] is False
     assert "measured batches span 0.91 s" in fields["rate_note"]
+    assert (fields["steady_s"], fields["least_window_s"]) == (round(29 / 32, 3), 2.0)  # in the report's row
     assert "less than the 2.00 s this reader's rate needs to settle" in fields["rate_note"]
 
 
