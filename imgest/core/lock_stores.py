@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -100,7 +101,8 @@ class FileLockStore:
         current = self.read(name)
         if current is None or current.version != version:
             return False
-        tmp = self._path(name).with_suffix(f".{os.getpid()}.tmp")
+        # a temporary file of this thread's own: a holder's keep-alive thread renews while its job's thread fences
+        tmp = self._path(name).with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(fields))
         os.replace(tmp, self._path(name))  # one host: the check above and this are not atomic across processes
         return True

@@ -165,3 +165,33 @@ def test_a_lease_that_ran_out_unrenewed_publishes_nothing_even_when_the_store_is
         store.away = False
         with pytest.raises(LockLostError, match=r"lost the write lock of dataset 'away'"):
             locks.check_fence("away")
+
+
+def test_threads_of_one_process_rewrite_a_record_at_once(store: FileLockStore) -> None:
+    """A holder's keep-alive thread renews while its job's thread fences (seen in CI: both rewrote the record through
+    one temporary file, and the second's rename found it gone). Two threads rewriting one record 500 times each:
+    none raises, and the record is whole at the end."""
+    import threading
+
+    assert store.create("both", {"n": 0})
+    errors: list[BaseException] = []
+
+    def rewrite(k: int) -> None:
+        try:
+            for n in range(500):
+                current = store.read("both")
+                if current is not None:
+                    store.replace("both", {"n": n, "by": k}, current.version)
+        except BaseException as exc:  # what the test reports
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rewrite, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    record = store.read("both")
+    assert record is not None
+    assert set(record.fields) == {"n", "by"}
+    assert not list(store.folder.glob("*.tmp"))  # no temporary file left behind
