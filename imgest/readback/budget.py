@@ -166,16 +166,16 @@ class ReadPlan:
             return ""
         if budget.deadline is not None and now + self._needs(now) >= budget.deadline:
             return CHECK_SPENT  # the next batch (and its reader's teardown) would end past the check's deadline
-        measured = self.measured
-        if len(measured) < self.window or self.span < self.least:
+        counted = len(self.batches) - self.warmup  # no slice a batch: a check of every row reads thousands
+        if counted < self.window or self.span < self.least:
             return ""  # its warm-up and window whatever its share
-        per_batch = (now - self.warmup_end) / len(measured)
+        per_batch = (now - self.warmup_end) / counted
         if now - self.started + per_batch > budget.seconds:  # its start-up is part of its share
             return SHARE_SPENT
         if not budget.stop_when_steady:
             return ""
         long_enough = now - self.warmup_end >= budget.window_seconds  # batches of a few ms: noise, not a rate
-        return RATE_STEADY if long_enough and halves_agree(measured, self.warmup_end) else ""
+        return RATE_STEADY if long_enough and halves_agree(self.measured, self.warmup_end) else ""
 
     def _needs(self, now: float) -> float:
         """What another batch needs before the deadline: as long as the last one, and the reader's teardown after it
@@ -206,7 +206,7 @@ class ReadPlan:
     @property
     def span(self) -> float:
         """Seconds its measured batches span (0 before any)."""
-        return self.batches[-1][1] - self.warmup_end if self.measured else 0.0
+        return self.batches[-1][1] - self.warmup_end if len(self.batches) > self.warmup else 0.0
 
     @property
     def steady(self) -> bool:

@@ -166,7 +166,8 @@ def cassandra_runs(
     """imgest's Cassandra reader (and the straightforward one) in each mode, each within its share of CLOCK; a
     reader whose turn comes with too little left for a measurement (:func:`starts`) is not run: a line in SKIPPED
     (and the log)."""
-    results, skipped = [], [] if skipped is None else skipped
+    results: list[RunResult] = []
+    skipped = [] if skipped is None else skipped
     expect(clock, len(opts.modes) * (2 if baseline else 1))
     for mode in opts.modes:
         spec = opts.spec(mode)
