@@ -43,7 +43,8 @@ def one_round(
 ) -> tuple[list[RunResult], list[str]]:
     """Every reader, every mode, once; with OPTS.seconds, the DAG's check's budget over all but the PyTorch datasets
     (each reader then reads its share of it: imgest.readback.budget)."""
-    from imgest.readback.check import cassandra_runs, files_runs, folder_shard_runs, s3_shard_runs
+    from imgest.readback.check import cassandra_runs, files_runs, folder_shard_runs
+    from imgest.readback.check_s3 import s3_shard_runs
 
     clock = opts.clock() if opts.seconds > 0 else None
     bucket, _, prefix = where["s3"][5:].partition("/")

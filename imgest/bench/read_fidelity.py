@@ -104,22 +104,33 @@ def _settings(where: dict[str, Any], cassandra: CassandraSettings, s3: S3Setting
     return {"cassandra": cassandra, "s3": s3, "tables": tables, "dataset": where["cassandra_dataset"]}
 
 
-def one_round(target: str, where: dict[str, Any], settings: dict[str, Any], full_first: bool = False) -> dict[str, Any]:
+def one_round(
+    target: str,
+    where: dict[str, Any],
+    settings: dict[str, Any],
+    full_first: bool = False,
+    dali_full: bool | None = None,
+) -> dict[str, Any]:
     """The DAG's check of TARGET (its budget from the run's seconds) and a full read of the same sample, the full
     read first where FULL_FIRST (the rounds alternate, so that neither always follows the other's readers: with
     the full read always second, the raw shard readers' full reads at 55 k came out 1.28-1.36 times slower than
-    the check's reads of the same sample)."""
+    the check's reads of the same sample). The full read reads a sample again where one read ends before the
+    reader's least window, as the check does (imgest.readback.passes); DALI's s3:// reader only where DALI_FULL
+    (None: where this round's check ran it, or the full read comes first): a check that runs none has nothing to
+    compare it with, and its full read takes 145 s a mode at 143 k."""
     from imgest.readback.step import run_target
 
     location = where["s3"] if target == "shards" else ""
     opts = ReadCheckOptions(run_seconds=where[f"{target}_run_seconds"])
+    unbudgeted = replace(opts, seconds=0, settle=True)
     if full_first:
-        full, _, _ = run_target(target, location, settings, replace(opts, seconds=0), clock=None)
+        full, _, _ = run_target(target, location, settings, replace(unbudgeted, dali_s3=dali_full is not False))
     clock = opts.clock()
     check, skipped, rs = run_target(target, location, settings, opts, clock=clock)
     check_seconds = clock.elapsed()
     if not full_first:
-        full, _, _ = run_target(target, location, settings, replace(opts, seconds=0), clock=None)
+        dali = ran_dali_s3({"check": check}) if dali_full is None else dali_full
+        full, _, _ = run_target(target, location, settings, replace(unbudgeted, dali_s3=dali))
     return {
         "full_first": full_first,
         "budget_s": clock.seconds,
@@ -130,6 +141,11 @@ def one_round(target: str, where: dict[str, Any], settings: dict[str, Any], full
         "full": full,
         "skipped": skipped,
     }
+
+
+def ran_dali_s3(run: dict[str, Any]) -> bool:
+    """Whether RUN's check (one_round's) read with DALI's s3:// reader."""
+    return any(r.reader == "shards-s3-dali" for r in run["check"])
 
 
 def window_errors(run: RunResult, full_rate: float, warmup: int) -> dict[int, float]:
@@ -217,7 +233,7 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def dali_s3(where: dict[str, Any], s3: S3Settings, sample: int, modes: Sequence[str]) -> list[dict[str, Any]]:
     """DALI's own s3:// reader at 1..8 pipelines in parallel beside imgest's stream reader feeding the same DALI
     pipeline, over one sample (whole shards) of the S3 copy, no budget."""
-    from imgest.readback.check import s3_stream_run
+    from imgest.readback.check_s3 import s3_stream_run
     from imgest.readback.dali_s3 import dali_s3_env
     from imgest.readback.datasets import shards_set
     from imgest.readback.readers import run_webdataset

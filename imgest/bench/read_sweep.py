@@ -118,14 +118,8 @@ def _points(
     readers: tuple[str, ...],
 ) -> list[tuple[int | None, Any]]:
     """The sweep's points: (fixed window or None, a run returning one result per epoch) for each of READERS."""
-    from imgest.readback.check import (
-        cassandra_epochs,
-        cassandra_run,
-        cassandra_simple_run,
-        s3_stream_epochs,
-        s3_stream_run,
-        s3_webdataset_run,
-    )
+    from imgest.readback.check import cassandra_epochs, cassandra_run, cassandra_simple_run
+    from imgest.readback.check_s3 import s3_stream_epochs, s3_stream_run, s3_webdataset_run
 
     c_proxied, s_proxied = proxied
     bucket, _, prefix = where["s3"][5:].partition("/")

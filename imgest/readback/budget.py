@@ -4,7 +4,8 @@ A reader's epoch has two parts. Its **start-up** is the time to its first batch 
 included) and its first ``warmup`` batches (a pipeline's first ``run()`` fills its prefetch queue, a reader's window
 grows). Its **steady rate** is the images of the batches after them over the time they took (``steady_rate``), and
 it is a rate only once it spans at least ``window`` batches and the reader's least window in seconds
-(``least_window``; or it read its whole sample): a reader that stopped sooner says so (``rate_note``), and the
+(``least_window``; or it read its whole sample, which it reads again while its reads span less than that:
+imgest.readback.passes): a reader that stopped sooner says so (``rate_note``), and the
 report never shows such a figure as its throughput. The window sizes are the benchmark's
 (``imgest bench read --check-fidelity``, docs/readback.md "The time budget").
 
@@ -22,7 +23,8 @@ DALI's ``s3://`` reader on a busy machine) is part of it. A reader reads (:class
   ``window_seconds`` (batches of a few milliseconds measure the scheduler, not the reader) and the rate over their
   second half is within ``STEADY_TOLERANCE`` of the first half's (a reader whose rate varies with where in its
   sample it reads, DALI's ``s3://`` reader, reads its whole share instead: a window of it is that place's rate);
-- never past the end of its sample.
+- never past the end of its sample (a sample it read in less than its least window it reads again: a pass more,
+  imgest.readback.passes, where one fits before the check's deadline).
 
 Every image it reads is verified as before; the images of the sample it did not read are counted (``unread``), not
 reported as missing; its result says why it stopped (``stop``, and ``reason`` when it did before the sample's end).

@@ -1,6 +1,6 @@
 """The read-throughput check: every reader that applies to a stored dataset, each mode, one report.
 
-The ``*_runs`` functions run the readers of one target (Cassandra tables, shards in a folder or on S3, files)
+The ``*_runs`` functions run the readers of one target (Cassandra tables, shards in a folder or on S3 (check_s3), files)
 over the same ReadSet (a sample of the split, or all of it) and return a report: per reader and mode images/s,
 MB/s, p50/p99 batch latency, CPU cores used, and whether every sample hashed to its recorded sha256 with its
 label, exactly once. Given a CheckClock (the DAG's check) each reader reads within its share of the check's time
@@ -14,15 +14,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from imgest.core import defaults
-from imgest.core.settings import CassandraSettings, S3Settings
+from imgest.core.settings import CassandraSettings
 from imgest.readback.budget import (
     READER_STARTUP_S,
     CheckClock,
     ReaderBudget,
-    affords,
     check_seconds,
     expect,
     least_window,
@@ -31,13 +31,13 @@ from imgest.readback.budget import (
 )
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
 from imgest.readback.cassandra_base import simple_batches
-from imgest.readback.dali_s3 import dali_s3_runs
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
+from imgest.readback.passes import read_passes
 from imgest.readback.pipelines import PipelineSpec
-from imgest.readback.readers import run_external, run_files, run_webdataset, s3_stream_batches, webdataset_batches
-from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
-from imgest.readback.skips import not_kept, not_run
+from imgest.readback.readers import run_external, run_files, run_webdataset
+from imgest.readback.s3shards import S3StreamOptions
+from imgest.readback.skips import not_run
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int], None] | None
@@ -64,6 +64,10 @@ class ReadCheckOptions:
     device_id: int | None = None
     cassandra: CassandraReadOptions = field(default_factory=CassandraReadOptions)
     s3: S3StreamOptions = field(default_factory=S3StreamOptions)
+    # without a budget, a reader whose sample ends before its least window reads it again all the same (a budget
+    # always does: imgest.readback.passes); the fidelity benchmark's full read, compared with the check's
+    settle: bool = False
+    dali_s3: bool = True  # DALI's own s3:// reader too, where the shards are on S3
 
     def spec(self, mode: str) -> PipelineSpec:
         return PipelineSpec(self.batch_size, self.num_threads, mode, self.device_id)
@@ -85,9 +89,41 @@ def cassandra_run(
     copts: CassandraReadOptions,
     progress: Progress = None,
     budget: ReaderBudget | None = None,
+    settle: bool = False,
 ) -> RunResult:
-    """imgest's Cassandra reader, in ReadSet order (seed None), feeding fn.external_source: one epoch."""
-    return cassandra_epochs(settings, rs, spec, copts, 1, progress, budget)[0]
+    """imgest's Cassandra reader, in ReadSet order (seed None), feeding fn.external_source: one epoch, read again
+    (through the same reader: its window carries over) where it ends before its least window, within BUDGET or as
+    SETTLE asks (imgest.readback.passes)."""
+    copts = replace(copts, batch_size=spec.batch_size, seed=None)
+    knobs = _cassandra_knobs(copts)
+    started = time.perf_counter()  # the first pass's start-up includes the reader's connection
+    with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
+        order = epoch_order(rs.ids, rs.labels, copts, 0)  # each pass by its order: nothing requested past it
+
+        def one_pass() -> RunResult:
+            nonlocal started
+            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=order))
+            result = run_external(
+                "cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
+            )
+            started = time.perf_counter()
+            _reader_settings(result, reader)
+            return result
+
+        return read_passes("cassandra", spec.mode, budget, settle, one_pass)
+
+
+def _cassandra_knobs(copts: CassandraReadOptions) -> dict[str, Any]:
+    names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
+    return {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
+
+
+def _reader_settings(result: RunResult, reader: CassandraReader) -> None:
+    """What RESULT records of the Cassandra READER that read it: its window, connections, rows requested ahead."""
+    if reader.window_stats is not None:
+        result.settings["window"] = reader.window_stats.to_dict()
+    result.settings["connections"] = reader.connections
+    result.settings["started_ahead"] = reader.started_ahead  # rows requested before the epoch was asked for
 
 
 def cassandra_epochs(
@@ -102,8 +138,7 @@ def cassandra_epochs(
     """EPOCHS epochs of one Cassandra reader (its window carries over from one epoch to the next, as in training),
     each through its own pipeline and verified (within BUDGET each); each result records the window it used."""
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
-    names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
-    knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
+    knobs = _cassandra_knobs(copts)
     results, started = [], time.perf_counter()  # the first epoch's start-up includes the reader's connection
     with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
         for k in range(epochs):
@@ -114,10 +149,7 @@ def cassandra_epochs(
                 "cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
             )
             started = time.perf_counter()
-            if reader.window_stats is not None:
-                result.settings["window"] = reader.window_stats.to_dict()
-            result.settings["connections"] = reader.connections
-            result.settings["started_ahead"] = reader.started_ahead  # rows requested before the epoch was asked for
+            _reader_settings(result, reader)
             results.append(result)
     return results
 
@@ -128,18 +160,27 @@ def cassandra_simple_run(
     spec: PipelineSpec,
     progress: Progress = None,
     budget: ReaderBudget | None = None,
+    settle: bool = False,
 ) -> RunResult:
-    """The straightforward reader: one execute_concurrent_with_args per batch, nothing ahead."""
+    """The straightforward reader: one execute_concurrent_with_args per batch, nothing ahead (its sample read again
+    where it ends before its least window: imgest.readback.passes)."""
     from imgest.sinks.cassandra.client import cassandra_session
 
     started = time.perf_counter()
     with cassandra_session(settings) as session:
-        plain = simple_batches(session, rs.table, rs.ids, spec.batch_size)
-        batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in plain)
-        knobs = {"reader": "execute_concurrent_with_args per batch, no prefetch"}
-        return run_external(
-            "cassandra-simple", rs, spec, batches, knobs, on_batch=progress, budget=budget, started=started
-        )
+
+        def one_pass() -> RunResult:
+            nonlocal started
+            plain = simple_batches(session, rs.table, rs.ids, spec.batch_size)
+            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in plain)
+            knobs = {"reader": "execute_concurrent_with_args per batch, no prefetch"}
+            result = run_external(
+                "cassandra-simple", rs, spec, batches, knobs, on_batch=progress, budget=budget, started=started
+            )
+            started = time.perf_counter()
+            return result
+
+        return read_passes("cassandra-simple", spec.mode, budget, settle, one_pass)
 
 
 def starts(name: str, mode: str, budget: ReaderBudget | None, clock: CheckClock | None, skipped: list[str]) -> bool:
@@ -176,9 +217,9 @@ def cassandra_runs(
             if not starts(name, mode, budget, clock, skipped):
                 continue
             if name == "cassandra":
-                results.append(cassandra_run(settings, rs, spec, opts.cassandra, progress, budget))
+                results.append(cassandra_run(settings, rs, spec, opts.cassandra, progress, budget, opts.settle))
             else:
-                results.append(cassandra_simple_run(settings, rs, spec, progress, budget))
+                results.append(cassandra_simple_run(settings, rs, spec, progress, budget, opts.settle))
     return results
 
 
@@ -187,7 +228,12 @@ def files_runs(
 ) -> list[RunResult]:
     """fn.readers.file over the files target in each mode, each within its share of CLOCK."""
     expect(clock, len(opts.modes))
-    return [run_files(rs, opts.spec(m), on_batch=progress, budget=next_budget(clock)) for m in opts.modes]
+    results = []
+    for mode in opts.modes:
+        budget = next_budget(clock)
+        read = partial(run_files, rs, opts.spec(mode), on_batch=progress, budget=budget)
+        results.append(read_passes("files", mode, budget, opts.settle, read))
+    return results
 
 
 def folder_shard_runs(
@@ -196,135 +242,9 @@ def folder_shard_runs(
     """fn.readers.webdataset over shards in a folder (with their .idx), in each mode, each within its share of
     CLOCK."""
     expect(clock, len(opts.modes))
-    return [
-        run_webdataset("shards-folder", rs, opts.spec(m), root, on_batch=progress, budget=next_budget(clock))
-        for m in opts.modes
-    ]
-
-
-def s3_keys(rs: ReadSet, prefix: str) -> list[str]:
-    """Object keys of the ReadSet's shards under PREFIX."""
-    return [f"{prefix}/{s}" if prefix else s for s in rs.shards]
-
-
-def s3_stream_run(
-    rs: ReadSet,
-    settings: S3Settings,
-    bucket: str,
-    prefix: str,
-    spec: PipelineSpec,
-    sopts: S3StreamOptions,
-    progress: Progress = None,
-    budget: ReaderBudget | None = None,
-) -> RunResult:
-    """imgest's streaming shard reader (whole-shard GETs in parallel) feeding fn.external_source: one epoch."""
-    return s3_stream_epochs(rs, settings, bucket, prefix, spec, sopts, 1, progress, budget)[0]
-
-
-def s3_stream_epochs(
-    rs: ReadSet,
-    settings: S3Settings,
-    bucket: str,
-    prefix: str,
-    spec: PipelineSpec,
-    sopts: S3StreamOptions,
-    epochs: int,
-    progress: Progress = None,
-    budget: ReaderBudget | None = None,
-) -> list[RunResult]:
-    """EPOCHS epochs of one streaming shard reader (its read-ahead window carries over, as in training), each
-    through its own pipeline and verified (within BUDGET each); each result records the window the epoch used."""
-    sopts, started = replace(sopts, batch_size=spec.batch_size), time.perf_counter()
-    dead = {f"{prefix}/{s}" if prefix else s: keys for s, keys in rs.dead.items()}
-    stream = S3ShardStream(settings, bucket, s3_keys(rs, prefix), sopts, dead)
-    names = ("parallel_shards", "slow_start", "io_threads", "max_buffer_mb", "shuffle_buffer")
-    knobs: dict[str, Any] = {k: getattr(sopts, k) for k in names}
     results = []
-    for _ in range(epochs):
-        batches = s3_stream_batches(stream)
-        result = run_external(
-            "shards-s3-stream", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
-        )
-        started = time.perf_counter()
-        if stream.window_stats is not None:
-            result.settings["window"] = stream.window_stats.to_dict()
-        results.append(result)
-    return results
-
-
-def s3_webdataset_run(
-    rs: ReadSet,
-    settings: S3Settings,
-    bucket: str,
-    prefix: str,
-    spec: PipelineSpec,
-    progress: Progress = None,
-    budget: ReaderBudget | None = None,
-) -> RunResult:
-    """webdataset.WebDataset streaming the same objects (one GET per shard, boto3 streaming body)."""
-    started = time.perf_counter()
-    client = settings.client()
-
-    def opener(url: str) -> Any:
-        return client.get_object(Bucket=bucket, Key=url[len(f"s3://{bucket}/") :])["Body"]
-
-    urls = [f"s3://{bucket}/{k}" for k in s3_keys(rs, prefix)]
-    dead = {f"s3://{bucket}/{prefix}/{s}" if prefix else f"s3://{bucket}/{s}": keys for s, keys in rs.dead.items()}
-    peer = webdataset_batches(urls, spec.batch_size, opener, dead)
-    knobs = {"reader": "webdataset.WebDataset"}
-    return run_external(
-        "shards-s3-webdataset", rs, spec, peer, knobs, on_batch=progress, budget=budget, started=started
-    )
-
-
-def import_ahead(module: str) -> Any:
-    """Import MODULE in a background thread (returned, to join): a reader that needs it later waits on Python's
-    import lock for what is left instead of paying it all inside its own share of the budget."""
-    import contextlib
-    import importlib
-    import threading
-
-    def load() -> None:
-        with contextlib.suppress(ImportError):  # the reader that needs it says so when it runs
-            importlib.import_module(module)
-
-    thread = threading.Thread(target=load, name=f"import-{module}", daemon=True)
-    thread.start()
-    return thread
-
-
-def s3_shard_runs(
-    rs: ReadSet,
-    settings: S3Settings,
-    bucket: str,
-    prefix: str,
-    opts: ReadCheckOptions,
-    progress: Progress = None,
-    clock: CheckClock | None = None,
-) -> tuple[list[RunResult], list[str]]:
-    """imgest's streaming reader and webdataset.WebDataset, then DALI's own s3:// reading (last, over the time they
-    left: its rate varies with where in the shards it reads, so it reads its whole share), each within its share of
-    CLOCK; with the results, DALI's failures (one line each): a report records them and goes on, a test asserts
-    there are none."""
-    results, skipped = [], []
-    reserve = defaults.CHECK_DALI_S3_RESERVE_S
-    turns = affords(clock, len(opts.modes), reserve, before=2 * len(opts.modes))  # a reserve that buys a turn
-    expect(clock, 2 * len(opts.modes))
-    expect(clock, turns, reserve=reserve)  # DALI last, not starved
-    importing = import_ahead("webdataset")  # 3 s of imports (torch): done while the stream reader reads
     for mode in opts.modes:
-        spec = opts.spec(mode)
-        sopts = replace(opts.s3, shuffle_buffer=0)
         budget = next_budget(clock)
-        if starts("shards-s3-stream", mode, budget, clock, skipped):
-            results.append(s3_stream_run(rs, settings, bucket, prefix, spec, sopts, progress, budget))
-        budget = next_budget(clock)
-        if starts("shards-s3-webdataset", mode, budget, clock, skipped):  # its torch import: done ahead
-            results.append(s3_webdataset_run(rs, settings, bucket, prefix, spec, progress, budget))
-    modes = [(mode, opts.spec(mode)) for mode in opts.modes[:turns]]  # last, over what the others left (dali_s3)
-    dali, failed = dali_s3_runs(rs, settings, f"s3://{bucket}/{prefix}", modes, progress, clock)
-    skipped += [not_kept("shards-s3-dali", mode, clock, reserve) for mode in opts.modes[turns:]]
-    results += dali
-    skipped += failed
-    importing.join()  # nothing of the check goes on running after it (the webdataset reader waited for it anyway)
-    return results, skipped
+        read = partial(run_webdataset, "shards-folder", rs, opts.spec(mode), root, on_batch=progress, budget=budget)
+        results.append(read_passes("shards-folder", mode, budget, opts.settle, read))
+    return results

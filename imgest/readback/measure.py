@@ -61,6 +61,7 @@ class RunResult:
     steady_rate: float = 0.0  # images/s after its warm-up (wall time, verification included): its throughput
     steady: bool = False  # the steady rate spans the window (imgest.readback.budget); False: not a throughput
     rate_note: str = ""  # why the steady rate is not a throughput ('' when it is)
+    passes: int = 1  # reads of its whole sample (imgest.readback.passes: one that ended under its least window)
     mb_per_s: float = 0.0
     batch_ms_p50: float = 0.0
     batch_ms_p99: float = 0.0

@@ -35,13 +35,8 @@ from imgest.core.errors import ImgestError
 from imgest.core.locks import check_fence
 from imgest.core.report import format_table, optional_plot, write_json
 from imgest.readback.budget import CheckClock
-from imgest.readback.check import (
-    ReadCheckOptions,
-    cassandra_runs,
-    files_runs,
-    folder_shard_runs,
-    s3_shard_runs,
-)
+from imgest.readback.check import ReadCheckOptions, cassandra_runs, files_runs, folder_shard_runs
+from imgest.readback.check_s3 import s3_shard_runs
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import dali_missing
 
@@ -53,6 +48,7 @@ COLUMNS = [
     ("reader", "reader"),
     ("mode", "mode"),
     ("images", "images"),
+    ("passes", "reads"),
     ("startup_s", "startup s"),
     ("steady_rate", "steady img/s"),
     ("steady_batches", "over batches"),

@@ -26,13 +26,8 @@ from typing import Any
 import numpy as np
 
 from imgest.readback.budget import CheckClock, ReaderBudget, expect, next_budget
-from imgest.readback.check import (
-    ReadCheckOptions,
-    cassandra_run,
-    cassandra_simple_run,
-    s3_stream_run,
-    s3_webdataset_run,
-)
+from imgest.readback.check import ReadCheckOptions, cassandra_run, cassandra_simple_run
+from imgest.readback.check_s3 import s3_stream_run, s3_webdataset_run
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec

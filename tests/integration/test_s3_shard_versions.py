@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from imgest.readback.check import s3_keys
+from imgest.readback.check_s3 import s3_keys
 from imgest.readback.datasets import shards_set
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions
 from imgest.services.s3 import S3Server

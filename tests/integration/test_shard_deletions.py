@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from imgest.core.quarantine import QuarantineLog
-from imgest.readback.check import s3_keys
+from imgest.readback.check_s3 import s3_keys
 from imgest.readback.datasets import shards_set
 from imgest.readback.readers import webdataset_batches
 from imgest.readback.resumable import ShardResume, folder_fetch, s3_fetch, shard_dead, shard_units

@@ -11,7 +11,8 @@ import pytest
 
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions, epoch_order
 from imgest.readback.cassandra_base import ReadError
-from imgest.readback.check import ReadCheckOptions, cassandra_run, s3_stream_run
+from imgest.readback.check import ReadCheckOptions, cassandra_run
+from imgest.readback.check_s3 import s3_stream_run
 from imgest.readback.datasets import cassandra_set, shards_set
 from imgest.readback.pipelines import PipelineSpec
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions, ShardReadError

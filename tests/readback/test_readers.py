@@ -13,14 +13,8 @@ import pytest
 
 from imgest.readback.cassandra import CassandraReader, CassandraReadOptions
 from imgest.readback.cassandra_base import ReadError
-from imgest.readback.check import (
-    ReadCheckOptions,
-    cassandra_runs,
-    files_runs,
-    folder_shard_runs,
-    s3_shard_runs,
-    s3_stream_run,
-)
+from imgest.readback.check import ReadCheckOptions, cassandra_runs, files_runs, folder_shard_runs
+from imgest.readback.check_s3 import s3_shard_runs, s3_stream_run
 from imgest.readback.datasets import NotReadableError, cassandra_set, files_set, shards_set
 from imgest.readback.pipelines import PipelineSpec, cuda_devices
 from imgest.readback.s3shards import S3ShardStream, S3StreamOptions, ShardReadError

@@ -4,6 +4,8 @@ read's, the tolerance, and the spread of the rate against the window size from a
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -100,3 +102,49 @@ def test_what_the_check_reported_is_judged_apart_from_what_it_measured() -> None
     assert row["reported_within"] is False
     good = [{"check": [_run(600.0, ends[:10])], "full": [_run(640.0, ends)]}] * 2
     assert compare(good)[0]["reported_within"] is True
+
+
+class _Sample(list[int]):
+    """A ReadSet's count and its sample's (one_round reads no more of it)."""
+
+    sample = SimpleNamespace(total=140_000)
+
+
+@pytest.mark.parametrize(
+    ("check_runs_dali", "full_first", "dali_full", "full_reads_dali"),
+    [
+        (True, False, None, True),  # the uncounted round: the check first, and it ran DALI's s3:// reader
+        (False, False, None, False),  # ... it did not (143 k: no turn for it): its full read is not read
+        (False, True, False, False),  # a counted round, told by the uncounted one
+        (True, True, True, True),
+    ],
+)
+def test_the_full_read_settles_and_reads_dali_s3_only_where_the_check_does(
+    monkeypatch: pytest.MonkeyPatch,
+    check_runs_dali: bool,
+    full_first: bool,
+    dali_full: bool | None,
+    full_reads_dali: bool,
+) -> None:
+    from imgest.bench import read_fidelity
+    from imgest.readback import step
+
+    calls: list[Any] = []
+
+    def run_target(target: str, location: str, settings: Any, opts: Any, clock: Any = None) -> Any:
+        calls.append(opts)
+        readers = ["shards-s3-stream"] + (["shards-s3-dali"] if clock is not None and check_runs_dali else [])
+        if clock is not None:
+            clock.set_seconds(6.0)
+        rs = _Sample(range(10_000))
+        return [RunResult(r, "raw", "cpu") for r in readers], [], rs
+
+    monkeypatch.setattr(step, "run_target", run_target)
+    where = {"s3": "s3://imgest/x", "shards_run_seconds": 57.0}
+    run = read_fidelity.one_round("shards", where, {}, full_first=full_first, dali_full=dali_full)
+    full = [o for o in calls if o.seconds == 0]
+    assert len(full) == 1
+    assert len(calls) == 2
+    assert full[0].settle  # its short reads read again, as the check's are
+    assert full[0].dali_s3 is full_reads_dali
+    assert read_fidelity.ran_dali_s3(run) is check_runs_dali

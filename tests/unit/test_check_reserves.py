@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from imgest.core import defaults
-from imgest.readback import check
+from imgest.readback import check_s3 as check
 from imgest.readback.budget import LEAST_SHARE, READER_STARTUP_S, CheckClock, ReaderBudget, affords
-from imgest.readback.check import ReadCheckOptions, cassandra_runs, s3_shard_runs
+from imgest.readback.check import ReadCheckOptions, cassandra_runs
+from imgest.readback.check_s3 import s3_shard_runs
 from imgest.readback.measure import RunResult
 
 RESERVE = defaults.CHECK_DALI_S3_RESERVE_S
@@ -41,7 +42,7 @@ def _no_import(module: str) -> threading.Thread:
 def _stand_ins(monkeypatch: pytest.MonkeyPatch, budgets: dict[str, list[ReaderBudget | None]]) -> None:
     def reader(name: str) -> Any:
         def run(rs: Any, settings: Any, bucket: str, prefix: str, spec: Any, *args: Any) -> RunResult:
-            budgets.setdefault(name, []).append(args[-1])
+            budgets.setdefault(name, []).append(args[-2])  # then settle
             return RunResult(name, spec.mode, "cpu")
 
         return run
