@@ -210,11 +210,14 @@ def compare(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "check_images": statistics.median(c.images for c in checks) if checks else 0,
                 "check_steady": steady,
                 "check_rate": round(check_rate, 1),
+                "check_rates": [round(c.steady_rate, 1) for c in checks],  # each round's, in order
+                "check_passes": [c.passes for c in checks],  # reads of its whole sample (imgest.readback.passes)
                 "check_startup_s": round(statistics.median(c.startup_s for c in checks), 2) if checks else None,
                 "check_stops": sorted({c.stop for c in checks}) if checks else ["not run"],
                 "full_images": fulls[0].images,
                 "full_rate": round(full_rate, 1),
                 "full_rates": [round(f.steady_rate, 1) for f in fulls],
+                "full_passes": [f.passes for f in fulls],
                 "full_wall_rate": round(statistics.median(f.images_per_s for f in fulls), 1),
                 "full_startup_s": round(statistics.median(f.startup_s for f in fulls), 2),
                 "ratio": round(ratio, 3),

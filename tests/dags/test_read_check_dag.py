@@ -20,6 +20,7 @@ import pytest
 from imgest.core import defaults
 from imgest.core.paths import state_dir
 from imgest.readback.budget import least_window
+from imgest.readback.passes import MAX_PASSES
 from imgest.services import AirflowServer, S3Server
 from imgest.services.demo import run_dag, task_durations, task_results
 from imgest.sources.devdata.countscale import CountScaleSpec, counts_of, write_count_scale
@@ -60,6 +61,9 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
     window = defaults.CHECK_WINDOW_BATCHES
     for name, r in readers.items():
         assert r["ok"], (name, r)
+        if r["passes"] > 1:  # it read its whole sample in less than its least window: again (imgest.readback.passes)
+            _read_again(name, r, read["checked"])
+            continue
         assert r["images_verified"] == r["images"], (name, r)
         assert len(r["batch_images"]) == r["warmup_batches"] + r["steady_batches"], (name, r)
         # DALI's first s3:// batch can take 16 s on a busy server (measured): only then does it stop in its warm-up
@@ -70,11 +74,11 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
         if r["steady"] or not name.startswith("shards-s3-dali/"):  # imgest's readers always reach their window
             assert r["steady"] is True, (name, r)
             assert r["steady_batches"] >= window, (name, r)  # no reader below the window
-            # ... nor below its least window, in seconds, unless it read its whole sample (the full read's work)
             assert r["least_window_s"] == least_window(r["reader"], r["mode"]), (name, r)
             ends = r["batch_ends"]
             assert r["steady_s"] == pytest.approx(ends[-1] - ends[r["warmup_batches"] - 1], abs=1e-3), (name, r)
-            assert r["steady_s"] >= r["least_window_s"] or r["stop"] == "sample read", (name, r)
+            # ... nor below its least window in seconds, unless its sample is too small for passes to reach it
+            assert r["steady_s"] >= r["least_window_s"] or r["steady_s"] * MAX_PASSES < r["least_window_s"], (name, r)
             assert (r["rate_note"], r["steady_rate"] > 0) == ("", True), (name, r)
             continue
         assert r["stop"] == "check's budget spent", (name, r)  # only the deadline stops a reader before its window
@@ -82,6 +86,21 @@ def test_55k_run_s_check_measures_every_reader_over_its_window(
         assert "fewer than the 8 a steady rate needs (the check's " in r["rate_note"], r  # budget, or time to a reserve
         assert name in report["not_steady"], report["not_steady"]
         assert read["readers"][name]["steady_rate"] is None, read["readers"][name]  # never shown as its throughput
+
+
+def _read_again(name: str, r: dict, checked: int) -> None:
+    """R read its whole sample more than once, each pass verified, until its measured batches spanned its least
+    window; the last pass may have stopped at the check's deadline."""
+    passes = r["passes"]
+    assert r["images_verified"] == checked, (name, r)
+    assert (passes - 1) * checked < r["images"] <= passes * checked, (name, r)
+    assert r["stop"].startswith(f"sample read {passes} times"), (name, r)
+    assert r["unread"] == 0, (name, r)
+    assert not r["budget_cut"], (name, r)
+    assert r["steady"] is True, (name, r)
+    assert r["steady_s"] >= r["least_window_s"] == least_window(r["reader"], r["mode"]), (name, r)
+    assert r["steady_rate"] == pytest.approx(r["steady_images"] / r["steady_s"], abs=0.2), (name, r)
+    assert len(r["batch_images"]) > r["warmup_batches"] + r["steady_batches"], (name, r)  # each pass's warm-up
 
 
 def _timings(report: dict) -> list[str]:
