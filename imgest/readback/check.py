@@ -95,35 +95,42 @@ def cassandra_run(
     (through the same reader: its window carries over) where it ends before its least window, within BUDGET or as
     SETTLE asks (imgest.readback.passes)."""
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
-    knobs = _cassandra_knobs(copts)
     started = time.perf_counter()  # the first pass's start-up includes the reader's connection
     with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
         order = epoch_order(rs.ids, rs.labels, copts, 0)  # each pass by its order: nothing requested past it
-
-        def one_pass() -> RunResult:
-            nonlocal started
-            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=order))
-            result = run_external(
-                "cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
-            )
-            started = time.perf_counter()
-            _reader_settings(result, reader)
-            return result
-
-        return read_passes("cassandra", spec.mode, budget, settle, one_pass)
+        read = _epoch_reads(reader, rs, spec, copts, progress, budget, started)
+        return read_passes("cassandra", spec.mode, budget, settle, lambda: read(order))
 
 
-def _cassandra_knobs(copts: CassandraReadOptions) -> dict[str, Any]:
+def _epoch_reads(
+    reader: CassandraReader,
+    rs: ReadSet,
+    spec: PipelineSpec,
+    copts: CassandraReadOptions,
+    progress: Progress,
+    budget: ReaderBudget | None,
+    started: float,
+) -> Callable[[Any], RunResult]:
+    """Each call (with an epoch's ORDER, or None: the reader's next, the one after it requested ahead) one epoch of
+    READER through its own pipeline, verified, within BUDGET, recording the reader's window; the first epoch's
+    start-up counts from STARTED (its connection), each next one's from the end of the one before."""
     names = ("prefetch_buffers", "slow_start", "max_window_mb", "requests_in_flight", "rows_per_request", "io_threads")
-    return {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
+    knobs: dict[str, Any] = {k: getattr(copts, k) for k in (*names, "ooo", "prefetch_next_epoch")}
 
+    def one_epoch(order: Any) -> RunResult:
+        nonlocal started
+        batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=order))
+        result = run_external(
+            "cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
+        )
+        started = time.perf_counter()
+        if reader.window_stats is not None:
+            result.settings["window"] = reader.window_stats.to_dict()
+        result.settings["connections"] = reader.connections
+        result.settings["started_ahead"] = reader.started_ahead  # rows requested before the epoch was asked for
+        return result
 
-def _reader_settings(result: RunResult, reader: CassandraReader) -> None:
-    """What RESULT records of the Cassandra READER that read it: its window, connections, rows requested ahead."""
-    if reader.window_stats is not None:
-        result.settings["window"] = reader.window_stats.to_dict()
-    result.settings["connections"] = reader.connections
-    result.settings["started_ahead"] = reader.started_ahead  # rows requested before the epoch was asked for
+    return one_epoch
 
 
 def cassandra_epochs(
@@ -138,20 +145,12 @@ def cassandra_epochs(
     """EPOCHS epochs of one Cassandra reader (its window carries over from one epoch to the next, as in training),
     each through its own pipeline and verified (within BUDGET each); each result records the window it used."""
     copts = replace(copts, batch_size=spec.batch_size, seed=None)
-    knobs = _cassandra_knobs(copts)
-    results, started = [], time.perf_counter()  # the first epoch's start-up includes the reader's connection
+    started = time.perf_counter()  # the first epoch's start-up includes the reader's connection
     with CassandraReader(settings, rs.table, rs.ids, rs.labels, copts) as reader:
-        for k in range(epochs):
-            # the last epoch by its order, so that nothing of an epoch no one reads is requested while it drains
-            last = epoch_order(rs.ids, rs.labels, copts, k) if k == epochs - 1 else None
-            batches = ((i, lab, ids, [None] * len(ids)) for i, lab, ids in reader.epoch_batches(order=last))
-            result = run_external(
-                "cassandra", rs, spec, batches, dict(knobs), on_batch=progress, budget=budget, started=started
-            )
-            started = time.perf_counter()
-            _reader_settings(result, reader)
-            results.append(result)
-    return results
+        read = _epoch_reads(reader, rs, spec, copts, progress, budget, started)
+        # the last epoch by its order, so that nothing of an epoch no one reads is requested while it drains
+        last = epoch_order(rs.ids, rs.labels, copts, epochs - 1)
+        return [read(last if k == epochs - 1 else None) for k in range(epochs)]
 
 
 def cassandra_simple_run(

@@ -70,14 +70,9 @@ def merged(runs: list[RunResult], least: float, check: bool) -> RunResult:
     out.teardown_s, out.second_half_rate = last.teardown_s, last.second_half_rate
     if len(runs) == 1:  # one pass: cut or not, as it was (after more than one, the sample was read in full)
         out.budget_cut, out.unread, out.reason = first.budget_cut, first.unread, first.reason
-    for attr in ("images", "bytes", "seconds", "steady_batches", "steady_images", "steady_s"):
-        setattr(out, attr, round(sum(getattr(r, attr) for r in runs), 3))
-    out.images, out.bytes, out.steady_batches, out.steady_images = (
-        int(out.images),
-        int(out.bytes),
-        int(out.steady_batches),
-        int(out.steady_images),
-    )
+    out.images, out.bytes = sum(r.images for r in runs), sum(r.bytes for r in runs)
+    out.steady_batches, out.steady_images = sum(r.steady_batches for r in runs), sum(r.steady_images for r in runs)
+    out.seconds, out.steady_s = round(sum(r.seconds for r in runs), 3), round(sum(r.steady_s for r in runs), 3)
     out.passes, out.least_window_s = len(runs), least
     out.images_verified = max(r.images_verified for r in runs)
     out.steady_rate = round(out.steady_images / out.steady_s, 1) if out.steady_s > 0 else 0.0
@@ -95,8 +90,10 @@ def merged(runs: list[RunResult], least: float, check: bool) -> RunResult:
         out.batch_ends += [round(offset + e, 5) for e in r.batch_ends]
         out.batch_images += r.batch_images
         offset += r.seconds
-    out.problems = [f"pass {k + 1}: {p}" for k, r in enumerate(runs) for p in r.problems] if len(runs) > 1 else []
-    out.problems = out.problems or list(first.problems)
+    if len(runs) == 1:
+        out.problems = list(first.problems)
+    else:  # each problem says in which pass
+        out.problems = [f"pass {k + 1}: {p}" for k, r in enumerate(runs) for p in r.problems]
     out.ok = all(r.ok for r in runs)
     out.stop = first.stop if len(runs) == 1 else f"{SAMPLE_READ} {len(runs)} times"
     if len(runs) > 1 and last.stop != SAMPLE_READ:
