@@ -138,12 +138,13 @@ CHECK_DALI_S3_READERS: Final = 4
 # chunk; opening a block costs DALI no more than its ranged reads (55 k, 4 pipelines: 228 img/s over blocks,
 # 208 in shard order).
 CHECK_DALI_S3_BLOCK: Final = 64
-# ... whose build and first batch take 1-3 s (the fidelity benchmark: 1.0-1.3 s at 55 k, 2.1-2.7 s at 143 k; the 55 k
-# DAG run's check: 2.2-3.8 s quiet) and whose pipelines' deletion waits for their prefetched reads (1.3 s there): the
-# check does not start it with less than these left before its deadline (it would overrun its budget); once one of
-# its turns measured them, that turn's figures are what the next turn needs (a busy machine: 5-9 s to a first batch)
-CHECK_DALI_S3_STARTUP_S: Final = 2.0
-CHECK_DALI_S3_TEARDOWN_S: Final = 1.5
+# ... whose turn (a process of its own: imgest.readback.dali_s3_process) takes 2-4 s to its first batch (its process's
+# start, about 1.3 s, and its pipelines' build: the 55 k DAG run's check 2.3-3.0 s quiet) and 0.01-0.05 s to end (the
+# check kills its process once its result came: it does not wait for its pipelines' deletion, 1.3-13 s): the check
+# does not start it with less than these left before its deadline (it would overrun its budget); once one of its turns
+# measured them, that turn's figures are what the next turn needs (a busy machine: 5-11 s to a first batch)
+CHECK_DALI_S3_STARTUP_S: Final = 3.0
+CHECK_DALI_S3_TEARDOWN_S: Final = 0.5
 # ... and, as it reads last, it keeps this much of the check for itself when the check starts (the readers before it
 # share what is left beyond it): its start-up, its warm-up and window (10 batches of 16 images from each of its
 # pipelines) at 64 images/s (the 55 k DAG run's check: 75-85 images/s quiet, 48-64 beside three CPU hogs), and its

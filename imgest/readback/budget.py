@@ -53,6 +53,8 @@ LEAST_SHARE = 1.0
 # A reader whose turn comes with less than this left before the check's deadline is not started: its connection and
 # first batch would end past it (Cassandra's readers: 0.10-0.28 s to their first batch at 143 k images).
 READER_STARTUP_S = 0.3
+# How many of a reader's last batches the time another one needs is judged by (ReadPlan): the longest of them.
+RECENT_BATCHES = 4
 STEADY_TOLERANCE = 0.1  # a rate is steady when its two halves agree within this fraction
 
 # why a reader stopped (``stop``)
@@ -180,18 +182,19 @@ class ReadPlan:
         return RATE_STEADY if long_enough and halves_agree(self.measured, self.warmup_end) else ""
 
     def _needs(self, now: float) -> float:
-        """What another batch needs before the deadline: as long as the last one, and the reader's teardown after it
-        (ReaderBudget.after, or drain times the last batch's time: not the first's, which is start-up)."""
-        last = self._last_batch(now)
+        """What another batch needs before the deadline: as long as the longest of the last RECENT_BATCHES (not the
+        first's, which is start-up, once there are others: parallel pipelines' batches come in bursts, 0.1 s then
+        1.1 s), and the reader's teardown after it (ReaderBudget.after, or drain times that batch's time)."""
+        first = max(1, len(self.batches) - RECENT_BATCHES)  # the last ones, not the first once there are others
+        if len(self.batches) == 1:
+            longest = self.batches[0][1] - self.start
+        else:
+            longest = max(self.batches[i][1] - self.batches[i - 1][1] for i in range(first, len(self.batches)))
+        longest = max(0.0, longest)
         budget = self.budget
         if budget is None:
-            return last
-        return last + max(budget.after, budget.drain * last if len(self.batches) > 1 else 0.0)
-
-    def _last_batch(self, now: float) -> float:
-        """How long the batch that ended at NOW took (from the one before, or from the reader's start)."""
-        before = self.batches[-2][1] if len(self.batches) > 1 else self.start
-        return max(0.0, now - before)
+            return longest
+        return longest + max(budget.after, budget.drain * longest if len(self.batches) > 1 else 0.0)
 
     @property
     def measured(self) -> list[tuple[int, float]]:

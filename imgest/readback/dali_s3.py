@@ -2,14 +2,15 @@
 
 DALI's ``fn.readers.webdataset`` over ``s3://`` URLs reads one blocking ranged GET per sample component from its
 loader thread; the check runs CHECK_DALI_S3_READERS of its pipelines at once over the shards' blocks in a seeded
-random order (imgest.readback.blocks, imgest.readback.parallel). It reads last, one turn per mode, and a turn costs
-more than its reads: its pipelines' build and first batch before it (its start-up) and their deletion after it (a
-pipeline's deletion waits for its prefetched reads). A turn starts only when what is left before the check's
-deadline covers both (its start-up with a margin: STARTUP_MARGIN), and stops reading early enough to leave its
-teardown inside it: the defaults (CHECK_DALI_S3_STARTUP_S, CHECK_DALI_S3_TEARDOWN_S) until a turn of this check
-measured them, then that turn's figures (:class:`TurnCost`): on a busy machine a first batch takes 5-11 s, not 2.
-Both grow with the server's load while a turn reads, so a turn also keeps DRAIN_BATCHES times its last batch's time
-for its teardown where that is more than the figure it was given.
+random order (imgest.readback.blocks, imgest.readback.parallel). It reads last, one turn per mode, in a process of its
+own (imgest.readback.dali_s3_process): a pipeline's deletion waits for the batch its loader prefetches (1.3 s quiet,
+13.3 s measured with the server busy), so the turn's process sends its result and exits without it, and the check
+kills it at its deadline if it still reads then. A turn costs more than its reads: its process's start, its
+pipelines' build and first batch (its start-up), and its process's end (its teardown). A turn starts only when what is
+left before the check's deadline covers both (its start-up with a margin: STARTUP_MARGIN), and stops reading where
+another batch, and DRAIN_BATCHES more of its time, would not end before the deadline: the defaults
+(CHECK_DALI_S3_STARTUP_S, CHECK_DALI_S3_TEARDOWN_S) until a turn of this check measured them, then that turn's figures
+(:class:`TurnCost`): on a busy machine a first batch takes 5-11 s, not 2.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any
 
 from imgest.core import defaults
 from imgest.core.settings import S3Settings
-from imgest.readback.budget import CheckClock, ReaderBudget, next_budget, spent_before
+from imgest.readback.budget import CheckClock, ReaderBudget, least_window, next_budget, spent_before
+from imgest.readback.dali_s3_process import TurnKilled, run_apart
 from imgest.readback.datasets import ReadSet
 from imgest.readback.measure import RunResult
 from imgest.readback.pipelines import PipelineSpec
-from imgest.readback.readers import run_webdataset
 from imgest.readback.skips import not_run
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,11 @@ def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: Pipeline
     with tempfile.TemporaryDirectory(prefix="imgest-dali-blocks-") as folder, dali_s3_env(settings):
         block = defaults.CHECK_DALI_S3_BLOCK
         lists = block_lists(index_reader(store), location, rs.shards, shard_indexes(rs), Path(folder), block)
-        readers = defaults.CHECK_DALI_S3_READERS
-        result = run_webdataset("shards-s3-dali", rs, spec, location, readers=readers, lists=lists, **kw)
+        on_batch, budget = kw.pop("on_batch", None), kw.get("budget")
+        args = {"name": "shards-s3-dali", "rs": rs, "spec": spec, "base": location, "lists": lists, **kw}
+        # this process's settings, not the child's import of them
+        args |= {"readers": defaults.CHECK_DALI_S3_READERS, "least": least_window("shards-s3-dali", spec.mode)}
+        result = run_apart(args, budget.deadline if budget else None, on_batch)  # the check waits for no teardown
     result.settings |= {"order": f"blocks of {block} samples, seeded random order", "blocks": len(lists[0])}
     result.note = DALI_S3_NOTE
     if result.budget_cut:
@@ -118,10 +122,11 @@ def s3_dali_run(rs: ReadSet, settings: S3Settings, location: str, spec: Pipeline
     return result
 
 
-# A turn's teardown against its batch time (4 pipelines of 16 images a batch, 55 k images on the embedded SeaweedFS):
-# 1.3-1.9 s over 0.43 s batches on a quiet machine, 1.4-1.9 s over 1.4 s batches with both cores busy, 5.0 s over
-# 1.35 s batches with the server busy (8 clients putting and getting 1 MiB objects): at most 4.4 batches' time.
-DRAIN_BATCHES = 4.5
+# A batch of DALI's s3:// reader takes up to twice the one before it on a busy server (4 pipelines of 16 images a batch,
+# 55 k images on the embedded SeaweedFS: 0.43 s quiet, 1.35-1.4 s with both cores or the server busy): a turn stops
+# where its next batch, and this many batches' time more, would not end before the deadline (past it the turn's
+# process is killed and its reads are lost).
+DRAIN_BATCHES = 1.0
 # What a turn's start-up may grow by over the last turn's on a machine whose load changes between them (3.8-4.1 s
 # measured with both cores busy, 11.2 s with the server busy as above): a second turn starts only where 1.5 times
 # the first one's is left.
@@ -181,6 +186,9 @@ def dali_s3_runs(
             continue
         try:
             result = s3_dali_run(rs, settings, where, spec, on_batch=progress, budget=cost.reading(budget))
+        except TurnKilled as exc:  # its process was killed at the check's deadline: what it read is not a result
+            skipped.append(f"shards-s3-dali ({mode}): {exc}")
+            continue
         except Exception as exc:  # DALI raises RuntimeError subclasses from its C++ readers: record why, go on
             skipped.append(f"shards-s3-dali ({mode}): {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             continue

@@ -160,19 +160,21 @@ def measure(
     verifier: Verifier | None = None,
     budget: ReaderBudget | None = None,
     started: float | None = None,
+    least: float | None = None,
 ) -> RunResult:
     """Run one epoch of PIPE, verifying every sample against RS (with VERIFIER, by default a Verifier by id); the
-        wall figures include the verification (equal for all), the epoch rate does not. VERIFY_AFTER: verify after the
-        epoch (the epoch's bytes held in memory). BUDGET: stop where its time runs out (imgest.readback.budget); every
-        sample read is still verified, and the result says how much of RS was read and why. STARTED: when the reader
-    started (``time.perf_counter()`` before its pipeline was built), from which its start-up is counted."""
+    wall figures include the verification (equal for all), the epoch rate does not. VERIFY_AFTER: verify after the
+    epoch (the epoch's bytes held in memory). BUDGET: stop where its time runs out (imgest.readback.budget); every
+    sample read is still verified, and the result says how much of RS was read and why. STARTED: when the reader
+    started (``time.perf_counter()`` before its pipeline was built), from which its start-up is counted. LEAST: the
+    seconds its measured batches span at least (budget.least_window of NAME and MODE where None)."""
     jpeg_at = 0 if mode == "raw" else 2
     verifier = verifier or Verifier(rs)
     result = RunResult(name, mode, "cpu" if pipe.device_id is None else "gpu", settings=settings or {})
     latencies: list[tuple[int, float]] = []  # (images, seconds in run()) per batch
     held: list[tuple[str, int, np.ndarray, str | None]] = []
     usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    plan = ReadPlan(budget, len(rs), t0, started, least_window(name, mode))
+    plan = ReadPlan(budget, len(rs), t0, started, least_window(name, mode) if least is None else least)
     for out, n, dt in epoch_batches(pipe, total):
         latencies.append((n, dt))
         for i in range(n):

@@ -98,6 +98,9 @@ def shard_indexes(rs: ReadSet) -> list[str]:
     return list(rs.indexes) if rs.indexes else [s[:-4] + ".idx" for s in rs.shards]
 
 
+_KEPT: list[Any] = []  # pipelines whose process exits without deleting them (run_webdataset's TEARDOWN False)
+
+
 def run_webdataset(
     name: str,
     rs: ReadSet,
@@ -105,12 +108,14 @@ def run_webdataset(
     base: str,
     readers: int = 1,
     lists: tuple[list[str], list[str]] | None = None,
+    teardown: bool = True,
     **kw: Any,
 ) -> RunResult:
     """fn.readers.webdataset over the split's shards under BASE (a folder or an s3:// prefix), each with the DALI
     index the packer wrote beside it (on S3 too: DALI then reads no tar to find its samples), or over LISTS (paths,
     index paths: imgest.readback.blocks); READERS pipelines, each over its part of the list, read at once as one
-    (imgest.readback.parallel) when above 1."""
+    (imgest.readback.parallel) when above 1. TEARDOWN False: its pipelines are kept, not deleted (a process that
+    exits at once after it: imgest.readback.dali_s3_process)."""
     kw.setdefault("started", time.perf_counter())
     root = base.rstrip("/")
     paths, index_paths = lists or ([f"{root}/{s}" for s in rs.shards], [f"{root}/{i}" for i in shard_indexes(rs)])
@@ -131,6 +136,9 @@ def run_webdataset(
     }
     kw.setdefault("verify_after", spec.verify_after)
     result = measure(name, pipe, spec.mode, rs, _webdataset_identify(spec), settings=settings, **kw)
+    if not teardown:
+        _KEPT.append(pipe)
+        return result
     ended = time.perf_counter()
     del pipe  # here, not when the caller lets go: a pipeline's deletion waits for its prefetched reads (DALI's s3://
     result.teardown_s = round(time.perf_counter() - ended, 3)  # reader: ~1.3 s), part of the reader's time

@@ -4,6 +4,7 @@ label, whatever the number of pipelines (parts of unequal size included: 60 samp
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -69,7 +70,10 @@ def test_the_checks_dali_s3_reader_reads_every_sample_once_over_shuffled_blocks(
     assert result.images == result.images_verified == stored["train"]
     assert result.settings["blocks"] == sum(-(-n // 5) for n in sizes)
     assert result.settings["readers"] == defaults.CHECK_DALI_S3_READERS
-    assert result.teardown_s > 0  # its pipelines were deleted inside the run, and that time is recorded
+    # it read in a process of its own (imgest.readback.dali_s3_process), killed once its result came: not this one
+    assert result.settings["process"] != os.getpid()
+    with pytest.raises(ProcessLookupError):
+        os.kill(result.settings["process"], 0)
 
 
 def test_a_cut_dali_s3_reader_says_how_many_images_it_read_and_why(

@@ -157,6 +157,17 @@ def test_a_reader_with_a_teardown_stops_where_its_teardown_or_its_drain_would_pa
     assert _feed(late, [8.0, 9.0]) == [True, True]
 
 
+def test_bursty_batches_are_judged_by_the_longest_recent_one_not_the_last() -> None:
+    """Parallel pipelines' batches come in bursts (DALI's s3:// reader: 1.1 s, then three of 0.1 s): after a short
+    batch the next may be a long one, so the time another batch needs is the longest of the last RECENT_BATCHES."""
+    reads_on = replace(_budget(60.0, deadline=10.0), stop_when_steady=False, after=0.05, drain=1.0)
+    plan = ReadPlan(reads_on, total=10_000, start=0.0)
+    times = [1.0, 2.1, 2.2, 2.3, 2.4, 3.5, 3.6, 3.7, 3.8, 4.9, 5.0, 5.1, 5.2, 6.3, 6.4, 6.5, 6.6, 7.7, 7.8]
+    # at 7.8 the last batch took 0.1 s (which would read on: 7.8 + 0.2 < 10), the longest of the last four 1.1 s
+    assert _feed(plan, times) == [True] * 18 + [False]  # 7.8 + 1.1 + 1.1 >= 10
+    assert budget.RECENT_BATCHES == 4
+
+
 def test_a_reader_that_reads_its_whole_small_sample_is_not_cut_and_not_steady() -> None:
     plan = ReadPlan(_budget(5.0), total=150, start=0.0)
     assert _feed(plan, [0.1, 0.2]) == [True, True]
