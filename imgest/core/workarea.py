@@ -21,6 +21,7 @@ import fnmatch
 import json
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,12 @@ class WorkArea:
                 continue
             path = self.local / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            self.client.download_file(self.bucket, self.prefix + rel, str(tmp))
-            os.replace(tmp, path)
+            tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")  # its own: no other pull writes it
+            try:
+                self.client.download_file(self.bucket, self.prefix + rel, str(tmp))
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)  # a download cut short leaves nothing behind
             st = path.stat()
             index[rel] = {"etag": etag, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
             fetched += 1

@@ -28,8 +28,8 @@ daemon Spark starts (``spark.python.daemon.module``), which then runs PySpark's 
 from __future__ import annotations
 
 import json
-import os
 import sys
+import uuid
 from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
@@ -95,9 +95,13 @@ def write_record(package: Path) -> dict[str, Any]:
     package = package.resolve()
     found = differing(package)
     record = {"package": str(package), "same": not found, "differing": found[:5], "signature": signature(package)}
-    tmp = record_path(package).with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(record_path(package))
+    # a name of its own: two installs (processes, threads, hosts over one shared prefix) never write one file
+    tmp = record_path(package).with_suffix(f".{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(record_path(package))
+    finally:
+        tmp.unlink(missing_ok=True)
     return record
 
 
