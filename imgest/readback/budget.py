@@ -32,6 +32,7 @@ reported as missing; its result says why it stopped (``stop``, and ``reason`` wh
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, replace
@@ -168,7 +169,7 @@ class ReadPlan:
         budget = self.budget
         if budget is None:
             return ""
-        if budget.deadline is not None and now + self._needs(now) >= budget.deadline:
+        if budget.deadline is not None and now + self._needs() >= budget.deadline:
             return CHECK_SPENT  # the next batch (and its reader's teardown) would end past the check's deadline
         counted = len(self.batches) - self.warmup  # no slice a batch: a check of every row reads thousands
         if counted < self.window or self.span < self.least:
@@ -181,16 +182,13 @@ class ReadPlan:
         long_enough = now - self.warmup_end >= budget.window_seconds  # batches of a few ms: noise, not a rate
         return RATE_STEADY if long_enough and halves_agree(self.measured, self.warmup_end) else ""
 
-    def _needs(self, now: float) -> float:
+    def _needs(self) -> float:
         """What another batch needs before the deadline: as long as the longest of the last RECENT_BATCHES (not the
         first's, which is start-up, once there are others: parallel pipelines' batches come in bursts, 0.1 s then
         1.1 s), and the reader's teardown after it (ReaderBudget.after, or drain times that batch's time)."""
-        first = max(1, len(self.batches) - RECENT_BATCHES)  # the last ones, not the first once there are others
-        if len(self.batches) == 1:
-            longest = self.batches[0][1] - self.start
-        else:
-            longest = max(self.batches[i][1] - self.batches[i - 1][1] for i in range(first, len(self.batches)))
-        longest = max(0.0, longest)
+        ends = [end for _, end in self.batches[-RECENT_BATCHES - 1 :]]
+        first = ends[0] - self.start  # the only batch: its start-up is all there is to go by
+        longest = max(0.0, first if len(ends) == 1 else max(b - a for a, b in itertools.pairwise(ends)))
         budget = self.budget
         if budget is None:
             return longest

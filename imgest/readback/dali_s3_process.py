@@ -116,10 +116,8 @@ def main() -> None:
         result = run_webdataset(**args, on_batch=lambda n: send("P", str(n).encode()), teardown=False)
         send("R", base64.b64encode(pickle.dumps(result)))
     except BaseException as exc:  # every failure goes back as a reply
-        send(
-            "E",
-            base64.b64encode(pickle.dumps((type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else ""))),
-        )
+        message = str(exc).splitlines()[0][:300] if str(exc) else ""
+        send("E", base64.b64encode(pickle.dumps((type(exc).__name__, message))))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no pipeline deletion: the parent does not wait for it (the module)
